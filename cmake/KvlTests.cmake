@@ -1,0 +1,147 @@
+# Test registration for kvlane (included from the top-level CMakeLists.txt).
+#
+#   tests/unit/test_*.c, tests/integration/test_*.c
+#       one executable each (build/tests/<name>), linked to libkvlane.a and
+#       pthread, registered as test <name>.
+#   tests/integration/test_*.sh
+#       run with bash, registered as test <name>.
+#   tests/common/*.c (optional)
+#       helpers compiled once into kvl_testutil and linked into every C test.
+#
+# Every test: exit 0 pass, 77 skip (print why), anything else fails; TIMEOUT
+# 300 s; run in the build directory with KVL_TEST_BIN and KVL_BIN (the kvlane
+# CLI), KVL_BUILD (build dir) and KVL_SRC (source dir) in the environment.
+#
+# Labels: "unit" or "integration" by folder; "tsan" when the file name
+# contains "_mt" or "concurrency"; plus any words after a marker
+#     KVL_TEST_LABELS: nosan slow
+# in the first 4 KiB of the file (in a comment). "nosan" keeps a test out of
+# the sanitizer suites; "tsan" puts it in tsan_suite.
+
+find_program(KVL_BASH bash REQUIRED)
+
+set(KVL_TEST_ENV
+  "KVL_TEST_BIN=${KVL_CLI_PATH}"
+  "KVL_BIN=${KVL_CLI_PATH}"
+  "KVL_BUILD=${CMAKE_BINARY_DIR}"
+  "KVL_SRC=${CMAKE_SOURCE_DIR}")
+
+function(kvl_test_labels out_var file kind)
+  set(labels ${kind})
+  get_filename_component(name "${file}" NAME_WE)
+  if(name MATCHES "_mt|concurrency")
+    list(APPEND labels tsan)
+  endif()
+  file(STRINGS "${file}" markers LIMIT_INPUT 4096 REGEX "KVL_TEST_LABELS:")
+  foreach(line IN LISTS markers)
+    string(REGEX REPLACE ".*KVL_TEST_LABELS:" "" rest "${line}")
+    string(REGEX REPLACE "\\*/.*" "" rest "${rest}")
+    string(REGEX MATCHALL "[A-Za-z0-9_.-]+" words "${rest}")
+    list(APPEND labels ${words})
+  endforeach()
+  list(REMOVE_DUPLICATES labels)
+  # Labels come from the file's text: re-configure when it changes.
+  set_property(DIRECTORY APPEND PROPERTY CMAKE_CONFIGURE_DEPENDS "${file}")
+  set(${out_var} "${labels}" PARENT_SCOPE)
+endfunction()
+
+set(_kvl_test_names "")
+function(kvl_claim_test_name name file)
+  if(name IN_LIST _kvl_test_names)
+    message(FATAL_ERROR "kvlane: two tests named ${name} (second: ${file}); rename one")
+  endif()
+  list(APPEND _kvl_test_names ${name})
+  set(_kvl_test_names "${_kvl_test_names}" PARENT_SCOPE)
+endfunction()
+
+# ---- helpers shared by C tests -------------------------------------------
+file(GLOB KVL_TEST_COMMON_SOURCES CONFIGURE_DEPENDS "${CMAKE_SOURCE_DIR}/tests/common/*.c")
+if(KVL_TEST_COMMON_SOURCES)
+  add_library(kvl_testutil STATIC ${KVL_TEST_COMMON_SOURCES})
+  target_include_directories(kvl_testutil PUBLIC "${CMAKE_SOURCE_DIR}/tests" "${CMAKE_SOURCE_DIR}/src")
+  target_link_libraries(kvl_testutil PUBLIC kvlane_static Threads::Threads)
+endif()
+
+# ---- C tests ---------------------------------------------------------------
+foreach(_kind unit integration)
+  file(GLOB _srcs CONFIGURE_DEPENDS "${CMAKE_SOURCE_DIR}/tests/${_kind}/test_*.c")
+  list(SORT _srcs)
+  foreach(_src IN LISTS _srcs)
+    get_filename_component(_name "${_src}" NAME_WE)
+    kvl_claim_test_name(${_name} "${_src}")
+    add_executable(${_name} "${_src}")
+    set_target_properties(${_name} PROPERTIES RUNTIME_OUTPUT_DIRECTORY "${CMAKE_BINARY_DIR}/tests")
+    target_include_directories(${_name} PRIVATE "${CMAKE_SOURCE_DIR}/tests" "${CMAKE_SOURCE_DIR}/src")
+    target_link_libraries(${_name} PRIVATE kvlane_static Threads::Threads)
+    if(TARGET kvl_testutil)
+      target_link_libraries(${_name} PRIVATE kvl_testutil)
+    endif()
+    kvl_test_labels(_labels "${_src}" ${_kind})
+    add_test(NAME ${_name} COMMAND ${_name} WORKING_DIRECTORY "${CMAKE_BINARY_DIR}")
+    set_tests_properties(${_name} PROPERTIES
+      SKIP_RETURN_CODE 77
+      TIMEOUT 300
+      ENVIRONMENT "${KVL_TEST_ENV}"
+      LABELS "${_labels}")
+  endforeach()
+endforeach()
+
+# ---- shell integration tests ----------------------------------------------
+file(GLOB _sh CONFIGURE_DEPENDS "${CMAKE_SOURCE_DIR}/tests/integration/test_*.sh")
+list(SORT _sh)
+foreach(_src IN LISTS _sh)
+  get_filename_component(_name "${_src}" NAME_WE)
+  kvl_claim_test_name(${_name} "${_src}")
+  kvl_test_labels(_labels "${_src}" integration)
+  add_test(NAME ${_name} COMMAND "${KVL_BASH}" "${_src}" WORKING_DIRECTORY "${CMAKE_BINARY_DIR}")
+  set_tests_properties(${_name} PROPERTIES
+    SKIP_RETURN_CODE 77
+    TIMEOUT 300
+    ENVIRONMENT "${KVL_TEST_ENV}"
+    LABELS "${_labels}")
+endforeach()
+
+# ---- fuzzing (libFuzzer; see cmake/run_fuzz.sh) ----------------------------
+if(KVL_FUZZ)
+  set(KVL_FUZZ_SECONDS 30 CACHE STRING "Seconds each fuzz target runs in the fuzz_metadata test")
+  file(GLOB _fuzz CONFIGURE_DEPENDS "${CMAKE_SOURCE_DIR}/tests/fuzz/fuzz_*.c")
+  list(LENGTH _fuzz _nfuzz)
+  # The library sources exactly as this build compiles them (no CLI).
+  string(REPLACE ";" "\n" _lib_lines "${KVL_LIB_SOURCES}")
+  file(WRITE "${CMAKE_BINARY_DIR}/fuzz/lib_sources.txt" "${_lib_lines}\n")
+  math(EXPR _fuzz_timeout "300 + ${_nfuzz} * (${KVL_FUZZ_SECONDS} + 60)")
+  add_test(NAME fuzz_metadata
+           COMMAND "${KVL_BASH}" "${CMAKE_SOURCE_DIR}/cmake/run_fuzz.sh"
+                   "${CMAKE_SOURCE_DIR}" "${CMAKE_BINARY_DIR}/fuzz"
+           WORKING_DIRECTORY "${CMAKE_BINARY_DIR}")
+  set_tests_properties(fuzz_metadata PROPERTIES
+    SKIP_RETURN_CODE 77
+    TIMEOUT ${_fuzz_timeout}
+    LABELS "fuzz"
+    ENVIRONMENT "KVL_CLANG=${KVL_CLANG};KVL_FUZZ_SECONDS=${KVL_FUZZ_SECONDS};KVL_WERROR=${KVL_WERROR}")
+endif()
+
+# ---- sanitizer suites (second build trees under this one) ------------------
+if(NOT KVL_SANITIZE AND KVL_SANITIZER_TESTS)
+  set(_san_env
+    "KVL_CLANG=${KVL_CLANG}"
+    "KVL_CMAKE=${CMAKE_COMMAND}"
+    "KVL_CTEST=${CMAKE_CTEST_COMMAND}"
+    "KVL_WERROR=${KVL_WERROR}")
+  foreach(_suite asan tsan)
+    if(_suite STREQUAL "asan")
+      set(_test asan_ubsan_suite)
+    else()
+      set(_test tsan_suite)
+    endif()
+    add_test(NAME ${_test}
+             COMMAND "${KVL_BASH}" "${CMAKE_SOURCE_DIR}/cmake/run_sanitizer_suite.sh"
+                     ${_suite} "${CMAKE_SOURCE_DIR}" "${CMAKE_BINARY_DIR}/san-${_suite}"
+             WORKING_DIRECTORY "${CMAKE_BINARY_DIR}")
+    set_tests_properties(${_test} PROPERTIES
+      SKIP_RETURN_CODE 77
+      TIMEOUT 1800
+      LABELS "sanitizer"
+      ENVIRONMENT "${_san_env}")
+  endforeach()
+endif()

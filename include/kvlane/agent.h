@@ -1,0 +1,94 @@
+/* kvlane: the agent, one per process or per engine rank. */
+#ifndef KVLANE_AGENT_H
+#define KVLANE_AGENT_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <kvlane/status.h>
+#include <kvlane/error.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct kvl_agent kvl_agent_t;
+typedef struct kvl_backend kvl_backend_t;
+
+/* A key=value parameter for backends (all values are strings). */
+typedef struct kvl_param {
+    const char *key;
+    const char *value;
+} kvl_param_t;
+
+enum {
+    KVL_AGENT_CFG_BACKENDS = 1u << 0,   /* create_backends is set */
+    KVL_AGENT_CFG_TIMEOUT = 1u << 1,    /* timeout_ms is set */
+    KVL_AGENT_CFG_WORKERS = 1u << 2     /* workers is set */
+};
+
+/*
+ * Agent configuration. Set field_mask to the fields you filled in; other
+ * fields take their defaults, so new fields never break old callers.
+ */
+typedef struct kvl_agent_config {
+    uint64_t field_mask;
+    /* Comma-separated backends created with default parameters at agent
+     * creation ("" for none). Default: "shm". */
+    const char *create_backends;
+    /* Bound for any wait on a peer (connect, reply, cancel); default 5000. */
+    uint64_t timeout_ms;
+    /* Copy threads per backend that uses them; default 1. */
+    unsigned workers;
+} kvl_agent_config_t;
+
+/*
+ * Create an agent. name: 1..63 printable characters, no spaces. A new random
+ * incarnation id is drawn at every creation. cfg may be NULL.
+ */
+kvl_status_t kvl_agent_create(const char *name, const kvl_agent_config_t *cfg,
+                              kvl_agent_t **agent_p);
+
+/*
+ * Destroy an agent: cancels its transfers, deregisters its memory in reverse
+ * order, disconnects from remote agents, then closes backends. Never aborts.
+ * Safe with live registrations, remote agents and transfers in flight;
+ * transfer and prepared-list handles must not be used afterwards.
+ */
+void kvl_agent_destroy(kvl_agent_t *agent);
+
+const char *kvl_agent_name(const kvl_agent_t *agent);
+uint64_t kvl_agent_incarnation(const kvl_agent_t *agent);
+
+/* Copy the last error any thread saw on this agent into *err. */
+void kvl_agent_last_error(kvl_agent_t *agent, kvl_error_t *err);
+
+/* ---- backends ---- */
+
+/* Names of backends this build knows (built in or loadable), NULL-terminated. */
+const char *const *kvl_backend_names(void);
+
+/*
+ * Whether a backend can be created on this machine; when not, why (reason
+ * filled, status returned). Does not create anything.
+ */
+kvl_status_t kvl_backend_available(const char *name, char *reason, size_t len);
+
+/*
+ * Parameters a backend accepts, as a NULL-terminated array of
+ * {key, default value}; NULL for an unknown backend.
+ */
+const kvl_param_t *kvl_backend_params(const char *name);
+
+/* Create (open) a backend on the agent. bk_p may be NULL. */
+kvl_status_t kvl_backend_create(kvl_agent_t *agent, const char *name,
+                                const kvl_param_t *params, size_t n_params,
+                                kvl_backend_t **bk_p);
+
+/* Backends created on the agent, in creation order. */
+size_t kvl_agent_backends(kvl_agent_t *agent, kvl_backend_t **out, size_t max);
+const char *kvl_backend_name(const kvl_backend_t *bk);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

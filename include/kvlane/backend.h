@@ -1,0 +1,205 @@
+/*
+ * kvlane: backend ABI. A backend (transport) fills one kvl_backend_ops_t.
+ * Built-in backends register statically; modules export
+ *     const kvl_backend_ops_t *kvl_backend_module_v1(void);
+ * The table starts with its ABI version and size: slots are only ever
+ * appended, and the core never calls a slot beyond the size a backend was
+ * built with (a missing slot means "not supported").
+ */
+#ifndef KVLANE_BACKEND_H
+#define KVLANE_BACKEND_H
+
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+#include <kvlane/status.h>
+#include <kvlane/error.h>
+#include <kvlane/log.h>
+#include <kvlane/agent.h>
+#include <kvlane/memory.h>
+#include <kvlane/xfer.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define KVL_BACKEND_ABI_VERSION 1u
+#define KVL_BK_CONN_MAX 4096    /* room conn_pack gets */
+#define KVL_BK_KEY_MAX 1024     /* room region_pack gets */
+
+#define KVL_MEM_BIT(kind) (1u << (unsigned)(kind))
+
+enum {
+    KVL_BK_CAP_NOTIF = 1u << 0,       /* carries notifications */
+    KVL_BK_CAP_SAME_HOST = 1u << 1    /* reaches peers on this host only */
+};
+
+/* A registered range as the core sees it. */
+typedef struct kvl_region_info {
+    uint64_t addr;
+    uint64_t len;
+    kvl_mem_kind_t kind;
+    int32_t dev;
+    /* When the range lies in a kvl_mem_alloc() allocation: its memfd, the
+     * offset of addr inside the memfd and the allocation's size. fd -1 else. */
+    int shm_fd;
+    uint64_t shm_id;              /* allocation id, unique within the agent */
+    uint64_t shm_off;
+    uint64_t shm_size;
+} kvl_region_info_t;
+
+/*
+ * One paired piece of a transfer: count blocks of len bytes; block j is at
+ * laddr + j*lstride locally and raddr + j*rstride remotely. lreg/rreg index
+ * the transfer's lmh/rmh arrays (the regions the blocks lie in).
+ */
+typedef struct kvl_seg {
+    uint64_t laddr, raddr, len, count;
+    uint64_t lstride, rstride;
+    uint32_t lreg, rreg;
+} kvl_seg_t;
+
+typedef struct kvl_bk_xfer kvl_bk_xfer_t;
+struct kvl_bk_xfer {
+    kvl_xfer_op_t op;
+    void *peer;                   /* backend's handle from peer_load */
+    const kvl_seg_t *segs;
+    size_t nsegs;
+    uint64_t total_bytes;
+    void *const *lmh;             /* backend's local region handles */
+    void *const *rmh;             /* backend's remote region handles */
+    const void *notif;            /* delivered after the data, only on success */
+    size_t notif_len;
+    uint64_t timeout_ms;          /* bound once the peer stops answering */
+    void *core;                   /* the core's, do not touch */
+    void *bk_priv;                /* the backend's */
+    char path[64];                /* backend writes the path it used */
+};
+
+typedef struct kvl_bk_ctx kvl_bk_ctx_t;
+struct kvl_bk_ctx {
+    uint32_t size;                /* sizeof(kvl_bk_ctx_t) of the core */
+    const char *agent_name;
+    uint64_t incarnation;
+    uint64_t timeout_ms;
+    unsigned workers;
+    void *core;                   /* the core's, do not touch */
+    /* Log on behalf of the backend (component = backend name). */
+    void (*log)(kvl_bk_ctx_t *ctx, kvl_log_level_t level, const char *fmt, ...)
+        __attribute__((format(printf, 3, 4)));
+    /* Completion of a posted transfer; exactly once per posting. status is
+     * KVL_OK, KVL_ERR_CANCELED or an error (err filled). */
+    void (*xfer_done)(kvl_bk_xfer_t *x, kvl_status_t status, const kvl_error_t *err);
+    /* Hand a received notification to the agent. */
+    void (*notif_deliver)(kvl_bk_ctx_t *ctx, const char *from, const void *msg,
+                          size_t len);
+    /*
+     * Target side: is [addr, addr+len) inside memory this agent registered on
+     * this backend? On success the region is pinned (cannot be deregistered)
+     * until region_unpin(*pin_p). *mh_p gets the backend's handle.
+     */
+    kvl_status_t (*region_pin)(kvl_bk_ctx_t *ctx, uint64_t addr, uint64_t len,
+                               void **mh_p, void **pin_p, kvl_error_t *err);
+    void (*region_unpin)(kvl_bk_ctx_t *ctx, void *pin);
+    /* Shareable allocation containing addr (kvl_mem_alloc), matched by the id
+     * the region key carries. KVL_ERR_NOT_FOUND when none. */
+    kvl_status_t (*alloc_lookup)(kvl_bk_ctx_t *ctx, uint64_t alloc_id, int *fd_p,
+                                 uint64_t *size_p);
+};
+
+typedef struct kvl_backend_ops {
+    uint32_t abi_version;         /* KVL_BACKEND_ABI_VERSION */
+    uint32_t size;                /* sizeof(kvl_backend_ops_t) built against */
+    const char *name;
+    const char *description;
+    uint32_t mem_local;           /* KVL_MEM_BIT()s served locally */
+    uint32_t mem_remote;          /* KVL_MEM_BIT()s reachable remotely */
+    uint32_t caps;                /* KVL_BK_CAP_* */
+    const kvl_param_t *params;    /* {key, default} list, NULL-terminated */
+
+    /* Can it run here? KVL_OK or a status with the reason. */
+    kvl_status_t (*available)(char *reason, size_t len);
+    kvl_status_t (*open)(kvl_bk_ctx_t *ctx, const kvl_param_t *params, size_t n,
+                         void **bk_p, kvl_error_t *err);
+    /* Called after every peer, region and transfer was released. */
+    void (*close)(void *bk);
+
+    /* Register a local range; detail gets the path, e.g. "cma + mmap". */
+    kvl_status_t (*mem_reg)(void *bk, const kvl_region_info_t *r, void **mh_p,
+                            char *detail, size_t detail_len, kvl_error_t *err);
+    void (*mem_dereg)(void *bk, void *mh);
+
+    /* Connection info and per-region keys for the metadata. */
+    kvl_status_t (*conn_pack)(void *bk, uint8_t *buf, size_t cap, size_t *len_p);
+    kvl_status_t (*region_pack)(void *bk, void *mh, uint8_t *buf, size_t cap,
+                                size_t *len_p);
+
+    /* Remote side, from untrusted metadata: validate everything. */
+    kvl_status_t (*peer_load)(void *bk, const char *name, uint64_t incarnation,
+                              const uint8_t *conn, size_t len, void **peer_p,
+                              kvl_error_t *err);
+    /* Cancels in-flight transfers to the peer (xfer_done is called). */
+    void (*peer_unload)(void *bk, void *peer);
+    kvl_status_t (*rregion_load)(void *bk, void *peer, const kvl_region_info_t *r,
+                                 const uint8_t *key, size_t len, void **rh_p,
+                                 kvl_error_t *err);
+    void (*rregion_unload)(void *bk, void *peer, void *rh);
+
+    /* Start a transfer; completion through ctx->xfer_done (maybe before
+     * return). A non-OK return means nothing moved and xfer_done is not called. */
+    kvl_status_t (*xfer_post)(void *bk, kvl_bk_xfer_t *x, kvl_error_t *err);
+    /* Returns only once xfer_done was called for x: with KVL_ERR_CANCELED
+     * (no more bytes will land) or with the status it completed with. */
+    void (*xfer_cancel)(void *bk, kvl_bk_xfer_t *x);
+
+    kvl_status_t (*notif_send)(void *bk, void *peer, const void *msg, size_t len,
+                               kvl_error_t *err);
+    /* How the peer is reached, e.g. "cma" or "socket (cma refused: ...)". */
+    void (*peer_describe)(void *bk, void *peer, char *buf, size_t len);
+
+    /* Optional: claim memory of a kind this backend knows (CUDA pointers).
+     * KVL_OK with kind/dev filled, KVL_ERR_NOT_FOUND when not its memory. */
+    kvl_status_t (*mem_query)(uint64_t addr, uint64_t len, kvl_mem_kind_t *kind_p,
+                              int32_t *dev_p, char *info, size_t info_len,
+                              kvl_error_t *err);
+} kvl_backend_ops_t;
+
+/* ---- helpers for backends to fill errors (header-only, no symbols) ---- */
+
+static inline void kvl_bk_error_set(kvl_error_t *err, kvl_status_t code, int sys_errno,
+                                    const char *backend, int device, const char *fmt, ...)
+    __attribute__((format(printf, 6, 7)));
+static inline void kvl_bk_error_set(kvl_error_t *err, kvl_status_t code, int sys_errno,
+                                    const char *backend, int device, const char *fmt, ...)
+{
+    va_list ap;
+    if (err == NULL)
+        return;
+    memset(err, 0, offsetof(kvl_error_t, causes));
+    err->code = code;
+    err->sys_errno = sys_errno;
+    err->device = device;
+    snprintf(err->backend, sizeof(err->backend), "%s", backend ? backend : "");
+    va_start(ap, fmt);
+    vsnprintf(err->what, sizeof(err->what), fmt, ap);
+    va_end(ap);
+}
+
+static inline void kvl_bk_error_hint(kvl_error_t *err, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+static inline void kvl_bk_error_hint(kvl_error_t *err, const char *fmt, ...)
+{
+    va_list ap;
+    if (err == NULL)
+        return;
+    va_start(ap, fmt);
+    vsnprintf(err->hint, sizeof(err->hint), fmt, ap);
+    va_end(ap);
+}
+
+#ifdef __cplusplus
+}
+#endif
+#endif

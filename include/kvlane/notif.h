@@ -1,0 +1,43 @@
+/* kvlane: notifications, small messages between agents. */
+#ifndef KVLANE_NOTIF_H
+#define KVLANE_NOTIF_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <kvlane/status.h>
+#include <kvlane/agent.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define KVL_NOTIF_MAX 65536
+
+typedef struct kvl_notif {
+    char from[KVL_NAME_MAX];
+    size_t len;
+    unsigned char *msg;       /* len bytes, followed by a NUL for convenience */
+} kvl_notif_t;
+
+/* Send a message to a loaded remote agent, over the first backend of both
+ * that carries notifications. */
+kvl_status_t kvl_notif_send(kvl_agent_t *agent, const char *remote,
+                            const void *msg, size_t len);
+
+/*
+ * Take up to max received notifications in arrival order. *n_p gets how
+ * many; each msg must be freed with kvl_notif_free(). Never blocks.
+ */
+kvl_status_t kvl_notif_poll(kvl_agent_t *agent, kvl_notif_t *out, size_t max,
+                            size_t *n_p);
+
+/* Block until a notification arrives or timeout_ms passes (-1 forever).
+ * KVL_OK when one is waiting, KVL_ERR_TIMEOUT otherwise. */
+kvl_status_t kvl_notif_wait(kvl_agent_t *agent, int64_t timeout_ms);
+
+void kvl_notif_free(kvl_notif_t *n);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

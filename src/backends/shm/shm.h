@@ -1,0 +1,255 @@
+/*
+ * kvlane shm backend: private structures shared by the files of this folder.
+ *
+ * Objects and who owns what:
+ *   iface  - one per open(): listening socket, progress thread, workers.
+ *   peer   - one per peer_load(): our outgoing connection to a remote agent,
+ *            its CMA verdict, its memfd mappings and pending socket requests.
+ *   conn   - one per accepted connection: a remote agent that loaded us. Only
+ *            the progress thread touches conns.
+ *   mh/rh  - local region handle (mem_reg) / remote region handle.
+ *   xpriv  - per posted transfer state (x->bk_priv).
+ *
+ * One mutex (iface->lock) guards every list and counter; it is never held
+ * across a system call that can block on a peer, and never across a call
+ * into the core.
+ */
+#ifndef KVLI_SHM_H
+#define KVLI_SHM_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <sys/socket.h>
+#include <sys/types.h>
+#include <sys/uio.h>
+#include <sys/un.h>
+#include <kvlane/backend.h>
+#include <kvlane/notif.h>
+
+#define KVLI_SHM_NAME "shm"
+#define KVLI_SHM_IOV_MAX 1024              /* kernel UIO_MAXIOV */
+#define KVLI_SHM_CHUNK (4u << 20)          /* cancel is checked between chunks */
+#define KVLI_SHM_WINDOW 16                 /* socket requests in flight per worker */
+#define KVLI_SHM_DEFAULT_TIMEOUT_MS 5000u
+#define KVLI_SHM_TEXT_MAX 256              /* refusal text carried in a reply */
+
+typedef struct kvli_shm_iface kvli_shm_iface_t;
+typedef struct kvli_shm_peer kvli_shm_peer_t;
+typedef struct kvli_shm_conn kvli_shm_conn_t;
+typedef struct kvli_shm_map kvli_shm_map_t;
+typedef struct kvli_shm_xpriv kvli_shm_xpriv_t;
+typedef struct kvli_shm_req kvli_shm_req_t;
+typedef struct kvli_shm_worker kvli_shm_worker_t;
+typedef struct kvli_shm_outq kvli_shm_outq_t;
+
+/* Local region handle. */
+typedef struct kvli_shm_mh {
+    uint64_t addr, len;
+    int shareable;
+    uint64_t shm_id, shm_off, shm_size;
+} kvli_shm_mh_t;
+
+/* A peer's memfd mapped here, shared by every rregion of that allocation. */
+struct kvli_shm_map {
+    kvli_shm_map_t *next;
+    uint64_t shm_id;
+    uint8_t *base;
+    uint64_t size;
+    unsigned refs;
+};
+
+/* Remote region handle. */
+typedef struct kvli_shm_rh {
+    kvli_shm_peer_t *peer;
+    uint64_t addr, len;
+    int shareable;
+    uint64_t shm_id, shm_off, shm_size;
+    kvli_shm_map_t *map;     /* NULL: not mapped, use cma or the socket */
+} kvli_shm_rh_t;
+
+/*
+ * A socket request waiting for its reply (initiator side). Lives in a
+ * worker's window or on the stack of a thread asking for an fd; linked in
+ * peer->pending while in flight.
+ */
+struct kvli_shm_req {
+    kvli_shm_req_t *next;
+    uint64_t id;
+    uint32_t expect;                 /* reply type */
+    kvli_shm_xpriv_t *xp;            /* NULL for fd requests */
+    struct iovec *iov;               /* READ: where the payload lands */
+    int iovcnt;
+    uint64_t bytes;
+    int in_flight;
+    int done;
+    kvl_status_t status;
+    int sys_errno;
+    char text[KVLI_SHM_TEXT_MAX];
+    int fd;                          /* FD reply */
+    uint64_t size;
+};
+
+struct kvli_shm_peer {
+    kvli_shm_peer_t *next;
+    kvli_shm_iface_t *iface;
+    char name[KVL_NAME_MAX];
+    uint64_t incarnation;
+    pid_t pid;
+    uid_t uid;
+    uint64_t probe_addr;
+    struct sockaddr_un addr;
+    socklen_t addrlen;
+    char sock_desc[160];             /* printable socket name for messages */
+    int fd;
+    int pidfd;                       /* -1 when pidfd_open is unavailable */
+    pthread_mutex_t send_lock;       /* one writer at a time on fd */
+    int cma_ok;
+    char cma_reason[400];            /* why not, when !cma_ok */
+    atomic_int dead;
+    /* under iface->lock */
+    int dead_errno;
+    char dead_what[200];
+    int unloading, detached;
+    uint64_t next_id;
+    kvli_shm_req_t *pending;
+    kvli_shm_map_t *maps;
+    unsigned n_maps_ever;
+};
+
+/* Queued outgoing data on an accepted connection (sent without blocking). */
+struct kvli_shm_outq {
+    kvli_shm_outq_t *next;
+    uint8_t hdr[24 + 16 + KVLI_SHM_TEXT_MAX];
+    size_t hdr_len;
+    struct iovec *iov;               /* payload, NULL if none */
+    int iovcnt;
+    void **pins;
+    unsigned npins;
+    int fd;                          /* to pass with SCM_RIGHTS, -1 none */
+    size_t total, sent;
+};
+
+struct kvli_shm_conn {
+    kvli_shm_conn_t *next;
+    int fd;
+    int hello;                       /* HELLO received */
+    char name[KVL_NAME_MAX];
+    uint64_t incarnation;
+    pid_t cred_pid;
+    uid_t cred_uid;
+    kvli_shm_outq_t *out_head, *out_tail;
+    int closing;
+};
+
+enum { KVLI_SHM_XQUEUED = 0, KVLI_SHM_XRUNNING = 1 };
+
+struct kvli_shm_xpriv {
+    kvli_shm_xpriv_t *next_all;      /* iface->xfers: posted, not finished */
+    kvli_shm_xpriv_t *next_q;        /* iface->queue */
+    kvl_bk_xfer_t *x;
+    kvli_shm_peer_t *peer;
+    int state;
+    atomic_int cancel;
+    int finished;
+    unsigned waiters;
+    /* socket accounting, under iface->lock */
+    unsigned outstanding;
+    unsigned busy;
+    kvl_status_t sock_status;
+    int sock_errno;
+    char sock_text[KVLI_SHM_TEXT_MAX + 64];
+    uint64_t sock_moved;
+};
+
+struct kvli_shm_worker {
+    kvli_shm_iface_t *iface;
+    pthread_t thread;
+    int started;
+    struct iovec *liov, *riov;       /* KVLI_SHM_IOV_MAX each */
+    uint64_t *ranges;                /* 2 * KVLI_SHM_IOV_MAX */
+    kvli_shm_req_t reqs[KVLI_SHM_WINDOW];
+    struct iovec *req_iov;           /* KVLI_SHM_WINDOW * KVLI_SHM_IOV_MAX */
+};
+
+struct kvli_shm_iface {
+    /* Peers read this word with process_vm_readv to prove CMA reaches us. */
+    volatile uint64_t probe;
+    kvl_bk_ctx_t *ctx;
+    uint64_t timeout_ms;
+    int cma_off;
+    char boot_id[40];
+    uint64_t netns_ino, pidns_ino;
+    int abstract;
+    struct sockaddr_un addr;
+    socklen_t addrlen;
+    char sock_name[108];             /* without the abstract NUL */
+    int listen_fd;
+    int wake_fd;                     /* eventfd */
+    pthread_t progress;
+    int progress_started;
+    unsigned nworkers;
+    kvli_shm_worker_t *workers;
+
+    pthread_mutex_t lock;
+    pthread_cond_t cond;             /* replies, completions, detach */
+    pthread_cond_t qcond;            /* work queue */
+    atomic_int stopping;
+    kvli_shm_peer_t *peers;
+    kvli_shm_conn_t *conns;          /* progress thread only */
+    kvli_shm_xpriv_t *xfers;
+    kvli_shm_xpriv_t *q_head, *q_tail;
+    /* progress thread scratch */
+    uint8_t *scratch;
+    size_t scratch_len;
+    void **pins;
+};
+
+/* shm_iface.c */
+void kvli_shm_iface_wake(kvli_shm_iface_t *iface);
+uint64_t kvli_shm_now_ms(void);
+void kvli_shm_deadline(struct timespec *ts, uint64_t ms);
+const char *kvli_shm_errno_name(int e);
+int kvli_shm_sock_set_timeouts(int fd, uint64_t ms);
+
+/* shm_peer.c */
+kvl_status_t kvli_shm_peer_load(void *bk, const char *name, uint64_t incarnation,
+                                const uint8_t *conn, size_t len, void **peer_p,
+                                kvl_error_t *err);
+void kvli_shm_peer_unload(void *bk, void *peer);
+void kvli_shm_peer_describe(void *bk, void *peer, char *buf, size_t len);
+void kvli_shm_peer_mark_dead(kvli_shm_peer_t *peer, int sys_errno, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+void kvli_shm_peer_progress(kvli_shm_peer_t *peer);
+kvl_status_t kvli_shm_peer_send(kvli_shm_peer_t *peer, struct iovec *iov,
+                                int iovcnt, kvl_error_t *err);
+kvl_status_t kvli_shm_peer_disconnect_error(kvli_shm_peer_t *peer, uint64_t moved,
+                                            uint64_t total, kvl_error_t *err);
+void kvli_shm_peer_req_add(kvli_shm_peer_t *peer, kvli_shm_req_t *req);
+void kvli_shm_peer_req_drop(kvli_shm_peer_t *peer, kvli_shm_req_t *req);
+kvl_status_t kvli_shm_peer_fd_request(kvli_shm_peer_t *peer, uint64_t shm_id, int *fd_p,
+                                      uint64_t *size_p, kvl_error_t *err);
+kvl_status_t kvli_shm_peer_notif_send(void *bk, void *peer, const void *msg,
+                                      size_t len, kvl_error_t *err);
+
+/* shm_md.c */
+kvl_status_t kvli_shm_md_reg(void *bk, const kvl_region_info_t *r, void **mh_p,
+                             char *detail, size_t detail_len, kvl_error_t *err);
+void kvli_shm_md_dereg(void *bk, void *mh);
+kvl_status_t kvli_shm_md_pack(void *bk, void *mh, uint8_t *buf, size_t cap,
+                              size_t *len_p);
+kvl_status_t kvli_shm_md_rload(void *bk, void *peer, const kvl_region_info_t *r,
+                               const uint8_t *key, size_t len, void **rh_p,
+                               kvl_error_t *err);
+void kvli_shm_md_runload(void *bk, void *peer, void *rh);
+void kvli_shm_md_unmap_all(kvli_shm_peer_t *peer);
+
+/* shm_xfer.c */
+kvl_status_t kvli_shm_xfer_post(void *bk, kvl_bk_xfer_t *x, kvl_error_t *err);
+void kvli_shm_xfer_cancel(void *bk, kvl_bk_xfer_t *x);
+void *kvli_shm_xfer_worker(void *arg);
+int kvli_shm_worker_init(kvli_shm_worker_t *w, kvli_shm_iface_t *iface);
+void kvli_shm_worker_fini(kvli_shm_worker_t *w);
+void kvli_shm_xfer_cancel_peer(kvli_shm_iface_t *iface, kvli_shm_peer_t *peer);
+void kvli_shm_xfer_cancel_queued_all(kvli_shm_iface_t *iface);
+
+#endif

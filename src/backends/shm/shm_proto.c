@@ -1,0 +1,150 @@
+/* kvlane shm backend: framing helpers for the Unix socket protocol. */
+#include <errno.h>
+#include <string.h>
+#include <unistd.h>
+#include <sys/socket.h>
+#include "shm_proto.h"
+
+int kvli_shm_proto_iov_advance(struct iovec *iov, int iovcnt, size_t n)
+{
+    int i = 0;
+    while (i < iovcnt && n >= iov[i].iov_len) {
+        n -= iov[i].iov_len;
+        i++;
+    }
+    if (i < iovcnt && n > 0) {
+        iov[i].iov_base = (uint8_t *)iov[i].iov_base + n;
+        iov[i].iov_len -= n;
+    }
+    return i;
+}
+
+int kvli_shm_proto_sendv(int fd, struct iovec *iov, int iovcnt)
+{
+    int first = 0;
+    /* Zero-length entries would otherwise leave the loop spinning at the end. */
+    while (first < iovcnt && iov[first].iov_len == 0)
+        first++;
+    while (first < iovcnt) {
+        struct msghdr mh;
+        ssize_t n;
+        memset(&mh, 0, sizeof(mh));
+        mh.msg_iov = iov + first;
+        mh.msg_iovlen = (size_t)(iovcnt - first);
+        if (mh.msg_iovlen > 1024)
+            mh.msg_iovlen = 1024;
+        n = sendmsg(fd, &mh, MSG_NOSIGNAL);
+        if (n < 0) {
+            if (errno == EINTR)
+                continue;
+            return errno;  /* EAGAIN here means SO_SNDTIMEO expired */
+        }
+        first += kvli_shm_proto_iov_advance(iov + first, iovcnt - first, (size_t)n);
+        while (first < iovcnt && iov[first].iov_len == 0)
+            first++;
+    }
+    return 0;
+}
+
+int kvli_shm_proto_recvv(int fd, struct iovec *iov, int iovcnt)
+{
+    int first = 0;
+    while (first < iovcnt && iov[first].iov_len == 0)
+        first++;
+    while (first < iovcnt) {
+        struct msghdr mh;
+        ssize_t n;
+        memset(&mh, 0, sizeof(mh));
+        mh.msg_iov = iov + first;
+        mh.msg_iovlen = (size_t)(iovcnt - first);
+        if (mh.msg_iovlen > 1024)
+            mh.msg_iovlen = 1024;
+        n = recvmsg(fd, &mh, MSG_WAITALL | MSG_CMSG_CLOEXEC);
+        if (n < 0) {
+            if (errno == EINTR)
+                continue;
+            return errno;  /* EAGAIN here means SO_RCVTIMEO expired */
+        }
+        if (n == 0)
+            return KVLI_SHM_EOF;
+        first += kvli_shm_proto_iov_advance(iov + first, iovcnt - first, (size_t)n);
+        while (first < iovcnt && iov[first].iov_len == 0)
+            first++;
+    }
+    return 0;
+}
+
+int kvli_shm_proto_recv(int fd, void *buf, size_t len, int *fd_p)
+{
+    size_t got = 0;
+    if (fd_p != NULL)
+        *fd_p = -1;
+    while (got < len) {
+        union {
+            struct cmsghdr align;
+            char buf[CMSG_SPACE(sizeof(int) * 4)];
+        } cbuf;
+        struct iovec iov = { (uint8_t *)buf + got, len - got };
+        struct msghdr mh;
+        struct cmsghdr *c;
+        ssize_t n;
+        memset(&mh, 0, sizeof(mh));
+        mh.msg_iov = &iov;
+        mh.msg_iovlen = 1;
+        mh.msg_control = cbuf.buf;
+        mh.msg_controllen = sizeof(cbuf.buf);
+        n = recvmsg(fd, &mh, MSG_WAITALL | MSG_CMSG_CLOEXEC);
+        if (n < 0) {
+            if (errno == EINTR)
+                continue;
+            return errno;
+        }
+        /* Take ownership of passed fds before anything else, so none leaks. */
+        for (c = CMSG_FIRSTHDR(&mh); c != NULL; c = CMSG_NXTHDR(&mh, c)) {
+            if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) {
+                size_t nfd = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+                size_t k;
+                for (k = 0; k < nfd; k++) {
+                    int pfd;
+                    memcpy(&pfd, CMSG_DATA(c) + k * sizeof(int), sizeof(int));
+                    if (fd_p != NULL && *fd_p < 0)
+                        *fd_p = pfd;
+                    else
+                        close(pfd);
+                }
+            }
+        }
+        if (n == 0)
+            return KVLI_SHM_EOF;
+        got += (size_t)n;
+    }
+    return 0;
+}
+
+int kvli_shm_proto_drain(int fd, uint64_t len, void *scratch, size_t cap)
+{
+    while (len > 0) {
+        size_t n = len < cap ? (size_t)len : cap;
+        int rc = kvli_shm_proto_recv(fd, scratch, n, NULL);
+        if (rc != 0)
+            return rc;
+        len -= n;
+    }
+    return 0;
+}
+
+const char *kvli_shm_proto_type_name(uint32_t type)
+{
+    switch (type) {
+    case KVLI_SHM_MSG_HELLO: return "HELLO";
+    case KVLI_SHM_MSG_HELLO_ACK: return "HELLO_ACK";
+    case KVLI_SHM_MSG_NOTIF: return "NOTIF";
+    case KVLI_SHM_MSG_FD_REQ: return "FD_REQ";
+    case KVLI_SHM_MSG_FD_REPLY: return "FD_REPLY";
+    case KVLI_SHM_MSG_WRITE: return "WRITE";
+    case KVLI_SHM_MSG_WRITE_ACK: return "WRITE_ACK";
+    case KVLI_SHM_MSG_READ: return "READ";
+    case KVLI_SHM_MSG_READ_DATA: return "READ_DATA";
+    default: return "unknown";
+    }
+}

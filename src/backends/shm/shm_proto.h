@@ -1,0 +1,84 @@
+/*
+ * kvlane shm backend: the Unix socket protocol between two agents.
+ *
+ * Both ends run on one host with one ABI, so fields are in native byte
+ * order; every length is still checked, the peer is untrusted.
+ *
+ * A connection is opened by the initiator (peer_load) and carries, in
+ * order: HELLO, then requests (NOTIF, FD_REQ, WRITE, READ). The target
+ * answers on the same connection (HELLO_ACK, FD_REPLY, WRITE_ACK,
+ * READ_DATA); NOTIF has no answer. Every message is a header followed by
+ * hdr.len bytes of body.
+ */
+#ifndef KVLI_SHM_PROTO_H
+#define KVLI_SHM_PROTO_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/uio.h>
+
+#define KVLI_SHM_MSG_MAGIC 0x4b4c534du     /* "KLSM" */
+#define KVLI_SHM_PROTO_VERSION 1u
+/* Upper bound of a data request's payload; we send at most KVLI_SHM_CHUNK. */
+#define KVLI_SHM_PAYLOAD_MAX (64ull << 20)
+
+enum {
+    KVLI_SHM_MSG_HELLO = 1,
+    KVLI_SHM_MSG_HELLO_ACK = 2,
+    KVLI_SHM_MSG_NOTIF = 3,
+    KVLI_SHM_MSG_FD_REQ = 4,
+    KVLI_SHM_MSG_FD_REPLY = 5,
+    KVLI_SHM_MSG_WRITE = 6,
+    KVLI_SHM_MSG_WRITE_ACK = 7,
+    KVLI_SHM_MSG_READ = 8,
+    KVLI_SHM_MSG_READ_DATA = 9
+};
+
+typedef struct kvli_shm_msg_hdr {
+    uint32_t magic;
+    uint32_t type;
+    uint64_t id;                /* request id, echoed in the reply */
+    uint64_t len;               /* body bytes after the header */
+} kvli_shm_msg_hdr_t;
+
+/* HELLO and HELLO_ACK; the agent name follows (name_len bytes, no NUL). */
+typedef struct kvli_shm_msg_hello {
+    uint32_t version;
+    uint32_t name_len;
+    uint64_t incarnation;
+    uint32_t pid;
+    uint32_t reserved;
+} kvli_shm_msg_hello_t;
+
+/* Every reply: then text_len bytes of refusal text, then payload bytes. */
+typedef struct kvli_shm_msg_reply {
+    int32_t status;
+    uint32_t text_len;
+    uint64_t payload;           /* READ_DATA: data bytes; FD_REPLY: map size */
+} kvli_shm_msg_reply_t;
+
+/* WRITE and READ: then nranges {addr, len} pairs, then (WRITE) payload. */
+typedef struct kvli_shm_msg_rw {
+    uint32_t nranges;
+    uint32_t reserved;
+    uint64_t payload;
+} kvli_shm_msg_rw_t;
+
+typedef struct kvli_shm_msg_fdreq {
+    uint64_t shm_id;
+} kvli_shm_msg_fdreq_t;
+
+#define KVLI_SHM_EOF (-1)   /* helpers: orderly close by the other side */
+
+/* Helpers return 0, a positive errno, or KVLI_SHM_EOF. They modify iov. */
+int kvli_shm_proto_sendv(int fd, struct iovec *iov, int iovcnt);
+int kvli_shm_proto_recvv(int fd, struct iovec *iov, int iovcnt);
+/* Receive exactly len bytes; a passed fd (at most one) lands in *fd_p,
+ * any other is closed. fd_p may be NULL (then every passed fd is closed). */
+int kvli_shm_proto_recv(int fd, void *buf, size_t len, int *fd_p);
+int kvli_shm_proto_drain(int fd, uint64_t len, void *scratch, size_t cap);
+/* Skip n bytes of an iovec array in place; returns the new first index. */
+int kvli_shm_proto_iov_advance(struct iovec *iov, int iovcnt, size_t n);
+const char *kvli_shm_proto_type_name(uint32_t type);
+
+#endif

@@ -1,0 +1,18 @@
+/* kvlane command-line tool: subcommands. */
+#ifndef KVL_CLI_H
+#define KVL_CLI_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+int kvl_cli_demo(int argc, char **argv);
+
+/* Helpers shared by subcommands (cli_util.c). */
+int kvl_cli_parse_size(const char *s, uint64_t *out);
+void kvl_cli_print_error(const char *what);
+int kvl_cli_write_all(int fd, const void *buf, size_t len);
+/* Read exactly len bytes within timeout_ms; 0 ok, -1 error/timeout. */
+int kvl_cli_read_all(int fd, void *buf, size_t len, int timeout_ms);
+double kvl_cli_now(void);
+
+#endif

@@ -1,0 +1,235 @@
+/* kvlane core: private structures shared by the core's files. */
+#ifndef KVLI_INTERNAL_H
+#define KVLI_INTERNAL_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <kvlane/kvlane.h>
+#include <kvlane/backend.h>
+
+#define KVLI_MAX_BACKENDS 8
+
+/* ---- errors (error.c) ---- */
+void kvli_err(kvl_error_t *err, kvl_status_t code, int sys_errno, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+void kvli_hint(kvl_error_t *err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+void kvli_err_region(kvl_error_t *err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* Add one cause (copied from a backend's error, or built). */
+void kvli_err_add_cause(kvl_error_t *err, const kvl_error_t *cause);
+/* Record err as the thread's (and agent's, if not NULL) last error; returns err->code. */
+kvl_status_t kvli_fail(kvl_agent_t *agent, const kvl_error_t *err);
+/* Shortcut for usage errors with no agent context. */
+kvl_status_t kvli_fail_simple(kvl_agent_t *agent, kvl_status_t code, const char *hint,
+                              const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+
+/* ---- logging (log.c) ---- */
+void kvli_log(kvl_log_level_t level, const char *component, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+void kvli_vlog(kvl_log_level_t level, const char *component, const char *fmt, va_list ap)
+    __attribute__((format(printf, 3, 0)));
+bool kvli_log_enabled(kvl_log_level_t level);
+#define kvli_warn(...) kvli_log(KVL_LOG_WARN, "core", __VA_ARGS__)
+#define kvli_debug(...) \
+    do { if (kvli_log_enabled(KVL_LOG_DEBUG)) kvli_log(KVL_LOG_DEBUG, "core", __VA_ARGS__); } while (0)
+
+/* ---- utilities (util.c) ---- */
+uint64_t kvli_now_ns(void);          /* CLOCK_MONOTONIC */
+uint64_t kvli_realtime_ns(void);
+uint64_t kvli_random64(void);
+uint32_t kvli_crc32c(uint32_t crc, const void *buf, size_t len);
+bool kvli_name_valid(const char *name);
+bool kvli_add_overflows(uint64_t a, uint64_t b);
+/* Copy with truncation, always NUL-terminated (src may be NULL). */
+void kvli_scopy(char *dst, size_t cap, const char *src);
+
+/* ---- backends (backend_table.c) ---- */
+const kvl_backend_ops_t *kvli_backend_find(const char *name);
+
+struct kvl_backend {
+    const kvl_backend_ops_t *ops;
+    void *bk;
+    kvl_bk_ctx_t ctx;
+    unsigned index;
+    kvl_agent_t *agent;
+};
+
+/* ---- local memory (registry.c) ---- */
+typedef struct kvli_region {
+    uint64_t addr, len;
+    kvl_mem_kind_t kind;
+    int32_t dev;
+    uint32_t refcount;                /* registrations of this exact range */
+    atomic_uint inflight;             /* posted transfers using it */
+    atomic_uint pins;                 /* backend target-side pins */
+    atomic_uint objref;               /* registry + preps + xfers */
+    atomic_bool valid;                /* false once deregistered */
+    uint32_t bk_mask;                 /* backends it is registered on */
+    void *mh[KVLI_MAX_BACKENDS];
+    uint64_t shm_id;                  /* allocation it lies in, 0 if none */
+} kvli_region_t;
+
+typedef struct kvli_alloc {
+    uint64_t id;
+    void *ptr;
+    size_t len;
+    int fd;
+} kvli_alloc_t;
+
+void kvli_region_get(kvli_region_t *r);
+void kvli_region_put(kvli_region_t *r);
+/* Lookup under the agent lock: region containing [addr, addr+len). */
+kvli_region_t *kvli_registry_find(kvl_agent_t *a, uint64_t addr, uint64_t len);
+/* Nearest region to addr, for messages; NULL when none. */
+kvli_region_t *kvli_registry_nearest(kvl_agent_t *a, uint64_t addr);
+void kvli_registry_destroy(kvl_agent_t *a);
+void kvli_allocs_destroy(kvl_agent_t *a);
+
+/* ---- remote agents (metadata.c) ---- */
+typedef struct kvli_rregion {
+    uint64_t addr, len;
+    kvl_mem_kind_t kind;
+    int32_t dev;
+    void *rh[KVLI_MAX_BACKENDS];
+} kvli_rregion_t;
+
+typedef struct kvli_remote {
+    char name[KVL_NAME_MAX];
+    uint64_t incarnation, start_ns, generation;
+    atomic_uint objref;
+    atomic_bool valid;                /* false once removed or replaced */
+    void *peer[KVLI_MAX_BACKENDS];    /* NULL: not reachable through it */
+    char unreachable[KVLI_MAX_BACKENDS][256];
+    size_t n_regions;
+    kvli_rregion_t *regions;          /* sorted by addr */
+    uint64_t max_len;
+    struct kvli_remote *next;
+} kvli_remote_t;
+
+void kvli_remote_get(kvli_remote_t *r);
+void kvli_remote_put(kvl_agent_t *a, kvli_remote_t *r);
+kvli_remote_t *kvli_remote_find(kvl_agent_t *a, const char *name); /* under lock */
+const kvli_rregion_t *kvli_rregion_find(const kvli_remote_t *r, uint64_t addr, uint64_t len);
+const kvli_rregion_t *kvli_rregion_nearest(const kvli_remote_t *r, uint64_t addr);
+void kvli_remotes_destroy(kvl_agent_t *a);
+
+/* ---- transfers (prep.c, xfer.c) ---- */
+typedef struct kvli_pent {
+    uint64_t addr, stride, count, len;
+    uint32_t reg;                     /* index in prep->regs */
+} kvli_pent_t;
+
+struct kvl_prep {
+    kvl_agent_t *agent;
+    bool remote;
+    kvli_remote_t *rem;               /* remote: referenced */
+    kvl_mem_kind_t kind;
+    size_t n;
+    kvli_pent_t *ents;
+    size_t nregs;
+    void **regs;                      /* kvli_region_t* (local, referenced) or
+                                         const kvli_rregion_t* (remote) */
+    struct kvl_prep *prev, *next;     /* agent's list */
+};
+
+struct kvl_xfer {
+    kvl_agent_t *agent;
+    kvl_xfer_op_t op;
+    struct kvl_backend *bk;
+    kvli_remote_t *rem;
+    kvl_bk_xfer_t bx;
+    kvl_seg_t *segs;
+    size_t nsegs;
+    uint64_t blocks;
+    size_t nlregs, nrregs;
+    kvli_region_t **lregs;
+    void **lmh, **rmh;
+    unsigned char *notif;
+    size_t notif_len;
+    pthread_mutex_t lock;
+    pthread_cond_t cond;
+    _Atomic int state;                /* kvl_xfer_state_t */
+    kvl_status_t status;
+    kvl_error_t err;
+    uint64_t t_post, post_ns, duration_ns;
+    char path[64];
+    struct kvl_xfer *prev, *next;     /* agent's list */
+};
+
+/* ---- notifications (notif.c) ---- */
+typedef struct kvli_notif {
+    struct kvli_notif *next;
+    char from[KVL_NAME_MAX];
+    size_t len;
+    unsigned char msg[];
+} kvli_notif_t;
+
+void kvli_notif_deliver(kvl_bk_ctx_t *ctx, const char *from, const void *msg, size_t len);
+void kvli_notifs_destroy(kvl_agent_t *a);
+
+/* ---- the agent (agent.c) ---- */
+struct kvl_agent {
+    char name[KVL_NAME_MAX];
+    uint64_t incarnation, start_ns;
+    atomic_uint_fast64_t generation;  /* bumps on every (de)registration */
+    uint64_t timeout_ms;
+    unsigned workers;
+    pthread_mutex_t lock;             /* registry, remotes, backends, lists */
+
+    struct kvl_backend *bks[KVLI_MAX_BACKENDS];
+    unsigned nbks;
+
+    kvli_region_t **regs;             /* sorted by (addr, len) */
+    size_t nregs, capregs;
+    uint64_t max_len;
+    kvli_region_t *last_hit;          /* lookup cache (under lock) */
+
+    kvli_alloc_t *allocs;
+    size_t nallocs, capallocs;
+    uint64_t next_alloc_id;
+
+    kvli_remote_t *remotes;
+    struct kvl_prep *preps;
+    struct kvl_xfer *xfers;
+    /* Held while a transfer is released or cancelled on the agent's behalf,
+     * never by progress threads, so waiting under it cannot deadlock them. */
+    pthread_mutex_t xfer_lock;
+
+    pthread_mutex_t notif_lock;
+    pthread_cond_t notif_cond;
+    kvli_notif_t *nhead, *ntail;
+
+    pthread_mutex_t err_lock;
+    kvl_error_t last_err;
+
+    struct kvl_agent *next_live;      /* global list of live agents */
+};
+
+/* Build the xfer from two prepared lists (xfer.c). */
+kvl_status_t kvli_xfer_build(kvl_agent_t *a, kvl_xfer_op_t op, const kvl_prep_t *lp,
+                             const int64_t *lidx, size_t nl, const kvl_prep_t *rp,
+                             const int64_t *ridx, size_t nr, const kvl_xfer_params_t *params,
+                             kvl_xfer_t **xfer_p, kvl_error_t *err);
+/* Validate a list into a prep (prep.c); no lists linked. */
+kvl_status_t kvli_prep_build(kvl_agent_t *a, kvli_remote_t *rem, const kvl_dlist_t *dl,
+                             kvl_prep_t **prep_p, kvl_error_t *err);
+void kvli_prep_free(kvl_prep_t *p);
+void kvli_xfer_free(kvl_xfer_t *x);
+/* Cancel (if posted) and wait; used by destroy and remote removal. */
+void kvli_xfer_quiesce(kvl_xfer_t *x);
+
+/* dlist internals (desc.c) */
+typedef struct kvli_dent {
+    uint64_t addr, stride, count, len;
+    int32_t dev;
+} kvli_dent_t;
+
+struct kvl_dlist {
+    kvl_mem_kind_t kind;
+    size_t n, cap;
+    uint64_t blocks, bytes;
+    kvli_dent_t *ents;
+};
+
+#endif

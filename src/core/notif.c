@@ -1,0 +1,163 @@
+/* Notifications: received messages queue on the agent in arrival order. */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include "internal.h"
+
+void kvli_notif_deliver(kvl_bk_ctx_t *ctx, const char *from, const void *msg, size_t len)
+{
+    struct kvl_backend *bk = ctx->core;
+    kvl_agent_t *a = bk->agent;
+    kvli_notif_t *n = malloc(sizeof(*n) + len + 1);
+    if (n == NULL) {
+        kvli_log(KVL_LOG_ERROR, "core", "agent '%s': dropped a %zu-byte notification from '%s': "
+                 "out of memory", a->name, len, from);
+        return;
+    }
+    n->next = NULL;
+    kvli_scopy(n->from, sizeof(n->from), from ? from : "");
+    n->len = len;
+    if (len)
+        memcpy(n->msg, msg, len);
+    n->msg[len] = '\0';
+    pthread_mutex_lock(&a->notif_lock);
+    if (a->ntail)
+        a->ntail->next = n;
+    else
+        a->nhead = n;
+    a->ntail = n;
+    pthread_cond_broadcast(&a->notif_cond);
+    pthread_mutex_unlock(&a->notif_lock);
+}
+
+kvl_status_t kvl_notif_poll(kvl_agent_t *a, kvl_notif_t *out, size_t max, size_t *n_p)
+{
+    if (a == NULL || n_p == NULL || (out == NULL && max > 0))
+        return kvli_fail_simple(a, KVL_ERR_INVALID_ARG, NULL, "kvl_notif_poll: NULL argument");
+    size_t n = 0;
+    pthread_mutex_lock(&a->notif_lock);
+    while (n < max && a->nhead) {
+        kvli_notif_t *q = a->nhead;
+        unsigned char *m = malloc(q->len + 1);
+        if (m == NULL)
+            break;
+        memcpy(m, q->msg, q->len + 1);
+        kvli_scopy(out[n].from, sizeof(out[n].from), q->from);
+        out[n].len = q->len;
+        out[n].msg = m;
+        n++;
+        a->nhead = q->next;
+        if (a->nhead == NULL)
+            a->ntail = NULL;
+        free(q);
+    }
+    pthread_mutex_unlock(&a->notif_lock);
+    *n_p = n;
+    return KVL_OK;
+}
+
+kvl_status_t kvl_notif_wait(kvl_agent_t *a, int64_t timeout_ms)
+{
+    if (a == NULL)
+        return kvli_fail_simple(a, KVL_ERR_INVALID_ARG, NULL, "kvl_notif_wait: agent is NULL");
+    struct timespec dl;
+    clock_gettime(CLOCK_REALTIME, &dl);
+    if (timeout_ms >= 0) {
+        dl.tv_sec += timeout_ms / 1000;
+        dl.tv_nsec += (timeout_ms % 1000) * 1000000;
+        if (dl.tv_nsec >= 1000000000) {
+            dl.tv_sec++;
+            dl.tv_nsec -= 1000000000;
+        }
+    }
+    kvl_status_t st = KVL_OK;
+    pthread_mutex_lock(&a->notif_lock);
+    while (a->nhead == NULL) {
+        int rc = timeout_ms < 0 ? pthread_cond_wait(&a->notif_cond, &a->notif_lock)
+                                : pthread_cond_timedwait(&a->notif_cond, &a->notif_lock, &dl);
+        if (rc == ETIMEDOUT) {
+            st = KVL_ERR_TIMEOUT;
+            break;
+        }
+    }
+    pthread_mutex_unlock(&a->notif_lock);
+    return st;
+}
+
+void kvl_notif_free(kvl_notif_t *n)
+{
+    if (n == NULL)
+        return;
+    free(n->msg);
+    n->msg = NULL;
+    n->len = 0;
+}
+
+void kvli_notifs_destroy(kvl_agent_t *a)
+{
+    while (a->nhead) {
+        kvli_notif_t *q = a->nhead;
+        a->nhead = q->next;
+        free(q);
+    }
+    a->ntail = NULL;
+}
+
+kvl_status_t kvl_notif_send(kvl_agent_t *a, const char *remote, const void *msg, size_t len)
+{
+    kvl_error_t err;
+    if (a == NULL || remote == NULL || (msg == NULL && len > 0))
+        return kvli_fail_simple(a, KVL_ERR_INVALID_ARG, NULL, "kvl_notif_send: NULL argument");
+    if (len > KVL_NOTIF_MAX)
+        return kvli_fail_simple(a, KVL_ERR_INVALID_ARG, "send large payloads as a transfer",
+                                "notification of %zu bytes exceeds KVL_NOTIF_MAX (%d)", len,
+                                KVL_NOTIF_MAX);
+    pthread_mutex_lock(&a->lock);
+    kvli_remote_t *r = kvli_remote_find(a, remote);
+    if (r == NULL) {
+        pthread_mutex_unlock(&a->lock);
+        kvli_err(&err, KVL_ERR_NOT_FOUND, 0, "notification to unknown agent '%s'", remote);
+        kvli_scopy(err.agent, sizeof(err.agent), remote);
+        kvli_hint(&err, "load its metadata first (kvl_metadata_load)");
+        return kvli_fail(a, &err);
+    }
+    kvli_remote_get(r);
+    pthread_mutex_unlock(&a->lock);
+    kvli_err(&err, KVL_ERR_NO_BACKEND, 0, "no backend can carry a notification to agent '%s'",
+             remote);
+    kvli_scopy(err.agent, sizeof(err.agent), remote);
+    kvl_status_t st = KVL_ERR_NO_BACKEND;
+    for (unsigned b = 0; b < a->nbks && st != KVL_OK; b++) {
+        struct kvl_backend *bk = a->bks[b];
+        if (!(bk->ops->caps & KVL_BK_CAP_NOTIF) || r->peer[b] == NULL) {
+            kvl_error_t c;
+            kvl_bk_error_set(&c, KVL_ERR_UNSUPPORTED, 0, bk->ops->name, -1, "%s",
+                             r->peer[b] == NULL ? (r->unreachable[b][0] ? r->unreachable[b]
+                                                                         : "peer not reachable")
+                                                : "backend carries no notifications");
+            kvli_err_add_cause(&err, &c);
+            continue;
+        }
+        kvl_error_t berr;
+        memset(&berr, 0, offsetof(kvl_error_t, causes));
+        berr.device = -1;
+        st = bk->ops->notif_send(bk->bk, r->peer[b], msg, len, &berr);
+        if (st != KVL_OK) {
+            if (!berr.backend[0])
+                kvli_scopy(berr.backend, sizeof(berr.backend), bk->ops->name);
+            kvli_err_add_cause(&err, &berr);
+            if (err.n_causes == 1) {
+                err.code = st;
+                err.sys_errno = berr.sys_errno;
+            }
+        }
+    }
+    kvli_remote_put(a, r);
+    if (st != KVL_OK) {
+        if (err.code == KVL_ERR_NO_BACKEND && err.n_causes > 0 && err.causes[err.n_causes - 1].code != KVL_ERR_UNSUPPORTED)
+            err.code = err.causes[err.n_causes - 1].code;
+        return kvli_fail(a, &err);
+    }
+    return KVL_OK;
+}

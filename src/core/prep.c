@@ -1,0 +1,325 @@
+/* Prepared lists: every entry checked once against registered memory. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "internal.h"
+
+/* Map region pointer -> index in prep->regs; open addressing, grows. */
+typedef struct {
+    void **keys;
+    uint32_t *vals;
+    size_t cap, n;
+} kvli_pmap_t;
+
+static size_t kvli_phash(const void *p, size_t cap)
+{
+    uint64_t h = (uint64_t)(uintptr_t)p * 0x9E3779B97F4A7C15ull;
+    return (size_t)(h >> 20) & (cap - 1);
+}
+
+static bool kvli_pmap_grow(kvli_pmap_t *m)
+{
+    size_t cap = m->cap ? m->cap * 2 : 16;
+    void **k = calloc(cap, sizeof(*k));
+    uint32_t *v = malloc(cap * sizeof(*v));
+    if (k == NULL || v == NULL) {
+        free(k);
+        free(v);
+        return false;
+    }
+    for (size_t i = 0; i < m->cap; i++) {
+        if (m->keys[i] == NULL)
+            continue;
+        size_t j = kvli_phash(m->keys[i], cap);
+        while (k[j])
+            j = (j + 1) & (cap - 1);
+        k[j] = m->keys[i];
+        v[j] = m->vals[i];
+    }
+    free(m->keys);
+    free(m->vals);
+    m->keys = k;
+    m->vals = v;
+    m->cap = cap;
+    return true;
+}
+
+/* Index of p, inserting it as next (== *n) when new; -1 on OOM. */
+static int64_t kvli_pmap_index(kvli_pmap_t *m, void *p, size_t next)
+{
+    if ((m->n + 1) * 2 > m->cap && !kvli_pmap_grow(m))
+        return -1;
+    size_t j = kvli_phash(p, m->cap);
+    while (m->keys[j]) {
+        if (m->keys[j] == p)
+            return m->vals[j];
+        j = (j + 1) & (m->cap - 1);
+    }
+    m->keys[j] = p;
+    m->vals[j] = (uint32_t)next;
+    m->n++;
+    return (int64_t)next;
+}
+
+static void kvli_describe_miss(kvl_error_t *err, size_t i, const kvli_dent_t *e, uint64_t span,
+                               uint64_t near_addr, uint64_t near_len, bool have_near,
+                               const char *whose)
+{
+    char where[160] = "";
+    if (have_near) {
+        if (e->addr < near_addr)
+            snprintf(where, sizeof(where), "; it starts %llu bytes before it",
+                     (unsigned long long)(near_addr - e->addr));
+        else if (e->addr >= near_addr + near_len)
+            snprintf(where, sizeof(where), "; it starts %llu bytes past its end",
+                     (unsigned long long)(e->addr - near_addr - near_len));
+        else
+            snprintf(where, sizeof(where), "; it runs %llu bytes past its end",
+                     (unsigned long long)(e->addr + span - near_addr - near_len));
+    }
+    if (e->count > 1)
+        kvli_err(err, KVL_ERR_OUT_OF_BOUNDS, 0,
+                 "descriptor %zu (strided: base 0x%llx, stride %llu, count %llu, len %llu; "
+                 "spans 0x%llx..0x%llx) is not inside one region %s registered%s",
+                 i, (unsigned long long)e->addr, (unsigned long long)e->stride,
+                 (unsigned long long)e->count, (unsigned long long)e->len,
+                 (unsigned long long)e->addr, (unsigned long long)(e->addr + span), whose, where);
+    else
+        kvli_err(err, KVL_ERR_OUT_OF_BOUNDS, 0,
+                 "descriptor %zu (0x%llx+%llu) is outside memory %s registered%s", i,
+                 (unsigned long long)e->addr, (unsigned long long)e->len, whose, where);
+    if (have_near)
+        kvli_hint(err, "nearest registered region: 0x%llx+%llu; register the memory first, or fix "
+                       "the address/length%s", (unsigned long long)near_addr,
+                  (unsigned long long)near_len,
+                  e->count > 1 ? " (split a strided entry that crosses regions)" : "");
+    else
+        kvli_hint(err, "no memory is registered there; register it first%s",
+                  whose[0] == 't' ? "" : " and reload the remote agent's metadata");
+    kvli_err_region(err, "descriptor %zu", i);
+}
+
+kvl_status_t kvli_prep_build(kvl_agent_t *a, kvli_remote_t *rem, const kvl_dlist_t *dl,
+                             kvl_prep_t **prep_p, kvl_error_t *err)
+{
+    kvl_prep_t *p = calloc(1, sizeof(*p));
+    kvli_pmap_t map = {0};
+    size_t capregs = 0;
+    kvl_status_t st = KVL_OK;
+    char whose[96];
+
+    if (p == NULL || (dl->n && !(p->ents = malloc(dl->n * sizeof(*p->ents))))) {
+        free(p);
+        kvli_err(err, KVL_ERR_NO_MEMORY, 0, "cannot prepare a list of %zu entries", dl->n);
+        return KVL_ERR_NO_MEMORY;
+    }
+    p->agent = a;
+    p->remote = rem != NULL;
+    p->rem = rem;
+    p->kind = dl->kind;
+    p->n = dl->n;
+    if (rem)
+        snprintf(whose, sizeof(whose), "remote agent '%s'", rem->name);
+    else
+        snprintf(whose, sizeof(whose), "this agent ('%s')", a->name);
+
+    void *last = NULL;
+    uint32_t last_idx = 0;
+    uint64_t last_lo = 1, last_hi = 0; /* empty */
+    pthread_mutex_lock(&a->lock);
+    for (size_t i = 0; i < dl->n; i++) {
+        const kvli_dent_t *e = &dl->ents[i];
+        uint64_t span = e->stride * (e->count - 1) + e->len; /* checked at add */
+        void *reg;
+        kvl_mem_kind_t kind;
+        int32_t dev;
+        uint64_t raddr, rlen;
+
+        if (e->addr >= last_lo && e->addr <= last_hi && span <= last_hi - e->addr) {
+            reg = last; /* fast path: same region as the entry before */
+        } else if (rem) {
+            const kvli_rregion_t *g = kvli_rregion_find(rem, e->addr, span);
+            if (g == NULL) {
+                const kvli_rregion_t *nr = kvli_rregion_nearest(rem, e->addr);
+                kvli_describe_miss(err, i, e, span, nr ? nr->addr : 0, nr ? nr->len : 0, nr != NULL,
+                                   whose);
+                kvli_scopy(err->agent, sizeof(err->agent), rem->name);
+                st = KVL_ERR_OUT_OF_BOUNDS;
+                break;
+            }
+            reg = (void *)g;
+            kind = g->kind, dev = g->dev, raddr = g->addr, rlen = g->len;
+            goto check;
+        } else {
+            kvli_region_t *r = kvli_registry_find(a, e->addr, span);
+            if (r == NULL) {
+                kvli_region_t *nr = kvli_registry_nearest(a, e->addr);
+                kvli_describe_miss(err, i, e, span, nr ? nr->addr : 0, nr ? nr->len : 0, nr != NULL,
+                                   whose);
+                st = KVL_ERR_OUT_OF_BOUNDS;
+                break;
+            }
+            reg = r;
+            kind = r->kind, dev = r->dev, raddr = r->addr, rlen = r->len;
+        check:
+            if (kind != dl->kind) {
+                kvli_err(err, KVL_ERR_DEVICE_MISMATCH, 0,
+                         "descriptor %zu (0x%llx+%llu): list is %s but the region it lies in "
+                         "(0x%llx+%llu) is %s", i, (unsigned long long)e->addr,
+                         (unsigned long long)e->len, kvl_mem_kind_name(dl->kind),
+                         (unsigned long long)raddr, (unsigned long long)rlen, kvl_mem_kind_name(kind));
+                kvli_hint(err, "create the list with the kind the memory was registered as");
+                st = KVL_ERR_DEVICE_MISMATCH;
+                break;
+            }
+            if (e->dev != KVL_DEV_ANY && e->dev != dev) {
+                kvli_err(err, KVL_ERR_DEVICE_MISMATCH, 0,
+                         "descriptor %zu (0x%llx+%llu) declares device %d but lies in %s region "
+                         "0x%llx+%llu of device %d", i, (unsigned long long)e->addr,
+                         (unsigned long long)e->len, e->dev, kvl_mem_kind_name(kind),
+                         (unsigned long long)raddr, (unsigned long long)rlen, dev);
+                kvli_hint(err, "pass the device the region was registered on, or KVL_DEV_ANY");
+                err->device = e->dev;
+                st = KVL_ERR_DEVICE_MISMATCH;
+                break;
+            }
+            int64_t idx = kvli_pmap_index(&map, reg, p->nregs);
+            if (idx < 0) {
+                st = KVL_ERR_NO_MEMORY;
+                kvli_err(err, st, 0, "out of memory preparing %zu entries", dl->n);
+                break;
+            }
+            if ((size_t)idx == p->nregs) {
+                if (p->nregs == capregs) {
+                    capregs = capregs ? capregs * 2 : 8;
+                    void **nr = realloc(p->regs, capregs * sizeof(*nr));
+                    if (nr == NULL) {
+                        st = KVL_ERR_NO_MEMORY;
+                        kvli_err(err, st, 0, "out of memory preparing %zu entries", dl->n);
+                        break;
+                    }
+                    p->regs = nr;
+                }
+                p->regs[p->nregs++] = reg;
+                if (!rem)
+                    kvli_region_get(reg);
+            }
+            last = reg;
+            last_idx = (uint32_t)idx;
+            last_lo = raddr;
+            last_hi = raddr + rlen;
+        }
+        p->ents[i] = (kvli_pent_t){e->addr, e->count > 1 ? e->stride : 0, e->count, e->len, last_idx};
+        /* The fast path skips the device check: recheck it cheaply. */
+        if (reg == last && e->dev != KVL_DEV_ANY) {
+            int32_t rdev = rem ? ((const kvli_rregion_t *)reg)->dev : ((kvli_region_t *)reg)->dev;
+            if (rdev != e->dev) {
+                kvli_err(err, KVL_ERR_DEVICE_MISMATCH, 0,
+                         "descriptor %zu (0x%llx+%llu) declares device %d but its region is on "
+                         "device %d", i, (unsigned long long)e->addr, (unsigned long long)e->len,
+                         e->dev, rdev);
+                kvli_hint(err, "pass the device the region was registered on, or KVL_DEV_ANY");
+                err->device = e->dev;
+                st = KVL_ERR_DEVICE_MISMATCH;
+                break;
+            }
+        }
+    }
+    if (rem && st == KVL_OK)
+        kvli_remote_get(rem);
+    pthread_mutex_unlock(&a->lock);
+    free(map.keys);
+    free(map.vals);
+    if (st != KVL_OK) {
+        p->rem = NULL; /* no reference was taken */
+        kvli_prep_free(p);
+        return st;
+    }
+    *prep_p = p;
+    return KVL_OK;
+}
+
+void kvli_prep_free(kvl_prep_t *p)
+{
+    if (p == NULL)
+        return;
+    if (!p->remote)
+        for (size_t i = 0; i < p->nregs; i++)
+            kvli_region_put(p->regs[i]);
+    if (p->rem)
+        kvli_remote_put(p->agent, p->rem);
+    free(p->regs);
+    free(p->ents);
+    free(p);
+}
+
+static kvl_status_t kvli_prep_api(kvl_agent_t *a, const char *remote, const kvl_dlist_t *dl,
+                                  kvl_prep_t **prep_p)
+{
+    kvl_error_t err;
+    kvli_remote_t *rem = NULL;
+    if (prep_p)
+        *prep_p = NULL;
+    if (a == NULL || dl == NULL || prep_p == NULL)
+        return kvli_fail_simple(a, KVL_ERR_INVALID_ARG, NULL, "kvl_prep: NULL argument");
+    if (remote) {
+        pthread_mutex_lock(&a->lock);
+        rem = kvli_remote_find(a, remote);
+        if (rem)
+            kvli_remote_get(rem);
+        pthread_mutex_unlock(&a->lock);
+        if (rem == NULL) {
+            kvli_err(&err, KVL_ERR_NOT_FOUND, 0, "remote agent '%s' is not loaded on agent '%s'",
+                     remote, a->name);
+            kvli_scopy(err.agent, sizeof(err.agent), remote);
+            kvli_hint(&err, "load its metadata first (kvl_metadata_load)");
+            return kvli_fail(a, &err);
+        }
+    }
+    kvl_status_t st = kvli_prep_build(a, rem, dl, prep_p, &err);
+    if (rem)
+        kvli_remote_put(a, rem);
+    if (st != KVL_OK)
+        return kvli_fail(a, &err);
+    pthread_mutex_lock(&a->lock);
+    (*prep_p)->next = a->preps;
+    if (a->preps)
+        a->preps->prev = *prep_p;
+    a->preps = *prep_p;
+    pthread_mutex_unlock(&a->lock);
+    return KVL_OK;
+}
+
+kvl_status_t kvl_prep_local(kvl_agent_t *a, const kvl_dlist_t *dl, kvl_prep_t **prep_p)
+{
+    return kvli_prep_api(a, NULL, dl, prep_p);
+}
+
+kvl_status_t kvl_prep_remote(kvl_agent_t *a, const char *remote, const kvl_dlist_t *dl,
+                             kvl_prep_t **prep_p)
+{
+    if (remote == NULL)
+        return kvli_fail_simple(a, KVL_ERR_INVALID_ARG, NULL, "kvl_prep_remote: remote is NULL");
+    return kvli_prep_api(a, remote, dl, prep_p);
+}
+
+void kvl_prep_release(kvl_prep_t *p)
+{
+    if (p == NULL)
+        return;
+    kvl_agent_t *a = p->agent;
+    pthread_mutex_lock(&a->lock);
+    if (p->prev)
+        p->prev->next = p->next;
+    else if (a->preps == p)
+        a->preps = p->next;
+    if (p->next)
+        p->next->prev = p->prev;
+    pthread_mutex_unlock(&a->lock);
+    kvli_prep_free(p);
+}
+
+size_t kvl_prep_entries(const kvl_prep_t *p)
+{
+    return p ? p->n : 0;
+}

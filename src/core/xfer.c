@@ -1,0 +1,610 @@
+/* Transfers: pair prepared lists into segments, pick a backend, post, wait,
+ * cancel truthfully. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include "internal.h"
+
+typedef struct {
+    kvl_seg_t *segs;
+    size_t n, cap;
+} kvli_segv_t;
+
+static bool kvli_segv_push(kvli_segv_t *v, const kvl_seg_t *s)
+{
+    if (v->n > 0) {
+        kvl_seg_t *p = &v->segs[v->n - 1];
+        /* Coalesce contiguous neighbours on both sides. */
+        if (p->count == 1 && s->count == 1 && p->lreg == s->lreg && p->rreg == s->rreg &&
+            p->laddr + p->len == s->laddr && p->raddr + p->len == s->raddr) {
+            p->len += s->len;
+            return true;
+        }
+    }
+    if (v->n == v->cap) {
+        size_t cap = v->cap ? v->cap * 2 : 64;
+        kvl_seg_t *ns = realloc(v->segs, cap * sizeof(*ns));
+        if (ns == NULL)
+            return false;
+        v->segs = ns;
+        v->cap = cap;
+    }
+    v->segs[v->n++] = *s;
+    return true;
+}
+
+static kvl_status_t kvli_pick_backend(kvl_agent_t *a, kvl_xfer_t *x, const kvl_prep_t *lp,
+                                      const kvl_prep_t *rp, const bool *lused, const bool *rused,
+                                      const char *want, kvl_error_t *err)
+{
+    kvli_remote_t *rem = rp->rem;
+    kvli_err(err, KVL_ERR_NO_BACKEND, 0, "no backend can move %s -> %s between agent '%s' and "
+             "agent '%s'", kvl_mem_kind_name(lp->kind), kvl_mem_kind_name(rp->kind), a->name,
+             rem->name);
+    kvli_scopy(err->agent, sizeof(err->agent), rem->name);
+    for (unsigned b = 0; b < a->nbks; b++) {
+        struct kvl_backend *bk = a->bks[b];
+        char why[256] = "";
+        if (want && strcmp(want, bk->ops->name) != 0)
+            continue;
+        if (!(bk->ops->mem_local & KVL_MEM_BIT(lp->kind)))
+            snprintf(why, sizeof(why), "does not serve local %s memory", kvl_mem_kind_name(lp->kind));
+        else if (!(bk->ops->mem_remote & KVL_MEM_BIT(rp->kind)))
+            snprintf(why, sizeof(why), "cannot reach remote %s memory", kvl_mem_kind_name(rp->kind));
+        else if (rem->peer[b] == NULL)
+            snprintf(why, sizeof(why), "peer not reachable: %s",
+                     rem->unreachable[b][0] ? rem->unreachable[b] : "no connection info");
+        for (size_t i = 0; !why[0] && i < lp->nregs; i++) {
+            const kvli_region_t *r = lp->regs[i];
+            if (lused[i] && !(r->bk_mask & (1u << b)))
+                snprintf(why, sizeof(why), "local region 0x%llx+%llu is not registered on it",
+                         (unsigned long long)r->addr, (unsigned long long)r->len);
+        }
+        for (size_t i = 0; !why[0] && i < rp->nregs; i++) {
+            const kvli_rregion_t *g = rp->regs[i];
+            if (rused[i] && g->rh[b] == NULL)
+                snprintf(why, sizeof(why), "remote region 0x%llx+%llu carries no key for it",
+                         (unsigned long long)g->addr, (unsigned long long)g->len);
+        }
+        if (!why[0]) {
+            x->bk = bk;
+            return KVL_OK;
+        }
+        kvl_error_t c;
+        kvl_bk_error_set(&c, KVL_ERR_UNSUPPORTED, 0, bk->ops->name, -1, "%s", why);
+        c.hint[0] = '\0';
+        kvli_err_add_cause(err, &c);
+    }
+    if (want && err->n_causes == 0)
+        snprintf(err->what, sizeof(err->what), "backend '%s' requested for the transfer is not "
+                 "created on agent '%s'", want, a->name);
+    kvli_hint(err, "create a backend on both agents that serves both memory kinds, register the "
+                   "memory on it and reload the remote metadata");
+    return KVL_ERR_NO_BACKEND;
+}
+
+kvl_status_t kvli_xfer_build(kvl_agent_t *a, kvl_xfer_op_t op, const kvl_prep_t *lp,
+                             const int64_t *lidx, size_t nl, const kvl_prep_t *rp,
+                             const int64_t *ridx, size_t nr, const kvl_xfer_params_t *params,
+                             kvl_xfer_t **xfer_p, kvl_error_t *err)
+{
+    kvli_segv_t v = {0};
+    bool *lused = NULL, *rused = NULL;
+    uint32_t *lmap = NULL, *rmap = NULL;
+    kvl_xfer_t *x = NULL;
+    kvl_status_t st = KVL_ERR_NO_MEMORY;
+    uint64_t bytes = 0, blocks = 0;
+
+    if (op != KVL_READ && op != KVL_WRITE) {
+        kvli_err(err, KVL_ERR_INVALID_ARG, 0, "transfer operation %d is neither KVL_READ nor "
+                 "KVL_WRITE", (int)op);
+        return KVL_ERR_INVALID_ARG;
+    }
+    if (lp->remote || !rp->remote || rp->rem == NULL) {
+        kvli_err(err, KVL_ERR_INVALID_ARG, 0, "the first prepared list must be local and the "
+                 "second remote");
+        return KVL_ERR_INVALID_ARG;
+    }
+    const void *notif = NULL;
+    size_t notif_len = 0;
+    if (params && (params->field_mask & KVL_XFER_PARAM_NOTIF)) {
+        notif = params->notif;
+        notif_len = params->notif_len;
+        if (notif_len > KVL_NOTIF_MAX || (notif == NULL && notif_len > 0)) {
+            kvli_err(err, KVL_ERR_INVALID_ARG, 0, "notification of %zu bytes: NULL or larger "
+                     "than KVL_NOTIF_MAX (%d)", notif_len, KVL_NOTIF_MAX);
+            return KVL_ERR_INVALID_ARG;
+        }
+    }
+    lused = calloc(lp->nregs + 1, 1);
+    rused = calloc(rp->nregs + 1, 1);
+    if (lused == NULL || rused == NULL)
+        goto oom;
+
+    /* Pair block streams: entries may be strided on either side. */
+    size_t li = 0, ri = 0;
+    uint64_t lj = 0, rj = 0;
+    const kvli_pent_t *le = NULL, *re = NULL;
+    for (;;) {
+        if (le == NULL && li < nl) {
+            int64_t k = lidx ? lidx[li] : (int64_t)li;
+            if (k < 0 || (size_t)k >= lp->n) {
+                kvli_err(err, KVL_ERR_INVALID_ARG, 0, "local index %zu is %lld; the prepared "
+                         "list has %zu entries", li, (long long)k, lp->n);
+                st = KVL_ERR_INVALID_ARG;
+                goto fail;
+            }
+            le = &lp->ents[k];
+            lj = 0;
+        }
+        if (re == NULL && ri < nr) {
+            int64_t k = ridx ? ridx[ri] : (int64_t)ri;
+            if (k < 0 || (size_t)k >= rp->n) {
+                kvli_err(err, KVL_ERR_INVALID_ARG, 0, "remote index %zu is %lld; the prepared "
+                         "list has %zu entries", ri, (long long)k, rp->n);
+                st = KVL_ERR_INVALID_ARG;
+                goto fail;
+            }
+            re = &rp->ents[k];
+            rj = 0;
+        }
+        if (le == NULL || re == NULL) {
+            if (le != NULL || re != NULL) {
+                kvli_err(err, KVL_ERR_INVALID_ARG, 0, "the %s list has more blocks than the %s "
+                         "list (%llu paired so far)", le ? "local" : "remote",
+                         le ? "remote" : "local", (unsigned long long)blocks);
+                kvli_hint(err, "both lists must describe the same number of blocks");
+                st = KVL_ERR_INVALID_ARG;
+                goto fail;
+            }
+            break;
+        }
+        if (le->len != re->len) {
+            kvli_err(err, KVL_ERR_INVALID_ARG, 0, "block %llu: local entry %zu has %llu-byte "
+                     "blocks, remote entry %zu has %llu-byte blocks", (unsigned long long)blocks,
+                     li, (unsigned long long)le->len, ri, (unsigned long long)re->len);
+            kvli_hint(err, "paired blocks must have the same length");
+            st = KVL_ERR_INVALID_ARG;
+            goto fail;
+        }
+        uint64_t m = le->count - lj < re->count - rj ? le->count - lj : re->count - rj;
+        kvl_seg_t s = {le->addr + lj * le->stride, re->addr + rj * re->stride, le->len, m,
+                       le->stride, re->stride, le->reg, re->reg};
+        if (m == 1)
+            s.lstride = s.rstride = 0;
+        else if (s.lstride == s.len && s.rstride == s.len) {
+            s.len *= m; /* contiguous on both sides: one block */
+            s.count = 1;
+            s.lstride = s.rstride = 0;
+        }
+        if (!kvli_segv_push(&v, &s))
+            goto oom;
+        lused[le->reg] = true;
+        rused[re->reg] = true;
+        bytes += m * le->len;
+        blocks += m;
+        lj += m;
+        rj += m;
+        if (lj == le->count) {
+            le = NULL;
+            li++;
+        }
+        if (rj == re->count) {
+            re = NULL;
+            ri++;
+        }
+    }
+    if (blocks == 0) {
+        kvli_err(err, KVL_ERR_INVALID_ARG, 0, "the transfer moves nothing (empty lists)");
+        st = KVL_ERR_INVALID_ARG;
+        goto fail;
+    }
+
+    x = calloc(1, sizeof(*x));
+    if (x == NULL)
+        goto oom;
+    x->agent = a;
+    x->op = op;
+    pthread_mutex_init(&x->lock, NULL);
+    pthread_cond_init(&x->cond, NULL);
+
+    pthread_mutex_lock(&a->lock);
+    st = kvli_pick_backend(a, x, lp, rp, lused, rused,
+                           (params && (params->field_mask & KVL_XFER_PARAM_BACKEND)) ? params->backend
+                                                                                    : NULL, err);
+    if (st != KVL_OK) {
+        pthread_mutex_unlock(&a->lock);
+        goto fail;
+    }
+    unsigned b = x->bk->index;
+    /* Compact region arrays to those used; remap segment indices. */
+    lmap = malloc((lp->nregs + 1) * sizeof(*lmap));
+    rmap = malloc((rp->nregs + 1) * sizeof(*rmap));
+    x->lregs = malloc((lp->nregs + 1) * sizeof(*x->lregs));
+    x->lmh = malloc((lp->nregs + 1) * sizeof(*x->lmh));
+    x->rmh = malloc((rp->nregs + 1) * sizeof(*x->rmh));
+    if (!lmap || !rmap || !x->lregs || !x->lmh || !x->rmh) {
+        pthread_mutex_unlock(&a->lock);
+        goto oom;
+    }
+    for (size_t i = 0; i < lp->nregs; i++) {
+        if (!lused[i])
+            continue;
+        kvli_region_t *r = lp->regs[i];
+        lmap[i] = (uint32_t)x->nlregs;
+        x->lregs[x->nlregs] = r;
+        x->lmh[x->nlregs++] = r->mh[b];
+        kvli_region_get(r);
+    }
+    for (size_t i = 0; i < rp->nregs; i++) {
+        if (!rused[i])
+            continue;
+        const kvli_rregion_t *g = rp->regs[i];
+        rmap[i] = (uint32_t)x->nrregs;
+        x->rmh[x->nrregs++] = g->rh[b];
+    }
+    x->rem = rp->rem;
+    kvli_remote_get(x->rem);
+    pthread_mutex_unlock(&a->lock);
+    for (size_t i = 0; i < v.n; i++) {
+        v.segs[i].lreg = lmap[v.segs[i].lreg];
+        v.segs[i].rreg = rmap[v.segs[i].rreg];
+    }
+    if (notif_len > 0 || notif != NULL) {
+        x->notif = malloc(notif_len + 1);
+        if (x->notif == NULL)
+            goto oom;
+        memcpy(x->notif, notif, notif_len);
+        x->notif_len = notif_len;
+    }
+    x->segs = v.segs;
+    x->nsegs = v.n;
+    x->blocks = blocks;
+    x->bx = (kvl_bk_xfer_t){
+        .op = op,
+        .peer = x->rem->peer[b],
+        .segs = x->segs,
+        .nsegs = x->nsegs,
+        .total_bytes = bytes,
+        .lmh = x->lmh,
+        .rmh = x->rmh,
+        .notif = x->notif,
+        .notif_len = x->notif_len,
+        .timeout_ms = (params && (params->field_mask & KVL_XFER_PARAM_TIMEOUT) && params->timeout_ms)
+                          ? params->timeout_ms : a->timeout_ms,
+        .core = x,
+    };
+    atomic_init(&x->state, KVL_XFER_IDLE);
+    free(lused);
+    free(rused);
+    free(lmap);
+    free(rmap);
+    pthread_mutex_lock(&a->lock);
+    x->next = a->xfers;
+    if (a->xfers)
+        a->xfers->prev = x;
+    a->xfers = x;
+    pthread_mutex_unlock(&a->lock);
+    *xfer_p = x;
+    return KVL_OK;
+
+oom:
+    kvli_err(err, KVL_ERR_NO_MEMORY, ENOMEM, "out of memory building a transfer of %zu entries", nl);
+    st = KVL_ERR_NO_MEMORY;
+fail:
+    free(lused);
+    free(rused);
+    free(lmap);
+    free(rmap);
+    if (x != NULL) {
+        x->segs = NULL;
+        kvli_xfer_free(x);
+    }
+    free(v.segs);
+    return st;
+}
+
+void kvli_xfer_free(kvl_xfer_t *x)
+{
+    for (size_t i = 0; i < x->nlregs; i++)
+        kvli_region_put(x->lregs[i]);
+    if (x->rem)
+        kvli_remote_put(x->agent, x->rem);
+    pthread_mutex_destroy(&x->lock);
+    pthread_cond_destroy(&x->cond);
+    free(x->lregs);
+    free(x->lmh);
+    free(x->rmh);
+    free(x->segs);
+    free(x->notif);
+    free(x);
+}
+
+kvl_status_t kvl_xfer_create_prepped(kvl_agent_t *a, kvl_xfer_op_t op, const kvl_prep_t *local,
+                                     const int64_t *lidx, const kvl_prep_t *remote,
+                                     const int64_t *ridx, size_t n, const kvl_xfer_params_t *params,
+                                     kvl_xfer_t **xfer_p)
+{
+    kvl_error_t err;
+    if (xfer_p)
+        *xfer_p = NULL;
+    if (a == NULL || local == NULL || remote == NULL || xfer_p == NULL)
+        return kvli_fail_simple(a, KVL_ERR_INVALID_ARG, NULL, "kvl_xfer_create_prepped: NULL argument");
+    if (local->agent != a || remote->agent != a)
+        return kvli_fail_simple(a, KVL_ERR_INVALID_ARG, NULL,
+                                "kvl_xfer_create_prepped: a prepared list belongs to another agent");
+    if (kvli_xfer_build(a, op, local, lidx, n, remote, ridx, n, params, xfer_p, &err) != KVL_OK)
+        return kvli_fail(a, &err);
+    return KVL_OK;
+}
+
+kvl_status_t kvl_xfer_create(kvl_agent_t *a, kvl_xfer_op_t op, const kvl_dlist_t *local,
+                             const char *remote, const kvl_dlist_t *remote_list,
+                             const kvl_xfer_params_t *params, kvl_xfer_t **xfer_p)
+{
+    kvl_error_t err;
+    kvl_prep_t *lp = NULL, *rp = NULL;
+    kvli_remote_t *rem;
+    kvl_status_t st;
+    if (xfer_p)
+        *xfer_p = NULL;
+    if (a == NULL || local == NULL || remote == NULL || remote_list == NULL || xfer_p == NULL)
+        return kvli_fail_simple(a, KVL_ERR_INVALID_ARG, NULL, "kvl_xfer_create: NULL argument");
+    pthread_mutex_lock(&a->lock);
+    rem = kvli_remote_find(a, remote);
+    if (rem)
+        kvli_remote_get(rem);
+    pthread_mutex_unlock(&a->lock);
+    if (rem == NULL) {
+        kvli_err(&err, KVL_ERR_NOT_FOUND, 0, "remote agent '%s' is not loaded on agent '%s'",
+                 remote, a->name);
+        kvli_scopy(err.agent, sizeof(err.agent), remote);
+        kvli_hint(&err, "load its metadata first (kvl_metadata_load)");
+        return kvli_fail(a, &err);
+    }
+    st = kvli_prep_build(a, NULL, local, &lp, &err);
+    if (st == KVL_OK)
+        st = kvli_prep_build(a, rem, remote_list, &rp, &err);
+    if (st == KVL_OK)
+        st = kvli_xfer_build(a, op, lp, NULL, local->n, rp, NULL, remote_list->n, params, xfer_p,
+                             &err);
+    kvli_remote_put(a, rem);
+    kvli_prep_free(lp);
+    kvli_prep_free(rp);
+    if (st != KVL_OK)
+        return kvli_fail(a, &err);
+    return KVL_OK;
+}
+
+/* Backend completion: publish the result after releasing the regions, so a
+ * waiter that sees it can deregister at once. */
+void kvli_xfer_ctx_done(kvl_bk_xfer_t *bx, kvl_status_t status, const kvl_error_t *err);
+void kvli_xfer_ctx_done(kvl_bk_xfer_t *bx, kvl_status_t status, const kvl_error_t *err)
+{
+    kvl_xfer_t *x = bx->core;
+    for (size_t i = 0; i < x->nlregs; i++)
+        atomic_fetch_sub(&x->lregs[i]->inflight, 1);
+    pthread_mutex_lock(&x->lock);
+    x->duration_ns = kvli_now_ns() - x->t_post;
+    x->status = status;
+    kvli_scopy(x->path, sizeof(x->path), bx->path);
+    if (status != KVL_OK && status != KVL_ERR_CANCELED) {
+        if (err != NULL && err->code != KVL_OK) {
+            memcpy(&x->err, err, offsetof(kvl_error_t, causes) + err->n_causes * sizeof(err->causes[0]));
+        } else {
+            kvli_err(&x->err, status, 0, "transfer failed in backend %s", x->bk->ops->name);
+            kvli_scopy(x->err.backend, sizeof(x->err.backend), x->bk->ops->name);
+        }
+        if (!x->err.agent[0])
+            kvli_scopy(x->err.agent, sizeof(x->err.agent), x->rem->name);
+    }
+    atomic_store(&x->state, status == KVL_OK ? KVL_XFER_DONE
+                          : status == KVL_ERR_CANCELED ? KVL_XFER_CANCELED : KVL_XFER_ERROR);
+    pthread_cond_broadcast(&x->cond);
+    pthread_mutex_unlock(&x->lock);
+}
+
+static kvl_status_t kvli_xfer_result(kvl_xfer_t *x, int state)
+{
+    switch (state) {
+    case KVL_XFER_DONE:
+        return KVL_OK;
+    case KVL_XFER_POSTED:
+        return KVL_IN_PROGRESS;
+    case KVL_XFER_CANCELED:
+        return kvli_fail_simple(x->agent, KVL_ERR_CANCELED, NULL,
+                                "transfer to agent '%s' was cancelled", x->rem->name);
+    case KVL_XFER_ERROR: {
+        kvl_error_t e;
+        pthread_mutex_lock(&x->lock);
+        memcpy(&e, &x->err, offsetof(kvl_error_t, causes) + x->err.n_causes * sizeof(e.causes[0]));
+        pthread_mutex_unlock(&x->lock);
+        return kvli_fail(x->agent, &e);
+    }
+    default:
+        return kvli_fail_simple(x->agent, KVL_ERR_STATE, "post it first (kvl_xfer_post)",
+                                "transfer to agent '%s' was never posted", x->rem->name);
+    }
+}
+
+kvl_status_t kvl_xfer_post(kvl_xfer_t *x)
+{
+    kvl_error_t err;
+    if (x == NULL)
+        return kvli_fail_simple(NULL, KVL_ERR_INVALID_ARG, NULL, "kvl_xfer_post: xfer is NULL");
+    kvl_agent_t *a = x->agent;
+    uint64_t t0 = kvli_now_ns();
+    int expect = atomic_load(&x->state);
+    if (expect == KVL_XFER_POSTED || !atomic_compare_exchange_strong(&x->state, &expect, KVL_XFER_POSTED))
+        return kvli_fail_simple(a, KVL_ERR_STATE, "wait for it to finish before posting again",
+                                "transfer to agent '%s' is already in flight", x->rem->name);
+    pthread_mutex_lock(&a->lock);
+    const char *gone = NULL;
+    size_t bad = 0;
+    if (!atomic_load(&x->rem->valid))
+        gone = "remote";
+    for (size_t i = 0; !gone && i < x->nlregs; i++)
+        if (!atomic_load(&x->lregs[i]->valid)) {
+            gone = "local";
+            bad = i;
+        }
+    if (gone == NULL)
+        for (size_t i = 0; i < x->nlregs; i++)
+            atomic_fetch_add(&x->lregs[i]->inflight, 1);
+    pthread_mutex_unlock(&a->lock);
+    if (gone != NULL) {
+        atomic_store(&x->state, expect);
+        if (gone[0] == 'r') {
+            kvli_err(&err, KVL_ERR_STALE, 0, "remote agent '%s' (incarnation %016llx) was removed "
+                     "or replaced since this transfer was created", x->rem->name,
+                     (unsigned long long)x->rem->incarnation);
+            kvli_scopy(err.agent, sizeof(err.agent), x->rem->name);
+            kvli_hint(&err, "the peer restarted or its metadata was reloaded: prepare the "
+                            "transfer again against the current metadata");
+        } else {
+            kvli_err(&err, KVL_ERR_STATE, 0, "local region 0x%llx+%llu was deregistered since "
+                     "this transfer was created", (unsigned long long)x->lregs[bad]->addr,
+                     (unsigned long long)x->lregs[bad]->len);
+            kvli_hint(&err, "register the memory again and create a new transfer");
+        }
+        return kvli_fail(a, &err);
+    }
+    pthread_mutex_lock(&x->lock);
+    x->t_post = t0;
+    x->status = KVL_IN_PROGRESS;
+    x->path[0] = '\0';
+    pthread_mutex_unlock(&x->lock);
+    memset(&err, 0, offsetof(kvl_error_t, causes));
+    err.device = -1;
+    x->bx.path[0] = '\0';
+    kvl_status_t st = x->bk->ops->xfer_post(x->bk->bk, &x->bx, &err);
+    if (st != KVL_OK) {
+        for (size_t i = 0; i < x->nlregs; i++)
+            atomic_fetch_sub(&x->lregs[i]->inflight, 1);
+        if (err.code == KVL_OK)
+            kvli_err(&err, st, 0, "backend %s refused to post the transfer", x->bk->ops->name);
+        if (!err.backend[0])
+            kvli_scopy(err.backend, sizeof(err.backend), x->bk->ops->name);
+        if (!err.agent[0])
+            kvli_scopy(err.agent, sizeof(err.agent), x->rem->name);
+        pthread_mutex_lock(&x->lock);
+        memcpy(&x->err, &err, sizeof(err));
+        x->status = st;
+        atomic_store(&x->state, KVL_XFER_ERROR);
+        pthread_mutex_unlock(&x->lock);
+        return kvli_fail(a, &err);
+    }
+    x->post_ns = kvli_now_ns() - t0;
+    return kvli_xfer_result(x, atomic_load(&x->state));
+}
+
+kvl_status_t kvl_xfer_test(kvl_xfer_t *x)
+{
+    if (x == NULL)
+        return kvli_fail_simple(NULL, KVL_ERR_INVALID_ARG, NULL, "kvl_xfer_test: xfer is NULL");
+    return kvli_xfer_result(x, atomic_load(&x->state));
+}
+
+kvl_status_t kvl_xfer_wait(kvl_xfer_t *x, int64_t timeout_ms)
+{
+    if (x == NULL)
+        return kvli_fail_simple(NULL, KVL_ERR_INVALID_ARG, NULL, "kvl_xfer_wait: xfer is NULL");
+    struct timespec dl;
+    clock_gettime(CLOCK_REALTIME, &dl);
+    if (timeout_ms > 0) {
+        dl.tv_sec += timeout_ms / 1000;
+        dl.tv_nsec += (timeout_ms % 1000) * 1000000;
+        if (dl.tv_nsec >= 1000000000) {
+            dl.tv_sec++;
+            dl.tv_nsec -= 1000000000;
+        }
+    }
+    pthread_mutex_lock(&x->lock);
+    while (atomic_load(&x->state) == KVL_XFER_POSTED && timeout_ms != 0) {
+        int rc = timeout_ms < 0 ? pthread_cond_wait(&x->cond, &x->lock)
+                                : pthread_cond_timedwait(&x->cond, &x->lock, &dl);
+        if (rc == ETIMEDOUT)
+            break;
+    }
+    int state = atomic_load(&x->state);
+    pthread_mutex_unlock(&x->lock);
+    if (state == KVL_XFER_POSTED)
+        return kvli_fail_simple(x->agent, KVL_ERR_TIMEOUT,
+                                "the transfer is still moving: wait again, or cancel it",
+                                "transfer to agent '%s' not complete after %lld ms", x->rem->name,
+                                (long long)timeout_ms);
+    return kvli_xfer_result(x, state);
+}
+
+void kvli_xfer_quiesce(kvl_xfer_t *x)
+{
+    if (atomic_load(&x->state) == KVL_XFER_POSTED)
+        x->bk->ops->xfer_cancel(x->bk->bk, &x->bx);
+}
+
+kvl_status_t kvl_xfer_cancel(kvl_xfer_t *x, kvl_xfer_state_t *state_p)
+{
+    if (x == NULL)
+        return kvli_fail_simple(NULL, KVL_ERR_INVALID_ARG, NULL, "kvl_xfer_cancel: xfer is NULL");
+    kvl_agent_t *a = x->agent;
+    pthread_mutex_lock(&a->xfer_lock);
+    int state = atomic_load(&x->state);
+    if (state == KVL_XFER_IDLE) {
+        pthread_mutex_unlock(&a->xfer_lock);
+        if (state_p)
+            *state_p = KVL_XFER_IDLE;
+        return kvli_fail_simple(a, KVL_ERR_STATE, NULL,
+                                "cancel: transfer to agent '%s' was never posted", x->rem->name);
+    }
+    kvli_xfer_quiesce(x);
+    pthread_mutex_unlock(&a->xfer_lock);
+    state = atomic_load(&x->state);
+    if (state_p)
+        *state_p = (kvl_xfer_state_t)state;
+    if (state == KVL_XFER_ERROR)
+        return kvli_xfer_result(x, state);
+    return KVL_OK;
+}
+
+void kvl_xfer_release(kvl_xfer_t *x)
+{
+    if (x == NULL)
+        return;
+    kvl_agent_t *a = x->agent;
+    pthread_mutex_lock(&a->xfer_lock);
+    kvli_xfer_quiesce(x);
+    pthread_mutex_lock(&a->lock);
+    if (x->prev)
+        x->prev->next = x->next;
+    else if (a->xfers == x)
+        a->xfers = x->next;
+    if (x->next)
+        x->next->prev = x->prev;
+    pthread_mutex_unlock(&a->lock);
+    pthread_mutex_unlock(&a->xfer_lock);
+    kvli_xfer_free(x);
+}
+
+kvl_xfer_state_t kvl_xfer_state(const kvl_xfer_t *x)
+{
+    return x ? (kvl_xfer_state_t)atomic_load(&x->state) : KVL_XFER_ERROR;
+}
+
+kvl_status_t kvl_xfer_get_stats(const kvl_xfer_t *x, kvl_xfer_stats_t *s)
+{
+    if (x == NULL || s == NULL)
+        return kvli_fail_simple(NULL, KVL_ERR_INVALID_ARG, NULL, "kvl_xfer_get_stats: NULL argument");
+    memset(s, 0, sizeof(*s));
+    s->bytes = x->bx.total_bytes;
+    s->blocks = x->blocks;
+    s->segments = x->nsegs;
+    s->post_ns = x->post_ns;
+    s->duration_ns = atomic_load(&x->state) == KVL_XFER_POSTED ? 0 : x->duration_ns;
+    kvli_scopy(s->backend, sizeof(s->backend), x->bk->ops->name);
+    pthread_mutex_lock((pthread_mutex_t *)&x->lock);
+    kvli_scopy(s->path, sizeof(s->path), x->path);
+    pthread_mutex_unlock((pthread_mutex_t *)&x->lock);
+    return KVL_OK;
+}

@@ -1,0 +1,404 @@
+/* Helpers for kvlane's C tests. */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <poll.h>
+#include <signal.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+#include "common/kvltest.h"
+
+void kt_fail_at(const char *file, int line, const char *expr, int with_error)
+{
+    fprintf(stderr, "FAIL %s:%d: %s\n", file, line, expr);
+    if (with_error) {
+        char buf[8192];
+        kvl_error_render(NULL, buf, sizeof(buf));
+        fprintf(stderr, "  last error:\n%s\n", buf);
+    }
+    fflush(stderr);
+    exit(1);
+}
+
+int kt_error_has(const char *needle)
+{
+    char buf[16384];
+    kvl_error_render(NULL, buf, sizeof(buf));
+    return strstr(buf, needle) != NULL;
+}
+
+static uint64_t kt_mix(uint64_t x)
+{
+    x += 0x9E3779B97F4A7C15ull;
+    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+    x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+    return x ^ (x >> 31);
+}
+
+void kt_fill(void *p, size_t len, uint64_t seed)
+{
+    unsigned char *b = p;
+    for (size_t i = 0; i < len; i++)
+        b[i] = (unsigned char)kt_mix(seed ^ (i >> 3)) >> ((i & 7) ? 0 : 0) ^ (unsigned char)(i * 131);
+}
+
+long kt_verify(const void *p, size_t len, uint64_t seed)
+{
+    const unsigned char *b = p;
+    for (size_t i = 0; i < len; i++)
+        if (b[i] != ((unsigned char)kt_mix(seed ^ (i >> 3)) ^ (unsigned char)(i * 131)))
+            return (long)i;
+    return -1;
+}
+
+/* ---- pipes ---- */
+
+static int kt_write(int fd, const void *buf, size_t len)
+{
+    const char *c = buf;
+    while (len) {
+        ssize_t n = write(fd, c, len);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0)
+            return -1;
+        c += n;
+        len -= (size_t)n;
+    }
+    return 0;
+}
+
+static int kt_read(int fd, void *buf, size_t len, int timeout_ms)
+{
+    char *c = buf;
+    while (len) {
+        struct pollfd pfd = {fd, POLLIN, 0};
+        int r = poll(&pfd, 1, timeout_ms);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r <= 0)
+            return -1;
+        ssize_t n = read(fd, c, len);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0)
+            return -1;
+        c += n;
+        len -= (size_t)n;
+    }
+    return 0;
+}
+
+static void kt_send_msg(int fd, const void *buf, uint64_t len)
+{
+    if (kt_write(fd, &len, sizeof(len)) || (len && kt_write(fd, buf, len)))
+        _exit(3);
+}
+
+static void *kt_recv_msg(int fd, uint64_t *len, int timeout_ms)
+{
+    if (kt_read(fd, len, sizeof(*len), timeout_ms))
+        return NULL;
+    void *b = malloc(*len + 1);
+    if (b == NULL || (*len && kt_read(fd, b, *len, timeout_ms))) {
+        free(b);
+        return NULL;
+    }
+    ((char *)b)[*len] = 0;
+    return b;
+}
+
+kvl_agent_t *kt_agent(const char *name, const char *backend, const char *params)
+{
+    kvl_agent_t *a;
+    kvl_agent_config_t cfg = {.field_mask = KVL_AGENT_CFG_BACKENDS | KVL_AGENT_CFG_TIMEOUT,
+                              .create_backends = "", .timeout_ms = 3000};
+    KT_OK(kvl_agent_create(name, &cfg, &a));
+    if (backend && backend[0]) {
+        kvl_param_t prm[8];
+        size_t np = 0;
+        char buf[256] = "";
+        if (params) {
+            snprintf(buf, sizeof(buf), "%s", params);
+            char *save = NULL;
+            for (char *kv = strtok_r(buf, ",", &save); kv && np < 8; kv = strtok_r(NULL, ",", &save)) {
+                char *eq = strchr(kv, '=');
+                if (!eq)
+                    continue;
+                *eq = 0;
+                prm[np].key = kv;
+                prm[np].value = eq + 1;
+                np++;
+            }
+        }
+        KT_OK(kvl_backend_create(a, backend, prm, np, NULL));
+    }
+    return a;
+}
+
+/* The child's loop: commands are one byte plus arguments. */
+static void kt_peer_main(const kt_peer_opts_t *o, int in, int out)
+{
+    if (o->non_dumpable)
+        prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
+    kvl_agent_t *a = kt_agent(o->name, o->backend ? o->backend : "shm", o->params);
+    void *buf;
+    if (o->shareable)
+        KT_OK(kvl_mem_alloc(a, o->len, &buf));
+    else {
+        buf = mmap(NULL, o->len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        KT_CHECK(buf != MAP_FAILED);
+    }
+    memset(buf, 0, o->len);
+    kvl_mem_desc_t d = {(uint64_t)(uintptr_t)buf, o->len, KVL_DEV_ANY};
+    KT_OK(kvl_mem_register(a, &d, 1, NULL, NULL));
+    void *blob;
+    size_t blen;
+    KT_OK(kvl_metadata_get(a, &blob, &blen));
+    kt_send_msg(out, blob, blen);
+    kvl_free(blob);
+    for (;;) {
+        char cmd;
+        uint64_t arg[3];
+        if (kt_read(in, &cmd, 1, -1))
+            break;
+        switch (cmd) {
+        case 'F':
+            kt_read(in, arg, 8, 5000);
+            kt_fill(buf, o->len, arg[0]);
+            kt_send_msg(out, "", 0);
+            break;
+        case 'V': {
+            kt_read(in, arg, 24, 5000);
+            unsigned char *tmp = malloc(arg[1]);
+            kt_fill(tmp, arg[1], arg[2]);
+            long bad = -1;
+            for (uint64_t i = 0; i < arg[1]; i++)
+                if (((unsigned char *)buf)[arg[0] + i] != tmp[i]) {
+                    bad = (long)i;
+                    break;
+                }
+            free(tmp);
+            kt_send_msg(out, &bad, sizeof(bad));
+            break;
+        }
+        case 'R':
+            kt_read(in, arg, 16, 5000);
+            kt_send_msg(out, (char *)buf + arg[0], arg[1]);
+            break;
+        case 'N': {
+            kt_read(in, arg, 8, 5000);
+            kvl_notif_t n;
+            size_t got = 0;
+            if (kvl_notif_wait(a, (int64_t)arg[0]) == KVL_OK)
+                kvl_notif_poll(a, &n, 1, &got);
+            if (got == 0) {
+                kt_send_msg(out, "", 0);
+                kt_send_msg(out, "", 0);
+            } else {
+                kt_send_msg(out, n.from, strlen(n.from));
+                kt_send_msg(out, n.msg, n.len);
+                kvl_notif_free(&n);
+            }
+            break;
+        }
+        case 'C': {
+            /* count waiting notifications without taking them: take and count */
+            kvl_notif_t n[64];
+            size_t got = 0, total = 0;
+            do {
+                kvl_notif_poll(a, n, 64, &got);
+                for (size_t i = 0; i < got; i++)
+                    kvl_notif_free(&n[i]);
+                total += got;
+            } while (got == 64);
+            long t = (long)total;
+            kt_send_msg(out, &t, sizeof(t));
+            break;
+        }
+        case 'M':
+            KT_OK(kvl_metadata_get(a, &blob, &blen));
+            kt_send_msg(out, blob, blen);
+            kvl_free(blob);
+            break;
+        case 'L': {
+            uint64_t l;
+            void *b = kt_recv_msg(in, &l, 5000);
+            kvl_status_t st = kvl_metadata_load(a, b, l, NULL, 0);
+            free(b);
+            kt_send_msg(out, &st, sizeof(st));
+            break;
+        }
+        case 'T': {
+            uint64_t l1, l2;
+            char *to = kt_recv_msg(in, &l1, 5000);
+            char *msg = kt_recv_msg(in, &l2, 5000);
+            kvl_status_t st = kvl_notif_send(a, to, msg, l2);
+            free(to);
+            free(msg);
+            kt_send_msg(out, &st, sizeof(st));
+            break;
+        }
+        case 'Q':
+            kvl_agent_destroy(a);
+            kt_send_msg(out, "", 0);
+            _exit(0);
+        default:
+            _exit(2);
+        }
+    }
+    _exit(0);
+}
+
+void kt_peer_start(kt_peer_t *p, const kt_peer_opts_t *o, kvl_agent_t *agent)
+{
+    int a[2], b[2];
+    KT_CHECK(pipe(a) == 0 && pipe(b) == 0);
+    memset(p, 0, sizeof(*p));
+    snprintf(p->name, sizeof(p->name), "%s", o->name);
+    p->len = o->len;
+    p->pid = fork();
+    KT_CHECK(p->pid >= 0);
+    if (p->pid == 0) {
+        close(a[1]);
+        close(b[0]);
+        kt_peer_main(o, a[0], b[1]);
+        _exit(0);
+    }
+    close(a[0]);
+    close(b[1]);
+    p->to = a[1];
+    p->from = b[0];
+    uint64_t len;
+    void *blob = kt_recv_msg(p->from, &len, 10000);
+    KT_CHECK(blob != NULL);
+    if (agent) {
+        KT_OK(kvl_metadata_load(agent, blob, len, NULL, 0));
+        kvl_mem_desc_t r;
+        size_t n = 0;
+        KT_OK(kvl_remote_regions(agent, o->name, &r, NULL, 1, &n));
+        KT_CHECK(n == 1 && r.len == o->len);
+        p->base = r.addr;
+    }
+    free(blob);
+}
+
+static void kt_cmd(kt_peer_t *p, char c, const uint64_t *args, int nargs)
+{
+    KT_CHECK(kt_write(p->to, &c, 1) == 0);
+    if (nargs)
+        KT_CHECK(kt_write(p->to, args, (size_t)nargs * 8) == 0);
+}
+
+void kt_peer_fill(kt_peer_t *p, uint64_t seed)
+{
+    uint64_t l;
+    kt_cmd(p, 'F', &seed, 1);
+    free(kt_recv_msg(p->from, &l, 20000));
+}
+
+long kt_peer_verify(kt_peer_t *p, uint64_t off, uint64_t len, uint64_t seed)
+{
+    uint64_t args[3] = {off, len, seed}, l;
+    kt_cmd(p, 'V', args, 3);
+    long *r = kt_recv_msg(p->from, &l, 20000);
+    KT_CHECK(r != NULL);
+    long v = *r;
+    free(r);
+    return v;
+}
+
+void kt_peer_read(kt_peer_t *p, uint64_t off, void *buf, uint64_t len)
+{
+    uint64_t args[2] = {off, len}, l;
+    kt_cmd(p, 'R', args, 2);
+    void *r = kt_recv_msg(p->from, &l, 20000);
+    KT_CHECK(r != NULL && l == len);
+    memcpy(buf, r, len);
+    free(r);
+}
+
+long kt_peer_notif(kt_peer_t *p, int timeout_ms, char *buf, size_t cap, char *from, size_t fcap)
+{
+    uint64_t t = (uint64_t)timeout_ms, l1, l2;
+    kt_cmd(p, 'N', &t, 1);
+    char *f = kt_recv_msg(p->from, &l1, timeout_ms + 10000);
+    char *m = kt_recv_msg(p->from, &l2, 10000);
+    KT_CHECK(f != NULL && m != NULL);
+    long r = l1 == 0 ? -1 : (long)l2;
+    if (from)
+        snprintf(from, fcap, "%s", f);
+    if (buf && cap) {
+        size_t n = l2 < cap - 1 ? l2 : cap - 1;
+        memcpy(buf, m, n);
+        buf[n] = 0;
+    }
+    free(f);
+    free(m);
+    return r;
+}
+
+long kt_peer_notif_count(kt_peer_t *p)
+{
+    uint64_t l;
+    kt_cmd(p, 'C', NULL, 0);
+    long *r = kt_recv_msg(p->from, &l, 10000);
+    KT_CHECK(r != NULL);
+    long v = *r;
+    free(r);
+    return v;
+}
+
+void *kt_peer_metadata(kt_peer_t *p, size_t *len)
+{
+    uint64_t l;
+    kt_cmd(p, 'M', NULL, 0);
+    void *b = kt_recv_msg(p->from, &l, 10000);
+    KT_CHECK(b != NULL);
+    *len = l;
+    return b;
+}
+
+void kt_peer_load(kt_peer_t *p, const void *blob, size_t len)
+{
+    uint64_t l;
+    kt_cmd(p, 'L', NULL, 0);
+    kt_send_msg(p->to, blob, len);
+    kvl_status_t *st = kt_recv_msg(p->from, &l, 10000);
+    KT_CHECK(st != NULL && *st == KVL_OK);
+    free(st);
+}
+
+void kt_peer_notify(kt_peer_t *p, const char *to, const char *msg)
+{
+    uint64_t l;
+    kt_cmd(p, 'T', NULL, 0);
+    kt_send_msg(p->to, to, strlen(to));
+    kt_send_msg(p->to, msg, strlen(msg));
+    kvl_status_t *st = kt_recv_msg(p->from, &l, 10000);
+    KT_CHECK(st != NULL && *st == KVL_OK);
+    free(st);
+}
+
+void kt_peer_stop(kt_peer_t *p)
+{
+    uint64_t l;
+    int status;
+    kt_cmd(p, 'Q', NULL, 0);
+    free(kt_recv_msg(p->from, &l, 10000));
+    close(p->to);
+    close(p->from);
+    waitpid(p->pid, &status, 0);
+    KT_CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+}
+
+void kt_peer_kill(kt_peer_t *p)
+{
+    kill(p->pid, SIGKILL);
+    waitpid(p->pid, NULL, 0);
+    close(p->to);
+    close(p->from);
+}

@@ -1,0 +1,102 @@
+/* Helpers for kvlane's C tests: checks, and a peer agent in a child process. */
+#ifndef KVLTEST_H
+#define KVLTEST_H
+
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/types.h>
+#include <kvlane/kvlane.h>
+
+void kt_fail_at(const char *file, int line, const char *expr, int with_error);
+
+#define KT_CHECK(cond)                                   \
+    do {                                                 \
+        if (!(cond))                                     \
+            kt_fail_at(__FILE__, __LINE__, #cond, 0);    \
+    } while (0)
+
+/* The call must return KVL_OK (prints kvlane's rendered error if not). */
+#define KT_OK(call)                                      \
+    do {                                                 \
+        kvl_status_t kt_st_ = (call);                    \
+        if (kt_st_ != KVL_OK)                            \
+            kt_fail_at(__FILE__, __LINE__, #call, 1);    \
+    } while (0)
+
+/* The call must fail with exactly this status. */
+#define KT_STATUS(call, want)                                                        \
+    do {                                                                             \
+        kvl_status_t kt_st_ = (call);                                                \
+        if (kt_st_ != (want)) {                                                      \
+            fprintf(stderr, "%s:%d: %s returned %s, expected %s\n", __FILE__,        \
+                    __LINE__, #call, kvl_status_name(kt_st_), kvl_status_name(want)); \
+            kt_fail_at(__FILE__, __LINE__, #call, 1);                                \
+        }                                                                            \
+    } while (0)
+
+#define KT_SKIP(...)                                     \
+    do {                                                 \
+        printf("SKIP: ");                                \
+        printf(__VA_ARGS__);                             \
+        printf("\n");                                    \
+        exit(77);                                        \
+    } while (0)
+
+/* The last error's rendered text contains needle. */
+int kt_error_has(const char *needle);
+#define KT_ERROR_HAS(needle)                                                    \
+    do {                                                                        \
+        if (!kt_error_has(needle)) {                                            \
+            fprintf(stderr, "%s:%d: error text lacks \"%s\"\n", __FILE__,       \
+                    __LINE__, needle);                                          \
+            kt_fail_at(__FILE__, __LINE__, "error text", 1);                    \
+        }                                                                       \
+    } while (0)
+
+/* Deterministic pattern for checking bytes. */
+void kt_fill(void *p, size_t len, uint64_t seed);
+/* Offset of the first byte that differs from kt_fill(seed), or -1. */
+long kt_verify(const void *p, size_t len, uint64_t seed);
+
+/* ---- a peer agent in a child process ---- */
+typedef struct kt_peer {
+    pid_t pid;
+    int to, from;           /* command pipes */
+    uint64_t base;          /* its registered buffer */
+    size_t len;
+    char name[64];
+} kt_peer_t;
+
+typedef struct kt_peer_opts {
+    const char *name;
+    size_t len;              /* buffer registered on the peer */
+    int shareable;           /* buffer from kvl_mem_alloc */
+    const char *backend;     /* default "shm" */
+    const char *params;      /* backend "k=v,k=v" */
+    int non_dumpable;        /* prctl(PR_SET_DUMPABLE, 0) before anything */
+} kt_peer_opts_t;
+
+/* Start the peer; it registers its buffer and sends its metadata, which is
+ * loaded into agent (when not NULL). */
+void kt_peer_start(kt_peer_t *p, const kt_peer_opts_t *o, kvl_agent_t *agent);
+/* Commands (each waits for the peer's answer, bounded). */
+void kt_peer_fill(kt_peer_t *p, uint64_t seed);                     /* whole buffer */
+long kt_peer_verify(kt_peer_t *p, uint64_t off, uint64_t len, uint64_t seed);
+void kt_peer_read(kt_peer_t *p, uint64_t off, void *buf, uint64_t len);
+/* Wait for one notification on the peer; returns its length (-1 timeout),
+ * message copied to buf, sender to from. */
+long kt_peer_notif(kt_peer_t *p, int timeout_ms, char *buf, size_t cap, char *from, size_t fcap);
+/* Number of notifications waiting on the peer right now. */
+long kt_peer_notif_count(kt_peer_t *p);
+/* Fresh metadata of the peer (malloc'ed). */
+void *kt_peer_metadata(kt_peer_t *p, size_t *len);
+/* Send my metadata so the peer can load it (for notifications back). */
+void kt_peer_load(kt_peer_t *p, const void *blob, size_t len);
+void kt_peer_notify(kt_peer_t *p, const char *to, const char *msg);
+void kt_peer_stop(kt_peer_t *p);        /* orderly */
+void kt_peer_kill(kt_peer_t *p);        /* SIGKILL */
+
+kvl_agent_t *kt_agent(const char *name, const char *backend, const char *params);
+
+#endif
