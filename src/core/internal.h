@@ -41,6 +41,9 @@ uint64_t kvli_random64(void);
 uint32_t kvli_crc32c(uint32_t crc, const void *buf, size_t len);
 bool kvli_name_valid(const char *name);
 bool kvli_add_overflows(uint64_t a, uint64_t b);
+/* Scratch arrays; large ones come from a cache of warm memory. */
+void *kvli_buf_alloc(size_t bytes);
+void kvli_buf_free(void *p, size_t bytes);
 /* Copy with truncation, always NUL-terminated (src may be NULL). */
 void kvli_scopy(char *dst, size_t cap, const char *src);
 
@@ -140,7 +143,7 @@ struct kvl_xfer {
     kvli_remote_t *rem;
     kvl_bk_xfer_t bx;
     kvl_seg_t *segs;
-    size_t nsegs;
+    size_t nsegs, segs_cap;
     uint64_t blocks;
     size_t nlregs, nrregs;
     kvli_region_t **lregs;

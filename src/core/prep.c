@@ -108,7 +108,7 @@ kvl_status_t kvli_prep_build(kvl_agent_t *a, kvli_remote_t *rem, const kvl_dlist
     kvl_status_t st = KVL_OK;
     char whose[96];
 
-    if (p == NULL || (dl->n && !(p->ents = malloc(dl->n * sizeof(*p->ents))))) {
+    if (p == NULL || (dl->n && !(p->ents = kvli_buf_alloc(dl->n * sizeof(*p->ents))))) {
         free(p);
         kvli_err(err, KVL_ERR_NO_MEMORY, 0, "cannot prepare a list of %zu entries", dl->n);
         return KVL_ERR_NO_MEMORY;
@@ -249,7 +249,7 @@ void kvli_prep_free(kvl_prep_t *p)
     if (p->rem)
         kvli_remote_put(p->agent, p->rem);
     free(p->regs);
-    free(p->ents);
+    kvli_buf_free(p->ents, p->n * sizeof(*p->ents));
     free(p);
 }
 

@@ -322,16 +322,17 @@ static kvl_status_t kvli_register_one(kvl_agent_t *a, const kvl_mem_desc_t *d,
                                               "does not have yet");
         return KVL_ERR_UNSUPPORTED;
     }
-    st = kvli_mem_classify(a, d, declared, &kind, &dev, err);
-    if (st != KVL_OK)
-        return st;
-    if (e) {
-        e->kind = kind;
-        e->dev = dev;
-    }
-
+    /* The same range again is a lookup, not a registration: it was
+     * classified and checked when first registered. */
     kvli_region_t *r = kvli_registry_exact(a, d->addr, d->len);
-    if (r != NULL && r->kind == kind && r->dev == dev) {
+    if (r != NULL && (declared == KVL_MEM_AUTO || declared == r->kind) &&
+        (d->dev == KVL_DEV_ANY || d->dev == r->dev)) {
+        kind = r->kind;
+        dev = r->dev;
+        if (e) {
+            e->kind = kind;
+            e->dev = dev;
+        }
         r->refcount++;
         *r_p = r;
         *reused_p = true;
@@ -346,6 +347,13 @@ static kvl_status_t kvli_register_one(kvl_agent_t *a, const kvl_mem_desc_t *d,
                 }
         }
         return KVL_OK;
+    }
+    st = kvli_mem_classify(a, d, declared, &kind, &dev, err);
+    if (st != KVL_OK)
+        return st;
+    if (e) {
+        e->kind = kind;
+        e->dev = dev;
     }
 
     uint32_t mask;

@@ -2,7 +2,9 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/random.h>
 #include <time.h>
 #include <unistd.h>
@@ -88,4 +90,84 @@ void kvli_scopy(char *dst, size_t cap, const char *src)
     if (n)
         memcpy(dst, src, n);
     dst[n] = '\0';
+}
+
+/*
+ * Large scratch arrays (prepared entries, segments). Fresh pages cost a
+ * fault each, which on virtual machines dwarfs the work per descriptor, so
+ * arrays of 1 MiB and more are kept in a small process-wide cache and
+ * reused: an engine that prepares transfer after transfer touches warm
+ * memory. Smaller arrays use malloc.
+ */
+#define KVLI_BUF_BIG (1u << 20)
+#define KVLI_BUF_SLOTS 8
+#define KVLI_BUF_CACHE_MAX (512ull << 20)
+
+static pthread_mutex_t kvli_buf_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct {
+    void *p;
+    size_t len;
+} kvli_buf_cache[KVLI_BUF_SLOTS];
+static size_t kvli_buf_cached;
+
+static size_t kvli_buf_round(size_t bytes)
+{
+    return (bytes + (2u << 20) - 1) & ~(size_t)((2u << 20) - 1);
+}
+
+void *kvli_buf_alloc(size_t bytes)
+{
+    if (bytes < KVLI_BUF_BIG)
+        return malloc(bytes ? bytes : 1);
+    size_t len = kvli_buf_round(bytes);
+    int best = -1;
+    pthread_mutex_lock(&kvli_buf_lock);
+    for (int i = 0; i < KVLI_BUF_SLOTS; i++) {
+        size_t l = kvli_buf_cache[i].len;
+        if (kvli_buf_cache[i].p && l >= len && l <= 2 * len &&
+            (best < 0 || l < kvli_buf_cache[best].len))
+            best = i;
+    }
+    void *p = NULL;
+    if (best >= 0) {
+        p = kvli_buf_cache[best].p;
+        kvli_buf_cache[best].p = NULL;
+        kvli_buf_cached -= kvli_buf_cache[best].len;
+        kvli_buf_cache[best].len = 0;
+    }
+    pthread_mutex_unlock(&kvli_buf_lock);
+    if (p != NULL)
+        return p;
+    p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED)
+        return NULL;
+    madvise(p, len, MADV_HUGEPAGE);
+    return p;
+}
+
+void kvli_buf_free(void *p, size_t bytes)
+{
+    if (p == NULL)
+        return;
+    if (bytes < KVLI_BUF_BIG) {
+        free(p);
+        return;
+    }
+    size_t len = kvli_buf_round(bytes);
+    pthread_mutex_lock(&kvli_buf_lock);
+    if (kvli_buf_cached + len <= KVLI_BUF_CACHE_MAX) {
+        int slot = -1;
+        for (int i = 0; i < KVLI_BUF_SLOTS && slot < 0; i++)
+            if (kvli_buf_cache[i].p == NULL)
+                slot = i;
+        if (slot >= 0) {
+            kvli_buf_cache[slot].p = p;
+            kvli_buf_cache[slot].len = len;
+            kvli_buf_cached += len;
+            p = NULL;
+        }
+    }
+    pthread_mutex_unlock(&kvli_buf_lock);
+    if (p != NULL)
+        munmap(p, len);
 }

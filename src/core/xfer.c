@@ -25,9 +25,12 @@ static bool kvli_segv_push(kvli_segv_t *v, const kvl_seg_t *s)
     }
     if (v->n == v->cap) {
         size_t cap = v->cap ? v->cap * 2 : 64;
-        kvl_seg_t *ns = realloc(v->segs, cap * sizeof(*ns));
+        kvl_seg_t *ns = kvli_buf_alloc(cap * sizeof(*ns));
         if (ns == NULL)
             return false;
+        if (v->n)
+            memcpy(ns, v->segs, v->n * sizeof(*ns));
+        kvli_buf_free(v->segs, v->cap * sizeof(*ns));
         v->segs = ns;
         v->cap = cap;
     }
@@ -118,6 +121,11 @@ kvl_status_t kvli_xfer_build(kvl_agent_t *a, kvl_xfer_op_t op, const kvl_prep_t 
             return KVL_ERR_INVALID_ARG;
         }
     }
+    /* Pairing yields at most one segment per entry of either side. */
+    v.cap = nl + nr;
+    v.segs = kvli_buf_alloc(v.cap * sizeof(*v.segs));
+    if (v.segs == NULL)
+        goto oom;
     lused = calloc(lp->nregs + 1, 1);
     rused = calloc(rp->nregs + 1, 1);
     if (lused == NULL || rused == NULL)
@@ -261,6 +269,7 @@ kvl_status_t kvli_xfer_build(kvl_agent_t *a, kvl_xfer_op_t op, const kvl_prep_t 
     }
     x->segs = v.segs;
     x->nsegs = v.n;
+    x->segs_cap = v.cap;
     x->blocks = blocks;
     x->bx = (kvl_bk_xfer_t){
         .op = op,
@@ -302,7 +311,7 @@ fail:
         x->segs = NULL;
         kvli_xfer_free(x);
     }
-    free(v.segs);
+    kvli_buf_free(v.segs, v.cap * sizeof(*v.segs));
     return st;
 }
 
@@ -317,7 +326,7 @@ void kvli_xfer_free(kvl_xfer_t *x)
     free(x->lregs);
     free(x->lmh);
     free(x->rmh);
-    free(x->segs);
+    kvli_buf_free(x->segs, x->segs_cap * sizeof(*x->segs));
     free(x->notif);
     free(x);
 }
