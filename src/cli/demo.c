@@ -26,7 +26,7 @@
 
 typedef struct {
     const char *backend;
-    uint64_t layers, blocks, block_size, xfer_blocks, seed;
+    uint64_t layers, blocks, block_size, xfer_blocks, seed, repeat;
     int shareable;          /* 1: kvl_mem_alloc (memfd), 0: plain anonymous memory */
     int timeout_ms;
 } kvl_demo_cfg_t;
@@ -35,7 +35,7 @@ typedef struct {
 
 typedef struct {
     uint32_t magic, version;
-    uint64_t seed, n_blocks, bytes, duration_ns, post_ns;
+    uint64_t seed, n_blocks, bytes, duration_ns, post_ns, first_ns, repeat;
     char path[64];
 } kvl_demo_notif_t;
 
@@ -216,10 +216,11 @@ static int kvl_demo_decode(const kvl_demo_cfg_t *c, int md_fd)
     free(dblk);
     free(src);
     double gbps = hdr.duration_ns ? (double)hdr.bytes / (double)hdr.duration_ns : 0;
-    printf("decode: moved %.1f MiB (%" PRIu64 " blocks of %" PRIu64 " B) in %.2f ms = %.2f GB/s "
-           "over backend %s (path %s)\n",
-           (double)hdr.bytes / (1 << 20), checked, c->block_size, hdr.duration_ns / 1e6, gbps,
-           c->backend, hdr.path);
+    double cold = hdr.first_ns ? (double)hdr.bytes / (double)hdr.first_ns : 0;
+    printf("decode: moved %.1f MiB (%" PRIu64 " blocks of %" PRIu64 " B) over backend %s (path %s):"
+           " %.2f GB/s (%.2f ms; first of %" PRIu64 " transfers: %.2f GB/s)\n",
+           (double)hdr.bytes / (1 << 20), checked, c->block_size, c->backend, hdr.path, gbps,
+           hdr.duration_ns / 1e6, hdr.repeat, cold);
     if (bad) {
         printf("decode: FAILED: %" PRIu64 " mismatching words/bytes\n", bad);
         return 1;
@@ -301,38 +302,60 @@ static int kvl_demo_prefill(const kvl_demo_cfg_t *c, int md_fd)
     kvl_xfer_t *x;
     kvl_xfer_params_t xp = {.field_mask = KVL_XFER_PARAM_NOTIF, .notif = &hdr,
                             .notif_len = sizeof(hdr)};
-    double tc = kvl_cli_now();
-    if (kvl_xfer_create(a, KVL_WRITE, ld, remote, rd, &xp, &x) != KVL_OK) {
-        kvl_cli_print_error("kvl_xfer_create");
-        return 1;
+    /* Earlier requests' blocks move first (a serving engine moves blocks
+     * again and again): silent transfers, then the one that carries the
+     * notification. The first shows the cold cost, the best the steady one. */
+    kvl_xfer_params_t silent = {0};
+    double tc = kvl_cli_now(), t0 = 0, t1 = 0, best = 1e30, first = 0;
+    kvl_status_t st = KVL_OK;
+    for (uint64_t r = 0; r < c->repeat && st == KVL_OK; r++) {
+        int last = r + 1 == c->repeat;
+        if (kvl_xfer_create(a, KVL_WRITE, ld, remote, rd, last ? &xp : &silent, &x) != KVL_OK) {
+            kvl_cli_print_error("kvl_xfer_create");
+            return 1;
+        }
+        if (r == 0)
+            t0 = kvl_cli_now();
+        double ts = kvl_cli_now();
+        st = kvl_xfer_post(x);
+        if (st == KVL_IN_PROGRESS)
+            st = kvl_xfer_wait(x, c->timeout_ms);
+        t1 = kvl_cli_now();
+        if (r == 0)
+            first = t1 - ts;
+        if (t1 - ts < best)
+            best = t1 - ts;
+        if (!last)
+            kvl_xfer_release(x);
     }
-    double t0 = kvl_cli_now();
-    kvl_status_t st = kvl_xfer_post(x);
-    if (st == KVL_IN_PROGRESS)
-        st = kvl_xfer_wait(x, c->timeout_ms);
-    double t1 = kvl_cli_now();
     if (st != KVL_OK) {
         kvl_cli_print_error("transfer");
         return 1;
     }
+    (void)t0;
     kvl_xfer_stats_t stats;
     kvl_xfer_get_stats(x, &stats);
     /* The data and its notification are in place; tell decode how it went
      * (a second, plain notification, ordered after the first). */
     hdr.bytes = stats.bytes;
-    hdr.duration_ns = (uint64_t)((t1 - t0) * 1e9);
+    hdr.duration_ns = (uint64_t)(best * 1e9);
+    hdr.first_ns = (uint64_t)(first * 1e9);
+    hdr.repeat = c->repeat;
     hdr.post_ns = stats.post_ns;
     snprintf(hdr.path, sizeof(hdr.path), "%s", stats.path);
     if (kvl_notif_send(a, remote, &hdr, sizeof(hdr)) != KVL_OK) {
         kvl_cli_print_error("kvl_notif_send");
         return 1;
     }
-    printf("prefill: prepared %" PRIu64 " descriptors in %.2f ms, posted in %.1f us\n",
-           2 * c->xfer_blocks, (t0 - tc) * 1e3, stats.post_ns / 1e3);
+    printf("prefill: %" PRIu64 " descriptors prepared and posted in %.1f us per transfer\n",
+           2 * c->xfer_blocks, stats.post_ns / 1e3);
+    (void)tc;
     printf("prefill: wrote %.1f MiB as %" PRIu64 " strided descriptors (%" PRIu64
-           " blocks) to '%s' in %.2f ms = %.2f GB/s over %s (path %s), notification attached\n",
-           (double)stats.bytes / (1 << 20), c->xfer_blocks, stats.blocks, remote,
-           (t1 - t0) * 1e3, (double)stats.bytes / ((t1 - t0) * 1e9), stats.backend, stats.path);
+           " blocks) to '%s' over %s (path %s) %" PRIu64 " time(s): first %.2f GB/s, best %.2f "
+           "GB/s; the last carried the notification\n",
+           (double)stats.bytes / (1 << 20), c->xfer_blocks, stats.blocks, remote, stats.backend,
+           stats.path, c->repeat, (double)stats.bytes / (first * 1e9),
+           (double)stats.bytes / (best * 1e9));
     kvl_xfer_release(x);
     kvl_dlist_destroy(ld);
     kvl_dlist_destroy(rd);
@@ -352,21 +375,24 @@ static void kvl_demo_usage(FILE *f)
             "  --mem shareable|plain  KV cache memory: kvl_mem_alloc (default) or plain\n"
             "                      anonymous memory (moved by cross-memory attach)\n"
             "  --seed N            pattern and block-table seed (default 1)\n"
+            "  --repeat N          transfers of the block table; the last carries the\n"
+            "                      notification (default 3)\n"
             "  --timeout-ms N      bound for every wait (default 60000)\n");
 }
 
 int kvl_cli_demo(int argc, char **argv)
 {
-    kvl_demo_cfg_t c = {"shm", 32, 512, 16384, 0, 1, 1, 60000};
+    kvl_demo_cfg_t c = {"shm", 32, 512, 16384, 0, 1, 3, 1, 60000};
     static const struct option opts[] = {
         {"backend", required_argument, 0, 'b'}, {"layers", required_argument, 0, 'l'},
         {"blocks", required_argument, 0, 'n'},  {"block-size", required_argument, 0, 's'},
         {"xfer-blocks", required_argument, 0, 'x'}, {"mem", required_argument, 0, 'm'},
         {"seed", required_argument, 0, 'r'},    {"timeout-ms", required_argument, 0, 't'},
+        {"repeat", required_argument, 0, 'p'},
         {"help", no_argument, 0, 'h'},          {0, 0, 0, 0}};
-    int o;
+    int o, li = 0;
     optind = 1;
-    while ((o = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+    while ((o = getopt_long(argc, argv, "h", opts, &li)) != -1) {
         uint64_t v = 0;
         if (o == 'h') {
             kvl_demo_usage(stdout);
@@ -389,8 +415,7 @@ int kvl_cli_demo(int argc, char **argv)
             continue;
         }
         if (kvl_cli_parse_size(optarg, &v) != 0 || v == 0) {
-            fprintf(stderr, "kvlane demo: bad value '%s' for --%s\n", optarg,
-                    opts[o == 'l' ? 1 : o == 'n' ? 2 : o == 's' ? 3 : o == 'x' ? 4 : o == 'r' ? 6 : 7].name);
+            fprintf(stderr, "kvlane demo: bad value '%s' for --%s\n", optarg, opts[li].name);
             return 2;
         }
         switch (o) {
@@ -400,6 +425,7 @@ int kvl_cli_demo(int argc, char **argv)
         case 'x': c.xfer_blocks = v; break;
         case 'r': c.seed = v; break;
         case 't': c.timeout_ms = (int)v; break;
+        case 'p': c.repeat = v; break;
         }
     }
     if (c.xfer_blocks == 0)

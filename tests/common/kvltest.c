@@ -1,6 +1,7 @@
 /* Helpers for kvlane's C tests. */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
 #include <string.h>
@@ -253,37 +254,90 @@ static void kt_peer_main(const kt_peer_opts_t *o, int in, int out)
     _exit(0);
 }
 
+/*
+ * The peer runs in a fresh process image: fork() of a process that already
+ * runs kvlane threads may copy a lock some thread held (sanitizer runtimes'
+ * allocators included), so the child execs this same program at once and
+ * the constructor below turns it into the peer.
+ */
+static void kt_peer_ctor(void) __attribute__((constructor));
+static void kt_peer_ctor(void)
+{
+    const char *env = getenv("KVL_TEST_PEER");
+    if (env == NULL)
+        return;
+    static char name[64], backend[32], params[256];
+    kt_peer_opts_t o = {0};
+    unsigned long long len;
+    int in, out, shareable, nd;
+    if (sscanf(env, "%63[^;];%llu;%d;%31[^;];%255[^;];%d;%d;%d", name, &len, &shareable, backend,
+               params, &nd, &in, &out) != 8)
+        _exit(4);
+    unsetenv("KVL_TEST_PEER");
+    o.name = name;
+    o.len = (size_t)len;
+    o.shareable = shareable;
+    o.backend = backend;
+    o.params = strcmp(params, "-") ? params : NULL;
+    o.non_dumpable = nd;
+    kt_peer_main(&o, in, out);
+    _exit(0);
+}
+
 void kt_peer_start(kt_peer_t *p, const kt_peer_opts_t *o, kvl_agent_t *agent)
 {
     int a[2], b[2];
-    KT_CHECK(pipe(a) == 0 && pipe(b) == 0);
+    /* close-on-exec, so no peer inherits another peer's pipes */
+    KT_CHECK(pipe2(a, O_CLOEXEC) == 0 && pipe2(b, O_CLOEXEC) == 0);
     memset(p, 0, sizeof(*p));
     snprintf(p->name, sizeof(p->name), "%s", o->name);
     p->len = o->len;
+    /* everything the child needs is prepared before fork: it only execs */
+    char env[512];
+    snprintf(env, sizeof(env), "KVL_TEST_PEER=%s;%zu;%d;%s;%s;%d;%d;%d", o->name, o->len,
+             o->shareable, o->backend ? o->backend : "shm",
+             o->params && o->params[0] ? o->params : "-", o->non_dumpable, a[0], b[1]);
+    extern char **environ;
+    size_t ne = 0;
+    while (environ[ne])
+        ne++;
+    char **envp = calloc(ne + 2, sizeof(*envp));
+    KT_CHECK(envp != NULL);
+    memcpy(envp, environ, ne * sizeof(*envp));
+    envp[ne] = env;
+    char exe[4096];
+    ssize_t el = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
+    KT_CHECK(el > 0);
+    exe[el] = 0;
+    char *argv[] = {exe, NULL};
     p->pid = fork();
     KT_CHECK(p->pid >= 0);
     if (p->pid == 0) {
-        close(a[1]);
-        close(b[0]);
-        kt_peer_main(o, a[0], b[1]);
-        _exit(0);
+        fcntl(a[0], F_SETFD, 0);
+        fcntl(b[1], F_SETFD, 0);
+        execve(exe, argv, envp);
+        _exit(5);
     }
+    free(envp);
     close(a[0]);
     close(b[1]);
     p->to = a[1];
     p->from = b[0];
     uint64_t len;
-    void *blob = kt_recv_msg(p->from, &len, 10000);
+    void *blob = kt_recv_msg(p->from, &len, 20000);
     KT_CHECK(blob != NULL);
     if (agent) {
-        KT_OK(kvl_metadata_load(agent, blob, len, NULL, 0));
+        kvl_status_t st = kvl_metadata_load(agent, blob, len, NULL, 0);
+        free(blob);
+        KT_OK(st);
         kvl_mem_desc_t r;
         size_t n = 0;
         KT_OK(kvl_remote_regions(agent, o->name, &r, NULL, 1, &n));
         KT_CHECK(n == 1 && r.len == o->len);
         p->base = r.addr;
+    } else {
+        free(blob);
     }
-    free(blob);
 }
 
 static void kt_cmd(kt_peer_t *p, char c, const uint64_t *args, int nargs)

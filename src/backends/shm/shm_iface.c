@@ -181,14 +181,23 @@ static void kvli_shm_conn_flush(kvli_shm_iface_t *iface, kvli_shm_conn_t *c)
             char buf[CMSG_SPACE(sizeof(int))];
         } cbuf;
         struct msghdr mh;
-        int n = 0, i, first;
+        size_t skip = q->sent;
+        int n = 0, i = 0, first;
         ssize_t rc;
 
-        tmp[n].iov_base = q->hdr;
-        tmp[n++].iov_len = q->hdr_len;
-        for (i = 0; i < q->iovcnt && n < KVLI_SHM_IOV_MAX; i++)
+        /* Start at the entry holding byte q->sent, so a reply of 1024 ranges
+         * plus its header still fits the kernel's iovec limit per call. */
+        if (skip < q->hdr_len) {
+            tmp[n].iov_base = q->hdr;
+            tmp[n++].iov_len = q->hdr_len;
+        } else {
+            skip -= q->hdr_len;
+            while (i < q->iovcnt && skip >= q->iov[i].iov_len)
+                skip -= q->iov[i++].iov_len;
+        }
+        for (; i < q->iovcnt && n < KVLI_SHM_IOV_MAX; i++)
             tmp[n++] = q->iov[i];
-        first = kvli_shm_proto_iov_advance(tmp, n, q->sent);
+        first = kvli_shm_proto_iov_advance(tmp, n, skip);
         memset(&mh, 0, sizeof(mh));
         mh.msg_iov = tmp + first;
         mh.msg_iovlen = (size_t)(n - first);
