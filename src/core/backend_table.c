@@ -1,33 +1,153 @@
-/* Built-in backends, registered statically. */
+/*
+ * Backends: built-in ones register statically; those with heavy
+ * dependencies (UCX, CUDA) are modules, libkvlane-<name>.so, loaded at run
+ * time so the core and the CLI run where those libraries are absent.
+ * A module exports kvl_backend_module_v1() returning its ops table.
+ * Search order: $KVL_MODULE_PATH (colon-separated directories), the build
+ * tree's module directory, then the installed one.
+ */
+#include <dlfcn.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <unistd.h>
 #include "internal.h"
 
+#ifndef KVL_MODULE_DIR
+#define KVL_MODULE_DIR "/usr/local/lib/kvlane"
+#endif
+#ifndef KVL_BUILD_MODULE_DIR
+#define KVL_BUILD_MODULE_DIR ""
+#endif
+
 extern const kvl_backend_ops_t kvli_shm_ops;
+#ifdef KVL_HAVE_TCP
+extern const kvl_backend_ops_t kvli_tcp_ops;
+#endif
 
 static const kvl_backend_ops_t *const kvli_builtin[] = {
     &kvli_shm_ops,
+#ifdef KVL_HAVE_TCP
+    &kvli_tcp_ops,
+#endif
 };
+#define KVLI_NBUILTIN (sizeof(kvli_builtin) / sizeof(kvli_builtin[0]))
 
-static const char *kvli_names[sizeof(kvli_builtin) / sizeof(kvli_builtin[0]) + 1];
+/* Modules this build knows of, loaded on first use. */
+static const char *const kvli_module_names[] = {"ucx", "cuda"};
+#define KVLI_NMODULES (sizeof(kvli_module_names) / sizeof(kvli_module_names[0]))
+
+static struct {
+    bool tried;
+    const kvl_backend_ops_t *ops;
+    char reason[512];
+} kvli_modules[KVLI_NMODULES];
+static pthread_mutex_t kvli_module_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static const char *kvli_names[KVLI_NBUILTIN + KVLI_NMODULES + 1];
 static pthread_once_t kvli_names_once = PTHREAD_ONCE_INIT;
 
 static void kvli_names_init(void)
 {
-    size_t i;
-    for (i = 0; i < sizeof(kvli_builtin) / sizeof(kvli_builtin[0]); i++)
-        kvli_names[i] = kvli_builtin[i]->name;
-    kvli_names[i] = NULL;
+    size_t n = 0;
+    for (size_t i = 0; i < KVLI_NBUILTIN; i++)
+        kvli_names[n++] = kvli_builtin[i]->name;
+    for (size_t i = 0; i < KVLI_NMODULES; i++)
+        kvli_names[n++] = kvli_module_names[i];
+    kvli_names[n] = NULL;
+}
+
+/* Try one directory; true when the file exists (loaded or not). */
+static bool kvli_module_try(size_t m, const char *dir, char *tried, size_t tcap)
+{
+    char path[4096];
+    size_t tl = strlen(tried);
+    snprintf(path, sizeof(path), "%s/libkvlane-%s.so", dir, kvli_module_names[m]);
+    snprintf(tried + tl, tcap - tl, "%s%s", tl ? ", " : "", dir);
+    if (access(path, F_OK) != 0)
+        return false;
+    void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+    if (h == NULL) {
+        const char *e = dlerror();
+        snprintf(kvli_modules[m].reason, sizeof(kvli_modules[m].reason),
+                 "module %.200s could not be loaded: %.250s", path, e ? e : "dlopen failed");
+        return true;
+    }
+    typedef const kvl_backend_ops_t *(*entry_t)(void);
+    entry_t entry;
+    void *sym = dlsym(h, "kvl_backend_module_v1");
+    memcpy(&entry, &sym, sizeof(entry));
+    const kvl_backend_ops_t *ops = entry ? entry() : NULL;
+    if (ops == NULL) {
+        snprintf(kvli_modules[m].reason, sizeof(kvli_modules[m].reason),
+                 "module %.200s has no kvl_backend_module_v1 entry point (not a kvlane module?)",
+                 path);
+        dlclose(h);
+        return true;
+    }
+    if (ops->abi_version != KVL_BACKEND_ABI_VERSION || ops->name == NULL ||
+        strcmp(ops->name, kvli_module_names[m]) != 0) {
+        snprintf(kvli_modules[m].reason, sizeof(kvli_modules[m].reason),
+                 "module %.200s speaks backend ABI %u for '%.32s'; this kvlane needs ABI %u for '%s' "
+                 "(rebuild the module with this kvlane)", path, ops->abi_version,
+                 ops->name ? ops->name : "?", KVL_BACKEND_ABI_VERSION, kvli_module_names[m]);
+        dlclose(h);
+        return true;
+    }
+    /* Kept loaded for the life of the process: backends' threads may
+     * outlive any one agent's use of them. */
+    kvli_modules[m].ops = ops;
+    return true;
+}
+
+static const kvl_backend_ops_t *kvli_module_load(size_t m)
+{
+    pthread_mutex_lock(&kvli_module_lock);
+    if (!kvli_modules[m].tried) {
+        char tried[2048] = "";
+        bool found = false;
+        const char *env = getenv("KVL_MODULE_PATH");
+        if (env && env[0]) {
+            char buf[2048];
+            snprintf(buf, sizeof(buf), "%s", env);
+            char *save = NULL;
+            for (char *d = strtok_r(buf, ":", &save); d && !found; d = strtok_r(NULL, ":", &save))
+                found = kvli_module_try(m, d, tried, sizeof(tried));
+        }
+        if (!found && KVL_BUILD_MODULE_DIR[0])
+            found = kvli_module_try(m, KVL_BUILD_MODULE_DIR, tried, sizeof(tried));
+        if (!found)
+            found = kvli_module_try(m, KVL_MODULE_DIR, tried, sizeof(tried));
+        if (!found)
+            snprintf(kvli_modules[m].reason, sizeof(kvli_modules[m].reason),
+                     "module libkvlane-%s.so not found (looked in: %.300s); this build has no %s "
+                     "support or the module was not installed", kvli_module_names[m], tried,
+                     kvli_module_names[m]);
+        kvli_modules[m].tried = true;
+    }
+    const kvl_backend_ops_t *ops = kvli_modules[m].ops;
+    pthread_mutex_unlock(&kvli_module_lock);
+    return ops;
+}
+
+static int kvli_module_index(const char *name)
+{
+    for (size_t m = 0; m < KVLI_NMODULES; m++)
+        if (strcasecmp(kvli_module_names[m], name) == 0)
+            return (int)m;
+    return -1;
 }
 
 const kvl_backend_ops_t *kvli_backend_find(const char *name)
 {
     if (name == NULL)
         return NULL;
-    for (size_t i = 0; i < sizeof(kvli_builtin) / sizeof(kvli_builtin[0]); i++)
+    for (size_t i = 0; i < KVLI_NBUILTIN; i++)
         if (strcasecmp(kvli_builtin[i]->name, name) == 0)
             return kvli_builtin[i];
-    return NULL;
+    int m = kvli_module_index(name);
+    return m >= 0 ? kvli_module_load((size_t)m) : NULL;
 }
 
 const char *const *kvl_backend_names(void)
@@ -48,6 +168,12 @@ kvl_status_t kvl_backend_available(const char *name, char *reason, size_t len)
     if (reason && len)
         reason[0] = '\0';
     if (ops == NULL) {
+        int m = name ? kvli_module_index(name) : -1;
+        if (m >= 0) {
+            if (reason && len)
+                snprintf(reason, len, "%s", kvli_modules[m].reason);
+            return KVL_ERR_UNSUPPORTED;
+        }
         if (reason && len) {
             const char *const *n = kvl_backend_names();
             size_t off = (size_t)snprintf(reason, len, "no backend named '%s' in this build (known:",
