@@ -23,7 +23,8 @@ typedef struct kvl_param {
 enum {
     KVL_AGENT_CFG_BACKENDS = 1u << 0,   /* create_backends is set */
     KVL_AGENT_CFG_TIMEOUT = 1u << 1,    /* timeout_ms is set */
-    KVL_AGENT_CFG_WORKERS = 1u << 2     /* workers is set */
+    KVL_AGENT_CFG_WORKERS = 1u << 2,    /* workers is set */
+    KVL_AGENT_CFG_SECRET = 1u << 3      /* secret is set */
 };
 
 /*
@@ -39,6 +40,9 @@ typedef struct kvl_agent_config {
     uint64_t timeout_ms;
     /* Copy threads per backend that uses them; default 1. */
     unsigned workers;
+    /* Shared secret (NUL-terminated) that the listener and network data
+     * connections require from peers; default none. */
+    const char *secret;
 } kvl_agent_config_t;
 
 /*

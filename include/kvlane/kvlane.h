@@ -18,6 +18,7 @@
 #include <kvlane/metadata.h>
 #include <kvlane/xfer.h>
 #include <kvlane/notif.h>
+#include <kvlane/listener.h>
 
 #define KVL_VERSION_MAJOR 0
 #define KVL_VERSION_MINOR 1
