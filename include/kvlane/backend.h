@@ -159,11 +159,18 @@ typedef struct kvl_backend_ops {
     /* How the peer is reached, e.g. "cma" or "socket (cma refused: ...)". */
     void (*peer_describe)(void *bk, void *peer, char *buf, size_t len);
 
-    /* Optional: claim memory of a kind this backend knows (CUDA pointers).
-     * KVL_OK with kind/dev filled, KVL_ERR_NOT_FOUND when not its memory. */
-    kvl_status_t (*mem_query)(uint64_t addr, uint64_t len, kvl_mem_kind_t *kind_p,
-                              int32_t *dev_p, char *info, size_t info_len,
-                              kvl_error_t *err);
+    /*
+     * Optional: claim memory of a kind this backend knows (CUDA pointers).
+     * Called on built-in backends whether or not they are created, so it
+     * takes no backend handle. KVL_OK with kind/dev filled (info: a short
+     * description, e.g. "CUDA device 0, PCI 0000:1b:00.0"); KVL_ERR_NOT_FOUND
+     * when the memory is not of its kind. declared_dev is the caller's device
+     * (or KVL_DEV_ANY): on a mismatch, or a range the memory cannot hold
+     * (crossing an allocation), return the error with the full explanation.
+     */
+    kvl_status_t (*mem_query)(uint64_t addr, uint64_t len, int32_t declared_dev,
+                              kvl_mem_kind_t *kind_p, int32_t *dev_p, char *info,
+                              size_t info_len, kvl_error_t *err);
 } kvl_backend_ops_t;
 
 /* ---- helpers for backends to fill errors (header-only, no symbols) ---- */

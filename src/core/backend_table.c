@@ -1,6 +1,7 @@
 /*
- * Backends: built-in ones register statically; those with heavy
- * dependencies (UCX, CUDA) are modules, libkvlane-<name>.so, loaded at run
+ * Backends: built-in ones register statically (cuda among them: it loads
+ * the CUDA driver at run time); those with heavy build dependencies (UCX)
+ * are modules, libkvlane-<name>.so, loaded at run
  * time so the core and the CLI run where those libraries are absent.
  * A module exports kvl_backend_module_v1() returning its ops table.
  * Search order: $KVL_MODULE_PATH (colon-separated directories), the build
@@ -25,17 +26,23 @@ extern const kvl_backend_ops_t kvli_shm_ops;
 #ifdef KVL_HAVE_TCP
 extern const kvl_backend_ops_t kvli_tcp_ops;
 #endif
+#ifdef KVL_HAVE_CUDA
+extern const kvl_backend_ops_t kvli_cuda_ops;
+#endif
 
 static const kvl_backend_ops_t *const kvli_builtin[] = {
     &kvli_shm_ops,
 #ifdef KVL_HAVE_TCP
     &kvli_tcp_ops,
 #endif
+#ifdef KVL_HAVE_CUDA
+    &kvli_cuda_ops,
+#endif
 };
 #define KVLI_NBUILTIN (sizeof(kvli_builtin) / sizeof(kvli_builtin[0]))
 
 /* Modules this build knows of, loaded on first use. */
-static const char *const kvli_module_names[] = {"ucx", "cuda"};
+static const char *const kvli_module_names[] = {"ucx"};
 #define KVLI_NMODULES (sizeof(kvli_module_names) / sizeof(kvli_module_names[0]))
 
 static struct {
@@ -137,6 +144,11 @@ static int kvli_module_index(const char *name)
         if (strcasecmp(kvli_module_names[m], name) == 0)
             return (int)m;
     return -1;
+}
+
+const kvl_backend_ops_t *kvli_backend_builtin(size_t i)
+{
+    return i < KVLI_NBUILTIN ? kvli_builtin[i] : NULL;
 }
 
 const kvl_backend_ops_t *kvli_backend_find(const char *name)

@@ -49,6 +49,8 @@ void kvli_scopy(char *dst, size_t cap, const char *src);
 
 /* ---- backends (backend_table.c) ---- */
 const kvl_backend_ops_t *kvli_backend_find(const char *name);
+/* Built-in backend i, NULL past the last. */
+const kvl_backend_ops_t *kvli_backend_builtin(size_t i);
 
 struct kvl_backend {
     const kvl_backend_ops_t *ops;

@@ -153,22 +153,22 @@ static kvl_status_t kvli_mem_classify(kvl_agent_t *a, const kvl_mem_desc_t *d,
                                       kvl_mem_kind_t declared, kvl_mem_kind_t *kind_p,
                                       int32_t *dev_p, kvl_error_t *err)
 {
-    for (unsigned b = 0; b < a->nbks; b++) {
-        const kvl_backend_ops_t *ops = a->bks[b]->ops;
+    const kvl_backend_ops_t *ops;
+    for (size_t i = 0; (ops = kvli_backend_builtin(i)) != NULL; i++) {
         kvl_mem_kind_t k;
         int32_t dev;
         char info[256] = "";
         if (ops->size < offsetof(kvl_backend_ops_t, mem_query) + sizeof(ops->mem_query) ||
             ops->mem_query == NULL)
             continue;
-        kvl_status_t st = ops->mem_query(d->addr, d->len, &k, &dev, info, sizeof(info), err);
+        kvl_status_t st = ops->mem_query(d->addr, d->len, d->dev, &k, &dev, info, sizeof(info), err);
         if (st == KVL_ERR_NOT_FOUND)
             continue;
         if (st != KVL_OK)
             return st;
         if (declared != KVL_MEM_AUTO && declared != k) {
             kvli_err(err, KVL_ERR_DEVICE_MISMATCH, 0,
-                     "declared %s, but the %s backend says this memory is %s%s%s",
+                     "declared %s, but the %s backend says this memory is %s%s%.200s",
                      kvl_mem_kind_name(declared), ops->name, kvl_mem_kind_name(k),
                      info[0] ? ": " : "", info);
             kvli_hint(err, "declare %s (or KVL_MEM_AUTO and let kvlane detect it)",
@@ -176,8 +176,9 @@ static kvl_status_t kvli_mem_classify(kvl_agent_t *a, const kvl_mem_desc_t *d,
             return KVL_ERR_DEVICE_MISMATCH;
         }
         if (d->dev != KVL_DEV_ANY && d->dev != dev) {
+            /* the backend should have said so itself; keep a generic net */
             kvli_err(err, KVL_ERR_DEVICE_MISMATCH, 0,
-                     "declared device %d, but this %s lives on device %d%s%s",
+                     "declared device %d, but this %s lives on device %d%s%.200s",
                      d->dev, kvl_mem_kind_name(k), dev, info[0] ? " " : "", info);
             kvli_hint(err, "pass the device the memory lives on as this process numbers it "
                            "(or KVL_DEV_ANY to detect it)");

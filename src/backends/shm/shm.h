@@ -29,6 +29,7 @@
 #define KVLI_SHM_NAME "shm"
 #define KVLI_SHM_IOV_MAX 1024              /* kernel UIO_MAXIOV */
 #define KVLI_SHM_CHUNK (4u << 20)          /* cancel is checked between chunks */
+#define KVLI_SHM_CMA_CHUNK (16u << 20)     /* the same for cross-memory attach */
 #define KVLI_SHM_WINDOW 16                 /* socket requests in flight per worker */
 #define KVLI_SHM_DEFAULT_TIMEOUT_MS 5000u
 #define KVLI_SHM_TEXT_MAX 256              /* refusal text carried in a reply */

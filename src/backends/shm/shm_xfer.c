@@ -117,7 +117,7 @@ static unsigned kvli_shm_seg_path(const kvli_shm_run_t *run, size_t i)
 
 /*
  * Fill w->liov/riov with the next pieces that share one path: up to
- * KVLI_SHM_IOV_MAX pieces and KVLI_SHM_CHUNK bytes. For the mmap path riov
+ * KVLI_SHM_IOV_MAX pieces and one chunk of bytes. For the mmap path riov
  * holds addresses in our mapping, else remote addresses.
  */
 static kvl_status_t kvli_shm_batch(kvli_shm_run_t *run, kvli_shm_cursor_t *c,
@@ -125,9 +125,10 @@ static kvl_status_t kvli_shm_batch(kvli_shm_run_t *run, kvli_shm_cursor_t *c,
 {
     kvl_bk_xfer_t *x = run->x;
     unsigned path = 0;
+    uint64_t limit = KVLI_SHM_CHUNK;
     run->n = 0;
     run->bytes = 0;
-    while (c->seg < x->nsegs && run->n < KVLI_SHM_IOV_MAX && run->bytes < KVLI_SHM_CHUNK) {
+    while (c->seg < x->nsegs && run->n < KVLI_SHM_IOV_MAX && run->bytes < limit) {
         const kvl_seg_t *s = &x->segs[c->seg];
         const kvli_shm_rh_t *rh;
         uint64_t piece, la, ra;
@@ -146,10 +147,13 @@ static kvl_status_t kvli_shm_batch(kvli_shm_run_t *run, kvli_shm_cursor_t *c,
         if (path != 0 && p != path)
             break;
         path = p;
+        /* Each process_vm_writev call pays a ptrace check and page pinning
+         * setup: give it more per call (still ~2 ms between cancel checks). */
+        limit = p == KVLI_SHM_PATH_CMA ? KVLI_SHM_CMA_CHUNK : KVLI_SHM_CHUNK;
         rh = x->rmh[s->rreg];
         piece = s->len - c->off;
-        if (piece > KVLI_SHM_CHUNK - run->bytes)
-            piece = KVLI_SHM_CHUNK - run->bytes;
+        if (piece > limit - run->bytes)
+            piece = limit - run->bytes;
         la = s->laddr + c->blk * s->lstride + c->off;
         ra = s->raddr + c->blk * s->rstride + c->off;
         if (p == KVLI_SHM_PATH_MMAP)
