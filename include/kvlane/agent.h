@@ -83,6 +83,18 @@ kvl_status_t kvl_backend_available(const char *name, char *reason, size_t len);
  */
 const kvl_param_t *kvl_backend_params(const char *name);
 
+/* One preflight check's outcome: status 0 ok, 1 warn, 2 fail. */
+typedef void (*kvl_probe_cb_t)(void *arg, const char *check, int status, const char *observed,
+                               const char *hint);
+
+/*
+ * Run a backend's preflight checks (what `kvlane doctor` prints) without
+ * creating it; mem/dev/planned_bytes describe the registration the user
+ * plans. KVL_ERR_UNSUPPORTED when the backend has no checks of its own.
+ */
+kvl_status_t kvl_backend_probe(const char *name, kvl_probe_cb_t cb, void *arg, int mem, int32_t dev,
+                               uint64_t planned_bytes);
+
 /* Create (open) a backend on the agent. bk_p may be NULL. */
 kvl_status_t kvl_backend_create(kvl_agent_t *agent, const char *name,
                                 const kvl_param_t *params, size_t n_params,

@@ -171,6 +171,16 @@ typedef struct kvl_backend_ops {
     kvl_status_t (*mem_query)(uint64_t addr, uint64_t len, int32_t declared_dev,
                               kvl_mem_kind_t *kind_p, int32_t *dev_p, char *info,
                               size_t info_len, kvl_error_t *err);
+
+    /*
+     * Optional: preflight checks for `kvlane doctor`, without creating the
+     * backend. Calls report once per check: status 0 ok, 1 warn, 2 fail;
+     * observed is what was seen, hint the fix ("" when ok). planned_bytes is
+     * the registration the user plans (0 if unknown), mem the kind.
+     */
+    void (*probe)(void (*report)(void *arg, const char *check, int status, const char *observed,
+                                 const char *hint),
+                  void *arg, kvl_mem_kind_t mem, int32_t dev, uint64_t planned_bytes);
 } kvl_backend_ops_t;
 
 /* ---- helpers for backends to fill errors (header-only, no symbols) ---- */

@@ -13,6 +13,8 @@ static void kvl_cli_usage(FILE *f)
             "commands:\n"
             "  demo       a prefill process writes a KV cache into a decode process, which\n"
             "             verifies every byte (kvlane demo --help)\n"
+            "  doctor     preflight checks and smoke tests before the engine starts\n"
+            "             (kvlane doctor --help)\n"
             "  backends   list the backends of this build and whether they can run here\n"
             "  version    print the version\n");
 }
@@ -37,6 +39,8 @@ int main(int argc, char **argv)
     const char *cmd = argv[1];
     if (strcmp(cmd, "demo") == 0)
         return kvl_cli_demo(argc - 1, argv + 1);
+    if (strcmp(cmd, "doctor") == 0)
+        return kvl_cli_doctor(argc - 1, argv + 1);
     if (strcmp(cmd, "backends") == 0)
         return kvl_cli_backends();
     if (strcmp(cmd, "version") == 0 || strcmp(cmd, "--version") == 0) {

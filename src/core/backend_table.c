@@ -201,3 +201,15 @@ kvl_status_t kvl_backend_available(const char *name, char *reason, size_t len)
         return KVL_OK;
     return ops->available(reason, len);
 }
+
+kvl_status_t kvl_backend_probe(const char *name, kvl_probe_cb_t cb, void *arg, int mem, int32_t dev,
+                               uint64_t planned_bytes)
+{
+    const kvl_backend_ops_t *ops = kvli_backend_find(name);
+    if (ops == NULL || cb == NULL)
+        return KVL_ERR_NOT_FOUND;
+    if (ops->size < offsetof(kvl_backend_ops_t, probe) + sizeof(ops->probe) || ops->probe == NULL)
+        return KVL_ERR_UNSUPPORTED;
+    ops->probe(cb, arg, (kvl_mem_kind_t)mem, dev, planned_bytes);
+    return KVL_OK;
+}

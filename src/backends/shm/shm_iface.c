@@ -17,9 +17,6 @@
 #include "shm.h"
 #include "shm_proto.h"
 
-#define KVLI_SHM_CONN_MAGIC 0x48534c4bu     /* "KLSH" */
-#define KVLI_SHM_CONN_VERSION 1u
-#define KVLI_SHM_CONN_FIXED 92u
 /* Progress scratch: the largest body read into it is a NOTIF (64 KiB) */
 #define KVLI_SHM_SCRATCH (KVL_NOTIF_MAX + 4096)
 
@@ -1061,13 +1058,7 @@ static void kvli_shm_put16(uint8_t *b, uint16_t v) { memcpy(b, &v, 2); }
 static void kvli_shm_put32(uint8_t *b, uint32_t v) { memcpy(b, &v, 4); }
 static void kvli_shm_put64(uint8_t *b, uint64_t v) { memcpy(b, &v, 8); }
 
-/*
- * Layout (native byte order, version 1):
- *   0 magic u32 | 4 version u16 | 6 flags u16 (bit 0: abstract socket)
- *   8 incarnation u64 | 16 probe address u64 | 24 netns inode u64
- *  32 pidns inode u64 | 40 pid u32 | 44 uid u32 | 48 boot id char[40]
- *  88 socket name length u16 | 90 reserved u16 | 92 socket name
- */
+/* Layout: see KVLI_SHM_CONN_* in shm_proto.h. */
 static kvl_status_t kvli_shm_conn_pack(void *bk, uint8_t *buf, size_t cap,
                                        size_t *len_p)
 {

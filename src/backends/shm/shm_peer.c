@@ -17,9 +17,6 @@
 #include "shm.h"
 #include "shm_proto.h"
 
-#define KVLI_SHM_CONN_MAGIC 0x48534c4bu
-#define KVLI_SHM_CONN_VERSION 1u
-#define KVLI_SHM_CONN_FIXED 92u
 
 static uint16_t kvli_shm_get16(const uint8_t *b) { uint16_t v; memcpy(&v, b, 2); return v; }
 static uint32_t kvli_shm_get32(const uint8_t *b) { uint32_t v; memcpy(&v, b, 4); return v; }

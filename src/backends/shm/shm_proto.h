@@ -68,6 +68,17 @@ typedef struct kvli_shm_msg_fdreq {
     uint64_t shm_id;
 } kvli_shm_msg_fdreq_t;
 
+/*
+ * conn_pack record (metadata, untrusted on load), native byte order:
+ *   0 magic u32 | 4 version u16 | 6 flags u16 (bit 0: abstract socket)
+ *   8 incarnation u64 | 16 probe word address u64 | 24 netns inode u64
+ *  32 pidns inode u64 | 40 pid u32 | 44 uid u32 | 48 boot id char[40]
+ *  88 socket name length u16 | 90 reserved u16 | 92 socket name (no NUL)
+ */
+#define KVLI_SHM_CONN_MAGIC 0x48534c4bu     /* "KLSH" */
+#define KVLI_SHM_CONN_VERSION 1u
+#define KVLI_SHM_CONN_FIXED 92u
+
 #define KVLI_SHM_EOF (-1)   /* helpers: orderly close by the other side */
 
 /* Helpers return 0, a positive errno, or KVLI_SHM_EOF. They modify iov. */

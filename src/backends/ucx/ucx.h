@@ -1,0 +1,205 @@
+/*
+ * kvlane ucx backend: private structures shared by the files of this folder.
+ *
+ * Objects and who owns what:
+ *   iface  - one per open(): UCP context + one worker (UCS_THREAD_MODE_MULTI),
+ *            the progress thread, the lists below.
+ *   peer   - one per peer_load(): the UCP endpoint to a remote agent.
+ *   mh/rh  - local region (ucp_mem_map'd) / remote region (unpacked rkey).
+ *   xpriv  - one per posting of a transfer (x->bk_priv).
+ *   token  - the user_data of one outstanding UCP request (flush, AM send),
+ *            so a transfer can finish (timeout) while UCX still owns the
+ *            request: the callback frees an abandoned token.
+ *
+ * Lock discipline (the reason the backend cannot deadlock with UCX):
+ *   - iface->lock guards every list and every xpriv/peer field written by
+ *     more than one thread. It is NEVER held across a ucp_*() call, because
+ *     UCX callbacks (run inside ucp_worker_progress with the worker's own
+ *     lock held) take iface->lock.
+ *   - UCX callbacks only record results; they never call into the core,
+ *     except notif_deliver (a leaf that takes only the core's queue lock).
+ *   - Only the progress thread calls ucp_worker_progress, issues puts/gets,
+ *     flushes and closes endpoints while the iface is open; other threads
+ *     queue work and wait on iface->cond, bounded by the timeout.
+ */
+#ifndef KVLI_UCX_H
+#define KVLI_UCX_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <ucp/api/ucp.h>
+#include <kvlane/backend.h>
+#include <kvlane/notif.h>
+
+#define KVLI_UCX_NAME "ucx"
+#define KVLI_UCX_DEFAULT_TIMEOUT_MS 5000u
+#define KVLI_UCX_AM_ID 0x4b4cu                 /* notification AM id */
+#define KVLI_UCX_BATCH_BYTES (64u << 20)       /* cancel is checked between batches */
+#define KVLI_UCX_BATCH_OPS 4096u
+#define KVLI_UCX_LOG_MAX 1024                  /* captured UCX log text per call */
+#define KVLI_UCX_PAD 512                       /* zero padding behind untrusted blobs */
+
+typedef struct kvli_ucx_iface kvli_ucx_iface_t;
+typedef struct kvli_ucx_peer kvli_ucx_peer_t;
+typedef struct kvli_ucx_xpriv kvli_ucx_xpriv_t;
+typedef struct kvli_ucx_token kvli_ucx_token_t;
+
+/* UCX log lines captured on this thread during one UCX call. */
+typedef struct kvli_ucx_log {
+    char text[KVLI_UCX_LOG_MAX];
+    size_t len;
+    unsigned lines;
+} kvli_ucx_log_t;
+
+typedef struct kvli_ucx_mh {
+    struct kvli_ucx_mh *next, *prev;  /* iface->mhs: unmapped at close at the latest */
+    uint64_t addr, len;
+    kvl_mem_kind_t kind;
+    ucp_mem_h memh;
+    void *rkey_buf;
+    size_t rkey_len;
+} kvli_ucx_mh_t;
+
+typedef struct kvli_ucx_rh {
+    struct kvli_ucx_rh *next;         /* peer->rhs */
+    kvli_ucx_peer_t *peer;
+    uint64_t addr, len;
+    ucp_rkey_h rkey;
+} kvli_ucx_rh_t;
+
+struct kvli_ucx_peer {
+    kvli_ucx_peer_t *next;
+    kvli_ucx_iface_t *iface;
+    char name[KVL_NAME_MAX];
+    uint64_t incarnation;
+    uint32_t pid;
+    char remote_tls[256];             /* transports the peer's UCX offered */
+    ucp_ep_h ep;
+    kvli_ucx_rh_t *rhs;
+    /* under iface->lock */
+    int dead;                         /* error callback or watchdog */
+    ucs_status_t dead_status;
+    char dead_what[200];
+    unsigned active;                  /* postings in flight */
+};
+
+enum {
+    KVLI_UCX_X_ISSUE = 0,             /* more batches to issue */
+    KVLI_UCX_X_FLUSH = 1,             /* a batch flush is outstanding */
+    KVLI_UCX_X_NOTIF = 2,             /* data flushed, notification in flight */
+    KVLI_UCX_X_END = 3                /* finished (xfer_done called) */
+};
+
+struct kvli_ucx_token {
+    kvli_ucx_xpriv_t *xp;             /* NULL once abandoned */
+    kvli_ucx_iface_t *iface;
+    int done;
+    ucs_status_t status;
+    void *buf;                        /* owned copy (notif_send) */
+};
+
+struct kvli_ucx_xpriv {
+    kvli_ucx_xpriv_t *next;           /* iface->queue, then the progress list */
+    kvl_bk_xfer_t *x;
+    kvli_ucx_peer_t *peer;
+    int state;
+    size_t seg;                       /* next block to issue: segs[seg], block blk */
+    uint64_t blk;
+    uint64_t issued, confirmed;       /* bytes */
+    uint64_t last_ms;                 /* last progress, for the watchdog */
+    uint64_t timeout_ms;
+    kvli_ucx_token_t *tok;            /* outstanding flush / AM */
+    /* under iface->lock */
+    int cancel;
+    int finished;
+    unsigned waiters;
+};
+
+struct kvli_ucx_iface {
+    kvl_bk_ctx_t *ctx;
+    uint64_t timeout_ms;
+    int missing_refuse;               /* parameter missing_devices */
+    int err_mode_peer;                /* parameter error_handling */
+    ucp_context_h context;
+    ucp_worker_h worker;
+    uint64_t mem_types;
+    char transports[256];             /* "tcp/lo sysv/memory ..." */
+    char tls_list[160];               /* "tcp,sysv,posix,cma,self" */
+    int pinning;                      /* some transport pins memory (RDMA) */
+    /* UCX_NET_DEVICES named devices UCX does not have: every mem_reg and
+     * peer_load is refused with this (unless missing_devices=warn). */
+    int config_bad;
+    kvl_error_t config_err;
+    ucp_address_t *addr;
+    size_t addr_len;
+    int efd;                          /* worker event fd, -1 if none */
+    int wake_fd;
+    pthread_t progress;
+    int progress_started;
+    pthread_mutex_t lock;
+    pthread_cond_t cond;
+    atomic_int stopping;
+    kvli_ucx_peer_t *peers;
+    kvli_ucx_mh_t *mhs;
+    kvli_ucx_xpriv_t *queue;          /* posted, not yet taken by progress */
+    kvli_ucx_xpriv_t *running;        /* progress thread's own list */
+    kvli_ucx_iface_t *next_live;
+    int closed;
+};
+
+/* ucx_log.c: capture UCX's log lines of one call on the calling thread */
+void kvli_ucx_log_begin(kvli_ucx_log_t *log);
+void kvli_ucx_log_end(void);
+void kvli_ucx_log_install(void);
+/* "; UCX said: <lines>" or "" */
+const char *kvli_ucx_log_said(const kvli_ucx_log_t *log, char *buf, size_t len);
+
+/* ucx_iface.c */
+uint64_t kvli_ucx_now_ms(void);
+void kvli_ucx_iface_wake(kvli_ucx_iface_t *iface);
+
+/* ucx_diag.c */
+void kvli_ucx_diag_resources(kvli_ucx_iface_t *iface);
+void kvli_ucx_diag_init_failed(kvl_error_t *err, const char *call, ucs_status_t s,
+                               const kvli_ucx_log_t *log);
+void kvli_ucx_diag_net_devices(kvli_ucx_iface_t *iface, const kvli_ucx_log_t *log);
+kvl_status_t kvli_ucx_diag_vram(kvli_ucx_iface_t *iface, const kvl_region_info_t *r,
+                                kvl_error_t *err);
+void kvli_ucx_diag_memlock(kvli_ucx_iface_t *iface, uint64_t len, char *buf, size_t cap);
+void kvli_ucx_diag_map_failed(kvli_ucx_iface_t *iface, const kvl_region_info_t *r,
+                              ucs_status_t s, const kvli_ucx_log_t *log, kvl_error_t *err);
+void kvli_ucx_diag_unreachable(kvli_ucx_iface_t *iface, kvli_ucx_peer_t *peer,
+                               ucs_status_t s, const kvli_ucx_log_t *log, kvl_error_t *err);
+const char *kvli_ucx_mem_types_str(uint64_t types, char *buf, size_t len);
+
+/* ucx_md.c */
+kvl_status_t kvli_ucx_md_reg(void *bk, const kvl_region_info_t *r, void **mh_p,
+                             char *detail, size_t detail_len, kvl_error_t *err);
+void kvli_ucx_md_dereg(void *bk, void *mh);
+void kvli_ucx_md_unmap(kvli_ucx_iface_t *iface, kvli_ucx_mh_t *mh);
+kvl_status_t kvli_ucx_md_pack(void *bk, void *mh, uint8_t *buf, size_t cap, size_t *len_p);
+kvl_status_t kvli_ucx_md_rload(void *bk, void *peer, const kvl_region_info_t *r,
+                               const uint8_t *key, size_t len, void **rh_p, kvl_error_t *err);
+void kvli_ucx_md_runload(void *bk, void *peer, void *rh);
+
+/* ucx_ep.c */
+kvl_status_t kvli_ucx_ep_conn_pack(void *bk, uint8_t *buf, size_t cap, size_t *len_p);
+kvl_status_t kvli_ucx_ep_load(void *bk, const char *name, uint64_t incarnation,
+                              const uint8_t *conn, size_t len, void **peer_p,
+                              kvl_error_t *err);
+void kvli_ucx_ep_unload(void *bk, void *peer);
+void kvli_ucx_ep_describe(void *bk, void *peer, char *buf, size_t len);
+void kvli_ucx_ep_close(kvli_ucx_iface_t *iface, kvli_ucx_peer_t *peer, int force);
+uint32_t kvli_ucx_crc32(const uint8_t *p, size_t n);
+
+/* ucx_xfer.c */
+kvl_status_t kvli_ucx_xfer_post(void *bk, kvl_bk_xfer_t *x, kvl_error_t *err);
+void kvli_ucx_xfer_cancel(void *bk, kvl_bk_xfer_t *x);
+int kvli_ucx_xfer_progress(kvli_ucx_iface_t *iface);
+void kvli_ucx_xfer_fail_all(kvli_ucx_iface_t *iface, const char *why);
+kvl_status_t kvli_ucx_notif_send(void *bk, void *peer, const void *msg, size_t len,
+                                 kvl_error_t *err);
+ucs_status_t kvli_ucx_notif_recv(void *arg, const void *header, size_t header_length,
+                                 void *data, size_t length, const ucp_am_recv_param_t *param);
+
+#endif

@@ -1,0 +1,617 @@
+/*
+ * kvlane doctor: preflight for a pod or host before the engine starts.
+ * Each check reports ok / warn / fail, what it observed and the fix; then a
+ * smoke test per available backend and memory kind runs the same path the
+ * engine will (allocate, register, transfer to a second agent, verify,
+ * deregister). Exit code: 0 all ok, 1 warnings only, 2 a failure that will
+ * break registration or transfers.
+ *
+ * Fault injection for tests: KVL_SYSFS_ROOT / KVL_DEV_ROOT / KVL_PROC_ROOT
+ * replace /sys, /dev and /proc for the file-based checks.
+ */
+#define _GNU_SOURCE
+#include <arpa/inet.h>
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <getopt.h>
+#include <ifaddrs.h>
+#include <inttypes.h>
+#include <net/if.h>
+#include <netdb.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/statvfs.h>
+#include <sys/uio.h>
+#include <sys/utsname.h>
+#include <sys/wait.h>
+#include <unistd.h>
+#include <kvlane/kvlane.h>
+#include "cli.h"
+
+enum { KVL_OKAY = 0, KVL_WARN = 1, KVL_FAIL = 2 };
+
+typedef struct {
+    char name[64];
+    int status;
+    char observed[512];
+    char hint[512];
+} kvl_check_t;
+
+typedef struct {
+    kvl_check_t *v;
+    size_t n, cap;
+    int json;
+} kvl_report_t;
+
+static kvl_report_t kvl_rep;
+
+static void kvl_check(const char *name, int status, const char *hint, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static void kvl_check(const char *name, int status, const char *hint, const char *fmt, ...)
+{
+    if (kvl_rep.n == kvl_rep.cap) {
+        kvl_rep.cap = kvl_rep.cap ? kvl_rep.cap * 2 : 32;
+        kvl_rep.v = realloc(kvl_rep.v, kvl_rep.cap * sizeof(*kvl_rep.v));
+        if (kvl_rep.v == NULL)
+            exit(2);
+    }
+    kvl_check_t *c = &kvl_rep.v[kvl_rep.n++];
+    va_list ap;
+    snprintf(c->name, sizeof(c->name), "%s", name);
+    c->status = status;
+    va_start(ap, fmt);
+    vsnprintf(c->observed, sizeof(c->observed), fmt, ap);
+    va_end(ap);
+    snprintf(c->hint, sizeof(c->hint), "%s", status == KVL_OKAY || hint == NULL ? "" : hint);
+}
+
+static void kvl_probe_cb(void *arg, const char *check, int status, const char *observed,
+                         const char *hint)
+{
+    char name[64];
+    snprintf(name, sizeof(name), "%s.%s", (const char *)arg, check);
+    kvl_check(name, status < 0 || status > 2 ? KVL_FAIL : status, hint, "%s", observed);
+}
+
+static const char *kvl_root(const char *env, const char *def)
+{
+    const char *r = getenv(env);
+    return r && r[0] ? r : def;
+}
+
+static int kvl_read_file(const char *path, char *buf, size_t cap)
+{
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return -1;
+    ssize_t n = read(fd, buf, cap - 1);
+    close(fd);
+    if (n < 0)
+        return -1;
+    buf[n] = '\0';
+    while (n > 0 && (buf[n - 1] == '\n' || buf[n - 1] == ' '))
+        buf[--n] = '\0';
+    return 0;
+}
+
+static void kvl_fmt_bytes(uint64_t v, char *buf, size_t cap)
+{
+    if (v == RLIM_INFINITY)
+        snprintf(buf, cap, "unlimited");
+    else if (v >= (1ull << 30))
+        snprintf(buf, cap, "%.1f GiB", (double)v / (1ull << 30));
+    else if (v >= (1ull << 20))
+        snprintf(buf, cap, "%.1f MiB", (double)v / (1ull << 20));
+    else
+        snprintf(buf, cap, "%" PRIu64 " KiB", v >> 10);
+}
+
+/* ---- system checks ---- */
+
+static void kvl_check_host(void)
+{
+    struct utsname u;
+    uname(&u);
+    kvl_check("host.kernel", KVL_OKAY, NULL, "%s %s on %s (%ld CPUs)", u.sysname, u.release,
+              u.machine, sysconf(_SC_NPROCESSORS_ONLN));
+}
+
+static void kvl_check_memlock(uint64_t planned, kvl_mem_kind_t mem)
+{
+    struct rlimit rl;
+    char cur[32], want[32];
+    getrlimit(RLIMIT_MEMLOCK, &rl);
+    kvl_fmt_bytes(rl.rlim_cur, cur, sizeof(cur));
+    kvl_fmt_bytes(planned, want, sizeof(want));
+    if (rl.rlim_cur == RLIM_INFINITY || (planned && rl.rlim_cur >= planned))
+        kvl_check("limits.memlock", KVL_OKAY, NULL, "locked-memory limit %s%s%s", cur,
+                  planned ? ", planned registration " : "", planned ? want : "");
+    else
+        kvl_check("limits.memlock", planned ? KVL_FAIL : KVL_OKAY,
+                  "raise it: `ulimit -l unlimited` in the engine's shell, LimitMEMLOCK=infinity "
+                  "in a systemd unit, or the container runtime's memlock ulimit "
+                  "(docker --ulimit memlock=-1; Kubernetes: the node's containerd LimitMEMLOCK)",
+                  "locked-memory limit %s%s%s: RDMA registration and pinned GPU staging lock "
+                  "the registered memory", cur, planned ? " < planned registration " : "",
+                  planned ? want : " (pass --size to check a planned registration)");
+    (void)mem;
+}
+
+static void kvl_check_shm(uint64_t planned)
+{
+    struct statvfs sv;
+    char tot[32], fr[32];
+    if (statvfs("/dev/shm", &sv) != 0) {
+        kvl_check("limits.dev_shm", KVL_WARN,
+                  "mount a tmpfs on /dev/shm (Kubernetes: an emptyDir with medium: Memory)",
+                  "statvfs(/dev/shm) failed: %s", strerror(errno));
+        return;
+    }
+    uint64_t total = (uint64_t)sv.f_blocks * sv.f_frsize, avail = (uint64_t)sv.f_bavail * sv.f_frsize;
+    kvl_fmt_bytes(total, tot, sizeof(tot));
+    kvl_fmt_bytes(avail, fr, sizeof(fr));
+    int small = total < (1ull << 30);
+    kvl_check("limits.dev_shm", small ? KVL_WARN : KVL_OKAY,
+              "UCX's shared-memory transports and some engines use /dev/shm; enlarge it "
+              "(docker --shm-size=16g; Kubernetes: emptyDir medium: Memory mounted at /dev/shm)",
+              "/dev/shm %s, %s free%s", tot, fr,
+              small ? " (containers default to 64 MiB)" : "");
+    (void)planned;
+}
+
+static int kvl_have_cap(int cap)
+{
+    char buf[4096], path[256];
+    snprintf(path, sizeof(path), "%s/self/status", kvl_root("KVL_PROC_ROOT", "/proc"));
+    if (kvl_read_file(path, buf, sizeof(buf)) != 0)
+        return -1;
+    const char *p = strstr(buf, "CapEff:");
+    if (p == NULL)
+        return -1;
+    unsigned long long v = strtoull(p + 7, NULL, 16);
+    return (int)((v >> cap) & 1);
+}
+
+static void kvl_check_cma(void)
+{
+    char scope[32] = "", path[256];
+    snprintf(path, sizeof(path), "%s/sys/kernel/yama/ptrace_scope", kvl_root("KVL_PROC_ROOT", "/proc"));
+    int have_yama = kvl_read_file(path, scope, sizeof(scope)) == 0;
+    int cap = kvl_have_cap(19 /* CAP_SYS_PTRACE */);
+    /* Try it for real: a child of ours, same user, as a peer engine would be. */
+    static volatile uint64_t word = 0x6b766c616e65ull;
+    int pfd[2];
+    int ok = 0, err = 0;
+    if (pipe(pfd) == 0) {
+        pid_t pid = fork();
+        if (pid == 0) {
+            char c;
+            close(pfd[1]);
+            if (read(pfd[0], &c, 1) < 0)
+                _exit(0);
+            _exit(0);
+        }
+        close(pfd[0]);
+        uint64_t got = 0;
+        struct iovec l = {&got, sizeof(got)}, r = {(void *)&word, sizeof(word)};
+        ssize_t n = pid > 0 ? process_vm_readv(pid, &l, 1, &r, 1, 0) : -1;
+        err = errno;
+        ok = n == (ssize_t)sizeof(got) && got == word;
+        close(pfd[1]);
+        if (pid > 0)
+            waitpid(pid, NULL, 0);
+    }
+    if (ok)
+        kvl_check("cma.process_vm_readv", KVL_OKAY, NULL,
+                  "cross-memory attach works between processes of this user%s%s%s",
+                  have_yama ? " (yama ptrace_scope=" : "", have_yama ? scope : "",
+                  have_yama ? ")" : "");
+    else
+        kvl_check("cma.process_vm_readv", KVL_WARN,
+                  "shm falls back to a slower socket path; allow it with "
+                  "`sysctl kernel.yama.ptrace_scope=0` or CAP_SYS_PTRACE (docker --cap-add "
+                  "SYS_PTRACE), or allocate host KV buffers with kvl_mem_alloc()",
+                  "process_vm_readv to a child process failed: %s; yama ptrace_scope=%s, "
+                  "CAP_SYS_PTRACE %s", strerror(err), have_yama ? scope : "absent",
+                  cap == 1 ? "present" : cap == 0 ? "absent" : "unknown");
+}
+
+static void kvl_check_net(void)
+{
+    struct ifaddrs *ifs, *i;
+    char list[480] = "";
+    size_t off = 0;
+    int nonloop = 0;
+    if (getifaddrs(&ifs) != 0) {
+        kvl_check("net.interfaces", KVL_WARN, "check the network namespace", "getifaddrs failed: %s",
+                  strerror(errno));
+        return;
+    }
+    for (i = ifs; i; i = i->ifa_next) {
+        if (i->ifa_addr == NULL || (i->ifa_addr->sa_family != AF_INET && i->ifa_addr->sa_family != AF_INET6))
+            continue;
+        char host[INET6_ADDRSTRLEN] = "";
+        getnameinfo(i->ifa_addr, i->ifa_addr->sa_family == AF_INET ? sizeof(struct sockaddr_in)
+                                                                   : sizeof(struct sockaddr_in6),
+                    host, sizeof(host), NULL, 0, NI_NUMERICHOST);
+        if (!(i->ifa_flags & IFF_LOOPBACK) && (i->ifa_flags & IFF_UP))
+            nonloop++;
+        if (off < sizeof(list) - 1)
+            off += (size_t)snprintf(list + off, sizeof(list) - off, "%s%s %s%s", off ? ", " : "",
+                                    i->ifa_name, host, (i->ifa_flags & IFF_UP) ? "" : " (down)");
+    }
+    freeifaddrs(ifs);
+    kvl_check("net.interfaces", nonloop ? KVL_OKAY : KVL_WARN,
+              "only loopback is up: peers on other hosts cannot reach this one",
+              "%s", list[0] ? list : "none");
+}
+
+static void kvl_check_peer(const char *peer)
+{
+    char host[256];
+    const char *colon = strrchr(peer, ':');
+    if (colon == NULL || colon == peer || (size_t)(colon - peer) >= sizeof(host)) {
+        kvl_check("net.peer", KVL_FAIL, "pass --peer host:port", "'%s' is not host:port", peer);
+        return;
+    }
+    memcpy(host, peer, (size_t)(colon - peer));
+    host[colon - peer] = '\0';
+    if (host[0] == '[') { /* [v6]:port */
+        memmove(host, host + 1, strlen(host));
+        host[strcspn(host, "]")] = '\0';
+    }
+    struct addrinfo hints = {.ai_socktype = SOCK_STREAM}, *res;
+    int rc = getaddrinfo(host, colon + 1, &hints, &res);
+    if (rc != 0) {
+        kvl_check("net.peer", KVL_FAIL, "check the name (DNS, /etc/hosts) and the port",
+                  "cannot resolve %s: %s", peer, gai_strerror(rc));
+        return;
+    }
+    int fd = socket(res->ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    int e = 0;
+    double t0 = kvl_cli_now();
+    if (fd < 0 || (connect(fd, res->ai_addr, res->ai_addrlen) != 0 && errno != EINPROGRESS))
+        e = errno;
+    else {
+        struct pollfd p = {fd, POLLOUT, 0};
+        if (poll(&p, 1, 3000) != 1)
+            e = ETIMEDOUT;
+        else {
+            socklen_t l = sizeof(e);
+            getsockopt(fd, SOL_SOCKET, SO_ERROR, &e, &l);
+        }
+    }
+    if (fd >= 0)
+        close(fd);
+    freeaddrinfo(res);
+    if (e == 0)
+        kvl_check("net.peer", KVL_OKAY, NULL, "TCP connect to %s in %.1f ms", peer,
+                  (kvl_cli_now() - t0) * 1e3);
+    else
+        kvl_check("net.peer", KVL_FAIL,
+                  e == ECONNREFUSED ? "nothing listens there: is the peer's agent listening on "
+                                      "that port?"
+                                    : "check routes, firewalls and network policies between the "
+                                      "pods/hosts",
+                  "TCP connect to %s: %s", peer, strerror(e));
+}
+
+static void kvl_check_container(int vram)
+{
+    char buf[4096], path[256];
+    const char *proc = kvl_root("KVL_PROC_ROOT", "/proc");
+    snprintf(path, sizeof(path), "%s/1/cgroup", proc);
+    int in = access("/.dockerenv", F_OK) == 0;
+    const char *runtime = in ? "docker" : NULL;
+    if (kvl_read_file(path, buf, sizeof(buf)) == 0) {
+        if (strstr(buf, "kubepods"))
+            runtime = "kubernetes", in = 1;
+        else if (strstr(buf, "docker") || strstr(buf, "containerd"))
+            runtime = "container", in = 1;
+    }
+    char mem[64] = "";
+    if (kvl_read_file("/sys/fs/cgroup/memory.max", mem, sizeof(mem)) != 0)
+        snprintf(mem, sizeof(mem), "unknown");
+    char ipc_self[128] = "", ipc_init[128] = "";
+    snprintf(path, sizeof(path), "%s/self/ns/ipc", proc);
+    ssize_t a = readlink(path, ipc_self, sizeof(ipc_self) - 1);
+    snprintf(path, sizeof(path), "%s/1/ns/ipc", proc);
+    ssize_t b = readlink(path, ipc_init, sizeof(ipc_init) - 1);
+    if (a > 0)
+        ipc_self[a] = 0;
+    if (b > 0)
+        ipc_init[b] = 0;
+    kvl_check("container", KVL_OKAY, NULL, "%s; cgroup memory.max %s; IPC namespace %s",
+              in ? runtime : "not in a container (no markers)", mem,
+              a > 0 ? ipc_self : "unknown");
+    if (in && vram)
+        kvl_check("container.ipc", KVL_WARN,
+                  "same-host GPU transfers (CUDA IPC) and shm between pods need a shared IPC "
+                  "and PID view: run prefill and decode in one pod, or with hostIPC/hostPID",
+                  "inside a container: peers in other pods do not share this IPC namespace");
+}
+
+static void kvl_check_backends(kvl_mem_kind_t mem, int32_t dev, uint64_t planned)
+{
+    for (const char *const *n = kvl_backend_names(); *n; n++) {
+        char reason[512], name[64];
+        kvl_status_t st = kvl_backend_available(*n, reason, sizeof(reason));
+        snprintf(name, sizeof(name), "backend.%s", *n);
+        if (st == KVL_OK)
+            kvl_check(name, KVL_OKAY, NULL, "available%s%s", reason[0] ? ": " : "", reason);
+        else
+            kvl_check(name, KVL_WARN,
+                      "only needed if the engine uses this backend; the reason says what is missing",
+                      "unavailable: %s", reason);
+        /* the backend's own checks (RDMA devices, UCX transports, GPUs ...) */
+        kvl_backend_probe(*n, kvl_probe_cb, (void *)*n, mem, dev, planned);
+    }
+}
+
+/* ---- smoke test: the path the engine will use ---- */
+
+static int kvl_smoke_one(const char *backend, kvl_mem_kind_t mem, int32_t dev, uint64_t size,
+                         int shareable)
+{
+    char name[64], what[256] = "";
+    snprintf(name, sizeof(name), "smoke.%s.%s%s", backend, kvl_mem_kind_name(mem),
+             shareable ? ".shareable" : "");
+    kvl_agent_config_t cfg = {.field_mask = KVL_AGENT_CFG_BACKENDS | KVL_AGENT_CFG_TIMEOUT,
+                              .create_backends = "", .timeout_ms = 5000};
+    kvl_agent_t *a = NULL, *b = NULL;
+    void *src = NULL, *dst = NULL;
+    int rc = KVL_FAIL;
+    kvl_dlist_t *l = NULL, *r = NULL;
+    kvl_xfer_t *x = NULL;
+    double t0 = kvl_cli_now(), t1 = t0;
+    const char *step = "kvl_agent_create";
+    if (kvl_agent_create("doctor-src", &cfg, &a) || kvl_agent_create("doctor-dst", &cfg, &b))
+        goto out;
+    step = "kvl_backend_create";
+    if (kvl_backend_create(a, backend, NULL, 0, NULL) || kvl_backend_create(b, backend, NULL, 0, NULL))
+        goto out;
+    step = "allocate";
+    if (mem != KVL_MEM_DRAM) {
+        snprintf(what, sizeof(what), "%s memory smoke test needs the cuda backend's allocator",
+                 kvl_mem_kind_name(mem));
+        goto out;
+    }
+    src = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (src == MAP_FAILED) {
+        src = NULL;
+        snprintf(what, sizeof(what), "mmap(%" PRIu64 ") failed: %s", size, strerror(errno));
+        goto out;
+    }
+    if (shareable) {
+        if (kvl_mem_alloc(b, size, &dst))
+            goto out;
+    } else {
+        dst = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (dst == MAP_FAILED) {
+            dst = NULL;
+            goto out;
+        }
+    }
+    for (uint64_t i = 0; i < size; i++)
+        ((unsigned char *)src)[i] = (unsigned char)(i * 13 + 7);
+    memset(dst, 0, size);
+    kvl_mem_desc_t ds = {(uint64_t)(uintptr_t)src, size, dev}, dd = {(uint64_t)(uintptr_t)dst, size, dev};
+    step = "kvl_mem_register";
+    if (kvl_mem_register(a, &ds, 1, NULL, NULL) || kvl_mem_register(b, &dd, 1, NULL, NULL))
+        goto out;
+    void *blob;
+    size_t blen;
+    step = "kvl_metadata_get/load";
+    if (kvl_metadata_get(b, &blob, &blen))
+        goto out;
+    kvl_status_t st = kvl_metadata_load(a, blob, blen, NULL, 0);
+    kvl_free(blob);
+    if (st)
+        goto out;
+    step = "kvl_xfer_create";
+    if (kvl_dlist_create(mem, 1, &l) || kvl_dlist_create(mem, 1, &r) ||
+        kvl_dlist_add(l, ds.addr, size, KVL_DEV_ANY) || kvl_dlist_add(r, dd.addr, size, KVL_DEV_ANY))
+        goto out;
+    kvl_xfer_params_t xp = {.field_mask = KVL_XFER_PARAM_BACKEND, .backend = backend};
+    if (kvl_xfer_create(a, KVL_WRITE, l, "doctor-dst", r, &xp, &x))
+        goto out;
+    step = "transfer";
+    t0 = kvl_cli_now();
+    st = kvl_xfer_post(x);
+    if (st == KVL_IN_PROGRESS)
+        st = kvl_xfer_wait(x, 10000);
+    t1 = kvl_cli_now();
+    if (st)
+        goto out;
+    step = "verify";
+    if (memcmp(src, dst, size) != 0) {
+        snprintf(what, sizeof(what), "the bytes that arrived differ from the bytes sent");
+        goto out;
+    }
+    kvl_xfer_stats_t s;
+    kvl_xfer_get_stats(x, &s);
+    kvl_xfer_release(x);
+    x = NULL;
+    step = "kvl_mem_deregister";
+    if (kvl_mem_deregister(a, &ds, 1) || kvl_mem_deregister(b, &dd, 1))
+        goto out;
+    char sz[32];
+    kvl_fmt_bytes(size, sz, sizeof(sz));
+    kvl_check(name, KVL_OKAY, NULL, "registered, wrote %s to a second agent over path %s "
+              "(%.2f GB/s), verified, deregistered", sz, s.path, (double)size / ((t1 - t0) * 1e9));
+    rc = KVL_OKAY;
+out:
+    if (rc != KVL_OKAY) {
+        char err[1024] = "";
+        if (!what[0])
+            kvl_error_render(NULL, err, sizeof(err));
+        kvl_check(name, KVL_FAIL, "the step's error says why; fix that before starting the engine",
+                  "%s failed: %s", step, what[0] ? what : err);
+    }
+    if (x)
+        kvl_xfer_release(x);
+    kvl_dlist_destroy(l);
+    kvl_dlist_destroy(r);
+    kvl_agent_destroy(a);
+    if (dst && !shareable)
+        munmap(dst, size);
+    kvl_agent_destroy(b); /* frees the shareable allocation */
+    if (src)
+        munmap(src, size);
+    return rc;
+}
+
+static void kvl_smoke(kvl_mem_kind_t mem, int32_t dev, uint64_t size, const char *only)
+{
+    for (const char *const *n = kvl_backend_names(); *n; n++) {
+        char reason[256];
+        if (only && strcmp(only, *n) != 0)
+            continue;
+        if (kvl_backend_available(*n, reason, sizeof(reason)) != KVL_OK)
+            continue;
+        if (mem == KVL_MEM_DRAM && strcmp(*n, "cuda") == 0)
+            continue; /* cuda's smoke test needs VRAM */
+        kvl_smoke_one(*n, mem, dev, size, 0);
+        if (mem == KVL_MEM_DRAM && strcmp(*n, "shm") == 0)
+            kvl_smoke_one(*n, mem, dev, size, 1);
+    }
+}
+
+/* ---- output ---- */
+
+static void kvl_json_str(FILE *f, const char *s)
+{
+    fputc('"', f);
+    for (; *s; s++) {
+        unsigned char c = (unsigned char)*s;
+        if (c == '"' || c == '\\')
+            fprintf(f, "\\%c", c);
+        else if (c < 0x20)
+            fprintf(f, "\\u%04x", c);
+        else
+            fputc(c, f);
+    }
+    fputc('"', f);
+}
+
+static int kvl_doctor_output(void)
+{
+    static const char *const names[] = {"ok", "warn", "fail"};
+    int worst = KVL_OKAY;
+    for (size_t i = 0; i < kvl_rep.n; i++)
+        if (kvl_rep.v[i].status > worst)
+            worst = kvl_rep.v[i].status;
+    if (kvl_rep.json) {
+        printf("{\"version\":\"%s\",\"status\":\"%s\",\"exit_code\":%d,\"checks\":[", kvl_version(),
+               names[worst], worst);
+        for (size_t i = 0; i < kvl_rep.n; i++) {
+            const kvl_check_t *c = &kvl_rep.v[i];
+            printf("%s\n  {\"name\":", i ? "," : "");
+            kvl_json_str(stdout, c->name);
+            printf(",\"status\":\"%s\",\"observed\":", names[c->status]);
+            kvl_json_str(stdout, c->observed);
+            printf(",\"hint\":");
+            kvl_json_str(stdout, c->hint);
+            printf("}");
+        }
+        printf("\n]}\n");
+        return worst;
+    }
+    int w = 10;
+    for (size_t i = 0; i < kvl_rep.n; i++)
+        if ((int)strlen(kvl_rep.v[i].name) > w)
+            w = (int)strlen(kvl_rep.v[i].name);
+    for (size_t i = 0; i < kvl_rep.n; i++) {
+        const kvl_check_t *c = &kvl_rep.v[i];
+        printf("%-4s  %-*s  %s\n", names[c->status], w, c->name, c->observed);
+        if (c->hint[0])
+            printf("      %-*s  fix: %s\n", w, "", c->hint);
+    }
+    size_t nw = 0, nf = 0;
+    for (size_t i = 0; i < kvl_rep.n; i++)
+        nw += kvl_rep.v[i].status == KVL_WARN, nf += kvl_rep.v[i].status == KVL_FAIL;
+    printf("\n%zu checks: %zu ok, %zu warn, %zu fail -> exit %d (%s)\n", kvl_rep.n, kvl_rep.n - nw - nf,
+           nw, nf, worst,
+           worst == 0 ? "ready" : worst == 1 ? "works, with the warnings above"
+                                            : "registration or transfers will fail");
+    return worst;
+}
+
+static void kvl_doctor_usage(FILE *f)
+{
+    fprintf(f,
+            "usage: kvlane doctor [options]\n"
+            "  --json             machine-readable output (a `checks` array)\n"
+            "  --mem KIND         memory the engine will register: DRAM (default) or VRAM\n"
+            "  --device N         its device (CUDA ordinal as the engine sees it)\n"
+            "  --size BYTES       how much it will register (checks limits, sizes the smoke test)\n"
+            "  --peer HOST:PORT   check that a peer's agent listener is reachable\n"
+            "  --backend NAME     smoke-test only this backend\n"
+            "  --no-smoke         skip the register/transfer smoke tests\n"
+            "exit code: 0 all ok, 1 warnings only, 2 a failure that breaks registration or "
+            "transfers\n");
+}
+
+int kvl_cli_doctor(int argc, char **argv)
+{
+    static const struct option opts[] = {
+        {"json", no_argument, 0, 'j'},      {"mem", required_argument, 0, 'm'},
+        {"device", required_argument, 0, 'd'}, {"size", required_argument, 0, 's'},
+        {"peer", required_argument, 0, 'p'}, {"backend", required_argument, 0, 'b'},
+        {"no-smoke", no_argument, 0, 'n'},  {"help", no_argument, 0, 'h'},
+        {0, 0, 0, 0}};
+    kvl_mem_kind_t mem = KVL_MEM_DRAM;
+    int32_t dev = KVL_DEV_ANY;
+    uint64_t size = 0;
+    const char *peer = NULL, *only = NULL;
+    int smoke = 1, o, li = 0;
+    optind = 1;
+    while ((o = getopt_long(argc, argv, "h", opts, &li)) != -1) {
+        switch (o) {
+        case 'j': kvl_rep.json = 1; break;
+        case 'm':
+            if (kvl_mem_kind_parse(optarg, &mem) != KVL_OK || mem == KVL_MEM_AUTO) {
+                fprintf(stderr, "kvlane doctor: --mem takes DRAM, VRAM or FILE\n");
+                return 2;
+            }
+            break;
+        case 'd': dev = (int32_t)strtol(optarg, NULL, 10); break;
+        case 's':
+            if (kvl_cli_parse_size(optarg, &size) != 0) {
+                fprintf(stderr, "kvlane doctor: bad --size '%s'\n", optarg);
+                return 2;
+            }
+            break;
+        case 'p': peer = optarg; break;
+        case 'b': only = optarg; break;
+        case 'n': smoke = 0; break;
+        case 'h': kvl_doctor_usage(stdout); return 0;
+        default: kvl_doctor_usage(stderr); return 2;
+        }
+    }
+    kvl_log_set_level(KVL_LOG_OFF); /* findings go into the report, not stderr */
+    kvl_check_host();
+    kvl_check_memlock(size, mem);
+    kvl_check_shm(size);
+    kvl_check_cma();
+    kvl_check_net();
+    if (peer)
+        kvl_check_peer(peer);
+    kvl_check_container(mem == KVL_MEM_VRAM);
+    kvl_check_backends(mem, dev, size);
+    if (smoke) {
+        uint64_t ssz = size ? (size < (256ull << 20) ? size : 256ull << 20) : (16ull << 20);
+        kvl_smoke(mem, dev, ssz, only);
+    }
+    int rc = kvl_doctor_output();
+    free(kvl_rep.v);
+    return rc;
+}
