@@ -186,26 +186,31 @@ static void kvl_check_cma(void)
     snprintf(path, sizeof(path), "%s/sys/kernel/yama/ptrace_scope", kvl_root("KVL_PROC_ROOT", "/proc"));
     int have_yama = kvl_read_file(path, scope, sizeof(scope)) == 0;
     int cap = kvl_have_cap(19 /* CAP_SYS_PTRACE */);
-    /* Try it for real: a child of ours, same user, as a peer engine would be. */
+    /* Try it for real, the way a peer engine would: a child reads its
+     * parent's memory (yama ptrace_scope=1 lets ancestors attach to
+     * descendants only, so the reverse direction would hide it). */
     static volatile uint64_t word = 0x6b766c616e65ull;
     int pfd[2];
     int ok = 0, err = 0;
     if (pipe(pfd) == 0) {
+        pid_t parent = getpid();
         pid_t pid = fork();
         if (pid == 0) {
-            char c;
-            close(pfd[1]);
-            if (read(pfd[0], &c, 1) < 0)
-                _exit(0);
+            uint64_t got = 0;
+            struct iovec l = {&got, sizeof(got)}, r = {(void *)&word, sizeof(word)};
+            ssize_t n = process_vm_readv(parent, &l, 1, &r, 1, 0);
+            int res[2] = {n == (ssize_t)sizeof(got) && got == word, n < 0 ? errno : 0};
+            if (write(pfd[1], res, sizeof(res)) < 0)
+                _exit(1);
             _exit(0);
         }
-        close(pfd[0]);
-        uint64_t got = 0;
-        struct iovec l = {&got, sizeof(got)}, r = {(void *)&word, sizeof(word)};
-        ssize_t n = pid > 0 ? process_vm_readv(pid, &l, 1, &r, 1, 0) : -1;
-        err = errno;
-        ok = n == (ssize_t)sizeof(got) && got == word;
         close(pfd[1]);
+        int res[2] = {0, EIO};
+        if (pid > 0 && kvl_cli_read_all(pfd[0], res, sizeof(res), 5000) == 0) {
+            ok = res[0];
+            err = res[1];
+        }
+        close(pfd[0]);
         if (pid > 0)
             waitpid(pid, NULL, 0);
     }
@@ -219,8 +224,9 @@ static void kvl_check_cma(void)
                   "shm falls back to a slower socket path; allow it with "
                   "`sysctl kernel.yama.ptrace_scope=0` or CAP_SYS_PTRACE (docker --cap-add "
                   "SYS_PTRACE), or allocate host KV buffers with kvl_mem_alloc()",
-                  "process_vm_readv to a child process failed: %s; yama ptrace_scope=%s, "
-                  "CAP_SYS_PTRACE %s", strerror(err), have_yama ? scope : "absent",
+                  "process_vm_readv between two processes of this user failed: %s; yama "
+                  "ptrace_scope=%s, CAP_SYS_PTRACE %s (a container's seccomp profile may forbid "
+                  "the call)", strerror(err), have_yama ? scope : "absent",
                   cap == 1 ? "present" : cap == 0 ? "absent" : "unknown");
 }
 

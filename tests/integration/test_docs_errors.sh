@@ -8,6 +8,8 @@
 #     kvli_log / kvli_vlog / ctx->log(...)   at level KVL_LOG_WARN or KVL_LOG_ERROR
 #                                            (or a level that is not a constant)
 #     fprintf(stderr, ...)  perror(...)  kvl_cli_print_error(...)
+#     kvl_check(name, status, hint, fmt, ...)  kvlane doctor's findings, unless
+#                                            status is the constant KVL_OKAY
 #     PyErr_Format / PyErr_SetString          (python/ only, the C module)
 # Each string-literal argument of such a call (adjacent literals joined, each
 # branch of a ?: separately, PRIu64-style macros counted as format specifiers)
@@ -49,9 +51,9 @@ doc = ws(open(doc_path, encoding='utf-8').read())
 MSG_CALLS = {'kvli_err', 'kvli_fail_simple', 'kvli_hint', 'kvli_r_bad',
              'kvli_describe_miss', 'kvl_bk_error_set', 'kvl_bk_error_hint',
              'kvli_warn', 'perror', 'kvl_cli_print_error'}
-LOG_CALLS = {'kvli_log': 0, 'kvli_vlog': 0, '->log': 1}
+LOG_CALLS = {'kvli_log': 0, 'kvli_vlog': 0, '->log': 1, 'kvl_check': 1}
 PY_CALLS = {'PyErr_Format', 'PyErr_SetString'}
-QUIET = re.compile(r'^KVL_LOG_(INFO|DEBUG|TRACE|OFF)$')
+QUIET = re.compile(r'^(KVL_LOG_(INFO|DEBUG|TRACE|OFF)|KVL_OKAY)$')
 call_re = re.compile(r'(->\s*log|\b[A-Za-z_]\w*)\s*\(')
 
 def strip_comments(t):

@@ -1,0 +1,454 @@
+/*
+ * kvlane ucx backend: the interface object. open/close, the progress
+ * thread, process-exit teardown and the ops table with the module's one
+ * exported symbol, kvl_backend_module_v1().
+ *
+ * Progress model: one UCP worker per backend, created UCS_THREAD_MODE_MULTI
+ * so any thread may call UCP (metadata loading, notif_send). One progress
+ * thread owns the data path: it issues puts/gets, flushes, sends transfer
+ * notifications and calls ucp_worker_progress(). While transfers are in
+ * flight it polls; when idle it arms the worker (ucp_worker_arm) and sleeps
+ * in poll() on the worker's event fd and our own eventfd (woken by
+ * xfer_post/cancel/close), at most 20 ms at a time.
+ */
+#include <errno.h>
+#include <inttypes.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+#include <sys/eventfd.h>
+#include "ucx.h"
+
+static const kvl_param_t kvli_ucx_params[] = {
+    { "tls", "" },                   /* UCX_TLS for this backend ("" = environment) */
+    { "net_devices", "" },           /* UCX_NET_DEVICES for this backend */
+    { "missing_devices", "refuse" }, /* refuse | warn */
+    { "error_handling", "peer" },    /* peer | none */
+    { NULL, NULL }
+};
+
+/* Live interfaces, torn down at process exit when the program did not
+ * destroy its agent (UCX must not be left with mapped regions). */
+static pthread_mutex_t kvli_ucx_live_lock = PTHREAD_MUTEX_INITIALIZER;
+static kvli_ucx_iface_t *kvli_ucx_live;
+
+uint64_t kvli_ucx_now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
+
+void kvli_ucx_iface_wake(kvli_ucx_iface_t *iface)
+{
+    uint64_t one = 1;
+    ssize_t n = write(iface->wake_fd, &one, sizeof(one));
+    (void)n; /* a full counter already means "wake up" */
+}
+
+static void *kvli_ucx_progress_main(void *arg)
+{
+    kvli_ucx_iface_t *iface = arg;
+    unsigned idle = 0;
+
+    while (!atomic_load(&iface->stopping)) {
+        int active = kvli_ucx_xfer_progress(iface);
+        unsigned n = 0, c;
+        do {
+            c = ucp_worker_progress(iface->worker);
+            n += c;
+        } while (c != 0 && n < 256);
+        if (n != 0) {
+            idle = 0;
+            continue;
+        }
+        /* Spin a little while transfers move: waking from poll() costs
+         * more than a few empty progress calls. */
+        if (active && ++idle < 64)
+            continue;
+        idle = 0;
+        struct pollfd pfd[2] = {{iface->wake_fd, POLLIN, 0}, {iface->efd, POLLIN, 0}};
+        int npfd = 1;
+        if (iface->efd >= 0) {
+            ucs_status_t s = ucp_worker_arm(iface->worker);
+            if (s == UCS_ERR_BUSY)
+                continue;
+            if (s == UCS_OK)
+                npfd = 2;
+        }
+        if (poll(pfd, (nfds_t)npfd, active ? 1 : 20) > 0 && (pfd[0].revents & POLLIN)) {
+            uint64_t v;
+            ssize_t r = read(iface->wake_fd, &v, sizeof(v));
+            (void)r;
+        }
+    }
+    return NULL;
+}
+
+static kvl_status_t kvli_ucx_available(char *reason, size_t len)
+{
+    ucp_params_t p = {.field_mask = UCP_PARAM_FIELD_FEATURES,
+                      .features = UCP_FEATURE_RMA | UCP_FEATURE_AM};
+    ucp_context_attr_t a = {.field_mask = UCP_ATTR_FIELD_MEMORY_TYPES};
+    ucp_context_h c;
+    kvli_ucx_log_t log;
+    kvl_error_t err;
+    unsigned maj, min, rel;
+    char types[64];
+    ucs_status_t s;
+
+    ucp_get_version(&maj, &min, &rel);
+    kvli_ucx_log_begin(&log);
+    s = ucp_init(&p, NULL, &c);
+    kvli_ucx_log_end();
+    if (s != UCS_OK) {
+        kvli_ucx_diag_init_failed(&err, "ucp_init()", s, &log);
+        if (reason != NULL && len > 0)
+            snprintf(reason, len, "%.300s; fix: %.200s", err.what, err.hint);
+        return KVL_ERR_UNSUPPORTED;
+    }
+    if (ucp_context_query(c, &a) != UCS_OK)
+        a.memory_types = 1u << UCS_MEMORY_TYPE_HOST;
+    ucp_cleanup(c);
+    if (reason != NULL && len > 0)
+        snprintf(reason, len, "UCX %u.%u.%u; memory types: %s%s", maj, min, rel,
+                 kvli_ucx_mem_types_str(a.memory_types, types, sizeof(types)),
+                 (a.memory_types & (1u << UCS_MEMORY_TYPE_CUDA)) ? "" : " (no GPU memory: VRAM "
+                 "is refused)");
+    return KVL_OK;
+}
+
+static kvl_status_t kvli_ucx_parse_params(kvli_ucx_iface_t *iface, const kvl_param_t *params,
+                                          size_t n, const char **tls_p, const char **dev_p,
+                                          kvl_error_t *err)
+{
+    *tls_p = "";
+    *dev_p = "";
+    iface->missing_refuse = 1;
+    iface->err_mode_peer = 1;
+    for (size_t i = 0; i < n && params != NULL && params[i].key != NULL; i++) {
+        const char *k = params[i].key, *v = params[i].value ? params[i].value : "";
+        if (strcmp(k, "tls") == 0) {
+            *tls_p = v;
+        } else if (strcmp(k, "net_devices") == 0) {
+            *dev_p = v;
+        } else if (strcmp(k, "missing_devices") == 0 &&
+                   (strcmp(v, "refuse") == 0 || strcmp(v, "warn") == 0)) {
+            iface->missing_refuse = v[0] == 'r';
+        } else if (strcmp(k, "error_handling") == 0 &&
+                   (strcmp(v, "peer") == 0 || strcmp(v, "none") == 0)) {
+            iface->err_mode_peer = v[0] == 'p';
+        } else {
+            kvl_bk_error_set(err, KVL_ERR_INVALID_ARG, 0, KVLI_UCX_NAME, -1,
+                             "parameter %.40s=\"%.80s\" is not valid", k, v);
+            kvl_bk_error_hint(err, "ucx parameters: tls=<UCX_TLS list>, net_devices=<UCX_NET_"
+                              "DEVICES list>, missing_devices=refuse|warn, error_handling="
+                              "peer|none");
+            return KVL_ERR_INVALID_ARG;
+        }
+    }
+    return KVL_OK;
+}
+
+/* Apply one UCX setting unless the user set its environment variable. */
+static void kvli_ucx_config_set(ucp_config_t *cfg, const char *name, const char *value,
+                                int force)
+{
+    char env[64];
+    snprintf(env, sizeof(env), "UCX_%s", name);
+    if (value == NULL || value[0] == '\0' || (!force && getenv(env) != NULL))
+        return;
+    ucp_config_modify(cfg, name, value);
+}
+
+static kvl_status_t kvli_ucx_context_open(kvli_ucx_iface_t *iface, const char *tls,
+                                          const char *dev, kvl_error_t *err)
+{
+    ucp_params_t p = {
+        .field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED |
+                      UCP_PARAM_FIELD_NAME,
+        .features = UCP_FEATURE_RMA | UCP_FEATURE_AM | UCP_FEATURE_WAKEUP,
+        .mt_workers_shared = 1,
+        .name = "kvlane",
+    };
+    ucp_context_attr_t a = {.field_mask = UCP_ATTR_FIELD_MEMORY_TYPES};
+    ucp_config_t *cfg = NULL;
+    kvli_ucx_log_t log;
+    char ka[32];
+    ucs_status_t s;
+
+    kvli_ucx_log_begin(&log);
+    s = ucp_config_read(NULL, NULL, &cfg);
+    if (s != UCS_OK) {
+        kvli_ucx_log_end();
+        kvli_ucx_diag_init_failed(err, "ucp_config_read()", s, &log);
+        return KVL_ERR_UNSUPPORTED;
+    }
+    kvli_ucx_config_set(cfg, "TLS", tls, 1);
+    kvli_ucx_config_set(cfg, "NET_DEVICES", dev, 1);
+    /* A dead peer must be noticed within our bound, not UCX's default 20 s:
+     * keepalive every quarter of the timeout, unless the user chose. */
+    snprintf(ka, sizeof(ka), "%" PRIu64 "ms", iface->timeout_ms / 4 ? iface->timeout_ms / 4 : 1);
+    kvli_ucx_config_set(cfg, "KEEPALIVE_INTERVAL", ka, 0);
+    s = ucp_init(&p, cfg, &iface->context);
+    ucp_config_release(cfg);
+    kvli_ucx_log_end();
+    if (s != UCS_OK) {
+        iface->context = NULL;
+        kvli_ucx_diag_init_failed(err, "ucp_init()", s, &log);
+        return err->code;
+    }
+    if (ucp_context_query(iface->context, &a) != UCS_OK)
+        a.memory_types = 1u << UCS_MEMORY_TYPE_HOST;
+    iface->mem_types = a.memory_types;
+    kvli_ucx_diag_resources(iface);
+    kvli_ucx_diag_net_devices(iface, &log);
+    if (iface->config_bad && !iface->missing_refuse)
+        iface->ctx->log(iface->ctx, KVL_LOG_WARN, "%.500s (missing_devices=warn: going on "
+                        "with the devices UCX has)", iface->config_err.what);
+    return KVL_OK;
+}
+
+static kvl_status_t kvli_ucx_worker_open(kvli_ucx_iface_t *iface, kvl_error_t *err)
+{
+    ucp_worker_params_t wp = {.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE,
+                              .thread_mode = UCS_THREAD_MODE_MULTI};
+    ucp_am_handler_param_t ap = {
+        .field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB |
+                      UCP_AM_HANDLER_PARAM_FIELD_ARG | UCP_AM_HANDLER_PARAM_FIELD_FLAGS,
+        .id = KVLI_UCX_AM_ID,
+        .flags = UCP_AM_FLAG_WHOLE_MSG,
+        .cb = kvli_ucx_notif_recv,
+        .arg = iface,
+    };
+    ucp_worker_attr_t wa = {.field_mask = UCP_WORKER_ATTR_FIELD_THREAD_MODE};
+    kvli_ucx_log_t log;
+    char said[1100];
+    ucs_status_t s;
+
+    kvli_ucx_log_begin(&log);
+    s = ucp_worker_create(iface->context, &wp, &iface->worker);
+    kvli_ucx_log_end();
+    if (s != UCS_OK) {
+        iface->worker = NULL;
+        kvli_ucx_diag_init_failed(err, "ucp_worker_create(UCS_THREAD_MODE_MULTI)", s, &log);
+        return err->code;
+    }
+    if (ucp_worker_query(iface->worker, &wa) == UCS_OK && wa.thread_mode != UCS_THREAD_MODE_MULTI) {
+        kvl_bk_error_set(err, KVL_ERR_UNSUPPORTED, 0, KVLI_UCX_NAME, -1,
+                         "ucp_worker_create(UCS_THREAD_MODE_MULTI) gave a worker of thread "
+                         "mode %d: this UCX was built without multi-thread support",
+                         (int)wa.thread_mode);
+        kvl_bk_error_hint(err, "use a UCX built with --enable-mt (Debian's is)");
+        return KVL_ERR_UNSUPPORTED;
+    }
+    kvli_ucx_log_begin(&log);
+    s = ucp_worker_set_am_recv_handler(iface->worker, &ap);
+    if (s == UCS_OK)
+        s = ucp_worker_get_address(iface->worker, &iface->addr, &iface->addr_len);
+    kvli_ucx_log_end();
+    if (s != UCS_OK) {
+        iface->addr = NULL;
+        kvl_bk_error_set(err, KVL_ERR_SYSTEM, 0, KVLI_UCX_NAME, -1,
+                         "setting up the UCP worker (AM handler, address) failed: %s%s",
+                         ucs_status_string(s), kvli_ucx_log_said(&log, said, sizeof(said)));
+        kvl_bk_error_hint(err, "run ucx_info -d to check UCX's transports");
+        return KVL_ERR_SYSTEM;
+    }
+    if (ucp_worker_get_efd(iface->worker, &iface->efd) != UCS_OK)
+        iface->efd = -1; /* no wakeup support: the progress thread polls */
+    return KVL_OK;
+}
+
+/* Destroy every UCX object in the only safe order: transfers failed, rkeys,
+ * endpoints (bounded), mapped regions, worker, context. Idempotent. */
+static void kvli_ucx_iface_teardown(kvli_ucx_iface_t *iface)
+{
+    if (iface->closed)
+        return;
+    iface->closed = 1;
+    atomic_store(&iface->stopping, 1);
+    if (iface->wake_fd >= 0)
+        kvli_ucx_iface_wake(iface);
+    if (iface->progress_started) {
+        pthread_join(iface->progress, NULL);
+        iface->progress_started = 0;
+    }
+    if (iface->worker != NULL) {
+        kvli_ucx_xfer_fail_all(iface, "the ucx backend is closing");
+        for (kvli_ucx_peer_t *p = iface->peers; p != NULL; p = p->next) {
+            for (kvli_ucx_rh_t *rh = p->rhs; rh != NULL; rh = rh->next)
+                if (rh->rkey != NULL) {
+                    ucp_rkey_destroy(rh->rkey);
+                    rh->rkey = NULL;
+                }
+            kvli_ucx_ep_close(iface, p, 1);
+        }
+    }
+    while (iface->mhs != NULL)
+        kvli_ucx_md_unmap(iface, iface->mhs);
+    if (iface->addr != NULL)
+        ucp_worker_release_address(iface->worker, iface->addr);
+    iface->addr = NULL;
+    if (iface->worker != NULL)
+        ucp_worker_destroy(iface->worker);
+    iface->worker = NULL;
+    if (iface->context != NULL)
+        ucp_cleanup(iface->context);
+    iface->context = NULL;
+}
+
+static void kvli_ucx_live_remove(kvli_ucx_iface_t *iface)
+{
+    pthread_mutex_lock(&kvli_ucx_live_lock);
+    for (kvli_ucx_iface_t **pp = &kvli_ucx_live; *pp != NULL; pp = &(*pp)->next_live)
+        if (*pp == iface) {
+            *pp = iface->next_live;
+            break;
+        }
+    pthread_mutex_unlock(&kvli_ucx_live_lock);
+}
+
+/* Process exit with agents alive: unmap everything before libucp's own
+ * destructors run (this module depends on libucp, so ours run first). */
+static void kvli_ucx_exit(void) __attribute__((destructor));
+static void kvli_ucx_exit(void)
+{
+    pthread_mutex_lock(&kvli_ucx_live_lock);
+    for (kvli_ucx_iface_t *i = kvli_ucx_live; i != NULL; i = i->next_live)
+        kvli_ucx_iface_teardown(i);
+    pthread_mutex_unlock(&kvli_ucx_live_lock);
+}
+
+static void kvli_ucx_close(void *bk)
+{
+    kvli_ucx_iface_t *iface = bk;
+    if (iface == NULL)
+        return;
+    kvli_ucx_live_remove(iface);
+    kvli_ucx_iface_teardown(iface);
+    for (kvli_ucx_peer_t *p = iface->peers, *np; p != NULL; p = np) {
+        np = p->next;
+        for (kvli_ucx_rh_t *rh = p->rhs, *nr; rh != NULL; rh = nr) {
+            nr = rh->next;
+            free(rh);
+        }
+        free(p);
+    }
+    if (iface->wake_fd >= 0)
+        close(iface->wake_fd);
+    pthread_cond_destroy(&iface->cond);
+    pthread_mutex_destroy(&iface->lock);
+    free(iface);
+}
+
+static kvl_status_t kvli_ucx_open(kvl_bk_ctx_t *ctx, const kvl_param_t *params, size_t n,
+                                  void **bk_p, kvl_error_t *err)
+{
+    kvli_ucx_iface_t *iface;
+    pthread_condattr_t ca;
+    const char *tls, *dev;
+    kvl_status_t st;
+    int e;
+
+    if (ctx == NULL || bk_p == NULL || ctx->size < sizeof(kvl_bk_ctx_t)) {
+        kvl_bk_error_set(err, KVL_ERR_INTERNAL, 0, KVLI_UCX_NAME, -1,
+                         "open(): backend context of %u bytes, this module needs %zu",
+                         ctx ? ctx->size : 0u, sizeof(kvl_bk_ctx_t));
+        kvl_bk_error_hint(err, "the core and libkvlane-ucx.so were built from different "
+                          "headers; rebuild the module");
+        return KVL_ERR_INTERNAL;
+    }
+    iface = calloc(1, sizeof(*iface));
+    if (iface == NULL) {
+        kvl_bk_error_set(err, KVL_ERR_NO_MEMORY, ENOMEM, KVLI_UCX_NAME, -1,
+                         "calloc(%zu) failed", sizeof(*iface));
+        return KVL_ERR_NO_MEMORY;
+    }
+    iface->ctx = ctx;
+    iface->timeout_ms = ctx->timeout_ms ? ctx->timeout_ms : KVLI_UCX_DEFAULT_TIMEOUT_MS;
+    iface->efd = -1;
+    iface->wake_fd = -1;
+    pthread_mutex_init(&iface->lock, NULL);
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&iface->cond, &ca);
+    pthread_condattr_destroy(&ca);
+
+    st = kvli_ucx_parse_params(iface, params, n, &tls, &dev, err);
+    if (st != KVL_OK)
+        goto err_close;
+    st = kvli_ucx_context_open(iface, tls, dev, err);
+    if (st != KVL_OK)
+        goto err_close;
+    st = kvli_ucx_worker_open(iface, err);
+    if (st != KVL_OK)
+        goto err_close;
+    iface->wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    if (iface->wake_fd < 0) {
+        e = errno;
+        kvl_bk_error_set(err, KVL_ERR_SYSTEM, e, KVLI_UCX_NAME, -1,
+                         "eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK) = -1 (%s)", strerror(e));
+        kvl_bk_error_hint(err, "check the process's open-file limit (ulimit -n)");
+        st = KVL_ERR_SYSTEM;
+        goto err_close;
+    }
+    e = pthread_create(&iface->progress, NULL, kvli_ucx_progress_main, iface);
+    if (e != 0) {
+        kvl_bk_error_set(err, KVL_ERR_SYSTEM, e, KVLI_UCX_NAME, -1,
+                         "pthread_create(progress thread) = %d (%s)", e, strerror(e));
+        kvl_bk_error_hint(err, "check the thread limit (ulimit -u, pids cgroup)");
+        st = KVL_ERR_SYSTEM;
+        goto err_close;
+    }
+    iface->progress_started = 1;
+    pthread_mutex_lock(&kvli_ucx_live_lock);
+    iface->next_live = kvli_ucx_live;
+    kvli_ucx_live = iface;
+    pthread_mutex_unlock(&kvli_ucx_live_lock);
+    ctx->log(ctx, KVL_LOG_DEBUG, "UCP context up: transports %s, worker address %zu bytes, "
+             "event fd %d", iface->transports, iface->addr_len, iface->efd);
+    *bk_p = iface;
+    return KVL_OK;
+
+err_close:
+    kvli_ucx_close(iface);
+    return st;
+}
+
+static const kvl_backend_ops_t kvli_ucx_ops = {
+    .abi_version = KVL_BACKEND_ABI_VERSION,
+    .size = sizeof(kvl_backend_ops_t),
+    .name = KVLI_UCX_NAME,
+    .description = "UCX UCP: RDMA, shared memory or TCP, whichever UCX selects; VRAM when "
+                   "UCX was built with CUDA",
+    .mem_local = KVL_MEM_BIT(KVL_MEM_DRAM) | KVL_MEM_BIT(KVL_MEM_VRAM),
+    .mem_remote = KVL_MEM_BIT(KVL_MEM_DRAM) | KVL_MEM_BIT(KVL_MEM_VRAM),
+    .caps = KVL_BK_CAP_NOTIF,
+    .params = kvli_ucx_params,
+    .available = kvli_ucx_available,
+    .open = kvli_ucx_open,
+    .close = kvli_ucx_close,
+    .mem_reg = kvli_ucx_md_reg,
+    .mem_dereg = kvli_ucx_md_dereg,
+    .conn_pack = kvli_ucx_ep_conn_pack,
+    .region_pack = kvli_ucx_md_pack,
+    .peer_load = kvli_ucx_ep_load,
+    .peer_unload = kvli_ucx_ep_unload,
+    .rregion_load = kvli_ucx_md_rload,
+    .rregion_unload = kvli_ucx_md_runload,
+    .xfer_post = kvli_ucx_xfer_post,
+    .xfer_cancel = kvli_ucx_xfer_cancel,
+    .notif_send = kvli_ucx_notif_send,
+    .peer_describe = kvli_ucx_ep_describe,
+    .mem_query = NULL,
+};
+
+const kvl_backend_ops_t *kvl_backend_module_v1(void) __attribute__((visibility("default")));
+const kvl_backend_ops_t *kvl_backend_module_v1(void)
+{
+    return &kvli_ucx_ops;
+}
