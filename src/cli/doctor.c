@@ -403,6 +403,7 @@ static int kvl_smoke_one(const char *backend, kvl_mem_kind_t mem, int32_t dev, u
         dst = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
         if (dst == MAP_FAILED) {
             dst = NULL;
+            snprintf(what, sizeof(what), "mmap(%" PRIu64 ") failed: %s", size, strerror(errno));
             goto out;
         }
     }
@@ -584,8 +585,9 @@ int kvl_cli_doctor(int argc, char **argv)
         switch (o) {
         case 'j': kvl_rep.json = 1; break;
         case 'm':
-            if (kvl_mem_kind_parse(optarg, &mem) != KVL_OK || mem == KVL_MEM_AUTO) {
-                fprintf(stderr, "kvlane doctor: --mem takes DRAM, VRAM or FILE\n");
+            if (kvl_mem_kind_parse(optarg, &mem) != KVL_OK || mem == KVL_MEM_AUTO ||
+                mem == KVL_MEM_FILE) {
+                fprintf(stderr, "kvlane doctor: --mem takes DRAM or VRAM\n");
                 return 2;
             }
             break;

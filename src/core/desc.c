@@ -90,7 +90,7 @@ kvl_status_t kvl_dlist_add_strided(kvl_dlist_t *dl, uint64_t base, uint64_t stri
 {
     kvl_status_t st;
     if (dl == NULL)
-        return kvli_fail_simple(NULL, KVL_ERR_INVALID_ARG, NULL, "kvl_dlist_add: list is NULL");
+        return kvli_fail_simple(NULL, KVL_ERR_INVALID_ARG, NULL, "kvl_dlist_add/add_strided: list is NULL");
     if (count == 1)
         stride = 0;
     st = kvli_dent_check(base, stride, count, len);
@@ -171,10 +171,12 @@ uint64_t kvl_dlist_bytes(const kvl_dlist_t *dl)
 kvl_status_t kvl_dlist_get(const kvl_dlist_t *dl, size_t i, uint64_t *addr_p, uint64_t *stride_p,
                            uint64_t *count_p, uint64_t *len_p, int32_t *dev_p)
 {
-    if (dl == NULL || i >= dl->n)
+    if (dl == NULL)
+        return kvli_fail_simple(NULL, KVL_ERR_INVALID_ARG, NULL, "kvl_dlist_get: list is NULL");
+    if (i >= dl->n)
         return kvli_fail_simple(NULL, KVL_ERR_NOT_FOUND, NULL,
                                 "kvl_dlist_get: index %zu is past the list's %zu entries", i,
-                                dl ? dl->n : 0);
+                                dl->n);
     const kvli_dent_t *e = &dl->ents[i];
     if (addr_p) *addr_p = e->addr;
     if (stride_p) *stride_p = e->stride;

@@ -100,11 +100,16 @@ kvl_status_t kvli_md_encode(const kvli_md_t *md, uint8_t **blob_p, size_t *len_p
             kvli_w(&w, r->keys[b].data, r->keys[b].len);
         }
     }
-    if (w.oom || w.len > KVLI_MD_MAX_LEN) {
+    if (w.oom) {
         free(w.buf);
-        kvli_err(err, KVL_ERR_NO_MEMORY, w.oom ? ENOMEM : 0,
-                 "metadata of %u regions does not fit (%s)", md->n_regions,
-                 w.oom ? "out of memory" : "over the 64 MiB limit");
+        kvli_err(err, KVL_ERR_NO_MEMORY, ENOMEM, "out of memory encoding metadata of %u regions",
+                 md->n_regions);
+        return err->code;
+    }
+    if (w.len > KVLI_MD_MAX_LEN) {
+        free(w.buf);
+        kvli_err(err, KVL_ERR_UNSUPPORTED, 0, "metadata of %u regions would be %zu bytes, over the "
+                 "64 MiB limit", md->n_regions, w.len);
         kvli_hint(err, "register fewer, larger regions");
         return err->code;
     }

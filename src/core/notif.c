@@ -82,6 +82,10 @@ kvl_status_t kvl_notif_wait(kvl_agent_t *a, int64_t timeout_ms)
         }
     }
     pthread_mutex_unlock(&a->notif_lock);
+    if (st != KVL_OK)
+        return kvli_fail_simple(a, st, "wait again, or check that the peer sent it",
+                                "no notification on agent '%s' within %lld ms", a->name,
+                                (long long)timeout_ms);
     return st;
 }
 

@@ -8,6 +8,9 @@
 #     kvli_log / kvli_vlog / ctx->log(...)   at level KVL_LOG_WARN or KVL_LOG_ERROR
 #                                            (or a level that is not a constant)
 #     fprintf(stderr, ...)  perror(...)  kvl_cli_print_error(...)
+#     shm helpers that build such messages: kvli_shm_bad_meta kvli_shm_key_bad
+#         kvli_shm_peer_mark_dead kvli_shm_conn_proto_error (add a new helper
+#         to MSG_CALLS below when its literal arguments are printed)
 #     kvl_check(name, status, hint, fmt, ...)  kvlane doctor's findings, unless
 #                                            status is the constant KVL_OKAY
 #     PyErr_Format / PyErr_SetString          (python/ only, the C module)
@@ -50,7 +53,10 @@ doc = ws(open(doc_path, encoding='utf-8').read())
 # of the level argument (0-based), so INFO/DEBUG/TRACE calls can be skipped.
 MSG_CALLS = {'kvli_err', 'kvli_fail_simple', 'kvli_hint', 'kvli_r_bad',
              'kvli_describe_miss', 'kvl_bk_error_set', 'kvl_bk_error_hint',
-             'kvli_warn', 'perror', 'kvl_cli_print_error'}
+             'kvli_warn', 'perror', 'kvl_cli_print_error',
+             # wrappers whose literal arguments end up in a printed message
+             'kvli_shm_bad_meta', 'kvli_shm_key_bad', 'kvli_shm_peer_mark_dead',
+             'kvli_shm_conn_proto_error'}
 LOG_CALLS = {'kvli_log': 0, 'kvli_vlog': 0, '->log': 1, 'kvl_check': 1}
 PY_CALLS = {'PyErr_Format', 'PyErr_SetString'}
 QUIET = re.compile(r'^(KVL_LOG_(INFO|DEBUG|TRACE|OFF)|KVL_OKAY)$')
@@ -125,7 +131,9 @@ def unescape(lit):
                   if len(m.group(1)) == 1 else ' '), lit)
 
 SPEC = re.compile(r'%(?:%|[-+ #0\']*(?:\*|\d+)?(?:\.(?:\*|\d+))?'
-                  r'(?:hh|h|ll|l|j|z|t|L|q)?[diouxXeEfFgGaAcspnm]|$)')
+                  r'(?:hh|h|ll|l|j|z|t|L|q)?[diouxXeEfFgGaAcspnmRSUAV]'  # RSUAV: PyErr_Format
+                  # "%016" PRIx64: a specifier finished by a macro after the literal
+                  r'|[-+ #0\']*(?:\d+)?(?:\.\d+)?(?:hh|h|ll|l|j|z|t|L|q)?$)')
 BREAK = '\x00'
 
 def messages(arg):

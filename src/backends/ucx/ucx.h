@@ -90,12 +90,13 @@ enum {
     KVLI_UCX_X_END = 3                /* finished (xfer_done called) */
 };
 
+/* under iface->lock: the callback may run while a waiter looks */
 struct kvli_ucx_token {
-    kvli_ucx_xpriv_t *xp;             /* NULL once abandoned */
     kvli_ucx_iface_t *iface;
+    int abandoned;                    /* owner gave up: the callback frees it */
     int done;
     ucs_status_t status;
-    void *buf;                        /* owned copy (notif_send) */
+    void *buf;                        /* AM header + message copy */
 };
 
 struct kvli_ucx_xpriv {
@@ -111,8 +112,9 @@ struct kvli_ucx_xpriv {
     kvli_ucx_token_t *tok;            /* outstanding flush / AM */
     /* under iface->lock */
     int cancel;
-    int finished;
+    int finished;                     /* xfer_done called, off the lists */
     unsigned waiters;
+    atomic_int done_called;           /* xfer_done exactly once */
 };
 
 struct kvli_ucx_iface {
@@ -197,6 +199,7 @@ kvl_status_t kvli_ucx_xfer_post(void *bk, kvl_bk_xfer_t *x, kvl_error_t *err);
 void kvli_ucx_xfer_cancel(void *bk, kvl_bk_xfer_t *x);
 int kvli_ucx_xfer_progress(kvli_ucx_iface_t *iface);
 void kvli_ucx_xfer_fail_all(kvli_ucx_iface_t *iface, const char *why);
+void kvli_ucx_xfer_cancel_peer(kvli_ucx_iface_t *iface, kvli_ucx_peer_t *peer);
 kvl_status_t kvli_ucx_notif_send(void *bk, void *peer, const void *msg, size_t len,
                                  kvl_error_t *err);
 ucs_status_t kvli_ucx_notif_recv(void *arg, const void *header, size_t header_length,

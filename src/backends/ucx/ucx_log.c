@@ -27,7 +27,6 @@ static ucs_log_func_rc_t kvli_ucx_log_handler(const char *file, unsigned line,
 {
     kvli_ucx_log_t *log = kvli_ucx_log_cur;
     char msg[512];
-    const char *base;
     int n;
 
     (void)function;
@@ -35,15 +34,16 @@ static ucs_log_func_rc_t kvli_ucx_log_handler(const char *file, unsigned line,
     if (log == NULL || level > UCS_LOG_LEVEL_INFO)
         return UCS_LOG_FUNC_RC_CONTINUE;
     vsnprintf(msg, sizeof(msg), fmt, ap);
-    base = strrchr(file, '/');
-    base = base ? base + 1 : file;
+    (void)file;
+    (void)line;
     if (log->len < sizeof(log->text) - 1) {
-        n = snprintf(log->text + log->len, sizeof(log->text) - log->len, "%s[%s %.40s:%u] %.400s",
+        /* Short form, so the text fits a registration report line; file and
+         * line go to our debug log. */
+        n = snprintf(log->text + log->len, sizeof(log->text) - log->len, "%s%s: %.400s",
                      log->lines ? " | " : "",
                      level == UCS_LOG_LEVEL_FATAL ? "fatal"
                      : level == UCS_LOG_LEVEL_ERROR ? "error"
-                     : level == UCS_LOG_LEVEL_WARN ? "warn" : "info",
-                     base, line, msg);
+                     : level == UCS_LOG_LEVEL_WARN ? "warn" : "info", msg);
         if (n > 0)
             log->len += (size_t)n;
         if (log->len >= sizeof(log->text))
@@ -83,6 +83,6 @@ const char *kvli_ucx_log_said(const kvli_ucx_log_t *log, char *buf, size_t len)
         snprintf(buf, len, "; UCX logged nothing for this call");
         return buf;
     }
-    snprintf(buf, len, "; UCX said: %.900s", log->text);
+    snprintf(buf, len, "; UCX said \"%.900s\"", log->text);
     return buf;
 }

@@ -1,0 +1,116 @@
+/*
+ * kvlane Python extension (kvlane._kvlane): shared declarations.
+ *
+ * Objects: Agent (kvlpy_agent.c), DList (kvlpy_dlist.c), Prep and Xfer
+ * (kvlpy_xfer.c). Errors become instances of the classes in kvlane/errors.py
+ * through a factory the package installs (kvlpy_module.c).
+ *
+ * Lifetime: Prep and Xfer hold a strong reference to their Agent. An agent
+ * closed explicitly or by the atexit hook destroys its transfers and
+ * prepared lists in C; the Python objects then only forget their pointers.
+ * Every call that releases the GIL is counted in agent->active, and closing
+ * waits for that count to drop to zero, so no call runs on a destroyed agent.
+ */
+#ifndef KVLPY_H
+#define KVLPY_H
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <kvlane/kvlane.h>
+
+/* The agent listener (src/store/) may be absent from the library this module
+ * is linked with; its entry points are weak so that the module loads anyway
+ * and the methods that need them raise UnsupportedError. */
+#pragma weak kvl_agent_listen
+#pragma weak kvl_metadata_fetch
+#pragma weak kvl_metadata_push
+#pragma weak kvl_metadata_invalidate
+
+/* Cast a METH_VARARGS|METH_KEYWORDS function to PyCFunction without a
+ * -Wcast-function-type warning. */
+#define KVLPY_FN(f) ((PyCFunction)(void (*)(void))(f))
+
+/* Longest slice a blocking wait runs without the GIL, so that signals are
+ * seen and closing an agent never waits long. */
+#define KVLPY_WAIT_SLICE_MS 50
+
+typedef struct kvlpy_agent {
+    PyObject_HEAD
+    kvl_agent_t *agent;       /* NULL once closed */
+    int closing;              /* set (with the GIL) when close begins */
+    long active;              /* calls running without the GIL (changed with the GIL) */
+    struct kvlpy_agent *live_prev, *live_next;
+    PyObject *weakrefs;
+} kvlpy_agent_t;
+
+typedef struct {
+    PyObject_HEAD
+    kvl_dlist_t *dl;
+} kvlpy_dlist_t;
+
+typedef struct {
+    PyObject_HEAD
+    kvlpy_agent_t *owner;     /* strong reference */
+    kvl_prep_t *prep;         /* NULL once released */
+    long busy;
+    PyObject *remote;         /* str or None */
+} kvlpy_prep_t;
+
+typedef struct {
+    PyObject_HEAD
+    kvlpy_agent_t *owner;     /* strong reference */
+    kvl_xfer_t *xfer;         /* NULL once released */
+    long busy;
+    int op;
+    PyObject *remote;         /* str */
+} kvlpy_xfer_t;
+
+extern PyTypeObject kvlpy_agent_type;
+extern PyTypeObject kvlpy_dlist_type;
+extern PyTypeObject kvlpy_prep_type;
+extern PyTypeObject kvlpy_xfer_type;
+
+/* ---- errors (kvlpy_module.c) ---- */
+
+/* Raise the exception for a failed call that returned st: the calling
+ * thread's kvl_last_error() when it matches, else one made from st.
+ * report (optional) is attached. Always returns NULL. */
+PyObject *kvlpy_raise(kvl_status_t st, PyObject *report);
+/* Raise an error decided by the extension itself (usage errors). */
+PyObject *kvlpy_raise_msg(kvl_status_t st, const char *what, const char *hint);
+
+/* ---- integer arrays from buffers or sequences (kvlpy_module.c) ---- */
+
+typedef struct {
+    Py_buffer view;
+    int has_view;
+    void *tmp;                /* converted copy, freed by kvlpy_array_free */
+    const void *data;         /* n 8-byte integers */
+    Py_ssize_t n;
+} kvlpy_array_t;
+
+/* obj: a C-contiguous buffer of integers (any width; 8-byte ones used in
+ * place, others converted) or a sequence of ints. Signed results for
+ * is_signed, else unsigned; negative values are refused when unsigned. */
+int kvlpy_array_get(PyObject *obj, int is_signed, const char *argname, kvlpy_array_t *a);
+void kvlpy_array_free(kvlpy_array_t *a);
+
+/* Regions/descriptors: a sequence of (addr, len[, dev[, anything]]) or an
+ * integer buffer of shape (N, 2) or (N, 3). dev defaults to def_dev; with
+ * force_dev set every dev becomes def_dev. Returns a PyMem_Malloc'ed array. */
+kvl_mem_desc_t *kvlpy_regions_get(PyObject *obj, int32_t def_dev, int force_dev, size_t *n_p);
+
+/* Parse "DRAM"/"VRAM"/"FILE"/"AUTO" (str) or an int kind. */
+int kvlpy_kind_get(PyObject *obj, kvl_mem_kind_t *kind_p);
+
+/* ---- agent helpers (kvlpy_agent.c) ---- */
+
+/* Check the agent is open and count a call that will release the GIL.
+ * Returns -1 with an exception set when closed. */
+int kvlpy_agent_enter(kvlpy_agent_t *a);
+void kvlpy_agent_leave(kvlpy_agent_t *a);
+/* Close every live agent, newest first (the atexit hook). */
+void kvlpy_agents_shutdown(void);
+
+#endif

@@ -1,0 +1,275 @@
+/*
+ * kvlane._kvlane.DList: descriptor lists built without Python-level loops.
+ */
+#include "kvlpy.h"
+
+static int kvlpy_dlist_ok(kvlpy_dlist_t *self)
+{
+    if (self->dl == NULL) {
+        kvlpy_raise_msg(KVL_ERR_STATE, "DList.__init__ was not called", NULL);
+        return -1;
+    }
+    return 0;
+}
+
+static int kvlpy_dlist_init(kvlpy_dlist_t *self, PyObject *args, PyObject *kw)
+{
+    static char *kwlist[] = {"kind", "capacity", NULL};
+    PyObject *kind_o = NULL;
+    Py_ssize_t cap = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "|On:DList", kwlist, &kind_o, &cap))
+        return -1;
+    kvl_mem_kind_t kind = KVL_MEM_DRAM;
+    if (kind_o && kvlpy_kind_get(kind_o, &kind) < 0)
+        return -1;
+    kvl_dlist_t *dl;
+    kvl_error_clear();
+    kvl_status_t st = kvl_dlist_create(kind, cap > 0 ? (size_t)cap : 0, &dl);
+    if (st != KVL_OK) {
+        kvlpy_raise(st, NULL);
+        return -1;
+    }
+    kvl_dlist_destroy(self->dl);
+    self->dl = dl;
+    return 0;
+}
+
+static void kvlpy_dlist_dealloc(kvlpy_dlist_t *self)
+{
+    kvl_dlist_destroy(self->dl);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyObject *kvlpy_dlist_result(kvl_status_t st)
+{
+    if (st != KVL_OK)
+        return kvlpy_raise(st, NULL);
+    Py_RETURN_NONE;
+}
+
+static PyObject *kvlpy_dlist_add(kvlpy_dlist_t *self, PyObject *args, PyObject *kw)
+{
+    static char *kwlist[] = {"addr", "len", "dev", NULL};
+    unsigned long long addr, len;
+    int dev = KVL_DEV_ANY;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "KK|i:add", kwlist, &addr, &len, &dev) ||
+        kvlpy_dlist_ok(self) < 0)
+        return NULL;
+    kvl_error_clear();
+    return kvlpy_dlist_result(kvl_dlist_add(self->dl, addr, len, dev));
+}
+
+static PyObject *kvlpy_dlist_add_strided(kvlpy_dlist_t *self, PyObject *args, PyObject *kw)
+{
+    static char *kwlist[] = {"base", "stride", "count", "len", "dev", NULL};
+    unsigned long long base, stride, count, len;
+    int dev = KVL_DEV_ANY;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "KKKK|i:add_strided", kwlist, &base, &stride,
+                                     &count, &len, &dev) ||
+        kvlpy_dlist_ok(self) < 0)
+        return NULL;
+    kvl_error_clear();
+    return kvlpy_dlist_result(kvl_dlist_add_strided(self->dl, base, stride, count, len, dev));
+}
+
+/* add_array(addrs, lens=None, len=0, dev=-1): lens an array, or None with
+ * every entry len bytes (lens may also be an int). */
+static PyObject *kvlpy_dlist_add_array(kvlpy_dlist_t *self, PyObject *args, PyObject *kw)
+{
+    static char *kwlist[] = {"addrs", "lens", "len", "dev", NULL};
+    PyObject *addrs_o, *lens_o = Py_None;
+    unsigned long long len = 0;
+    int dev = KVL_DEV_ANY;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|OKi:add_array", kwlist, &addrs_o, &lens_o,
+                                     &len, &dev) ||
+        kvlpy_dlist_ok(self) < 0)
+        return NULL;
+    if (PyLong_Check(lens_o)) {
+        len = PyLong_AsUnsignedLongLong(lens_o);
+        if (PyErr_Occurred())
+            return NULL;
+        lens_o = Py_None;
+    }
+    kvlpy_array_t addrs, lens;
+    if (kvlpy_array_get(addrs_o, 0, "addrs", &addrs) < 0)
+        return NULL;
+    const uint64_t *lp = NULL;
+    if (lens_o != Py_None) {
+        if (kvlpy_array_get(lens_o, 0, "lens", &lens) < 0) {
+            kvlpy_array_free(&addrs);
+            return NULL;
+        }
+        if (lens.n != addrs.n) {
+            kvlpy_array_free(&addrs);
+            kvlpy_array_free(&lens);
+            return kvlpy_raise_msg(KVL_ERR_INVALID_ARG, "addrs and lens differ in length", NULL);
+        }
+        lp = lens.data;
+    }
+    kvl_error_clear();
+    kvl_status_t st = kvl_dlist_add_array(self->dl, addrs.data, lp, len, dev, (size_t)addrs.n);
+    kvlpy_array_free(&addrs);
+    if (lens_o != Py_None)
+        kvlpy_array_free(&lens);
+    return kvlpy_dlist_result(st);
+}
+
+/* add_strided_array(bases, stride, count, len, dev=-1): one strided entry per base. */
+static PyObject *kvlpy_dlist_add_strided_array(kvlpy_dlist_t *self, PyObject *args, PyObject *kw)
+{
+    static char *kwlist[] = {"bases", "stride", "count", "len", "dev", NULL};
+    PyObject *bases_o;
+    unsigned long long stride, count, len;
+    int dev = KVL_DEV_ANY;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OKKK|i:add_strided_array", kwlist, &bases_o,
+                                     &stride, &count, &len, &dev) ||
+        kvlpy_dlist_ok(self) < 0)
+        return NULL;
+    kvlpy_array_t bases;
+    if (kvlpy_array_get(bases_o, 0, "bases", &bases) < 0)
+        return NULL;
+    const uint64_t *b = bases.data;
+    kvl_status_t st = KVL_OK;
+    kvl_error_clear();
+    for (Py_ssize_t i = 0; i < bases.n && st == KVL_OK; i++)
+        st = kvl_dlist_add_strided(self->dl, b[i], stride, count, len, dev);
+    kvlpy_array_free(&bases);
+    return kvlpy_dlist_result(st);
+}
+
+/* add_descs(descs, dev=None): (addr, len[, dev]) tuples or an (N, 3) array;
+ * dev given overrides every entry's device. */
+static PyObject *kvlpy_dlist_add_descs(kvlpy_dlist_t *self, PyObject *args, PyObject *kw)
+{
+    static char *kwlist[] = {"descs", "dev", NULL};
+    PyObject *descs, *dev_o = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|O:add_descs", kwlist, &descs, &dev_o) ||
+        kvlpy_dlist_ok(self) < 0)
+        return NULL;
+    int force = dev_o != Py_None;
+    long dev = KVL_DEV_ANY;
+    if (force) {
+        dev = PyLong_AsLong(dev_o);
+        if (dev == -1 && PyErr_Occurred())
+            return NULL;
+    }
+    size_t n;
+    kvl_mem_desc_t *d = kvlpy_regions_get(descs, (int32_t)dev, force, &n);
+    if (d == NULL)
+        return NULL;
+    kvl_status_t st = KVL_OK;
+    kvl_error_clear();
+    for (size_t i = 0; i < n && st == KVL_OK; i++)
+        st = kvl_dlist_add(self->dl, d[i].addr, d[i].len, d[i].dev);
+    PyMem_Free(d);
+    return kvlpy_dlist_result(st);
+}
+
+static PyObject *kvlpy_dlist_clear(kvlpy_dlist_t *self, PyObject *unused)
+{
+    (void)unused;
+    if (kvlpy_dlist_ok(self) < 0)
+        return NULL;
+    kvl_dlist_clear(self->dl);
+    Py_RETURN_NONE;
+}
+
+/* get(i) -> (addr, stride, count, len, dev) */
+static PyObject *kvlpy_dlist_get(kvlpy_dlist_t *self, PyObject *arg)
+{
+    Py_ssize_t i = PyNumber_AsSsize_t(arg, PyExc_IndexError);
+    if ((i == -1 && PyErr_Occurred()) || kvlpy_dlist_ok(self) < 0)
+        return NULL;
+    Py_ssize_t n = (Py_ssize_t)kvl_dlist_entries(self->dl);
+    if (i < 0)
+        i += n;
+    if (i < 0 || i >= n) {
+        PyErr_SetString(PyExc_IndexError, "DList index out of range");
+        return NULL;
+    }
+    uint64_t addr, stride, count, len;
+    int32_t dev;
+    kvl_error_clear();
+    kvl_status_t st = kvl_dlist_get(self->dl, (size_t)i, &addr, &stride, &count, &len, &dev);
+    if (st != KVL_OK)
+        return kvlpy_raise(st, NULL);
+    return Py_BuildValue("(KKKKi)", (unsigned long long)addr, (unsigned long long)stride,
+                         (unsigned long long)count, (unsigned long long)len, (int)dev);
+}
+
+static Py_ssize_t kvlpy_dlist_len(kvlpy_dlist_t *self)
+{
+    return self->dl ? (Py_ssize_t)kvl_dlist_entries(self->dl) : 0;
+}
+
+static PyObject *kvlpy_dlist_get_kind(kvlpy_dlist_t *self, void *c)
+{
+    (void)c;
+    if (kvlpy_dlist_ok(self) < 0)
+        return NULL;
+    return PyUnicode_FromString(kvl_mem_kind_name(kvl_dlist_kind(self->dl)));
+}
+
+static PyObject *kvlpy_dlist_get_blocks(kvlpy_dlist_t *self, void *c)
+{
+    (void)c;
+    if (kvlpy_dlist_ok(self) < 0)
+        return NULL;
+    return PyLong_FromUnsignedLongLong(kvl_dlist_blocks(self->dl));
+}
+
+static PyObject *kvlpy_dlist_get_bytes(kvlpy_dlist_t *self, void *c)
+{
+    (void)c;
+    if (kvlpy_dlist_ok(self) < 0)
+        return NULL;
+    return PyLong_FromUnsignedLongLong(kvl_dlist_bytes(self->dl));
+}
+
+static PyObject *kvlpy_dlist_repr(kvlpy_dlist_t *self)
+{
+    if (self->dl == NULL)
+        return PyUnicode_FromString("<kvlane.DList (uninitialised)>");
+    return PyUnicode_FromFormat("<kvlane.DList %s: %zu entries, %llu blocks, %llu bytes>",
+                                kvl_mem_kind_name(kvl_dlist_kind(self->dl)),
+                                kvl_dlist_entries(self->dl),
+                                (unsigned long long)kvl_dlist_blocks(self->dl),
+                                (unsigned long long)kvl_dlist_bytes(self->dl));
+}
+
+static PyMethodDef kvlpy_dlist_methods[] = {
+    {"add", KVLPY_FN(kvlpy_dlist_add), METH_VARARGS | METH_KEYWORDS, "add(addr, len, dev=-1)"},
+    {"add_strided", KVLPY_FN(kvlpy_dlist_add_strided), METH_VARARGS | METH_KEYWORDS,
+     "add_strided(base, stride, count, len, dev=-1)"},
+    {"add_array", KVLPY_FN(kvlpy_dlist_add_array), METH_VARARGS | METH_KEYWORDS,
+     "add_array(addrs, lens=None, len=0, dev=-1): plain entries from integer arrays"},
+    {"add_strided_array", KVLPY_FN(kvlpy_dlist_add_strided_array), METH_VARARGS | METH_KEYWORDS,
+     "add_strided_array(bases, stride, count, len, dev=-1): one strided entry per base"},
+    {"add_descs", KVLPY_FN(kvlpy_dlist_add_descs), METH_VARARGS | METH_KEYWORDS,
+     "add_descs(descs, dev=None): (addr, len, dev) tuples or an (N, 3) integer array"},
+    {"clear", (PyCFunction)kvlpy_dlist_clear, METH_NOARGS, "Remove every entry."},
+    {"get", (PyCFunction)kvlpy_dlist_get, METH_O, "get(i) -> (addr, stride, count, len, dev)"},
+    {NULL, NULL, 0, NULL}};
+
+static PyGetSetDef kvlpy_dlist_getset[] = {
+    {"kind", (getter)kvlpy_dlist_get_kind, NULL, "Memory kind of every entry.", NULL},
+    {"blocks", (getter)kvlpy_dlist_get_blocks, NULL, "Blocks, strided entries counted.", NULL},
+    {"bytes", (getter)kvlpy_dlist_get_bytes, NULL, "Total bytes.", NULL},
+    {NULL, NULL, NULL, NULL, NULL}};
+
+static PySequenceMethods kvlpy_dlist_seq = {.sq_length = (lenfunc)kvlpy_dlist_len};
+
+PyTypeObject kvlpy_dlist_type = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "kvlane._kvlane.DList",
+    .tp_basicsize = sizeof(kvlpy_dlist_t),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE,
+    .tp_doc = "DList(kind='DRAM', capacity=0): a descriptor list",
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)kvlpy_dlist_init,
+    .tp_dealloc = (destructor)kvlpy_dlist_dealloc,
+    .tp_methods = kvlpy_dlist_methods,
+    .tp_getset = kvlpy_dlist_getset,
+    .tp_as_sequence = &kvlpy_dlist_seq,
+    .tp_repr = (reprfunc)kvlpy_dlist_repr,
+};

@@ -1,0 +1,598 @@
+/*
+ * kvlane._kvlane: module setup, errors and array conversion.
+ */
+#include <errno.h>
+#include <string.h>
+#include "kvlpy.h"
+
+static PyObject *kvlpy_error_factory;   /* kvlane.errors._make, set by the package */
+
+/* ---- errors ---------------------------------------------------------------- */
+
+static int kvlpy_dict_set(PyObject *d, const char *key, PyObject *v)
+{
+    if (v == NULL)
+        return -1;
+    int r = PyDict_SetItemString(d, key, v);
+    Py_DECREF(v);
+    return r;
+}
+
+static PyObject *kvlpy_device_obj(int dev)
+{
+    if (dev < 0)
+        Py_RETURN_NONE;
+    return PyLong_FromLong(dev);
+}
+
+static PyObject *kvlpy_cause_dict(const kvl_error_cause_t *c)
+{
+    PyObject *d = PyDict_New();
+    if (d == NULL)
+        return NULL;
+    if (kvlpy_dict_set(d, "code", PyLong_FromLong(c->code)) ||
+        kvlpy_dict_set(d, "name", PyUnicode_FromString(kvl_status_name(c->code))) ||
+        kvlpy_dict_set(d, "errno", PyLong_FromLong(c->sys_errno)) ||
+        kvlpy_dict_set(d, "backend", PyUnicode_DecodeUTF8(c->backend, (Py_ssize_t)strlen(c->backend), "replace")) ||
+        kvlpy_dict_set(d, "device", kvlpy_device_obj(c->device)) ||
+        kvlpy_dict_set(d, "what", PyUnicode_DecodeUTF8(c->what, (Py_ssize_t)strlen(c->what), "replace")) ||
+        kvlpy_dict_set(d, "hint", PyUnicode_DecodeUTF8(c->hint, (Py_ssize_t)strlen(c->hint), "replace"))) {
+        Py_DECREF(d);
+        return NULL;
+    }
+    return d;
+}
+
+static PyObject *kvlpy_str(const char *s)
+{
+    return PyUnicode_DecodeUTF8(s, (Py_ssize_t)strlen(s), "replace");
+}
+
+/* Fields of err as a dict for the factory. */
+static PyObject *kvlpy_error_fields(const kvl_error_t *err)
+{
+    size_t need = kvl_error_render(err, NULL, 0);
+    char *text = PyMem_Malloc(need + 1);
+    if (text == NULL)
+        return PyErr_NoMemory();
+    kvl_error_render(err, text, need + 1);
+    PyObject *d = PyDict_New();
+    PyObject *causes = PyList_New(0);
+    if (d == NULL || causes == NULL)
+        goto fail;
+    for (unsigned i = 0; i < err->n_causes && i < KVL_ERROR_MAX_CAUSES; i++) {
+        PyObject *c = kvlpy_cause_dict(&err->causes[i]);
+        if (c == NULL || PyList_Append(causes, c) < 0) {
+            Py_XDECREF(c);
+            goto fail;
+        }
+        Py_DECREF(c);
+    }
+    if (kvlpy_dict_set(d, "code", PyLong_FromLong(err->code)) ||
+        kvlpy_dict_set(d, "name", kvlpy_str(kvl_status_name(err->code))) ||
+        kvlpy_dict_set(d, "errno", PyLong_FromLong(err->sys_errno)) ||
+        kvlpy_dict_set(d, "backend", kvlpy_str(err->backend)) ||
+        kvlpy_dict_set(d, "device", kvlpy_device_obj(err->device)) ||
+        kvlpy_dict_set(d, "agent", kvlpy_str(err->agent)) ||
+        kvlpy_dict_set(d, "region", kvlpy_str(err->region)) ||
+        kvlpy_dict_set(d, "what", kvlpy_str(err->what)) ||
+        kvlpy_dict_set(d, "hint", kvlpy_str(err->hint)) ||
+        kvlpy_dict_set(d, "causes_dropped", PyLong_FromUnsignedLong(err->n_causes_dropped)) ||
+        kvlpy_dict_set(d, "text", kvlpy_str(text)))
+        goto fail;
+    if (PyDict_SetItemString(d, "causes", causes) < 0)
+        goto fail;
+    Py_DECREF(causes);
+    PyMem_Free(text);
+    return d;
+fail:
+    Py_XDECREF(d);
+    Py_XDECREF(causes);
+    PyMem_Free(text);
+    return NULL;
+}
+
+static PyObject *kvlpy_raise_error(const kvl_error_t *err, PyObject *report)
+{
+    PyObject *fields = kvlpy_error_fields(err);
+    if (fields == NULL)
+        return NULL;
+    if (kvlpy_error_factory == NULL) {
+        PyObject *text = PyDict_GetItemString(fields, "text");
+        PyErr_SetObject(PyExc_RuntimeError, text);
+        Py_DECREF(fields);
+        return NULL;
+    }
+    PyObject *exc = PyObject_CallFunctionObjArgs(kvlpy_error_factory, fields,
+                                                 report ? report : Py_None, NULL);
+    Py_DECREF(fields);
+    if (exc == NULL)
+        return NULL;
+    PyErr_SetObject((PyObject *)Py_TYPE(exc), exc);
+    Py_DECREF(exc);
+    return NULL;
+}
+
+PyObject *kvlpy_raise(kvl_status_t st, PyObject *report)
+{
+    const kvl_error_t *last = kvl_last_error();
+    if (last->code == st)
+        return kvlpy_raise_error(last, report);
+    /* The call failed without filling the thread's error (or filled another
+     * one): report the status itself rather than a stale error. */
+    kvl_error_t *e = PyMem_Calloc(1, sizeof(*e));
+    if (e == NULL)
+        return PyErr_NoMemory();
+    e->code = st;
+    e->device = -1;
+    snprintf(e->what, sizeof(e->what), "%s", kvl_status_str(st));
+    PyObject *r = kvlpy_raise_error(e, report);
+    PyMem_Free(e);
+    return r;
+}
+
+PyObject *kvlpy_raise_msg(kvl_status_t st, const char *what, const char *hint)
+{
+    kvl_error_t *e = PyMem_Calloc(1, sizeof(*e));
+    if (e == NULL)
+        return PyErr_NoMemory();
+    e->code = st;
+    e->device = -1;
+    snprintf(e->what, sizeof(e->what), "%s", what);
+    if (hint)
+        snprintf(e->hint, sizeof(e->hint), "%s", hint);
+    PyObject *r = kvlpy_raise_error(e, NULL);
+    PyMem_Free(e);
+    return r;
+}
+
+/* ---- integer arrays ---------------------------------------------------- */
+
+/* Type character of a struct-module format, or 0 for a non-native order. */
+static char kvlpy_format_char(const char *fmt)
+{
+    if (fmt == NULL)
+        return 'B';
+    if (fmt[0] == '@' || fmt[0] == '=' || fmt[0] == '<')
+        fmt++;
+    else if (fmt[0] == '>' || fmt[0] == '!')
+        return 0;
+    if (fmt[0] == 0 || fmt[1] != 0)
+        return 0;
+    return fmt[0];
+}
+
+static int kvlpy_array_from_buffer(PyObject *obj, int is_signed, const char *argname,
+                                   kvlpy_array_t *a)
+{
+    if (PyObject_GetBuffer(obj, &a->view, PyBUF_FORMAT | PyBUF_C_CONTIGUOUS) < 0) {
+        PyErr_Clear();
+        PyErr_Format(PyExc_TypeError, "%s: a C-contiguous integer array is needed", argname);
+        return -1;
+    }
+    a->has_view = 1;
+    char c = kvlpy_format_char(a->view.format);
+    Py_ssize_t isz = a->view.itemsize;
+    a->n = isz > 0 ? a->view.len / isz : 0;
+    int ok_signed, ok;
+    switch (c) {
+    case 'b': case 'h': case 'i': case 'l': case 'q': case 'n': ok_signed = 1; ok = 1; break;
+    case 'B': case 'H': case 'I': case 'L': case 'Q': case 'N': ok_signed = 0; ok = 1; break;
+    default: ok_signed = 0; ok = 0; break;
+    }
+    if (!ok || (isz != 1 && isz != 2 && isz != 4 && isz != 8)) {
+        PyErr_Format(PyExc_TypeError, "%s: integer array needed, got format '%s'", argname,
+                     a->view.format ? a->view.format : "B");
+        return -1;
+    }
+    if (isz == 8) {
+        a->data = a->view.buf;
+        if (!is_signed && ok_signed) {
+            const int64_t *v = a->data;
+            for (Py_ssize_t i = 0; i < a->n; i++)
+                if (v[i] < 0) {
+                    PyErr_Format(PyExc_ValueError, "%s[%zd] is negative", argname, i);
+                    return -1;
+                }
+        }
+        return 0;
+    }
+    uint64_t *out = PyMem_Malloc((size_t)(a->n ? a->n : 1) * sizeof(uint64_t));
+    if (out == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    a->tmp = out;
+    a->data = out;
+    const char *p = a->view.buf;
+    for (Py_ssize_t i = 0; i < a->n; i++) {
+        int64_t sv;
+        uint64_t uv;
+        if (ok_signed) {
+            switch (isz) {
+            case 1: sv = ((const int8_t *)p)[i]; break;
+            case 2: sv = ((const int16_t *)p)[i]; break;
+            default: sv = ((const int32_t *)p)[i]; break;
+            }
+            if (sv < 0 && !is_signed) {
+                PyErr_Format(PyExc_ValueError, "%s[%zd] is negative", argname, i);
+                return -1;
+            }
+            uv = (uint64_t)sv;
+        } else {
+            switch (isz) {
+            case 1: uv = ((const uint8_t *)p)[i]; break;
+            case 2: uv = ((const uint16_t *)p)[i]; break;
+            default: uv = ((const uint32_t *)p)[i]; break;
+            }
+        }
+        out[i] = uv;
+    }
+    return 0;
+}
+
+int kvlpy_array_get(PyObject *obj, int is_signed, const char *argname, kvlpy_array_t *a)
+{
+    memset(a, 0, sizeof(*a));
+    if (PyObject_CheckBuffer(obj) && !PyBytes_Check(obj) && !PyUnicode_Check(obj)) {
+        if (kvlpy_array_from_buffer(obj, is_signed, argname, a) < 0) {
+            kvlpy_array_free(a);
+            return -1;
+        }
+        return 0;
+    }
+    PyObject *seq = PySequence_Fast(obj, "");
+    if (seq == NULL) {
+        PyErr_Clear();
+        PyErr_Format(PyExc_TypeError, "%s: a sequence or array of integers is needed, got %.100s",
+                     argname, Py_TYPE(obj)->tp_name);
+        return -1;
+    }
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    uint64_t *out = PyMem_Malloc((size_t)(n ? n : 1) * sizeof(uint64_t));
+    if (out == NULL) {
+        Py_DECREF(seq);
+        PyErr_NoMemory();
+        return -1;
+    }
+    PyObject **items = PySequence_Fast_ITEMS(seq);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *it = items[i];
+        if (is_signed) {
+            long long v = PyLong_AsLongLong(it);
+            if (v == -1 && PyErr_Occurred())
+                goto bad;
+            out[i] = (uint64_t)v;
+        } else {
+            unsigned long long v;
+            if (PyLong_Check(it)) {
+                v = PyLong_AsUnsignedLongLong(it);
+            } else {
+                PyObject *ix = PyNumber_Index(it);
+                if (ix == NULL)
+                    goto bad;
+                v = PyLong_AsUnsignedLongLong(ix);
+                Py_DECREF(ix);
+            }
+            if (v == (unsigned long long)-1 && PyErr_Occurred())
+                goto bad;
+            out[i] = v;
+        }
+        continue;
+    bad:
+        PyErr_Clear();
+        PyErr_Format(PyExc_ValueError, "%s[%zd]: %s integer needed, got %.100R", argname, i,
+                     is_signed ? "a 64-bit" : "a non-negative 64-bit", it);
+        PyMem_Free(out);
+        Py_DECREF(seq);
+        return -1;
+    }
+    Py_DECREF(seq);
+    a->tmp = out;
+    a->data = out;
+    a->n = n;
+    return 0;
+}
+
+void kvlpy_array_free(kvlpy_array_t *a)
+{
+    if (a->has_view)
+        PyBuffer_Release(&a->view);
+    a->has_view = 0;
+    PyMem_Free(a->tmp);
+    a->tmp = NULL;
+    a->data = NULL;
+}
+
+static int kvlpy_u64(PyObject *o, uint64_t *v)
+{
+    PyObject *ix = PyNumber_Index(o);
+    if (ix == NULL)
+        return -1;
+    *v = PyLong_AsUnsignedLongLong(ix);
+    Py_DECREF(ix);
+    return (*v == (uint64_t)-1 && PyErr_Occurred()) ? -1 : 0;
+}
+
+kvl_mem_desc_t *kvlpy_regions_get(PyObject *obj, int32_t def_dev, int force_dev, size_t *n_p)
+{
+    kvl_mem_desc_t *out = NULL;
+    *n_p = 0;
+    /* An integer buffer of shape (N, 2) or (N, 3). */
+    if (PyObject_CheckBuffer(obj) && !PyBytes_Check(obj)) {
+        Py_buffer v;
+        if (PyObject_GetBuffer(obj, &v, PyBUF_FORMAT | PyBUF_C_CONTIGUOUS) < 0)
+            return NULL;
+        char c = kvlpy_format_char(v.format);
+        int ok = (c == 'q' || c == 'Q' || c == 'l' || c == 'L' || c == 'n' || c == 'N') &&
+                 v.itemsize == 8 && v.ndim == 2 && (v.shape[1] == 2 || v.shape[1] == 3);
+        if (!ok) {
+            PyErr_SetString(PyExc_TypeError, "descriptor array: a C-contiguous int64/uint64 "
+                                             "array of shape (N, 3) or (N, 2) is needed");
+            PyBuffer_Release(&v);
+            return NULL;
+        }
+        Py_ssize_t n = v.shape[0], w = v.shape[1];
+        out = PyMem_Malloc((size_t)(n ? n : 1) * sizeof(*out));
+        if (out == NULL) {
+            PyBuffer_Release(&v);
+            PyErr_NoMemory();
+            return NULL;
+        }
+        const uint64_t *p = v.buf;
+        for (Py_ssize_t i = 0; i < n; i++) {
+            out[i].addr = p[i * w];
+            out[i].len = p[i * w + 1];
+            out[i].dev = (w == 3 && !force_dev) ? (int32_t)(int64_t)p[i * w + 2] : def_dev;
+        }
+        PyBuffer_Release(&v);
+        *n_p = (size_t)n;
+        return out;
+    }
+    PyObject *seq = PySequence_Fast(obj, "descriptors: a list of (addr, len, dev) tuples or an "
+                                         "(N, 3) integer array is needed");
+    if (seq == NULL)
+        return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    out = PyMem_Malloc((size_t)(n ? n : 1) * sizeof(*out));
+    if (out == NULL) {
+        Py_DECREF(seq);
+        PyErr_NoMemory();
+        return NULL;
+    }
+    PyObject **items = PySequence_Fast_ITEMS(seq);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *t = items[i];
+        PyObject *ts = (PyTuple_Check(t) || PyList_Check(t)) ? t : NULL;
+        Py_ssize_t tn = ts ? PySequence_Fast_GET_SIZE(ts) : 0;
+        if (ts == NULL || tn < 2 || tn > 4) {
+            PyErr_Format(PyExc_TypeError, "descriptor %zd: an (addr, len, dev) tuple is needed, "
+                                          "got %.100R", i, t);
+            goto fail;
+        }
+        PyObject **f = PySequence_Fast_ITEMS(ts);
+        uint64_t dev = (uint64_t)(int64_t)def_dev;
+        if (kvlpy_u64(f[0], &out[i].addr) < 0 || kvlpy_u64(f[1], &out[i].len) < 0)
+            goto fail_item;
+        if (tn >= 3 && !force_dev) {
+            long d = PyLong_AsLong(f[2]);
+            if (d == -1 && PyErr_Occurred())
+                goto fail_item;
+            dev = (uint64_t)(int64_t)d;
+        }
+        out[i].dev = (int32_t)(int64_t)dev;
+        continue;
+    fail_item:
+        PyErr_Clear();
+        PyErr_Format(PyExc_ValueError, "descriptor %zd: addr and len must be non-negative "
+                                       "64-bit integers and dev an int, got %.100R", i, t);
+        goto fail;
+    }
+    Py_DECREF(seq);
+    *n_p = (size_t)n;
+    return out;
+fail:
+    Py_DECREF(seq);
+    PyMem_Free(out);
+    return NULL;
+}
+
+int kvlpy_kind_get(PyObject *obj, kvl_mem_kind_t *kind_p)
+{
+    if (obj == NULL || obj == Py_None) {
+        *kind_p = KVL_MEM_AUTO;
+        return 0;
+    }
+    if (PyLong_Check(obj)) {
+        long k = PyLong_AsLong(obj);
+        if (k < KVL_MEM_AUTO || k > KVL_MEM_FILE) {
+            PyErr_Format(PyExc_ValueError, "memory kind %ld is not one of 0..3", k);
+            return -1;
+        }
+        *kind_p = (kvl_mem_kind_t)k;
+        return 0;
+    }
+    const char *s = PyUnicode_Check(obj) ? PyUnicode_AsUTF8(obj) : NULL;
+    if (s == NULL || kvl_mem_kind_parse(s, kind_p) != KVL_OK) {
+        PyErr_Clear();
+        PyErr_Format(PyExc_ValueError, "memory kind must be \"DRAM\", \"VRAM\", \"FILE\" or "
+                                       "\"AUTO\", got %.100R", obj);
+        return -1;
+    }
+    return 0;
+}
+
+/* ---- module functions ---------------------------------------------------- */
+
+static PyObject *kvlpy_set_error_factory(PyObject *mod, PyObject *f)
+{
+    (void)mod;
+    Py_XSETREF(kvlpy_error_factory, Py_NewRef(f));
+    Py_RETURN_NONE;
+}
+
+/* (address, length, readonly) of an object exporting the buffer protocol. */
+static PyObject *kvlpy_buffer_info(PyObject *mod, PyObject *obj)
+{
+    (void)mod;
+    Py_buffer v;
+    int ro = 0;
+    if (PyObject_GetBuffer(obj, &v, PyBUF_ANY_CONTIGUOUS | PyBUF_WRITABLE) < 0) {
+        PyErr_Clear();
+        if (PyObject_GetBuffer(obj, &v, PyBUF_ANY_CONTIGUOUS) < 0)
+            return NULL;
+        ro = 1;
+    }
+    PyObject *r = Py_BuildValue("(KnO)", (unsigned long long)(uintptr_t)v.buf, v.len,
+                                ro ? Py_True : Py_False);
+    PyBuffer_Release(&v);
+    return r;
+}
+
+static PyObject *kvlpy_shutdown(PyObject *mod, PyObject *unused)
+{
+    (void)mod;
+    (void)unused;
+    kvlpy_agents_shutdown();
+    Py_RETURN_NONE;
+}
+
+static PyObject *kvlpy_backend_names(PyObject *mod, PyObject *unused)
+{
+    (void)mod;
+    (void)unused;
+    PyObject *l = PyList_New(0);
+    const char *const *names = kvl_backend_names();
+    for (size_t i = 0; l && names && names[i]; i++) {
+        PyObject *s = PyUnicode_FromString(names[i]);
+        if (s == NULL || PyList_Append(l, s) < 0) {
+            Py_XDECREF(s);
+            Py_CLEAR(l);
+            break;
+        }
+        Py_DECREF(s);
+    }
+    return l;
+}
+
+/* (ok, reason) */
+static PyObject *kvlpy_backend_available(PyObject *mod, PyObject *arg)
+{
+    (void)mod;
+    const char *name = PyUnicode_AsUTF8(arg);
+    if (name == NULL)
+        return NULL;
+    char reason[1024] = "";
+    kvl_status_t st = kvl_backend_available(name, reason, sizeof(reason));
+    return Py_BuildValue("(Os)", st == KVL_OK ? Py_True : Py_False, reason);
+}
+
+static PyObject *kvlpy_backend_params(PyObject *mod, PyObject *arg)
+{
+    (void)mod;
+    const char *name = PyUnicode_AsUTF8(arg);
+    if (name == NULL)
+        return NULL;
+    const kvl_param_t *p = kvl_backend_params(name);
+    if (p == NULL)
+        return kvlpy_raise_msg(KVL_ERR_NOT_FOUND, "unknown backend", "see kvlane.backend_names()");
+    PyObject *d = PyDict_New();
+    for (size_t i = 0; d && p[i].key; i++) {
+        PyObject *v = PyUnicode_FromString(p[i].value ? p[i].value : "");
+        if (v == NULL || PyDict_SetItemString(d, p[i].key, v) < 0) {
+            Py_XDECREF(v);
+            Py_CLEAR(d);
+            break;
+        }
+        Py_DECREF(v);
+    }
+    return d;
+}
+
+static PyObject *kvlpy_status_name(PyObject *mod, PyObject *arg)
+{
+    (void)mod;
+    long st = PyLong_AsLong(arg);
+    if (st == -1 && PyErr_Occurred())
+        return NULL;
+    return PyUnicode_FromString(kvl_status_name((kvl_status_t)st));
+}
+
+static PyObject *kvlpy_status_str(PyObject *mod, PyObject *arg)
+{
+    (void)mod;
+    long st = PyLong_AsLong(arg);
+    if (st == -1 && PyErr_Occurred())
+        return NULL;
+    return PyUnicode_FromString(kvl_status_str((kvl_status_t)st));
+}
+
+static PyObject *kvlpy_listener_built(PyObject *mod, PyObject *unused);
+
+static PyMethodDef kvlpy_module_methods[] = {
+    {"_set_error_factory", kvlpy_set_error_factory, METH_O, "Install the exception factory."},
+    {"buffer_info", kvlpy_buffer_info, METH_O,
+     "buffer_info(obj) -> (address, nbytes, readonly) of a contiguous buffer."},
+    {"_shutdown", kvlpy_shutdown, METH_NOARGS, "Close every live agent, newest first."},
+    {"backend_names", kvlpy_backend_names, METH_NOARGS, "Backends this build knows."},
+    {"backend_available", kvlpy_backend_available, METH_O,
+     "backend_available(name) -> (ok, reason)."},
+    {"backend_params", kvlpy_backend_params, METH_O,
+     "backend_params(name) -> {key: default}."},
+    {"status_name", kvlpy_status_name, METH_O, "Constant name of a status code."},
+    {"status_str", kvlpy_status_str, METH_O, "Short description of a status code."},
+    {"listener_built", kvlpy_listener_built, METH_NOARGS,
+     "Whether this libkvlane has the agent listener (kvlane/listener.h)."},
+    {NULL, NULL, 0, NULL}};
+
+static PyObject *kvlpy_listener_built(PyObject *mod, PyObject *unused)
+{
+    (void)mod;
+    (void)unused;
+    kvl_status_t (*fn)(kvl_agent_t *, const char *, uint16_t, char *, size_t) = kvl_agent_listen;
+    return PyBool_FromLong(fn != NULL);
+}
+
+static struct PyModuleDef kvlpy_module = {
+    PyModuleDef_HEAD_INIT, "kvlane._kvlane",
+    "kvlane's C extension: agents, registration, descriptor lists, transfers.", -1,
+    kvlpy_module_methods, NULL, NULL, NULL, NULL};
+
+PyMODINIT_FUNC PyInit__kvlane(void);
+
+PyMODINIT_FUNC PyInit__kvlane(void)
+{
+    PyTypeObject *types[] = {&kvlpy_agent_type, &kvlpy_dlist_type, &kvlpy_prep_type,
+                             &kvlpy_xfer_type};
+    for (size_t i = 0; i < sizeof(types) / sizeof(types[0]); i++)
+        if (PyType_Ready(types[i]) < 0)
+            return NULL;
+    PyObject *m = PyModule_Create(&kvlpy_module);
+    if (m == NULL)
+        return NULL;
+    const char *names[] = {"Agent", "DList", "Prep", "Xfer"};
+    for (size_t i = 0; i < sizeof(types) / sizeof(types[0]); i++)
+        if (PyModule_AddObjectRef(m, names[i], (PyObject *)types[i]) < 0)
+            goto fail;
+    struct {
+        const char *name;
+        long value;
+    } consts[] = {
+        {"MEM_AUTO", KVL_MEM_AUTO}, {"MEM_DRAM", KVL_MEM_DRAM}, {"MEM_VRAM", KVL_MEM_VRAM},
+        {"MEM_FILE", KVL_MEM_FILE}, {"DEV_ANY", KVL_DEV_ANY}, {"READ", KVL_READ},
+        {"WRITE", KVL_WRITE}, {"XFER_IDLE", KVL_XFER_IDLE}, {"XFER_POSTED", KVL_XFER_POSTED},
+        {"XFER_DONE", KVL_XFER_DONE}, {"XFER_CANCELED", KVL_XFER_CANCELED},
+        {"XFER_ERROR", KVL_XFER_ERROR}, {"REG_ANY", KVL_REG_ANY}, {"REG_ALL", KVL_REG_ALL},
+        {"NOTIF_MAX", KVL_NOTIF_MAX}, {"NAME_MAX", KVL_NAME_MAX},
+        {"OK", KVL_OK}, {"IN_PROGRESS", KVL_IN_PROGRESS},
+    };
+    for (size_t i = 0; i < sizeof(consts) / sizeof(consts[0]); i++)
+        if (PyModule_AddIntConstant(m, consts[i].name, consts[i].value) < 0)
+            goto fail;
+    if (PyModule_AddStringConstant(m, "version", kvl_version()) < 0)
+        goto fail;
+    return m;
+fail:
+    Py_DECREF(m);
+    return NULL;
+}

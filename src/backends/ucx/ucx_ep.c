@@ -1,0 +1,264 @@
+/*
+ * kvlane ucx backend: endpoints. Our connection info is the UCP worker
+ * address (plus the transports we offer, for diagnoses); peer_load creates
+ * an endpoint with peer error handling, so a dead peer fails transfers
+ * instead of hanging them.
+ *
+ * Connection info (native byte order, version 1):
+ *   0 magic u32 | 4 version u16 | 6 flags u16 (bit 0: peer error handling)
+ *   8 incarnation u64 | 16 pid u32 | 20 address length u32
+ *  24 transports length u16 | 26 reserved u16 | 28 crc32 of the address u32
+ *  32 transports (text, no NUL) | then the worker address
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include "ucx.h"
+
+#define KVLI_UCX_CONN_MAGIC 0x43554c4bu  /* "KLUC" */
+#define KVLI_UCX_CONN_VERSION 1u
+#define KVLI_UCX_CONN_FIXED 32u
+
+uint32_t kvli_ucx_crc32(const uint8_t *p, size_t n)
+{
+    uint32_t c = 0xffffffffu;
+    for (size_t i = 0; i < n; i++) {
+        c ^= p[i];
+        for (int k = 0; k < 8; k++)
+            c = (c >> 1) ^ (0xedb88320u & (0u - (c & 1u)));
+    }
+    return ~c;
+}
+
+kvl_status_t kvli_ucx_ep_conn_pack(void *bk, uint8_t *buf, size_t cap, size_t *len_p)
+{
+    kvli_ucx_iface_t *iface = bk;
+    uint32_t magic = KVLI_UCX_CONN_MAGIC, pid = (uint32_t)getpid(), al, crc;
+    uint16_t ver = KVLI_UCX_CONN_VERSION, flags = (uint16_t)(iface->err_mode_peer ? 1 : 0);
+    uint16_t tl = (uint16_t)strlen(iface->tls_list), rsv = 0;
+    size_t need = KVLI_UCX_CONN_FIXED + tl + iface->addr_len;
+    if (iface->addr == NULL || cap < need)
+        return KVL_ERR_INVALID_ARG;
+    al = (uint32_t)iface->addr_len;
+    crc = kvli_ucx_crc32((const uint8_t *)iface->addr, iface->addr_len);
+    memcpy(buf + 0, &magic, 4);
+    memcpy(buf + 4, &ver, 2);
+    memcpy(buf + 6, &flags, 2);
+    memcpy(buf + 8, &iface->ctx->incarnation, 8);
+    memcpy(buf + 16, &pid, 4);
+    memcpy(buf + 20, &al, 4);
+    memcpy(buf + 24, &tl, 2);
+    memcpy(buf + 26, &rsv, 2);
+    memcpy(buf + 28, &crc, 4);
+    memcpy(buf + KVLI_UCX_CONN_FIXED, iface->tls_list, tl);
+    memcpy(buf + KVLI_UCX_CONN_FIXED + tl, iface->addr, iface->addr_len);
+    *len_p = need;
+    return KVL_OK;
+}
+
+/* UCX calls this (inside ucp_worker_progress) when the endpoint fails:
+ * record it; the progress thread fails the peer's transfers. */
+static void kvli_ucx_ep_err_cb(void *arg, ucp_ep_h ep, ucs_status_t status)
+{
+    kvli_ucx_peer_t *peer = arg;
+    kvli_ucx_iface_t *iface = peer->iface;
+    (void)ep;
+    pthread_mutex_lock(&iface->lock);
+    if (!peer->dead) {
+        peer->dead = 1;
+        peer->dead_status = status;
+        snprintf(peer->dead_what, sizeof(peer->dead_what),
+                 "UCX reported the endpoint to agent '%.60s' failed: %s", peer->name,
+                 ucs_status_string(status));
+    }
+    pthread_mutex_unlock(&iface->lock);
+    kvli_ucx_iface_wake(iface);
+}
+
+static kvl_status_t kvli_ucx_conn_bad(kvl_error_t *err, const char *name, const char *why)
+{
+    kvl_bk_error_set(err, KVL_ERR_BAD_METADATA, 0, KVLI_UCX_NAME, -1,
+                     "ucx connection info of agent '%.60s' is invalid: %s", name, why);
+    kvl_bk_error_hint(err, "the metadata is corrupted or comes from an incompatible kvlane; "
+                      "fetch it again from the agent");
+    return KVL_ERR_BAD_METADATA;
+}
+
+kvl_status_t kvli_ucx_ep_load(void *bk, const char *name, uint64_t incarnation,
+                              const uint8_t *conn, size_t len, void **peer_p, kvl_error_t *err)
+{
+    kvli_ucx_iface_t *iface = bk;
+    uint32_t magic, pid, al, crc;
+    uint16_t ver, flags, tl;
+    uint64_t inc;
+    ucp_ep_params_t ep;
+    kvli_ucx_peer_t *peer;
+    kvli_ucx_log_t log;
+    uint8_t *addr;
+    char why[160];
+    ucs_status_t s;
+
+    if (name == NULL)
+        name = "?";
+    if (iface->config_bad && iface->missing_refuse) {
+        memcpy(err, &iface->config_err, offsetof(kvl_error_t, causes));
+        return iface->config_err.code;
+    }
+    if (conn == NULL || len < KVLI_UCX_CONN_FIXED) {
+        snprintf(why, sizeof(why), "%zu bytes, at least %u expected", len, KVLI_UCX_CONN_FIXED);
+        return kvli_ucx_conn_bad(err, name, why);
+    }
+    memcpy(&magic, conn, 4);
+    memcpy(&ver, conn + 4, 2);
+    memcpy(&flags, conn + 6, 2);
+    memcpy(&inc, conn + 8, 8);
+    memcpy(&pid, conn + 16, 4);
+    memcpy(&al, conn + 20, 4);
+    memcpy(&tl, conn + 24, 2);
+    memcpy(&crc, conn + 28, 4);
+    if (magic != KVLI_UCX_CONN_MAGIC || ver != KVLI_UCX_CONN_VERSION) {
+        snprintf(why, sizeof(why), "magic 0x%08x version %u (want 0x%08x version %u)", magic,
+                 ver, KVLI_UCX_CONN_MAGIC, KVLI_UCX_CONN_VERSION);
+        return kvli_ucx_conn_bad(err, name, why);
+    }
+    if (al == 0 || tl > 255 || (size_t)KVLI_UCX_CONN_FIXED + tl + al != len) {
+        snprintf(why, sizeof(why), "lengths (transports %u, address %u) do not add up to the "
+                 "%zu bytes carried", tl, al, len);
+        return kvli_ucx_conn_bad(err, name, why);
+    }
+    if (inc != incarnation) {
+        snprintf(why, sizeof(why), "incarnation %016llx, the metadata says %016llx",
+                 (unsigned long long)inc, (unsigned long long)incarnation);
+        return kvli_ucx_conn_bad(err, name, why);
+    }
+    for (uint16_t i = 0; i < tl; i++)
+        if (conn[KVLI_UCX_CONN_FIXED + i] < 0x20 || conn[KVLI_UCX_CONN_FIXED + i] > 0x7e)
+            return kvli_ucx_conn_bad(err, name, "transport list is not printable text");
+    if (kvli_ucx_crc32(conn + KVLI_UCX_CONN_FIXED + tl, al) != crc)
+        return kvli_ucx_conn_bad(err, name, "worker address checksum mismatch");
+
+    peer = calloc(1, sizeof(*peer));
+    /* UCX's address unpack takes no length: zeros behind the bytes keep a
+     * short address from making it read past our buffer. */
+    addr = calloc(1, (size_t)al + KVLI_UCX_PAD);
+    if (peer == NULL || addr == NULL) {
+        free(peer);
+        free(addr);
+        kvl_bk_error_set(err, KVL_ERR_NO_MEMORY, ENOMEM, KVLI_UCX_NAME, -1, "out of memory");
+        return KVL_ERR_NO_MEMORY;
+    }
+    memcpy(addr, conn + KVLI_UCX_CONN_FIXED + tl, al);
+    peer->iface = iface;
+    snprintf(peer->name, sizeof(peer->name), "%.63s", name);
+    peer->incarnation = incarnation;
+    peer->pid = pid;
+    memcpy(peer->remote_tls, conn + KVLI_UCX_CONN_FIXED, tl);
+    peer->remote_tls[tl] = '\0';
+
+    memset(&ep, 0, sizeof(ep));
+    ep.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
+                    UCP_EP_PARAM_FIELD_ERR_HANDLER | UCP_EP_PARAM_FIELD_NAME;
+    ep.address = (const ucp_address_t *)addr;
+    ep.err_mode = iface->err_mode_peer ? UCP_ERR_HANDLING_MODE_PEER : UCP_ERR_HANDLING_MODE_NONE;
+    ep.err_handler.cb = kvli_ucx_ep_err_cb;
+    ep.err_handler.arg = peer;
+    ep.name = peer->name;
+    kvli_ucx_log_begin(&log);
+    s = ucp_ep_create(iface->worker, &ep, &peer->ep);
+    kvli_ucx_log_end();
+    free(addr);
+    if (s != UCS_OK) {
+        peer->ep = NULL;
+        kvli_ucx_diag_unreachable(iface, peer, s, &log, err);
+        free(peer);
+        return err->code;
+    }
+    pthread_mutex_lock(&iface->lock);
+    peer->next = iface->peers;
+    iface->peers = peer;
+    pthread_mutex_unlock(&iface->lock);
+    *peer_p = peer;
+    return KVL_OK;
+}
+
+/* Close the endpoint, waiting at most the timeout. force: the peer is dead
+ * or we are tearing down, do not flush. */
+void kvli_ucx_ep_close(kvli_ucx_iface_t *iface, kvli_ucx_peer_t *peer, int force)
+{
+    ucp_request_param_t rp;
+    void *req;
+    uint64_t end;
+
+    if (peer->ep == NULL)
+        return;
+    memset(&rp, 0, sizeof(rp));
+    rp.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+    rp.flags = force ? UCP_EP_CLOSE_FLAG_FORCE : 0;
+    req = ucp_ep_close_nbx(peer->ep, &rp);
+    peer->ep = NULL;
+    if (req == NULL)
+        return;
+    if (UCS_PTR_IS_ERR(req)) {
+        iface->ctx->log(iface->ctx, KVL_LOG_DEBUG, "ucp_ep_close_nbx(agent '%s') = %s",
+                        peer->name, ucs_status_string(UCS_PTR_STATUS(req)));
+        return;
+    }
+    end = kvli_ucx_now_ms() + iface->timeout_ms;
+    while (ucp_request_check_status(req) == UCS_INPROGRESS) {
+        if (kvli_ucx_now_ms() > end) {
+            iface->ctx->log(iface->ctx, KVL_LOG_WARN, "closing the endpoint to agent '%s' did "
+                            "not finish within %llu ms; leaving it to the worker's teardown",
+                            peer->name, (unsigned long long)iface->timeout_ms);
+            break;
+        }
+        if (iface->progress_started && !atomic_load(&iface->stopping))
+            usleep(100); /* the progress thread progresses */
+        else
+            ucp_worker_progress(iface->worker);
+    }
+    ucp_request_free(req);
+}
+
+void kvli_ucx_ep_unload(void *bk, void *peerv)
+{
+    kvli_ucx_iface_t *iface = bk;
+    kvli_ucx_peer_t *peer = peerv;
+    int dead;
+    if (peer == NULL)
+        return;
+    kvli_ucx_xfer_cancel_peer(iface, peer);
+    pthread_mutex_lock(&iface->lock);
+    for (kvli_ucx_peer_t **pp = &iface->peers; *pp != NULL; pp = &(*pp)->next)
+        if (*pp == peer) {
+            *pp = peer->next;
+            break;
+        }
+    dead = peer->dead;
+    pthread_mutex_unlock(&iface->lock);
+    /* rkeys before the endpoint (the core unloaded them already; this only
+     * guards against a leak) */
+    for (kvli_ucx_rh_t *rh = peer->rhs, *nr; rh != NULL; rh = nr) {
+        nr = rh->next;
+        if (rh->rkey != NULL)
+            ucp_rkey_destroy(rh->rkey);
+        free(rh);
+    }
+    peer->rhs = NULL;
+    kvli_ucx_ep_close(iface, peer, dead);
+    free(peer);
+}
+
+void kvli_ucx_ep_describe(void *bk, void *peerv, char *buf, size_t len)
+{
+    kvli_ucx_iface_t *iface = bk;
+    kvli_ucx_peer_t *peer = peerv;
+    pthread_mutex_lock(&iface->lock);
+    if (peer->dead)
+        snprintf(buf, len, "UCP endpoint (dead: %.200s)", peer->dead_what);
+    else
+        snprintf(buf, len, "UCP endpoint over %.100s (peer offers %.100s)%s", iface->tls_list,
+                 peer->remote_tls, iface->err_mode_peer ? ", peer error handling" : "");
+    pthread_mutex_unlock(&iface->lock);
+}

@@ -1,0 +1,277 @@
+/*
+ * kvlane ucx backend: memory. Local regions are mapped with an explicit
+ * memory type (ucp_mem_map + UCP_MEM_MAP_PARAM_FIELD_MEMORY_TYPE) and their
+ * packed rkey travels in the region key; remote keys are checked and
+ * unpacked on the peer's endpoint.
+ *
+ * Every mapped region is on iface->mhs until unmapped, so close() and the
+ * process-exit teardown unmap whatever is left before the worker and the
+ * context go (UCX aborts with "destroying inuse region" otherwise).
+ *
+ * Region key (native byte order, version 1):
+ *   0 magic u32 | 4 version u16 | 6 memory type u16 | 8 addr u64 | 16 len u64
+ *  24 rkey length u32 | 28 crc32 of the rkey u32 | 32 rkey bytes
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "ucx.h"
+
+#define KVLI_UCX_KEY_MAGIC 0x4b554c4bu   /* "KLUK" */
+#define KVLI_UCX_KEY_VERSION 1u
+#define KVLI_UCX_KEY_FIXED 32u
+
+void kvli_ucx_md_unmap(kvli_ucx_iface_t *iface, kvli_ucx_mh_t *mh)
+{
+    pthread_mutex_lock(&iface->lock);
+    if (mh->prev)
+        mh->prev->next = mh->next;
+    else if (iface->mhs == mh)
+        iface->mhs = mh->next;
+    if (mh->next)
+        mh->next->prev = mh->prev;
+    mh->next = mh->prev = NULL;
+    pthread_mutex_unlock(&iface->lock);
+    if (mh->rkey_buf != NULL)
+        ucp_rkey_buffer_release(mh->rkey_buf);
+    mh->rkey_buf = NULL;
+    if (mh->memh != NULL && iface->context != NULL) {
+        ucs_status_t s = ucp_mem_unmap(iface->context, mh->memh);
+        if (s != UCS_OK)
+            iface->ctx->log(iface->ctx, KVL_LOG_WARN, "ucp_mem_unmap(0x%llx+%llu) = %s",
+                            (unsigned long long)mh->addr, (unsigned long long)mh->len,
+                            ucs_status_string(s));
+    }
+    mh->memh = NULL;
+}
+
+kvl_status_t kvli_ucx_md_reg(void *bk, const kvl_region_info_t *r, void **mh_p,
+                             char *detail, size_t detail_len, kvl_error_t *err)
+{
+    kvli_ucx_iface_t *iface = bk;
+    ucp_mem_map_params_t mp;
+    kvli_ucx_log_t log;
+    kvli_ucx_mh_t *mh;
+    char said[1100], note[200];
+    ucs_status_t s;
+
+    if (iface->config_bad && iface->missing_refuse) {
+        memcpy(err, &iface->config_err, offsetof(kvl_error_t, causes));
+        return iface->config_err.code;
+    }
+    if (r->kind != KVL_MEM_DRAM && r->kind != KVL_MEM_VRAM) {
+        kvl_bk_error_set(err, KVL_ERR_UNSUPPORTED, 0, KVLI_UCX_NAME, r->dev,
+                         "%s memory is not served by the ucx backend", 
+                         r->kind == KVL_MEM_FILE ? "FILE" : "this kind of");
+        kvl_bk_error_hint(err, "register DRAM or VRAM on ucx");
+        return KVL_ERR_UNSUPPORTED;
+    }
+    if (r->kind == KVL_MEM_VRAM && kvli_ucx_diag_vram(iface, r, err) != KVL_OK)
+        return err->code;
+    mh = calloc(1, sizeof(*mh));
+    if (mh == NULL) {
+        kvl_bk_error_set(err, KVL_ERR_NO_MEMORY, ENOMEM, KVLI_UCX_NAME, r->dev,
+                         "calloc(%zu) failed", sizeof(*mh));
+        return KVL_ERR_NO_MEMORY;
+    }
+    mh->addr = r->addr;
+    mh->len = r->len;
+    mh->kind = r->kind;
+    memset(&mp, 0, sizeof(mp));
+    mp.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH |
+                    UCP_MEM_MAP_PARAM_FIELD_MEMORY_TYPE;
+    mp.address = (void *)(uintptr_t)r->addr;
+    mp.length = r->len;
+    mp.memory_type = r->kind == KVL_MEM_VRAM ? UCS_MEMORY_TYPE_CUDA : UCS_MEMORY_TYPE_HOST;
+    kvli_ucx_log_begin(&log);
+    s = ucp_mem_map(iface->context, &mp, &mh->memh);
+    kvli_ucx_log_end();
+    if (s != UCS_OK) {
+        mh->memh = NULL;
+        kvli_ucx_diag_map_failed(iface, r, s, &log, err);
+        free(mh);
+        return err->code;
+    }
+    kvli_ucx_log_begin(&log);
+    s = ucp_rkey_pack(iface->context, mh->memh, &mh->rkey_buf, &mh->rkey_len);
+    kvli_ucx_log_end();
+    if (s != UCS_OK || mh->rkey_len > KVL_BK_KEY_MAX - KVLI_UCX_KEY_FIXED) {
+        kvl_bk_error_set(err, KVL_ERR_SYSTEM, 0, KVLI_UCX_NAME, r->dev,
+                         "ucp_rkey_pack(0x%llx+%llu) = %s, key %zu bytes (room %u)%s",
+                         (unsigned long long)r->addr, (unsigned long long)r->len,
+                         ucs_status_string(s), s == UCS_OK ? mh->rkey_len : 0,
+                         KVL_BK_KEY_MAX - KVLI_UCX_KEY_FIXED,
+                         kvli_ucx_log_said(&log, said, sizeof(said)));
+        kvl_bk_error_hint(err, "limit the transports (UCX_TLS) so the remote key fits");
+        if (s != UCS_OK)
+            mh->rkey_buf = NULL;
+        /* not on the list yet: unmap here, on this error path too */
+        if (mh->rkey_buf != NULL)
+            ucp_rkey_buffer_release(mh->rkey_buf);
+        ucp_mem_unmap(iface->context, mh->memh);
+        free(mh);
+        return KVL_ERR_SYSTEM;
+    }
+    pthread_mutex_lock(&iface->lock);
+    mh->next = iface->mhs;
+    if (iface->mhs)
+        iface->mhs->prev = mh;
+    iface->mhs = mh;
+    pthread_mutex_unlock(&iface->lock);
+    kvli_ucx_diag_memlock(iface, r->len, note, sizeof(note));
+    snprintf(detail, detail_len, "ucp_mem_map(%s), rkey %zu B, transports %.100s%s",
+             r->kind == KVL_MEM_VRAM ? "cuda" : "host", mh->rkey_len, iface->tls_list, note);
+    *mh_p = mh;
+    return KVL_OK;
+}
+
+void kvli_ucx_md_dereg(void *bk, void *mhv)
+{
+    kvli_ucx_mh_t *mh = mhv;
+    if (mh == NULL)
+        return;
+    kvli_ucx_md_unmap(bk, mh);
+    free(mh);
+}
+
+kvl_status_t kvli_ucx_md_pack(void *bk, void *mhv, uint8_t *buf, size_t cap, size_t *len_p)
+{
+    kvli_ucx_mh_t *mh = mhv;
+    uint16_t ver = KVLI_UCX_KEY_VERSION, mt;
+    uint32_t magic = KVLI_UCX_KEY_MAGIC, rl, crc;
+    (void)bk;
+    if (mh == NULL || mh->rkey_buf == NULL || cap < KVLI_UCX_KEY_FIXED + mh->rkey_len)
+        return KVL_ERR_INVALID_ARG;
+    mt = (uint16_t)(mh->kind == KVL_MEM_VRAM ? UCS_MEMORY_TYPE_CUDA : UCS_MEMORY_TYPE_HOST);
+    rl = (uint32_t)mh->rkey_len;
+    crc = kvli_ucx_crc32(mh->rkey_buf, mh->rkey_len);
+    memcpy(buf + 0, &magic, 4);
+    memcpy(buf + 4, &ver, 2);
+    memcpy(buf + 6, &mt, 2);
+    memcpy(buf + 8, &mh->addr, 8);
+    memcpy(buf + 16, &mh->len, 8);
+    memcpy(buf + 24, &rl, 4);
+    memcpy(buf + 28, &crc, 4);
+    memcpy(buf + KVLI_UCX_KEY_FIXED, mh->rkey_buf, mh->rkey_len);
+    *len_p = KVLI_UCX_KEY_FIXED + mh->rkey_len;
+    return KVL_OK;
+}
+
+static kvl_status_t kvli_ucx_key_bad(kvl_error_t *err, const kvli_ucx_peer_t *peer,
+                                     const kvl_region_info_t *r, const char *why)
+{
+    kvl_bk_error_set(err, KVL_ERR_BAD_METADATA, 0, KVLI_UCX_NAME, -1,
+                     "region key of agent '%.60s' for 0x%llx+%llu is invalid: %s",
+                     peer ? peer->name : "?", (unsigned long long)r->addr,
+                     (unsigned long long)r->len, why);
+    kvl_bk_error_hint(err, "the metadata is corrupted or comes from an incompatible kvlane; "
+                      "fetch it again from the agent");
+    return KVL_ERR_BAD_METADATA;
+}
+
+kvl_status_t kvli_ucx_md_rload(void *bk, void *peerv, const kvl_region_info_t *r,
+                               const uint8_t *key, size_t len, void **rh_p, kvl_error_t *err)
+{
+    kvli_ucx_iface_t *iface = bk;
+    kvli_ucx_peer_t *peer = peerv;
+    uint32_t magic, rl, crc;
+    uint16_t ver, mt;
+    uint64_t addr, rlen;
+    kvli_ucx_log_t log;
+    kvli_ucx_rh_t *rh;
+    uint8_t *pad;
+    char said[1100], why[160];
+    ucs_status_t s;
+
+    if (peer == NULL || key == NULL || len < KVLI_UCX_KEY_FIXED) {
+        snprintf(why, sizeof(why), "%zu bytes, at least %u expected", len, KVLI_UCX_KEY_FIXED);
+        return kvli_ucx_key_bad(err, peer, r, why);
+    }
+    memcpy(&magic, key, 4);
+    memcpy(&ver, key + 4, 2);
+    memcpy(&mt, key + 6, 2);
+    memcpy(&addr, key + 8, 8);
+    memcpy(&rlen, key + 16, 8);
+    memcpy(&rl, key + 24, 4);
+    memcpy(&crc, key + 28, 4);
+    if (magic != KVLI_UCX_KEY_MAGIC || ver != KVLI_UCX_KEY_VERSION) {
+        snprintf(why, sizeof(why), "magic 0x%08x version %u (want 0x%08x version %u)", magic,
+                 ver, KVLI_UCX_KEY_MAGIC, KVLI_UCX_KEY_VERSION);
+        return kvli_ucx_key_bad(err, peer, r, why);
+    }
+    if (rl == 0 || rl != len - KVLI_UCX_KEY_FIXED) {
+        snprintf(why, sizeof(why), "rkey length %u does not match the %zu bytes carried", rl,
+                 len - KVLI_UCX_KEY_FIXED);
+        return kvli_ucx_key_bad(err, peer, r, why);
+    }
+    if (addr != r->addr || rlen != r->len) {
+        snprintf(why, sizeof(why), "key describes 0x%llx+%llu", (unsigned long long)addr,
+                 (unsigned long long)rlen);
+        return kvli_ucx_key_bad(err, peer, r, why);
+    }
+    if (mt != UCS_MEMORY_TYPE_HOST && mt != UCS_MEMORY_TYPE_CUDA) {
+        snprintf(why, sizeof(why), "memory type %u is not host or cuda", mt);
+        return kvli_ucx_key_bad(err, peer, r, why);
+    }
+    if (kvli_ucx_crc32(key + KVLI_UCX_KEY_FIXED, rl) != crc)
+        return kvli_ucx_key_bad(err, peer, r, "rkey checksum mismatch");
+    if (peer->ep == NULL) {
+        kvl_bk_error_set(err, KVL_ERR_STATE, 0, KVLI_UCX_NAME, -1,
+                         "agent '%.60s' has no UCP endpoint", peer->name);
+        return KVL_ERR_STATE;
+    }
+    rh = calloc(1, sizeof(*rh));
+    /* UCX's unpack takes no length: give it the bytes followed by zeros, so
+     * a short key cannot make it read past our buffer. */
+    pad = calloc(1, rl + KVLI_UCX_PAD);
+    if (rh == NULL || pad == NULL) {
+        free(rh);
+        free(pad);
+        kvl_bk_error_set(err, KVL_ERR_NO_MEMORY, ENOMEM, KVLI_UCX_NAME, -1, "out of memory");
+        return KVL_ERR_NO_MEMORY;
+    }
+    memcpy(pad, key + KVLI_UCX_KEY_FIXED, rl);
+    kvli_ucx_log_begin(&log);
+    s = ucp_ep_rkey_unpack(peer->ep, pad, &rh->rkey);
+    kvli_ucx_log_end();
+    free(pad);
+    if (s != UCS_OK) {
+        kvl_bk_error_set(err, KVL_ERR_BAD_METADATA, 0, KVLI_UCX_NAME, -1,
+                         "ucp_ep_rkey_unpack(agent '%.60s', 0x%llx+%llu) = %s%s", peer->name,
+                         (unsigned long long)r->addr, (unsigned long long)r->len,
+                         ucs_status_string(s), kvli_ucx_log_said(&log, said, sizeof(said)));
+        kvl_bk_error_hint(err, "the remote key does not fit this endpoint's transports: check "
+                          "that both agents use compatible UCX versions and UCX_TLS");
+        free(rh);
+        return KVL_ERR_BAD_METADATA;
+    }
+    rh->peer = peer;
+    rh->addr = addr;
+    rh->len = rlen;
+    pthread_mutex_lock(&iface->lock);
+    rh->next = peer->rhs;
+    peer->rhs = rh;
+    pthread_mutex_unlock(&iface->lock);
+    *rh_p = rh;
+    return KVL_OK;
+}
+
+void kvli_ucx_md_runload(void *bk, void *peerv, void *rhv)
+{
+    kvli_ucx_iface_t *iface = bk;
+    kvli_ucx_peer_t *peer = peerv;
+    kvli_ucx_rh_t *rh = rhv;
+    if (rh == NULL || peer == NULL)
+        return;
+    pthread_mutex_lock(&iface->lock);
+    for (kvli_ucx_rh_t **pp = &peer->rhs; *pp != NULL; pp = &(*pp)->next)
+        if (*pp == rh) {
+            *pp = rh->next;
+            break;
+        }
+    pthread_mutex_unlock(&iface->lock);
+    if (rh->rkey != NULL)
+        ucp_rkey_destroy(rh->rkey);
+    free(rh);
+}

@@ -1,0 +1,623 @@
+/*
+ * kvlane ucx backend: transfers and notifications.
+ *
+ * A posting is queued to the progress thread, which issues the blocks as
+ * ucp_put_nbx (WRITE) / ucp_get_nbx (READ) in batches of at most
+ * KVLI_UCX_BATCH_BYTES or KVLI_UCX_BATCH_OPS, each batch followed by
+ * ucp_ep_flush_nbx: when the flush completes every byte of the batch is in
+ * place at the target. After the last flush the notification goes out as a
+ * UCX active message, so it can never overtake the data.
+ *
+ * Cancel tells the truth: the progress thread stops issuing at the next
+ * batch boundary and waits for the flush of what was issued (bounded); the
+ * transfer ends CANCELED only when some blocks were never issued and no
+ * issued byte can still land. A transfer whose last batch was already
+ * issued completes normally (DONE, notification sent).
+ *
+ * A dead peer (UCX's endpoint error callback, or no flush completion for
+ * timeout_ms) fails the transfer with the peer's name and the bytes moved.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include "ucx.h"
+
+#define KVLI_UCX_NOTIF_MAGIC 0x4e554c4bu  /* "KLUN" */
+#define KVLI_UCX_NOTIF_HDR 16u             /* magic, name length, incarnation */
+
+static void kvli_ucx_tok_cb(void *req, ucs_status_t status, void *user_data)
+{
+    kvli_ucx_token_t *tok = user_data;
+    kvli_ucx_iface_t *iface = tok->iface;
+    ucp_request_free(req);
+    pthread_mutex_lock(&iface->lock);
+    if (tok->abandoned) {
+        pthread_mutex_unlock(&iface->lock);
+        free(tok->buf);
+        free(tok);
+        return;
+    }
+    tok->done = 1;
+    tok->status = status;
+    pthread_cond_broadcast(&iface->cond);
+    pthread_mutex_unlock(&iface->lock);
+}
+
+/* Give up on a token: free it now if UCX is done with it, else let the
+ * callback free it. */
+static void kvli_ucx_tok_drop(kvli_ucx_iface_t *iface, kvli_ucx_token_t *tok)
+{
+    int done;
+    if (tok == NULL)
+        return;
+    pthread_mutex_lock(&iface->lock);
+    done = tok->done;
+    tok->abandoned = 1;
+    pthread_mutex_unlock(&iface->lock);
+    if (done) {
+        free(tok->buf);
+        free(tok);
+    }
+}
+
+static kvli_ucx_token_t *kvli_ucx_tok_new(kvli_ucx_iface_t *iface, size_t buf_len)
+{
+    kvli_ucx_token_t *tok = calloc(1, sizeof(*tok));
+    if (tok == NULL)
+        return NULL;
+    tok->iface = iface;
+    if (buf_len > 0 && (tok->buf = malloc(buf_len)) == NULL) {
+        free(tok);
+        return NULL;
+    }
+    return tok;
+}
+
+static int kvli_ucx_tok_done(kvli_ucx_iface_t *iface, kvli_ucx_token_t *tok, ucs_status_t *s)
+{
+    int done;
+    pthread_mutex_lock(&iface->lock);
+    done = tok->done;
+    *s = tok->status;
+    pthread_mutex_unlock(&iface->lock);
+    return done;
+}
+
+/* Build an AM notification (header + message) into tok->buf. */
+static size_t kvli_ucx_notif_build(kvli_ucx_iface_t *iface, uint8_t *buf, const void *msg,
+                                   size_t len)
+{
+    uint32_t magic = KVLI_UCX_NOTIF_MAGIC;
+    uint16_t nl = (uint16_t)strlen(iface->ctx->agent_name), rsv = 0;
+    memcpy(buf, &magic, 4);
+    memcpy(buf + 4, &nl, 2);
+    memcpy(buf + 6, &rsv, 2);
+    memcpy(buf + 8, &iface->ctx->incarnation, 8);
+    memcpy(buf + KVLI_UCX_NOTIF_HDR, iface->ctx->agent_name, nl);
+    if (len > 0)
+        memcpy(buf + KVLI_UCX_NOTIF_HDR + nl, msg, len);
+    return KVLI_UCX_NOTIF_HDR + nl;
+}
+
+static ucs_status_ptr_t kvli_ucx_notif_issue(kvli_ucx_iface_t *iface, kvli_ucx_peer_t *peer,
+                                             kvli_ucx_token_t *tok, size_t hlen, size_t len)
+{
+    ucp_request_param_t rp;
+    memset(&rp, 0, sizeof(rp));
+    rp.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
+                      UCP_OP_ATTR_FIELD_FLAGS;
+    rp.cb.send = kvli_ucx_tok_cb;
+    rp.user_data = tok;
+    /* eager: the receiver gets the whole message in its handler */
+    rp.flags = UCP_AM_SEND_FLAG_EAGER;
+    (void)iface;
+    return ucp_am_send_nbx(peer->ep, KVLI_UCX_AM_ID, tok->buf, hlen,
+                           (uint8_t *)tok->buf + hlen, len, &rp);
+}
+
+ucs_status_t kvli_ucx_notif_recv(void *arg, const void *header, size_t header_length,
+                                 void *data, size_t length, const ucp_am_recv_param_t *param)
+{
+    kvli_ucx_iface_t *iface = arg;
+    const uint8_t *h = header;
+    uint32_t magic;
+    uint16_t nl;
+    char from[KVL_NAME_MAX];
+
+    if (header_length < KVLI_UCX_NOTIF_HDR || (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV)) {
+        iface->ctx->log(iface->ctx, KVL_LOG_WARN, "dropped a notification: header of %zu "
+                        "bytes%s", header_length,
+                        (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) ? ", rendezvous" : "");
+        return UCS_OK;
+    }
+    memcpy(&magic, h, 4);
+    memcpy(&nl, h + 4, 2);
+    if (magic != KVLI_UCX_NOTIF_MAGIC || nl == 0 || nl >= KVL_NAME_MAX ||
+        KVLI_UCX_NOTIF_HDR + (size_t)nl != header_length || length > KVL_NOTIF_MAX) {
+        iface->ctx->log(iface->ctx, KVL_LOG_WARN, "dropped a malformed notification (header "
+                        "%zu bytes, message %zu bytes)", header_length, length);
+        return UCS_OK;
+    }
+    memcpy(from, h + KVLI_UCX_NOTIF_HDR, nl);
+    from[nl] = '\0';
+    iface->ctx->notif_deliver(iface->ctx, from, data, length);
+    return UCS_OK;
+}
+
+kvl_status_t kvli_ucx_notif_send(void *bk, void *peerv, const void *msg, size_t len,
+                                 kvl_error_t *err)
+{
+    kvli_ucx_iface_t *iface = bk;
+    kvli_ucx_peer_t *peer = peerv;
+    kvli_ucx_token_t *tok;
+    ucs_status_ptr_t req;
+    ucs_status_t s = UCS_OK;
+    struct timespec dl;
+    size_t hlen;
+    int dead, done = 0;
+
+    pthread_mutex_lock(&iface->lock);
+    dead = peer->dead;
+    if (dead)
+        kvl_bk_error_set(err, KVL_ERR_REMOTE_DISCONNECT, 0, KVLI_UCX_NAME, -1,
+                         "notification to agent '%.60s' not sent: %.200s", peer->name,
+                         peer->dead_what);
+    pthread_mutex_unlock(&iface->lock);
+    if (dead) {
+        kvl_bk_error_hint(err, "the peer died; reload its metadata once it restarts");
+        return KVL_ERR_REMOTE_DISCONNECT;
+    }
+    tok = kvli_ucx_tok_new(iface, KVLI_UCX_NOTIF_HDR + KVL_NAME_MAX + len);
+    if (tok == NULL) {
+        kvl_bk_error_set(err, KVL_ERR_NO_MEMORY, ENOMEM, KVLI_UCX_NAME, -1, "out of memory");
+        return KVL_ERR_NO_MEMORY;
+    }
+    hlen = kvli_ucx_notif_build(iface, tok->buf, msg, len);
+    req = kvli_ucx_notif_issue(iface, peer, tok, hlen, len);
+    if (req == NULL) {
+        free(tok->buf);
+        free(tok);
+        return KVL_OK;
+    }
+    if (UCS_PTR_IS_ERR(req)) {
+        s = UCS_PTR_STATUS(req);
+        free(tok->buf);
+        free(tok);
+        kvl_bk_error_set(err, KVL_ERR_REMOTE, 0, KVLI_UCX_NAME, -1,
+                         "ucp_am_send_nbx(notification to agent '%.60s', %zu bytes) = %s",
+                         peer->name, len, ucs_status_string(s));
+        kvl_bk_error_hint(err, "check that the peer is alive and reachable");
+        return KVL_ERR_REMOTE;
+    }
+    clock_gettime(CLOCK_MONOTONIC, &dl);
+    dl.tv_sec += (time_t)(iface->timeout_ms / 1000u);
+    dl.tv_nsec += (long)(iface->timeout_ms % 1000u) * 1000000L;
+    if (dl.tv_nsec >= 1000000000L) {
+        dl.tv_sec++;
+        dl.tv_nsec -= 1000000000L;
+    }
+    kvli_ucx_iface_wake(iface);
+    pthread_mutex_lock(&iface->lock);
+    while (!tok->done && !peer->dead &&
+           pthread_cond_timedwait(&iface->cond, &iface->lock, &dl) != ETIMEDOUT)
+        ;
+    done = tok->done;
+    s = tok->status;
+    if (!done)
+        tok->abandoned = 1;
+    pthread_mutex_unlock(&iface->lock);
+    if (done) {
+        free(tok->buf);
+        free(tok);
+    }
+    if (done && s == UCS_OK)
+        return KVL_OK;
+    kvl_bk_error_set(err, done ? KVL_ERR_REMOTE : KVL_ERR_TIMEOUT, 0, KVLI_UCX_NAME, -1,
+                     "notification to agent '%.60s' (%zu bytes): %s", peer->name, len,
+                     done ? ucs_status_string(s) : "not sent within the timeout");
+    kvl_bk_error_hint(err, "check that the peer is alive and reachable");
+    return err->code;
+}
+
+/* ---- transfers ---- */
+
+kvl_status_t kvli_ucx_xfer_post(void *bk, kvl_bk_xfer_t *x, kvl_error_t *err)
+{
+    kvli_ucx_iface_t *iface = bk;
+    kvli_ucx_peer_t *peer = x->peer;
+    kvli_ucx_xpriv_t *xp;
+
+    for (size_t i = 0; i < x->nsegs; i++)
+        if (x->lmh[x->segs[i].lreg] == NULL || x->rmh[x->segs[i].rreg] == NULL) {
+            kvl_bk_error_set(err, KVL_ERR_INTERNAL, 0, KVLI_UCX_NAME, -1,
+                             "segment %zu has no ucx region handle", i);
+            return KVL_ERR_INTERNAL;
+        }
+    xp = calloc(1, sizeof(*xp));
+    if (xp == NULL) {
+        kvl_bk_error_set(err, KVL_ERR_NO_MEMORY, ENOMEM, KVLI_UCX_NAME, -1, "out of memory");
+        return KVL_ERR_NO_MEMORY;
+    }
+    xp->x = x;
+    xp->peer = peer;
+    xp->state = KVLI_UCX_X_ISSUE;
+    xp->timeout_ms = x->timeout_ms ? x->timeout_ms : iface->timeout_ms;
+    snprintf(x->path, sizeof(x->path), "ucp %s over %.48s", x->op == KVL_WRITE ? "put" : "get",
+             iface->tls_list);
+    pthread_mutex_lock(&iface->lock);
+    if (peer->dead || atomic_load(&iface->stopping)) {
+        kvl_bk_error_set(err, peer->dead ? KVL_ERR_REMOTE_DISCONNECT : KVL_ERR_STATE, 0,
+                         KVLI_UCX_NAME, -1, "transfer to agent '%.60s' not started: %.200s",
+                         peer->name, peer->dead ? peer->dead_what : "the backend is closing");
+        pthread_mutex_unlock(&iface->lock);
+        kvl_bk_error_hint(err, "the peer died: reload its metadata once it restarts");
+        free(xp);
+        return err->code;
+    }
+    x->bk_priv = xp;
+    kvli_ucx_xpriv_t **pp = &iface->queue;
+    while (*pp != NULL)
+        pp = &(*pp)->next;
+    *pp = xp;
+    peer->active++;
+    pthread_mutex_unlock(&iface->lock);
+    kvli_ucx_iface_wake(iface);
+    return KVL_OK;
+}
+
+/* Call xfer_done once; the xpriv stays on the running list until the
+ * progress loop releases it. */
+static void kvli_ucx_xfer_complete(kvli_ucx_iface_t *iface, kvli_ucx_xpriv_t *xp,
+                                   kvl_status_t st, const kvl_error_t *err)
+{
+    int expect = 0;
+    kvli_ucx_tok_drop(iface, xp->tok);
+    xp->tok = NULL;
+    xp->state = KVLI_UCX_X_END;
+    pthread_mutex_lock(&iface->lock);
+    xp->peer->active--;
+    pthread_mutex_unlock(&iface->lock);
+    if (atomic_compare_exchange_strong(&xp->done_called, &expect, 1))
+        iface->ctx->xfer_done(xp->x, st, err);
+}
+
+static void kvli_ucx_xfer_fail(kvli_ucx_iface_t *iface, kvli_ucx_xpriv_t *xp, kvl_status_t code,
+                               const char *why)
+{
+    kvl_error_t err;
+    kvl_bk_xfer_t *x = xp->x;
+    kvl_bk_error_set(&err, code, 0, KVLI_UCX_NAME, -1,
+                     "%s of %llu bytes with agent '%.60s' failed: %.250s; %llu bytes confirmed "
+                     "in place, %llu issued", x->op == KVL_WRITE ? "WRITE" : "READ",
+                     (unsigned long long)x->total_bytes, xp->peer->name, why,
+                     (unsigned long long)xp->confirmed, (unsigned long long)xp->issued);
+    snprintf(err.agent, sizeof(err.agent), "%s", xp->peer->name);
+    kvl_bk_error_hint(&err, code == KVL_ERR_REMOTE_DISCONNECT || code == KVL_ERR_TIMEOUT
+                      ? "the peer process died or stopped answering: check it; once it "
+                        "restarts, load its new metadata and post again"
+                      : "check both agents' logs and UCX_TLS; the bytes not confirmed may or "
+                        "may not have landed");
+    kvli_ucx_xfer_complete(iface, xp, code, &err);
+}
+
+/* Issue the next batch of blocks; returns the first error status. */
+static ucs_status_t kvli_ucx_xfer_issue(kvli_ucx_xpriv_t *xp)
+{
+    kvl_bk_xfer_t *x = xp->x;
+    ucp_ep_h ep = xp->peer->ep;
+    uint64_t bytes = 0;
+    unsigned ops = 0;
+    ucp_request_param_t rp;
+
+    memset(&rp, 0, sizeof(rp));
+    rp.op_attr_mask = UCP_OP_ATTR_FIELD_MEMH;
+    while (xp->seg < x->nsegs && bytes < KVLI_UCX_BATCH_BYTES && ops < KVLI_UCX_BATCH_OPS) {
+        const kvl_seg_t *sg = &x->segs[xp->seg];
+        const kvli_ucx_mh_t *mh = x->lmh[sg->lreg];
+        const kvli_ucx_rh_t *rh = x->rmh[sg->rreg];
+        void *l = (void *)(uintptr_t)(sg->laddr + xp->blk * sg->lstride);
+        uint64_t r = sg->raddr + xp->blk * sg->rstride;
+        ucs_status_ptr_t req;
+        rp.memh = mh->memh;
+        if (x->op == KVL_WRITE)
+            req = ucp_put_nbx(ep, l, sg->len, r, rh->rkey, &rp);
+        else
+            req = ucp_get_nbx(ep, l, sg->len, r, rh->rkey, &rp);
+        if (UCS_PTR_IS_ERR(req))
+            return UCS_PTR_STATUS(req);
+        if (req != NULL)
+            ucp_request_free(req); /* completion is covered by the flush */
+        bytes += sg->len;
+        ops++;
+        xp->issued += sg->len;
+        if (++xp->blk == sg->count) {
+            xp->blk = 0;
+            xp->seg++;
+        }
+    }
+    return UCS_OK;
+}
+
+static void kvli_ucx_xfer_advance(kvli_ucx_iface_t *iface, kvli_ucx_xpriv_t *xp)
+{
+    kvl_bk_xfer_t *x = xp->x;
+    kvli_ucx_peer_t *peer = xp->peer;
+    char why[300];
+    ucs_status_t s;
+    int cancel, dead;
+
+    for (;;) {
+        pthread_mutex_lock(&iface->lock);
+        cancel = xp->cancel;
+        dead = peer->dead;
+        if (dead)
+            snprintf(why, sizeof(why), "%.200s", peer->dead_what);
+        pthread_mutex_unlock(&iface->lock);
+        if (xp->last_ms == 0)
+            xp->last_ms = kvli_ucx_now_ms();
+
+        if (xp->state == KVLI_UCX_X_ISSUE) {
+            if (dead) {
+                kvli_ucx_xfer_fail(iface, xp, KVL_ERR_REMOTE_DISCONNECT, why);
+                return;
+            }
+            if (cancel && xp->seg < x->nsegs) {
+                kvli_ucx_xfer_complete(iface, xp, KVL_ERR_CANCELED, NULL);
+                return;
+            }
+            if (xp->seg < x->nsegs) {
+                ucp_request_param_t rp;
+                s = kvli_ucx_xfer_issue(xp);
+                if (s != UCS_OK) {
+                    snprintf(why, sizeof(why), "ucp_%s_nbx() = %s",
+                             x->op == KVL_WRITE ? "put" : "get", ucs_status_string(s));
+                    kvli_ucx_xfer_fail(iface, xp, KVL_ERR_REMOTE, why);
+                    return;
+                }
+                xp->tok = kvli_ucx_tok_new(iface, 0);
+                if (xp->tok == NULL) {
+                    kvli_ucx_xfer_fail(iface, xp, KVL_ERR_NO_MEMORY, "out of memory");
+                    return;
+                }
+                memset(&rp, 0, sizeof(rp));
+                rp.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+                rp.cb.send = kvli_ucx_tok_cb;
+                rp.user_data = xp->tok;
+                ucs_status_ptr_t req = ucp_ep_flush_nbx(peer->ep, &rp);
+                if (UCS_PTR_IS_ERR(req)) {
+                    snprintf(why, sizeof(why), "ucp_ep_flush_nbx() = %s",
+                             ucs_status_string(UCS_PTR_STATUS(req)));
+                    kvli_ucx_xfer_fail(iface, xp, KVL_ERR_REMOTE, why);
+                    return;
+                }
+                if (req == NULL) {
+                    free(xp->tok);
+                    xp->tok = NULL;
+                    xp->confirmed = xp->issued;
+                    xp->last_ms = kvli_ucx_now_ms();
+                    continue;
+                }
+                xp->state = KVLI_UCX_X_FLUSH;
+                xp->last_ms = kvli_ucx_now_ms();
+                return;
+            }
+            /* everything in place: the notification, if any */
+            if (x->notif == NULL) {
+                kvli_ucx_xfer_complete(iface, xp, KVL_OK, NULL);
+                return;
+            }
+            xp->tok = kvli_ucx_tok_new(iface, KVLI_UCX_NOTIF_HDR + KVL_NAME_MAX + x->notif_len);
+            if (xp->tok == NULL) {
+                kvli_ucx_xfer_fail(iface, xp, KVL_ERR_NO_MEMORY, "out of memory");
+                return;
+            }
+            size_t hlen = kvli_ucx_notif_build(iface, xp->tok->buf, x->notif, x->notif_len);
+            ucs_status_ptr_t req = kvli_ucx_notif_issue(iface, peer, xp->tok, hlen, x->notif_len);
+            if (UCS_PTR_IS_ERR(req)) {
+                free(xp->tok->buf);
+                free(xp->tok);
+                xp->tok = NULL;
+                snprintf(why, sizeof(why), "data in place, but ucp_am_send_nbx(notification) "
+                         "= %s", ucs_status_string(UCS_PTR_STATUS(req)));
+                kvli_ucx_xfer_fail(iface, xp, KVL_ERR_REMOTE, why);
+                return;
+            }
+            if (req == NULL) {
+                free(xp->tok->buf);
+                free(xp->tok);
+                xp->tok = NULL;
+                kvli_ucx_xfer_complete(iface, xp, KVL_OK, NULL);
+                return;
+            }
+            xp->state = KVLI_UCX_X_NOTIF;
+            xp->last_ms = kvli_ucx_now_ms();
+            return;
+        }
+
+        /* FLUSH or NOTIF: wait for the token, bounded */
+        if (!kvli_ucx_tok_done(iface, xp->tok, &s)) {
+            uint64_t idle = kvli_ucx_now_ms() - xp->last_ms;
+            if (dead) {
+                kvli_ucx_xfer_fail(iface, xp, KVL_ERR_REMOTE_DISCONNECT, why);
+            } else if (idle > xp->timeout_ms) {
+                snprintf(why, sizeof(why), "no completion from the peer for %llu ms (bound "
+                         "%llu ms): it stopped answering", (unsigned long long)idle,
+                         (unsigned long long)xp->timeout_ms);
+                pthread_mutex_lock(&iface->lock);
+                if (!peer->dead) {
+                    peer->dead = 1;
+                    peer->dead_status = UCS_ERR_TIMED_OUT;
+                    snprintf(peer->dead_what, sizeof(peer->dead_what), "agent '%.60s' stopped "
+                             "answering (no UCX completion for %llu ms)", peer->name,
+                             (unsigned long long)idle);
+                }
+                pthread_mutex_unlock(&iface->lock);
+                kvli_ucx_xfer_fail(iface, xp, KVL_ERR_TIMEOUT, why);
+            }
+            return;
+        }
+        free(xp->tok->buf);
+        free(xp->tok);
+        xp->tok = NULL;
+        if (s != UCS_OK) {
+            if (xp->state == KVLI_UCX_X_NOTIF)
+                snprintf(why, sizeof(why), "data in place, but the notification failed: %s%s%.200s",
+                         ucs_status_string(s), dead ? "; " : "", dead ? peer->dead_what : "");
+            else
+                snprintf(why, sizeof(why), "ucp_ep_flush_nbx completed with %s%s%.200s",
+                         ucs_status_string(s), dead ? "; " : "", dead ? peer->dead_what : "");
+            kvli_ucx_xfer_fail(iface, xp, dead || s == UCS_ERR_CONNECTION_RESET ||
+                               s == UCS_ERR_ENDPOINT_TIMEOUT || s == UCS_ERR_CANCELED
+                               ? KVL_ERR_REMOTE_DISCONNECT : KVL_ERR_REMOTE, why);
+            return;
+        }
+        if (xp->state == KVLI_UCX_X_NOTIF) {
+            kvli_ucx_xfer_complete(iface, xp, KVL_OK, NULL);
+            return;
+        }
+        xp->confirmed = xp->issued;
+        xp->last_ms = kvli_ucx_now_ms();
+        xp->state = KVLI_UCX_X_ISSUE;
+        /* loop: next batch, cancel, or the notification */
+    }
+}
+
+static void kvli_ucx_xfer_release(kvli_ucx_iface_t *iface, kvli_ucx_xpriv_t *xp)
+{
+    int free_now;
+    pthread_mutex_lock(&iface->lock);
+    xp->finished = 1;
+    free_now = xp->waiters == 0;
+    pthread_cond_broadcast(&iface->cond);
+    pthread_mutex_unlock(&iface->lock);
+    if (free_now)
+        free(xp);
+}
+
+int kvli_ucx_xfer_progress(kvli_ucx_iface_t *iface)
+{
+    kvli_ucx_xpriv_t **pp, *xp;
+
+    pthread_mutex_lock(&iface->lock);
+    if (iface->queue != NULL) {
+        for (pp = &iface->running; *pp != NULL; pp = &(*pp)->next)
+            ;
+        *pp = iface->queue;
+        iface->queue = NULL;
+    }
+    pthread_mutex_unlock(&iface->lock);
+
+    pp = &iface->running;
+    while ((xp = *pp) != NULL) {
+        kvli_ucx_xfer_advance(iface, xp);
+        if (xp->state == KVLI_UCX_X_END) {
+            pthread_mutex_lock(&iface->lock);
+            *pp = xp->next;
+            pthread_mutex_unlock(&iface->lock);
+            kvli_ucx_xfer_release(iface, xp);
+        } else {
+            pp = &xp->next;
+        }
+    }
+    return iface->running != NULL;
+}
+
+/* Under iface->lock: the unfinished posting of x (or of peer), or NULL. */
+static kvli_ucx_xpriv_t *kvli_ucx_xfer_find(kvli_ucx_iface_t *iface, const kvl_bk_xfer_t *x,
+                                            const kvli_ucx_peer_t *peer)
+{
+    kvli_ucx_xpriv_t *lists[2] = {iface->queue, iface->running};
+    for (int l = 0; l < 2; l++)
+        for (kvli_ucx_xpriv_t *xp = lists[l]; xp != NULL; xp = xp->next)
+            if (!xp->finished && ((x != NULL && xp->x == x) || (peer != NULL && xp->peer == peer)))
+                return xp;
+    return NULL;
+}
+
+/* Ask the progress thread to stop xp and wait until xfer_done was called.
+ * Called and returns with iface->lock held. */
+static void kvli_ucx_xfer_stop_wait(kvli_ucx_iface_t *iface, kvli_ucx_xpriv_t *xp)
+{
+    struct timespec dl;
+    uint64_t ms = 2 * xp->timeout_ms + 1000;
+    int expect = 0, free_now;
+
+    xp->cancel = 1;
+    xp->waiters++;
+    clock_gettime(CLOCK_MONOTONIC, &dl);
+    dl.tv_sec += (time_t)(ms / 1000u);
+    dl.tv_nsec += (long)(ms % 1000u) * 1000000L;
+    if (dl.tv_nsec >= 1000000000L) {
+        dl.tv_sec++;
+        dl.tv_nsec -= 1000000000L;
+    }
+    pthread_mutex_unlock(&iface->lock);
+    kvli_ucx_iface_wake(iface);
+    pthread_mutex_lock(&iface->lock);
+    while (!xp->finished && !atomic_load(&iface->stopping) &&
+           pthread_cond_timedwait(&iface->cond, &iface->lock, &dl) != ETIMEDOUT)
+        ;
+    if (!xp->finished && atomic_compare_exchange_strong(&xp->done_called, &expect, 1)) {
+        /* The progress thread is gone or stuck: never return without an
+         * answer. It will not call xfer_done for xp any more. */
+        kvl_error_t err;
+        kvl_bk_xfer_t *x = xp->x;
+        pthread_mutex_unlock(&iface->lock);
+        kvl_bk_error_set(&err, KVL_ERR_TIMEOUT, 0, KVLI_UCX_NAME, -1,
+                         "cancel of the transfer with agent '%.60s' got no answer from the ucx "
+                         "progress thread within %llu ms", xp->peer->name,
+                         (unsigned long long)ms);
+        kvl_bk_error_hint(&err, "bytes may still land; destroy the agent");
+        iface->ctx->xfer_done(x, KVL_ERR_TIMEOUT, &err);
+        pthread_mutex_lock(&iface->lock);
+    }
+    xp->waiters--;
+    free_now = xp->finished && xp->waiters == 0;
+    if (free_now)
+        free(xp);
+}
+
+void kvli_ucx_xfer_cancel(void *bk, kvl_bk_xfer_t *x)
+{
+    kvli_ucx_iface_t *iface = bk;
+    kvli_ucx_xpriv_t *xp;
+    pthread_mutex_lock(&iface->lock);
+    xp = kvli_ucx_xfer_find(iface, x, NULL);
+    if (xp != NULL && atomic_load(&xp->done_called) == 0)
+        kvli_ucx_xfer_stop_wait(iface, xp);
+    pthread_mutex_unlock(&iface->lock);
+}
+
+void kvli_ucx_xfer_cancel_peer(kvli_ucx_iface_t *iface, kvli_ucx_peer_t *peer)
+{
+    kvli_ucx_xpriv_t *xp;
+    pthread_mutex_lock(&iface->lock);
+    while ((xp = kvli_ucx_xfer_find(iface, NULL, peer)) != NULL &&
+           atomic_load(&xp->done_called) == 0)
+        kvli_ucx_xfer_stop_wait(iface, xp);
+    pthread_mutex_unlock(&iface->lock);
+}
+
+/* Teardown with the progress thread joined: end what is left. */
+void kvli_ucx_xfer_fail_all(kvli_ucx_iface_t *iface, const char *why)
+{
+    kvli_ucx_xpriv_t *xp;
+    for (;;) {
+        pthread_mutex_lock(&iface->lock);
+        xp = iface->queue;
+        if (xp != NULL)
+            iface->queue = xp->next;
+        else if ((xp = iface->running) != NULL)
+            iface->running = xp->next;
+        pthread_mutex_unlock(&iface->lock);
+        if (xp == NULL)
+            return;
+        if (xp->issued == 0)
+            kvli_ucx_xfer_complete(iface, xp, KVL_ERR_CANCELED, NULL);
+        else
+            kvli_ucx_xfer_fail(iface, xp, KVL_ERR_STATE, why);
+        kvli_ucx_xfer_release(iface, xp);
+    }
+}
