@@ -19,6 +19,7 @@
 #include <kvlane/log.h>
 #include <kvlane/agent.h>
 #include <kvlane/memory.h>
+#include <kvlane/notif.h>
 #include <kvlane/xfer.h>
 
 #ifdef __cplusplus

@@ -3,6 +3,7 @@
  * all-or-nothing lists, deregistration guards, shareable allocations.
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -670,7 +671,7 @@ kvl_status_t kvl_mem_alloc(kvl_agent_t *a, size_t len, void **ptr_p)
     *ptr_p = NULL;
     char name[96];
     snprintf(name, sizeof(name), "kvlane-%s", a->name);
-    int fd = memfd_create(name, MFD_CLOEXEC);
+    int fd = memfd_create(name, MFD_CLOEXEC | MFD_ALLOW_SEALING);
     if (fd < 0) {
         kvli_err(&err, KVL_ERR_SYSTEM, errno, "memfd_create(\"%s\") failed", name);
         kvli_hint(&err, "the kernel must support memfd (Linux >= 3.17); check RLIMIT_NOFILE");
@@ -679,6 +680,14 @@ kvl_status_t kvl_mem_alloc(kvl_agent_t *a, size_t len, void **ptr_p)
     if (ftruncate(fd, (off_t)len) != 0) {
         kvli_err(&err, KVL_ERR_NO_MEMORY, errno, "ftruncate(memfd, %zu) failed", len);
         kvli_hint(&err, "check memory cgroup limits and free memory");
+        close(fd);
+        return kvli_fail(a, &err);
+    }
+    /* Peers map this memfd: forbid shrinking, which would turn their copies
+     * into SIGBUS. */
+    if (fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK) != 0) {
+        kvli_err(&err, KVL_ERR_SYSTEM, errno, "fcntl(memfd, F_ADD_SEALS, F_SEAL_SHRINK) failed");
+        kvli_hint(&err, "the kernel must support memfd sealing (Linux >= 3.17)");
         close(fd);
         return kvli_fail(a, &err);
     }

@@ -37,7 +37,7 @@ kvl_status_t kvli_shm_md_reg(void *bk, const kvl_region_info_t *r, void **mh_p,
                          "register [0x%" PRIx64 ", +%" PRIu64 "): memory kind %d is not "
                          "DRAM", r->addr, r->len, (int)r->kind);
         kvl_bk_error_hint(err, "the shm backend moves host memory only; use the cuda "
-                          "backend for GPU memory and the file backend for files");
+                          "backend for GPU memory");
         return KVL_ERR_UNSUPPORTED;
     }
     /* Cheaper than touching every page and never faults: msync only asks the

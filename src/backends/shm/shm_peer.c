@@ -572,18 +572,18 @@ static kvl_status_t kvli_shm_peer_parse(kvli_shm_iface_t *iface, const char *nam
         return kvli_shm_bad_meta(err, name, "pid %d is not valid",
                                  (int32_t)kvli_shm_get32(c + 40));
 
+    if (strcmp(boot, iface->boot_id) != 0) {
+        kvl_bk_error_set(err, KVL_ERR_UNSUPPORTED, 0, KVLI_SHM_NAME, -1,
+                         "agent '%s' runs on another host (boot id %s, ours %s)", name, boot,
+                         iface->boot_id);
+    } else if (netns != iface->netns_ino || pidns != iface->pidns_ino) {
+        const char *ns = netns != iface->netns_ino ? "net" : "pid";
+        kvl_bk_error_set(err, KVL_ERR_UNSUPPORTED, 0, KVLI_SHM_NAME, -1,
+                         "agent '%s' runs on this host in another %s namespace (compare "
+                         "/proc/<its pid>/ns/%s with /proc/self/ns/%s)", name, ns, ns, ns);
+    }
     if (strcmp(boot, iface->boot_id) != 0 || netns != iface->netns_ino ||
         pidns != iface->pidns_ino) {
-        kvl_bk_error_set(err, KVL_ERR_UNSUPPORTED, 0, KVLI_SHM_NAME, -1,
-                         strcmp(boot, iface->boot_id) != 0
-                         ? "agent '%s' runs on another host (boot id %s, ours %s)"
-                         : "agent '%s' runs on this host in another namespace "
-                           "(%s, ours %s)",
-                         name,
-                         strcmp(boot, iface->boot_id) != 0 ? boot : netns != iface->netns_ino
-                         ? "network namespace differs" : "pid namespace differs",
-                         strcmp(boot, iface->boot_id) != 0 ? iface->boot_id
-                         : "see /proc/self/ns");
         if (err != NULL)
             snprintf(err->agent, sizeof(err->agent), "%s", name);
         kvl_bk_error_hint(err, "the shm backend reaches agents on the same host in the "
