@@ -122,7 +122,7 @@ static const kvl_backend_ops_t *kvli_module_load(size_t m)
             for (char *d = strtok_r(buf, ":", &save); d && !found; d = strtok_r(NULL, ":", &save))
                 found = kvli_module_try(m, d, tried, sizeof(tried));
         }
-        if (!found && KVL_BUILD_MODULE_DIR[0])
+        if (!found && sizeof(KVL_BUILD_MODULE_DIR) > 1)
             found = kvli_module_try(m, KVL_BUILD_MODULE_DIR, tried, sizeof(tried));
         if (!found)
             found = kvli_module_try(m, KVL_MODULE_DIR, tried, sizeof(tried));

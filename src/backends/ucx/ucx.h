@@ -127,6 +127,7 @@ struct kvli_ucx_iface {
     uint64_t mem_types;
     char transports[256];             /* "tcp/lo sysv/memory ..." */
     char tls_list[160];               /* "tcp,sysv,posix,cma,self" */
+    char tls_cfg[100];                /* UCX_TLS in effect: parameter, env or "(unset)" */
     int pinning;                      /* some transport pins memory (RDMA) */
     /* UCX_NET_DEVICES named devices UCX does not have: every mem_reg and
      * peer_load is refused with this (unless missing_devices=warn). */

@@ -221,5 +221,5 @@ void kvli_ucx_diag_unreachable(kvli_ucx_iface_t *iface, kvli_ucx_peer_t *peer,
                      ucs_status_string(s), iface->tls_list, peer->name, peer->remote_tls, said);
     kvl_bk_error_hint(err, "UCX_TLS must leave both agents a common transport that reaches "
                       "the other: e.g. tcp on both (any hosts) or sm on both (same host); "
-                      "this side has UCX_TLS=%.60s", kvli_ucx_env("UCX_TLS"));
+                      "this side has UCX_TLS=%.60s", iface->tls_cfg);
 }

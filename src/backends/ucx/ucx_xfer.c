@@ -373,7 +373,10 @@ static void kvli_ucx_xfer_advance(kvli_ucx_iface_t *iface, kvli_ucx_xpriv_t *xp)
                 if (s != UCS_OK) {
                     snprintf(why, sizeof(why), "ucp_%s_nbx() = %s",
                              x->op == KVL_WRITE ? "put" : "get", ucs_status_string(s));
-                    kvli_ucx_xfer_fail(iface, xp, KVL_ERR_REMOTE, why);
+                    kvli_ucx_xfer_fail(iface, xp, s == UCS_ERR_ENDPOINT_TIMEOUT ||
+                                       s == UCS_ERR_CONNECTION_RESET || s == UCS_ERR_CANCELED ||
+                                       s == UCS_ERR_UNREACHABLE
+                                       ? KVL_ERR_REMOTE_DISCONNECT : KVL_ERR_REMOTE, why);
                     return;
                 }
                 xp->tok = kvli_ucx_tok_new(iface, 0);
