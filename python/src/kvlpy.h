@@ -40,6 +40,7 @@ typedef struct kvlpy_agent {
     kvl_agent_t *agent;       /* NULL once closed */
     int closing;              /* set (with the GIL) when close begins */
     long active;              /* calls running without the GIL (changed with the GIL) */
+    long pid;                 /* process that created it: a forked child never uses it */
     struct kvlpy_agent *live_prev, *live_next;
     PyObject *weakrefs;
 } kvlpy_agent_t;
@@ -77,6 +78,8 @@ extern PyTypeObject kvlpy_xfer_type;
  * thread's kvl_last_error() when it matches, else one made from st.
  * report (optional) is attached. Always returns NULL. */
 PyObject *kvlpy_raise(kvl_status_t st, PyObject *report);
+/* Same with an error saved by the caller (err may be NULL). */
+PyObject *kvlpy_raise_err(const kvl_error_t *err, kvl_status_t st, PyObject *report);
 /* Raise an error decided by the extension itself (usage errors). */
 PyObject *kvlpy_raise_msg(kvl_status_t st, const char *what, const char *hint);
 

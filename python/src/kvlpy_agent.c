@@ -4,6 +4,7 @@
  */
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 #include "kvlpy.h"
 
 static kvlpy_agent_t *kvlpy_live_head;   /* newest first; no references held */
@@ -30,6 +31,11 @@ static void kvlpy_live_remove(kvlpy_agent_t *a)
 
 int kvlpy_agent_enter(kvlpy_agent_t *a)
 {
+    if (a->agent != NULL && a->pid != (long)getpid()) {
+        kvlpy_raise_msg(KVL_ERR_STATE, "the agent was created by another process (fork)",
+                        "create agents after fork, or start workers with the 'spawn' method");
+        return -1;
+    }
     if (a->agent == NULL || a->closing) {
         kvlpy_raise_msg(KVL_ERR_STATE, "the agent is closed",
                         "create a new Agent; objects of a closed agent cannot be used");
@@ -59,6 +65,12 @@ static void kvlpy_agent_close(kvlpy_agent_t *a)
 {
     if (a->agent == NULL || a->closing)
         return;
+    if (a->pid != (long)getpid()) {
+        /* A forked child: the agent's threads live in the parent only. */
+        kvlpy_live_remove(a);
+        a->agent = NULL;
+        return;
+    }
     a->closing = 1;
     while (a->active > 0) {
         if (_Py_IsFinalizing()) {
@@ -158,6 +170,7 @@ static int kvlpy_agent_init(kvlpy_agent_t *self, PyObject *args, PyObject *kw)
         return -1;
     }
     self->agent = agent;
+    self->pid = (long)getpid();
     kvlpy_live_add(self);
     return 0;
 }
@@ -375,13 +388,28 @@ static int kvlpy_names_get(PyObject *obj, const char **names, size_t max, size_t
     return 0;
 }
 
+/* dev=None: keep each region's device; an int: use it for every region. */
+static int kvlpy_dev_override(PyObject *o, int32_t *dev)
+{
+    if (o == Py_None)
+        return 0;
+    long v = PyLong_AsLong(o);
+    if (v == -1 && PyErr_Occurred())
+        return -1;
+    *dev = (int32_t)v;
+    return 0;
+}
+
 static PyObject *kvlpy_agent_register(kvlpy_agent_t *self, PyObject *args, PyObject *kw)
 {
-    static char *kwlist[] = {"regions", "kind", "backends", "strict", NULL};
-    PyObject *regions, *kind_o = NULL, *bk_o = NULL;
+    static char *kwlist[] = {"regions", "kind", "backends", "strict", "dev", NULL};
+    PyObject *regions, *kind_o = NULL, *bk_o = NULL, *dev_o = Py_None;
     int strict = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|OOp:_register", kwlist, &regions, &kind_o,
-                                     &bk_o, &strict))
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|OOpO:_register", kwlist, &regions, &kind_o,
+                                     &bk_o, &strict, &dev_o))
+        return NULL;
+    int32_t dev = KVL_DEV_ANY;
+    if (kvlpy_dev_override(dev_o, &dev) < 0)
         return NULL;
     kvl_reg_params_t prm = {.field_mask = KVL_REG_PARAM_KIND | KVL_REG_PARAM_POLICY};
     if (kvlpy_kind_get(kind_o, &prm.kind) < 0)
@@ -400,7 +428,7 @@ static PyObject *kvlpy_agent_register(kvlpy_agent_t *self, PyObject *args, PyObj
         prm.backends = names;
     }
     size_t n;
-    kvl_mem_desc_t *d = kvlpy_regions_get(regions, KVL_DEV_ANY, 0, &n);
+    kvl_mem_desc_t *d = kvlpy_regions_get(regions, dev, dev_o != Py_None, &n);
     if (d == NULL) {
         Py_DECREF(keep);
         return NULL;
@@ -432,21 +460,25 @@ static PyObject *kvlpy_agent_register(kvlpy_agent_t *self, PyObject *args, PyObj
             PyErr_Clear();
             r = Py_NewRef(Py_None);
         }
-        kvl_error_t *tls = (kvl_error_t *)kvl_last_error();
-        if (err)
-            memcpy(tls, err, sizeof(*err));
+        kvlpy_raise_err(err, st, r);
         PyMem_Free(err);
-        kvlpy_raise(st, r);
         Py_DECREF(r);
         return NULL;
     }
     return r;
 }
 
-static PyObject *kvlpy_agent_deregister(kvlpy_agent_t *self, PyObject *regions)
+static PyObject *kvlpy_agent_deregister(kvlpy_agent_t *self, PyObject *args, PyObject *kw)
 {
+    static char *kwlist[] = {"regions", "dev", NULL};
+    PyObject *regions, *dev_o = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|O:_deregister", kwlist, &regions, &dev_o))
+        return NULL;
+    int32_t dev = KVL_DEV_ANY;
+    if (kvlpy_dev_override(dev_o, &dev) < 0)
+        return NULL;
     size_t n;
-    kvl_mem_desc_t *d = kvlpy_regions_get(regions, KVL_DEV_ANY, 0, &n);
+    kvl_mem_desc_t *d = kvlpy_regions_get(regions, dev, dev_o != Py_None, &n);
     if (d == NULL)
         return NULL;
     if (kvlpy_agent_enter(self) < 0) {
@@ -847,8 +879,9 @@ static PyMethodDef kvlpy_agent_methods[] = {
      "create_backend(name, params=None)"},
     {"backends", (PyCFunction)kvlpy_agent_backends, METH_NOARGS, "Backends created, in order."},
     {"_register", KVLPY_FN(kvlpy_agent_register), METH_VARARGS | METH_KEYWORDS,
-     "_register(regions, kind=None, backends=None, strict=False) -> (text, entries)"},
-    {"_deregister", (PyCFunction)kvlpy_agent_deregister, METH_O, "_deregister(regions)"},
+     "_register(regions, kind=None, backends=None, strict=False, dev=None) -> (text, entries)"},
+    {"_deregister", KVLPY_FN(kvlpy_agent_deregister), METH_VARARGS | METH_KEYWORDS,
+     "_deregister(regions, dev=None)"},
     {"get_metadata", (PyCFunction)kvlpy_agent_get_metadata, METH_NOARGS,
      "This agent's metadata blob (bytes)."},
     {"load_metadata", (PyCFunction)kvlpy_agent_load_metadata, METH_O,

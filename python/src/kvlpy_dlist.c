@@ -1,6 +1,7 @@
 /*
  * kvlane._kvlane.DList: descriptor lists built without Python-level loops.
  */
+#include <string.h>
 #include "kvlpy.h"
 
 static int kvlpy_dlist_ok(kvlpy_dlist_t *self)
@@ -137,6 +138,62 @@ static PyObject *kvlpy_dlist_add_strided_array(kvlpy_dlist_t *self, PyObject *ar
     return kvlpy_dlist_result(st);
 }
 
+/* Scratch columns for add_descs, kept warm between calls (GIL held). */
+static uint64_t *kvlpy_scratch;
+static size_t kvlpy_scratch_n;
+
+/* An (N, 2) or (N, 3) int64/uint64 table: columns gathered into warm scratch
+ * arrays, then one kvl_dlist_add_array per run of equal devices. */
+static PyObject *kvlpy_dlist_add_table(kvlpy_dlist_t *self, PyObject *obj, int32_t dev,
+                                       int force)
+{
+    Py_buffer v;
+    if (PyObject_GetBuffer(obj, &v, PyBUF_FORMAT | PyBUF_C_CONTIGUOUS) < 0)
+        return NULL;
+    const char *f = v.format ? v.format : "B";
+    if (*f == '@' || *f == '=' || *f == '<')
+        f++;
+    int ok = strchr("qQlLnN", *f) != NULL && f[1] == 0 && v.itemsize == 8 && v.ndim == 2 &&
+             (v.shape[1] == 2 || v.shape[1] == 3);
+    if (!ok) {
+        PyBuffer_Release(&v);
+        PyErr_SetString(PyExc_TypeError, "descriptor array: a C-contiguous int64/uint64 "
+                                         "array of shape (N, 3) or (N, 2) is needed");
+        return NULL;
+    }
+    size_t n = (size_t)v.shape[0], w = (size_t)v.shape[1];
+    if (kvlpy_scratch_n < 2 * n) {
+        uint64_t *p = PyMem_Realloc(kvlpy_scratch, 2 * n * sizeof(uint64_t));
+        if (p == NULL) {
+            PyBuffer_Release(&v);
+            return PyErr_NoMemory();
+        }
+        kvlpy_scratch = p;
+        kvlpy_scratch_n = 2 * n;
+    }
+    uint64_t *addrs = kvlpy_scratch, *lens = kvlpy_scratch + n;
+    const uint64_t *t = v.buf;
+    for (size_t i = 0; i < n; i++) {
+        addrs[i] = t[i * w];
+        lens[i] = t[i * w + 1];
+    }
+    kvl_status_t st = KVL_OK;
+    kvl_error_clear();
+    for (size_t i = 0; i < n && st == KVL_OK;) {
+        int32_t d = (force || w == 2) ? dev : (int32_t)(int64_t)t[i * w + 2];
+        size_t j = i + 1;
+        if (!force && w == 3)
+            while (j < n && (int32_t)(int64_t)t[j * w + 2] == d)
+                j++;
+        else
+            j = n;
+        st = kvl_dlist_add_array(self->dl, addrs + i, lens + i, 0, d, j - i);
+        i = j;
+    }
+    PyBuffer_Release(&v);
+    return kvlpy_dlist_result(st);
+}
+
 /* add_descs(descs, dev=None): (addr, len[, dev]) tuples or an (N, 3) array;
  * dev given overrides every entry's device. */
 static PyObject *kvlpy_dlist_add_descs(kvlpy_dlist_t *self, PyObject *args, PyObject *kw)
@@ -153,6 +210,8 @@ static PyObject *kvlpy_dlist_add_descs(kvlpy_dlist_t *self, PyObject *args, PyOb
         if (dev == -1 && PyErr_Occurred())
             return NULL;
     }
+    if (PyObject_CheckBuffer(descs))
+        return kvlpy_dlist_add_table(self, descs, (int32_t)dev, force);
     size_t n;
     kvl_mem_desc_t *d = kvlpy_regions_get(descs, (int32_t)dev, force, &n);
     if (d == NULL)

@@ -115,8 +115,12 @@ static PyObject *kvlpy_raise_error(const kvl_error_t *err, PyObject *report)
 
 PyObject *kvlpy_raise(kvl_status_t st, PyObject *report)
 {
-    const kvl_error_t *last = kvl_last_error();
-    if (last->code == st)
+    return kvlpy_raise_err(kvl_last_error(), st, report);
+}
+
+PyObject *kvlpy_raise_err(const kvl_error_t *last, kvl_status_t st, PyObject *report)
+{
+    if (last != NULL && last->code == st)
         return kvlpy_raise_error(last, report);
     /* The call failed without filling the thread's error (or filled another
      * one): report the status itself rather than a stale error. */

@@ -1,0 +1,190 @@
+"""kvlane exceptions: the class says the kind, the attributes carry the details.
+
+Every failure of a kvlane call raises a subclass of :class:`Error`. The class
+follows the status group (usage, system, remote, unsupported, internal) and,
+for the common cases, the exact status (:class:`NotFound`,
+:class:`OutOfBounds`, :class:`Timeout`, ...). ``str(exc)`` is the full text
+libkvlane renders for the error (what failed, where, and what to do).
+"""
+
+from . import _kvlane
+
+__all__ = [
+    "Error", "UsageError", "OSFailure", "RemoteError", "UnsupportedError", "InternalError",
+    "InvalidArgument", "NotFound", "InUse", "Exists", "OutOfBounds", "DeviceMismatch",
+    "StateError", "Cancelled", "NoMemory", "PermissionDenied", "Timeout", "NoDevice",
+    "Disconnected", "Refused", "Stale", "BadMetadata", "NoBackend", "error_class",
+]
+
+
+class Error(Exception):
+    """Base of every kvlane error.
+
+    Attributes: ``code`` (int status), ``name`` ("KVL_ERR_..."), ``errno``,
+    ``backend``, ``device`` (None when not about a device), ``agent`` (remote
+    agent involved), ``region``, ``what`` (the exact call that failed and its
+    result), ``hint`` (what to do), ``causes`` (list of dicts with code, name,
+    errno, backend, device, what, hint: one per backend or region),
+    ``report`` (the :class:`kvlane.RegistrationReport` of a failed
+    registration, else None).
+    """
+
+    code = -500
+
+    def __init__(self, message="", *, code=None, errno=0, backend="", device=None, agent="",
+                 region="", what=None, hint="", causes=None, report=None, name=None):
+        if code is None:
+            code = type(self).code
+        self.code = code
+        self.name = name or _kvlane.status_name(code)
+        self.errno = errno
+        self.backend = backend
+        self.device = device
+        self.agent = agent
+        self.region = region
+        self.what = message if what is None else what
+        self.hint = hint
+        self.causes = list(causes or [])
+        self.report = report
+        if not message:
+            message = f"{self.name}: {self.what}"
+            if hint:
+                message += f"\n  fix: {hint}"
+        self.text = message
+        super().__init__(message)
+
+    def __str__(self):
+        return self.text
+
+    def __reduce__(self):
+        return (_rebuild, (type(self), self.text, self.__dict__))
+
+
+def _rebuild(cls, text, state):
+    exc = cls.__new__(cls)
+    Exception.__init__(exc, text)
+    exc.__dict__.update(state)
+    return exc
+
+
+class UsageError(Error):
+    """The call was wrong (-1xx): fix the caller."""
+    code = -100
+
+
+class OSFailure(Error):
+    """The kernel or a limit refused (-2xx)."""
+    code = -200
+
+
+class RemoteError(Error):
+    """The peer failed or sent something unacceptable (-3xx)."""
+    code = -300
+
+
+class UnsupportedError(Error):
+    """Not possible with this build, backend or hardware (-4xx)."""
+    code = -400
+
+
+class InternalError(Error):
+    """A kvlane bug (-5xx): please report it."""
+    code = -500
+
+
+class InvalidArgument(UsageError):
+    code = -100
+
+
+class NotFound(UsageError):
+    code = -101
+
+
+class InUse(UsageError):
+    code = -102
+
+
+class Exists(UsageError):
+    code = -103
+
+
+class OutOfBounds(UsageError):
+    code = -104
+
+
+class DeviceMismatch(UsageError):
+    code = -105
+
+
+class StateError(UsageError):
+    code = -106
+
+
+class Cancelled(UsageError):
+    code = -107
+
+
+class NoMemory(OSFailure):
+    code = -201
+
+
+class PermissionDenied(OSFailure):
+    code = -202
+
+
+class Timeout(OSFailure):
+    code = -203
+
+
+class NoDevice(OSFailure):
+    code = -204
+
+
+class Disconnected(RemoteError):
+    code = -301
+
+
+class Refused(RemoteError):
+    code = -302
+
+
+class Stale(RemoteError):
+    code = -303
+
+
+class BadMetadata(RemoteError):
+    code = -304
+
+
+class NoBackend(UnsupportedError):
+    code = -401
+
+
+_BY_CODE = {cls.code: cls for cls in (
+    InvalidArgument, NotFound, InUse, Exists, OutOfBounds, DeviceMismatch, StateError,
+    Cancelled, NoMemory, PermissionDenied, Timeout, NoDevice, Disconnected, Refused, Stale,
+    BadMetadata, NoBackend)}
+_BY_GROUP = {1: UsageError, 2: OSFailure, 3: RemoteError, 4: UnsupportedError,
+             5: InternalError}
+
+
+def error_class(code):
+    """The exception class for a status code."""
+    if code in _BY_CODE:
+        return _BY_CODE[code]
+    return _BY_GROUP.get((-code) // 100, InternalError)
+
+
+def _make(fields, report):
+    """Called by the C extension: build the exception for a failed call."""
+    from ._agent import RegistrationReport  # late: _agent imports this module
+    code = fields["code"]
+    rep = RegistrationReport._from_tuple(report) if report is not None else None
+    return error_class(code)(
+        fields["text"], code=code, name=fields["name"], errno=fields["errno"],
+        backend=fields["backend"], device=fields["device"], agent=fields["agent"],
+        region=fields["region"], what=fields["what"], hint=fields["hint"],
+        causes=fields["causes"], report=rep)
+
+
+_kvlane._set_error_factory(_make)
