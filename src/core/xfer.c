@@ -317,6 +317,10 @@ fail:
 
 void kvli_xfer_free(kvl_xfer_t *x)
 {
+    /* A completion may have published its state and still be unlocking:
+     * taking the lock once waits for it to leave before the lock dies. */
+    pthread_mutex_lock(&x->lock);
+    pthread_mutex_unlock(&x->lock);
     for (size_t i = 0; i < x->nlregs; i++)
         kvli_region_put(x->lregs[i]);
     if (x->rem)
