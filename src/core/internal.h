@@ -115,6 +115,8 @@ typedef struct kvli_remote {
 void kvli_remote_get(kvli_remote_t *r);
 void kvli_remote_put(kvl_agent_t *a, kvli_remote_t *r);
 kvli_remote_t *kvli_remote_find(kvl_agent_t *a, const char *name); /* under lock */
+/* Find and reference a remote agent; NULL with err filled when unknown. */
+kvli_remote_t *kvli_remote_acquire(kvl_agent_t *a, const char *name, kvl_error_t *err);
 const kvli_rregion_t *kvli_rregion_find(const kvli_remote_t *r, uint64_t addr, uint64_t len);
 const kvli_rregion_t *kvli_rregion_nearest(const kvli_remote_t *r, uint64_t addr);
 void kvli_remotes_destroy(kvl_agent_t *a);

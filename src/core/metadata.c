@@ -125,6 +125,22 @@ kvli_remote_t *kvli_remote_find(kvl_agent_t *a, const char *name)
     return NULL;
 }
 
+kvli_remote_t *kvli_remote_acquire(kvl_agent_t *a, const char *name, kvl_error_t *err)
+{
+    pthread_mutex_lock(&a->lock);
+    kvli_remote_t *r = kvli_remote_find(a, name);
+    if (r)
+        kvli_remote_get(r);
+    pthread_mutex_unlock(&a->lock);
+    if (r == NULL) {
+        kvli_err(err, KVL_ERR_NOT_FOUND, 0, "remote agent '%s' is not loaded on agent '%s'", name,
+                 a->name);
+        kvli_scopy(err->agent, sizeof(err->agent), name);
+        kvli_hint(err, "load its metadata first (kvl_metadata_load)");
+    }
+    return r;
+}
+
 static size_t kvli_rregion_upper(const kvli_remote_t *r, uint64_t addr)
 {
     size_t lo = 0, hi = r->n_regions;

@@ -117,17 +117,9 @@ kvl_status_t kvl_notif_send(kvl_agent_t *a, const char *remote, const void *msg,
         return kvli_fail_simple(a, KVL_ERR_INVALID_ARG, "send large payloads as a transfer",
                                 "notification of %zu bytes exceeds KVL_NOTIF_MAX (%d)", len,
                                 KVL_NOTIF_MAX);
-    pthread_mutex_lock(&a->lock);
-    kvli_remote_t *r = kvli_remote_find(a, remote);
-    if (r == NULL) {
-        pthread_mutex_unlock(&a->lock);
-        kvli_err(&err, KVL_ERR_NOT_FOUND, 0, "notification to unknown agent '%s'", remote);
-        kvli_scopy(err.agent, sizeof(err.agent), remote);
-        kvli_hint(&err, "load its metadata first (kvl_metadata_load)");
+    kvli_remote_t *r = kvli_remote_acquire(a, remote, &err);
+    if (r == NULL)
         return kvli_fail(a, &err);
-    }
-    kvli_remote_get(r);
-    pthread_mutex_unlock(&a->lock);
     kvli_err(&err, KVL_ERR_NO_BACKEND, 0, "no backend can carry a notification to agent '%s'",
              remote);
     kvli_scopy(err.agent, sizeof(err.agent), remote);

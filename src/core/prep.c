@@ -262,20 +262,8 @@ static kvl_status_t kvli_prep_api(kvl_agent_t *a, const char *remote, const kvl_
         *prep_p = NULL;
     if (a == NULL || dl == NULL || prep_p == NULL)
         return kvli_fail_simple(a, KVL_ERR_INVALID_ARG, NULL, "kvl_prep: NULL argument");
-    if (remote) {
-        pthread_mutex_lock(&a->lock);
-        rem = kvli_remote_find(a, remote);
-        if (rem)
-            kvli_remote_get(rem);
-        pthread_mutex_unlock(&a->lock);
-        if (rem == NULL) {
-            kvli_err(&err, KVL_ERR_NOT_FOUND, 0, "remote agent '%s' is not loaded on agent '%s'",
-                     remote, a->name);
-            kvli_scopy(err.agent, sizeof(err.agent), remote);
-            kvli_hint(&err, "load its metadata first (kvl_metadata_load)");
-            return kvli_fail(a, &err);
-        }
-    }
+    if (remote && (rem = kvli_remote_acquire(a, remote, &err)) == NULL)
+        return kvli_fail(a, &err);
     kvl_status_t st = kvli_prep_build(a, rem, dl, prep_p, &err);
     if (rem)
         kvli_remote_put(a, rem);

@@ -365,18 +365,8 @@ kvl_status_t kvl_xfer_create(kvl_agent_t *a, kvl_xfer_op_t op, const kvl_dlist_t
         *xfer_p = NULL;
     if (a == NULL || local == NULL || remote == NULL || remote_list == NULL || xfer_p == NULL)
         return kvli_fail_simple(a, KVL_ERR_INVALID_ARG, NULL, "kvl_xfer_create: NULL argument");
-    pthread_mutex_lock(&a->lock);
-    rem = kvli_remote_find(a, remote);
-    if (rem)
-        kvli_remote_get(rem);
-    pthread_mutex_unlock(&a->lock);
-    if (rem == NULL) {
-        kvli_err(&err, KVL_ERR_NOT_FOUND, 0, "remote agent '%s' is not loaded on agent '%s'",
-                 remote, a->name);
-        kvli_scopy(err.agent, sizeof(err.agent), remote);
-        kvli_hint(&err, "load its metadata first (kvl_metadata_load)");
+    if ((rem = kvli_remote_acquire(a, remote, &err)) == NULL)
         return kvli_fail(a, &err);
-    }
     st = kvli_prep_build(a, NULL, local, &lp, &err);
     if (st == KVL_OK)
         st = kvli_prep_build(a, rem, remote_list, &rp, &err);
