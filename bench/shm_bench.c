@@ -279,7 +279,7 @@ int main(int argc, char **argv)
             double gk = (double)size / median(tk, reps) / 1e9;
             double gr = (double)size / median(tr, reps) / 1e9;
             char name[64];
-            snprintf(name, sizeof(name), "%s, %s %" PRIu64 " KiB blocks",
+            snprintf(name, sizeof(name), "%s: %s %" PRIu64 " KiB blocks",
                      target_kind == 0 ? "shareable" : "plain (cma)",
                      shapes[s].scattered ? "scattered" : "contiguous", shapes[s].bs >> 10);
             const char *ref = target_kind == 0 ? "memcpy 1 thread" : "process_vm_writev";
