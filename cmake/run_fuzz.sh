@@ -83,7 +83,7 @@ failed=()
 for t in "${targets[@]}"; do
     name=$(basename "$t" .c)
     "$cc" "${cflags[@]}" -fsanitize=fuzzer,address,undefined "$t" "${objs[@]}" \
-        -pthread -ldl -o "$work/$name"
+        -pthread -ldl -lcrypto -o "$work/$name"
     corpus="$work/corpus/$name"
     mkdir -p "$corpus"
     if [ -d "$src/tests/fuzz/corpus/$name" ]; then

@@ -182,6 +182,14 @@ typedef struct kvl_backend_ops {
     void (*probe)(void (*report)(void *arg, const char *check, int status, const char *observed,
                                  const char *hint),
                   void *arg, kvl_mem_kind_t mem, int32_t dev, uint64_t planned_bytes);
+
+    /*
+     * Optional: the core is about to free a transfer that was posted at
+     * least once (x is finished: never called while in flight). A backend
+     * that keeps per-transfer state in x->bk_priv across postings (device
+     * tables, registered iovecs) releases it here.
+     */
+    void (*xfer_release)(void *bk, kvl_bk_xfer_t *x);
 } kvl_backend_ops_t;
 
 /* ---- helpers for backends to fill errors (header-only, no symbols) ---- */

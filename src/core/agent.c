@@ -191,6 +191,15 @@ kvl_status_t kvl_agent_create(const char *name, const kvl_agent_config_t *cfg, k
     a->timeout_ms = (cfg && (cfg->field_mask & KVL_AGENT_CFG_TIMEOUT) && cfg->timeout_ms)
                         ? cfg->timeout_ms : 5000;
     a->workers = (cfg && (cfg->field_mask & KVL_AGENT_CFG_WORKERS) && cfg->workers) ? cfg->workers : 1;
+    if (cfg && (cfg->field_mask & KVL_AGENT_CFG_SECRET) && cfg->secret && cfg->secret[0]) {
+        a->secret_len = strlen(cfg->secret);
+        a->secret = malloc(a->secret_len);
+        if (a->secret == NULL) {
+            free(a);
+            return kvli_fail_simple(NULL, KVL_ERR_NO_MEMORY, NULL, "kvl_agent_create: out of memory");
+        }
+        memcpy(a->secret, cfg->secret, a->secret_len);
+    }
     a->last_err.device = -1;
     pthread_mutex_init(&a->lock, NULL);
     pthread_mutex_init(&a->notif_lock, NULL);
@@ -245,6 +254,8 @@ void kvl_agent_destroy(kvl_agent_t *a)
     }
     pthread_mutex_unlock(&kvli_live_lock);
 
+    /* 0. the listener: peers we pushed to drop our metadata; stop serving */
+    kvli_listener_agent_destroy(a);
     /* 1. transfers: cancel what moves, then free (the lock is not held while
      *    waiting, completion callbacks need it) */
     for (;;) {
@@ -283,5 +294,16 @@ void kvl_agent_destroy(kvl_agent_t *a)
     pthread_mutex_destroy(&a->xfer_lock);
     pthread_cond_destroy(&a->notif_cond);
     pthread_mutex_destroy(&a->err_lock);
+    if (a->secret != NULL) {
+        explicit_bzero(a->secret, a->secret_len);
+        free(a->secret);
+    }
     free(a);
+}
+
+void kvli_ctx_secret(const kvl_bk_ctx_t *ctx, const uint8_t **secret_p, size_t *len_p)
+{
+    const struct kvl_backend *bk = ctx->core;
+    *secret_p = bk->agent->secret;
+    *len_p = bk->agent->secret_len;
 }

@@ -160,6 +160,7 @@ struct kvl_xfer {
     kvl_status_t status;
     kvl_error_t err;
     uint64_t t_post, post_ns, duration_ns;
+    bool posted_once;                 /* backend may hold state in bx.bk_priv */
     char path[64];
     struct kvl_xfer *prev, *next;     /* agent's list */
 };
@@ -210,8 +211,21 @@ struct kvl_agent {
     pthread_mutex_t err_lock;
     kvl_error_t last_err;
 
+    uint8_t *secret;                  /* shared secret (copy), NULL if none */
+    size_t secret_len;
+    struct kvli_listener *listener;   /* src/store/listener.c, created on first use */
+
     struct kvl_agent *next_live;      /* global list of live agents */
 };
+
+/* ---- the agent listener (src/store/) ---- */
+/* At kvl_agent_destroy, first: invalidate our metadata at every listener we
+ * pushed to, stop listening. */
+void kvli_listener_agent_destroy(kvl_agent_t *a);
+/* After a deregistration: listeners we pushed to get the new metadata. */
+void kvli_listener_regions_changed(kvl_agent_t *a);
+/* The agent's shared secret for a backend (NULL/0 when none). */
+void kvli_ctx_secret(const kvl_bk_ctx_t *ctx, const uint8_t **secret_p, size_t *len_p);
 
 /* Build the xfer from two prepared lists (xfer.c). */
 kvl_status_t kvli_xfer_build(kvl_agent_t *a, kvl_xfer_op_t op, const kvl_prep_t *lp,

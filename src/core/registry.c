@@ -155,6 +155,8 @@ static kvl_status_t kvli_mem_classify(kvl_agent_t *a, const kvl_mem_desc_t *d,
                                       int32_t *dev_p, kvl_error_t *err)
 {
     const kvl_backend_ops_t *ops;
+    kvl_error_t qerr, why; /* why: a backend's reason for not claiming declared memory */
+    bool have_why = false;
     for (size_t i = 0; (ops = kvli_backend_builtin(i)) != NULL; i++) {
         kvl_mem_kind_t k;
         int32_t dev;
@@ -162,11 +164,31 @@ static kvl_status_t kvli_mem_classify(kvl_agent_t *a, const kvl_mem_desc_t *d,
         if (ops->size < offsetof(kvl_backend_ops_t, mem_query) + sizeof(ops->mem_query) ||
             ops->mem_query == NULL)
             continue;
-        kvl_status_t st = ops->mem_query(d->addr, d->len, d->dev, &k, &dev, info, sizeof(info), err);
-        if (st == KVL_ERR_NOT_FOUND)
+        memset(&qerr, 0, offsetof(kvl_error_t, causes));
+        qerr.device = -1;
+        kvl_status_t st = ops->mem_query(d->addr, d->len, d->dev, &k, &dev, info, sizeof(info),
+                                         &qerr);
+        if (st == KVL_ERR_NOT_FOUND) {
+            /* A backend may say why it does not claim the memory (no CUDA
+             * driver, freed GPU memory): keep the first such reason from a
+             * backend serving the declared kind. */
+            if (!have_why && qerr.code != KVL_OK && declared != KVL_MEM_AUTO &&
+                declared != KVL_MEM_DRAM && (ops->mem_local & KVL_MEM_BIT(declared))) {
+                memcpy(&why, &qerr, offsetof(kvl_error_t, causes));
+                why.n_causes = why.n_causes_dropped = 0;
+                if (!why.backend[0])
+                    kvli_scopy(why.backend, sizeof(why.backend), ops->name);
+                have_why = true;
+            }
             continue;
-        if (st != KVL_OK)
-            return st;
+        }
+        if (st != KVL_OK) {
+            memcpy(err, &qerr, offsetof(kvl_error_t, causes));
+            err->n_causes = err->n_causes_dropped = 0;
+            if (err->code == KVL_OK)
+                kvli_err(err, st, 0, "backend %s refused this memory", ops->name);
+            return err->code;
+        }
         if (declared != KVL_MEM_AUTO && declared != k) {
             kvli_err(err, KVL_ERR_DEVICE_MISMATCH, 0,
                      "declared %s, but the %s backend says this memory is %s%s%.200s",
@@ -203,6 +225,12 @@ static kvl_status_t kvli_mem_classify(kvl_agent_t *a, const kvl_mem_desc_t *d,
                                  ? "create the cuda backend (kvlane doctor says whether a CUDA "
                                    "driver and GPU are present)"
                                  : "create a backend that serves this memory kind");
+        if (have_why) {
+            /* e.g. "no CUDA driver found: dlopen(...)": the actual reason */
+            kvli_err_add_cause(err, &why);
+            if (why.hint[0])
+                kvli_hint(err, "%.500s", why.hint);
+        }
         return KVL_ERR_NO_BACKEND;
     }
     /* Host memory: the range must be mapped in this process. msync checks
@@ -297,8 +325,8 @@ static kvl_status_t kvli_register_one(kvl_agent_t *a, const kvl_mem_desc_t *d,
 {
     kvl_mem_kind_t declared = (p && (p->field_mask & KVL_REG_PARAM_KIND)) ? p->kind : KVL_MEM_AUTO;
     kvl_reg_policy_t policy = (p && (p->field_mask & KVL_REG_PARAM_POLICY)) ? p->policy : KVL_REG_ANY;
-    kvl_mem_kind_t kind;
-    int32_t dev;
+    kvl_mem_kind_t kind = KVL_MEM_AUTO;
+    int32_t dev = KVL_DEV_ANY;
     kvl_status_t st;
 
     if (e) {
@@ -597,6 +625,7 @@ kvl_status_t kvl_mem_deregister(kvl_agent_t *a, const kvl_mem_desc_t *regions, s
         kvli_region_drop(a, kvli_registry_exact(a, regions[i].addr, regions[i].len));
     atomic_fetch_add(&a->generation, 1);
     pthread_mutex_unlock(&a->lock);
+    kvli_listener_regions_changed(a);
     return KVL_OK;
 fail:
     pthread_mutex_unlock(&a->lock);

@@ -321,6 +321,12 @@ void kvli_xfer_free(kvl_xfer_t *x)
      * taking the lock once waits for it to leave before the lock dies. */
     pthread_mutex_lock(&x->lock);
     pthread_mutex_unlock(&x->lock);
+    if (x->bk != NULL && x->posted_once) {
+        const kvl_backend_ops_t *ops = x->bk->ops;
+        if (ops->size >= offsetof(kvl_backend_ops_t, xfer_release) + sizeof(ops->xfer_release) &&
+            ops->xfer_release != NULL)
+            ops->xfer_release(x->bk->bk, &x->bx);
+    }
     for (size_t i = 0; i < x->nlregs; i++)
         kvli_region_put(x->lregs[i]);
     if (x->rem)
@@ -482,6 +488,7 @@ kvl_status_t kvl_xfer_post(kvl_xfer_t *x)
     memset(&err, 0, offsetof(kvl_error_t, causes));
     err.device = -1;
     x->bx.path[0] = '\0';
+    x->posted_once = true;
     kvl_status_t st = x->bk->ops->xfer_post(x->bk->bk, &x->bx, &err);
     if (st != KVL_OK) {
         for (size_t i = 0; i < x->nlregs; i++)

@@ -1,0 +1,122 @@
+/* kvlane tcp backend: memory. Local registration and its key, remote regions. */
+#include <errno.h>
+#include <inttypes.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include <sys/mman.h>
+#include "tcp.h"
+
+kvl_status_t kvli_tcp_md_reg(void *bk, const kvl_region_info_t *r, void **mh_p, char *detail,
+                             size_t detail_len, kvl_error_t *err)
+{
+    uintptr_t ps = (uintptr_t)sysconf(_SC_PAGESIZE), start, end;
+    kvli_tcp_mh_t *mh;
+    (void)bk;
+    if (r == NULL || mh_p == NULL || r->len == 0 || r->addr + r->len < r->addr ||
+        r->addr + r->len > (uint64_t)UINTPTR_MAX - ps) {
+        kvl_bk_error_set(err, KVL_ERR_INVALID_ARG, 0, KVLI_TCP_NAME, -1,
+                         "tcp register [0x%" PRIx64 ", +%" PRIu64 "): empty or wrapping range",
+                         r ? r->addr : 0, r ? r->len : 0);
+        kvl_bk_error_hint(err, "pass a non-empty range inside the address space");
+        return KVL_ERR_INVALID_ARG;
+    }
+    if (r->kind != KVL_MEM_DRAM) {
+        kvl_bk_error_set(err, KVL_ERR_UNSUPPORTED, 0, KVLI_TCP_NAME, r->dev,
+                         "tcp register [0x%" PRIx64 ", +%" PRIu64 "): memory kind %d is not DRAM",
+                         r->addr, r->len, (int)r->kind);
+        kvl_bk_error_hint(err, "the tcp backend moves host memory only; stage GPU memory "
+                          "through host memory (cuda backend)");
+        return KVL_ERR_UNSUPPORTED;
+    }
+    start = (uintptr_t)r->addr & ~(ps - 1);
+    end = ((uintptr_t)(r->addr + r->len) + ps - 1) & ~(ps - 1);
+    if (msync((void *)start, end - start, MS_ASYNC) != 0 && errno == ENOMEM) {
+        kvl_bk_error_set(err, KVL_ERR_INVALID_ARG, ENOMEM, KVLI_TCP_NAME, -1,
+                         "tcp register: msync(0x%" PRIxPTR ", %" PRIuPTR ", MS_ASYNC) = ENOMEM: "
+                         "range is not mapped in this process", start, end - start);
+        kvl_bk_error_hint(err, "the address or length is wrong, or the memory was freed "
+                          "before registration; register only live allocations");
+        return KVL_ERR_INVALID_ARG;
+    }
+    mh = calloc(1, sizeof(*mh));
+    if (mh == NULL) {
+        kvl_bk_error_set(err, KVL_ERR_NO_MEMORY, ENOMEM, KVLI_TCP_NAME, -1,
+                         "tcp: calloc(%zu) failed", sizeof(*mh));
+        kvl_bk_error_hint(err, "the process is out of memory");
+        return KVL_ERR_NO_MEMORY;
+    }
+    mh->addr = r->addr;
+    mh->len = r->len;
+    if (detail != NULL && detail_len > 0)
+        snprintf(detail, detail_len, "socket (sendmsg/recvmsg from/into this memory)");
+    *mh_p = mh;
+    return KVL_OK;
+}
+
+void kvli_tcp_md_dereg(void *bk, void *mh)
+{
+    (void)bk;
+    free(mh);
+}
+
+kvl_status_t kvli_tcp_md_pack(void *bk, void *mh_h, uint8_t *buf, size_t cap, size_t *len_p)
+{
+    kvli_tcp_mh_t *mh = mh_h;
+    (void)bk;
+    if (cap < KVLI_TCP_KEY_LEN)
+        return KVL_ERR_INVALID_ARG;
+    kvli_tcp_proto_key_build(buf, mh->addr, mh->len);
+    *len_p = KVLI_TCP_KEY_LEN;
+    return KVL_OK;
+}
+
+kvl_status_t kvli_tcp_md_rload(void *bk, void *peer_h, const kvl_region_info_t *r,
+                               const uint8_t *key, size_t len, void **rh_p, kvl_error_t *err)
+{
+    kvli_tcp_peer_t *peer = peer_h;
+    kvli_tcp_rh_t *rh;
+    uint64_t a = 0, l = 0;
+    char why[128] = "";
+    (void)bk;
+    if (r == NULL || kvli_tcp_proto_key_parse(key, len, &a, &l, why, sizeof(why)) != 0 ||
+        a != r->addr || l != r->len || r->len == 0 || r->addr + r->len < r->addr) {
+        if (!why[0])
+            snprintf(why, sizeof(why), "key names 0x%" PRIx64 "+%" PRIu64 ", not the region",
+                     a, l);
+        kvl_bk_error_set(err, KVL_ERR_BAD_METADATA, 0, KVLI_TCP_NAME, -1,
+                         "tcp key of agent '%s' region [0x%" PRIx64 ", +%" PRIu64 "): %s",
+                         peer->name, r ? r->addr : 0, r ? r->len : 0, why);
+        if (err != NULL)
+            snprintf(err->agent, sizeof(err->agent), "%s", peer->name);
+        kvl_bk_error_hint(err, "the metadata blob is corrupted or from an incompatible kvlane "
+                          "build; fetch it again from the peer");
+        return KVL_ERR_BAD_METADATA;
+    }
+    if (r->kind != KVL_MEM_DRAM) {
+        kvl_bk_error_set(err, KVL_ERR_UNSUPPORTED, 0, KVLI_TCP_NAME, -1,
+                         "region [0x%" PRIx64 ", +%" PRIu64 ") of agent '%s' has memory kind "
+                         "%d, not DRAM", r->addr, r->len, peer->name, (int)r->kind);
+        kvl_bk_error_hint(err, "the tcp backend reaches remote host memory only");
+        return KVL_ERR_UNSUPPORTED;
+    }
+    rh = calloc(1, sizeof(*rh));
+    if (rh == NULL) {
+        kvl_bk_error_set(err, KVL_ERR_NO_MEMORY, ENOMEM, KVLI_TCP_NAME, -1,
+                         "tcp: calloc(%zu) failed", sizeof(*rh));
+        kvl_bk_error_hint(err, "the process is out of memory");
+        return KVL_ERR_NO_MEMORY;
+    }
+    rh->peer = peer;
+    rh->addr = r->addr;
+    rh->len = r->len;
+    *rh_p = rh;
+    return KVL_OK;
+}
+
+void kvli_tcp_md_runload(void *bk, void *peer, void *rh)
+{
+    (void)bk;
+    (void)peer;
+    free(rh);
+}
