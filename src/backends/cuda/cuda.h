@@ -1,0 +1,484 @@
+/*
+ * kvlane cuda backend: private structures shared by the files of this folder.
+ *
+ * The CUDA driver is reached through dlopen("libcuda.so.1") at run time
+ * (cuda_driver.c): the library has no build-time CUDA dependency, so the few
+ * driver types it needs are declared here with the driver's ABI layout.
+ *
+ * Objects and who owns what:
+ *   drv    - process-wide: the dlopen'ed driver, its entry points and the
+ *            visible devices with their retained primary contexts.
+ *   iface  - one per open(): listening socket, progress thread, per-device
+ *            streams, the gather kernel and descriptor slots.
+ *   peer   - one per peer_load(): our connection to a remote agent and the
+ *            remote memory mapped here (IPC handles, VMM imports, memfds).
+ *   conn   - one per accepted connection (target side, progress thread only).
+ *   mh/rh  - local region handle (mem_reg) / remote region handle.
+ *   xpriv  - per posted transfer (work units in flight, cancel state).
+ *
+ * iface->lock guards every list and counter; it is never held across a
+ * call that can block on a peer, nor across a call into the core.
+ */
+#ifndef KVLI_CUDA_H
+#define KVLI_CUDA_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <kvlane/backend.h>
+#include <kvlane/notif.h>
+
+#define KVLI_CUDA_NAME "cuda"
+#define KVLI_CUDA_MAX_DEVICES 64
+#define KVLI_CUDA_STREAMS 4                /* streams per device per iface */
+#define KVLI_CUDA_UNIT_BYTES (512ull << 20) /* cancel is checked between units */
+#define KVLI_CUDA_UNIT_BLOCKS 8192u        /* blocks per batch / uncached kernel launch at most */
+#define KVLI_CUDA_WINDOW 4                 /* units in flight per transfer */
+#define KVLI_CUDA_PIECE (1ull << 20)       /* kernel splits blocks above this */
+#define KVLI_CUDA_DEFAULT_TIMEOUT_MS 5000u
+#define KVLI_CUDA_TEXT_MAX 256
+#define KVLI_CUDA_MAX_CHUNKS 65536u        /* VMM chunks per region */
+
+/* ---- the driver ABI (subset; layouts as in cuda.h) ---- */
+typedef int CUresult;
+typedef int CUdevice;
+typedef unsigned long long CUdeviceptr;
+typedef unsigned long long CUmemGenericAllocationHandle;
+typedef struct CUctx_st *CUcontext;
+typedef struct CUstream_st *CUstream;
+typedef struct CUevent_st *CUevent;
+typedef struct CUmod_st *CUmodule;
+typedef struct CUfunc_st *CUfunction;
+typedef struct { char reserved[64]; } CUipcMemHandle;
+typedef struct { int type; int id; } CUmemLocation;
+typedef struct {
+    int type;                       /* CU_MEM_ALLOCATION_TYPE_PINNED */
+    int requestedHandleTypes;
+    CUmemLocation location;
+    void *win32HandleMetaData;
+    struct {
+        unsigned char compressionType;
+        unsigned char gpuDirectRDMACapable;
+        unsigned short usage;
+        unsigned char reserved[4];
+    } allocFlags;
+} CUmemAllocationProp;
+typedef struct { CUmemLocation location; int flags; } CUmemAccessDesc;
+typedef struct {
+    int srcAccessOrder;
+    CUmemLocation srcLocHint;
+    CUmemLocation dstLocHint;
+    unsigned int flags;
+} CUmemcpyAttributes;
+
+enum {
+    KVLI_CUDA_SUCCESS = 0,
+    KVLI_CUDA_ERROR_INVALID_VALUE = 1,
+    KVLI_CUDA_ERROR_NOT_INITIALIZED = 3,
+    KVLI_CUDA_ERROR_DEINITIALIZED = 4,
+    KVLI_CUDA_ERROR_STUB_LIBRARY = 34,
+    KVLI_CUDA_ERROR_NO_DEVICE = 100,
+    KVLI_CUDA_ERROR_ALREADY_MAPPED = 208,
+    KVLI_CUDA_ERROR_NOT_READY = 600,
+    KVLI_CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED = 712,
+    KVLI_CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED = 713
+};
+enum {
+    KVLI_CU_PTR_CONTEXT = 1,
+    KVLI_CU_PTR_MEMORY_TYPE = 2,
+    KVLI_CU_PTR_BUFFER_ID = 7,
+    KVLI_CU_PTR_IS_MANAGED = 8,
+    KVLI_CU_PTR_DEVICE_ORDINAL = 9,
+    KVLI_CU_PTR_IS_LEGACY_IPC = 10,
+    KVLI_CU_PTR_RANGE_START = 11,
+    KVLI_CU_PTR_RANGE_SIZE = 12,
+    KVLI_CU_PTR_MAPPED = 13,
+    KVLI_CU_PTR_ALLOWED_HANDLES = 14
+};
+enum { KVLI_CU_MEMTYPE_HOST = 1, KVLI_CU_MEMTYPE_DEVICE = 2, KVLI_CU_MEMTYPE_UNIFIED = 4 };
+#define KVLI_CU_DEV_ATTR_SM_COUNT 16
+#define KVLI_CU_DEV_ATTR_UVA 41
+#define KVLI_CU_DEV_ATTR_VMM 102
+#define KVLI_CU_DEV_ATTR_POSIX_FD 103
+#define KVLI_CU_HANDLE_POSIX_FD 1
+#define KVLI_CU_LOCATION_DEVICE 1
+#define KVLI_CU_ACCESS_RW 3
+#define KVLI_CU_ALLOC_PINNED 1
+#define KVLI_CU_IPC_LAZY_PEER 1
+#define KVLI_CU_STREAM_NON_BLOCKING 1
+#define KVLI_CU_EVENT_DISABLE_TIMING 2
+#define KVLI_CU_HOSTREG_PORTABLE 1
+#define KVLI_CU_HOSTREG_DEVICEMAP 2
+#define KVLI_CU_SRC_ORDER_STREAM 1
+
+/* Driver entry points; NULL where the driver lacks an optional one. */
+typedef struct kvli_cuda_drv {
+    CUresult (*cuInit)(unsigned);
+    CUresult (*cuDriverGetVersion)(int *);
+    CUresult (*cuGetErrorName)(CUresult, const char **);
+    CUresult (*cuGetErrorString)(CUresult, const char **);
+    CUresult (*cuDeviceGetCount)(int *);
+    CUresult (*cuDeviceGet)(CUdevice *, int);
+    CUresult (*cuDeviceGetName)(char *, int, CUdevice);
+    CUresult (*cuDeviceGetPCIBusId)(char *, int, CUdevice);
+    CUresult (*cuDeviceGetAttribute)(int *, int, CUdevice);
+    CUresult (*cuDeviceCanAccessPeer)(int *, CUdevice, CUdevice);
+    CUresult (*cuDevicePrimaryCtxRetain)(CUcontext *, CUdevice);
+    CUresult (*cuCtxPushCurrent)(CUcontext);
+    CUresult (*cuCtxPopCurrent)(CUcontext *);
+    CUresult (*cuPointerGetAttribute)(void *, int, CUdeviceptr);
+    CUresult (*cuMemGetAddressRange)(CUdeviceptr *, size_t *, CUdeviceptr);
+    CUresult (*cuMemHostRegister)(void *, size_t, unsigned);
+    CUresult (*cuMemHostUnregister)(void *);
+    CUresult (*cuMemHostAlloc)(void **, size_t, unsigned);
+    CUresult (*cuMemFreeHost)(void *);
+    CUresult (*cuMemAlloc)(CUdeviceptr *, size_t);
+    CUresult (*cuMemFree)(CUdeviceptr);
+    /* stream-ordered allocation (optional: CUDA >= 11.2) */
+    CUresult (*cuMemAllocAsync)(CUdeviceptr *, size_t, CUstream);
+    CUresult (*cuMemFreeAsync)(CUdeviceptr, CUstream);
+    CUresult (*cuMemcpyAsync)(CUdeviceptr, CUdeviceptr, size_t, CUstream);
+    CUresult (*cuMemcpyHtoDAsync)(CUdeviceptr, const void *, size_t, CUstream);
+    /* CUDA >= 13: no failIdx; 12.8/12.9: with failIdx. At most one is set. */
+    CUresult (*cuMemcpyBatchAsync_v2)(CUdeviceptr *, CUdeviceptr *, size_t *, size_t,
+                                      CUmemcpyAttributes *, size_t *, size_t, CUstream);
+    CUresult (*cuMemcpyBatchAsync_v1)(CUdeviceptr *, CUdeviceptr *, size_t *, size_t,
+                                      CUmemcpyAttributes *, size_t *, size_t, size_t *,
+                                      CUstream);
+    CUresult (*cuStreamCreate)(CUstream *, unsigned);
+    CUresult (*cuStreamDestroy)(CUstream);
+    CUresult (*cuStreamSynchronize)(CUstream);
+    CUresult (*cuEventCreate)(CUevent *, unsigned);
+    CUresult (*cuEventDestroy)(CUevent);
+    CUresult (*cuEventRecord)(CUevent, CUstream);
+    CUresult (*cuEventQuery)(CUevent);
+    CUresult (*cuEventSynchronize)(CUevent);
+    CUresult (*cuIpcGetMemHandle)(CUipcMemHandle *, CUdeviceptr);
+    CUresult (*cuIpcOpenMemHandle)(CUdeviceptr *, CUipcMemHandle, unsigned);
+    CUresult (*cuIpcCloseMemHandle)(CUdeviceptr);
+    CUresult (*cuModuleLoadData)(CUmodule *, const void *);
+    CUresult (*cuModuleUnload)(CUmodule);
+    CUresult (*cuModuleGetFunction)(CUfunction *, CUmodule, const char *);
+    CUresult (*cuLaunchKernel)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned,
+                               unsigned, unsigned, CUstream, void **, void **);
+    /* virtual memory management (optional: CUDA >= 10.2) */
+    CUresult (*cuMemRetainAllocationHandle)(CUmemGenericAllocationHandle *, void *);
+    CUresult (*cuMemExportToShareableHandle)(void *, CUmemGenericAllocationHandle, int,
+                                             unsigned long long);
+    CUresult (*cuMemImportFromShareableHandle)(CUmemGenericAllocationHandle *, void *, int);
+    CUresult (*cuMemGetAllocationPropertiesFromHandle)(CUmemAllocationProp *,
+                                                       CUmemGenericAllocationHandle);
+    CUresult (*cuMemGetAllocationGranularity)(size_t *, const CUmemAllocationProp *, int);
+    CUresult (*cuMemAddressReserve)(CUdeviceptr *, size_t, size_t, CUdeviceptr,
+                                    unsigned long long);
+    CUresult (*cuMemAddressFree)(CUdeviceptr, size_t);
+    CUresult (*cuMemMap)(CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle,
+                         unsigned long long);
+    CUresult (*cuMemUnmap)(CUdeviceptr, size_t);
+    CUresult (*cuMemSetAccess)(CUdeviceptr, size_t, const CUmemAccessDesc *, size_t);
+    CUresult (*cuMemRelease)(CUmemGenericAllocationHandle);
+
+    /* what was found */
+    void *handle;
+    char path[256];                  /* the libcuda actually loaded */
+    int version;                     /* cuDriverGetVersion, e.g. 13000 */
+    int ndev;
+    int vmm;                         /* VMM entry points present */
+    struct {
+        CUdevice dev;
+        char pci[32];                /* "0000:1b:00.0", lower case */
+        char name[96];
+        int sm_count;
+        int posix_fd;                /* can export VMM memory as fd */
+        CUcontext ctx;               /* primary, retained on first use */
+        pthread_mutex_t lock;
+    } devs[KVLI_CUDA_MAX_DEVICES];
+} kvli_cuda_drv_t;
+
+/* ---- cuda_driver.c ---- */
+/* The driver table, loaded once; NULL when unusable (reason says why). */
+const kvli_cuda_drv_t *kvli_cuda_drv_get(void);
+const char *kvli_cuda_drv_reason(void);
+/* "CUDA_ERROR_X (text)" */
+const char *kvli_cuda_drv_errstr(CUresult r, char *buf, size_t cap);
+/* Push device d's primary context (retaining it on first use). */
+CUresult kvli_cuda_drv_push(int d);
+void kvli_cuda_drv_pop(void);
+/* Device ordinal with this PCI bus id, -1 when not visible here. */
+int kvli_cuda_drv_dev_by_pci(const char *pci);
+/* Whether the gather kernel is built in, and a line saying which. */
+int kvli_cuda_drv_have_kernel(void);
+const char *kvli_cuda_drv_kernel_note(void);
+const void *kvli_cuda_drv_kernel_image(void);
+/* Explain CUDA_VISIBLE_DEVICES for a declared id that is not the ordinal. */
+void kvli_cuda_drv_remap_text(int declared, int actual, char *buf, size_t cap);
+
+/* ---- local regions (cuda_md.c) ---- */
+enum { KVLI_CUDA_MEM_LEGACY = 1, KVLI_CUDA_MEM_VMM = 2, KVLI_CUDA_MEM_HOST = 3 };
+
+typedef struct kvli_cuda_mh {
+    uint64_t addr, len;
+    int kind;                        /* KVLI_CUDA_MEM_* */
+    int dev;                         /* VRAM: ordinal; host: -1 */
+    uint64_t alloc_base, alloc_size; /* VRAM: allocation (legacy) or first chunk */
+    uint64_t buffer_id;              /* VRAM: detects free + reuse */
+    uint32_t nchunks;                /* VMM chunks the region spans */
+    int exportable;                  /* peers can map it */
+    char why_local[240];             /* when !exportable */
+    CUipcMemHandle ipc;              /* legacy */
+    int pinned_here;                 /* host: we called cuMemHostRegister */
+    uint64_t pin_base, pin_len;
+    uint64_t shm_id, shm_off, shm_size;
+} kvli_cuda_mh_t;
+
+typedef struct kvli_cuda_iface kvli_cuda_iface_t;
+typedef struct kvli_cuda_peer kvli_cuda_peer_t;
+
+/* A peer's memory mapped here, shared by its regions (legacy, memfd). */
+typedef struct kvli_cuda_map {
+    struct kvli_cuda_map *next;
+    int kind;
+    uint64_t key;                    /* legacy: remote alloc base; host: shm id */
+    uint64_t buffer_id;
+    uint8_t *base;                   /* local address of the mapping */
+    uint64_t size;
+    int dev;                         /* device whose context opened it */
+    int host_pinned;
+    unsigned refs;
+} kvli_cuda_map_t;
+
+/* Remote region handle. */
+typedef struct kvli_cuda_rh {
+    kvli_cuda_peer_t *peer;
+    uint64_t addr, len;
+    int kind;
+    int rdev;                        /* ordinal in the peer's process */
+    char pci[32];
+    uint8_t *local;                  /* where [addr, addr+len) is mapped here */
+    int dev;                         /* device that can reach it, -1 host */
+    kvli_cuda_map_t *map;            /* legacy / host */
+    /* VMM import */
+    CUdeviceptr va;
+    uint64_t va_size;
+    uint32_t nh;
+    uint64_t *chunk_size;
+    CUmemGenericAllocationHandle *handles;
+    char unreachable[300];           /* set when mapping failed: xfer_post says it */
+} kvli_cuda_rh_t;
+
+/* ---- cuda_md.c ---- */
+kvl_status_t kvli_cuda_md_query(uint64_t addr, uint64_t len, int32_t declared_dev,
+                                kvl_mem_kind_t *kind_p, int32_t *dev_p, char *info,
+                                size_t info_len, kvl_error_t *err);
+kvl_status_t kvli_cuda_md_reg(void *bk, const kvl_region_info_t *r, void **mh_p, char *detail,
+                              size_t detail_len, kvl_error_t *err);
+void kvli_cuda_md_dereg(void *bk, void *mh);
+kvl_status_t kvli_cuda_md_pack(void *bk, void *mh, uint8_t *buf, size_t cap, size_t *len_p);
+kvl_status_t kvli_cuda_md_check_live(const kvli_cuda_mh_t *mh, kvl_error_t *err);
+/* The VMM chunks of a registered region: bases and sizes (caller frees). */
+kvl_status_t kvli_cuda_md_chunks(const kvli_cuda_mh_t *mh, uint64_t **base_p, uint64_t **size_p,
+                                 uint32_t *n_p, char *text, size_t cap);
+
+/* ---- cuda_ipc.c: remote regions ---- */
+kvl_status_t kvli_cuda_ipc_rload(void *bk, void *peer, const kvl_region_info_t *r,
+                                 const uint8_t *key, size_t len, void **rh_p, kvl_error_t *err);
+void kvli_cuda_ipc_runload(void *bk, void *peer, void *rh);
+void kvli_cuda_ipc_unmap_all(kvli_cuda_peer_t *peer);
+/* Target side: export fds for a request; returns count or -1 with text. */
+int kvli_cuda_ipc_export(kvli_cuda_iface_t *iface, int what, uint64_t addr, uint64_t len,
+                         uint32_t first, int *fds, uint64_t *sizes, int max, uint32_t *total_p,
+                         char *text, size_t cap);
+
+/* ---- cuda_chan.c: the Unix socket channel between agents ---- */
+#define KVLI_CUDA_MSG_MAGIC 0x4b4c4355u     /* "KLCU" */
+#define KVLI_CUDA_PROTO_VERSION 1u
+#define KVLI_CUDA_CONN_MAGIC 0x55434c4bu
+#define KVLI_CUDA_CONN_VERSION 1u
+#define KVLI_CUDA_FDS_MAX 64               /* fds per reply */
+enum {
+    KVLI_CUDA_MSG_HELLO = 1,
+    KVLI_CUDA_MSG_HELLO_ACK = 2,
+    KVLI_CUDA_MSG_NOTIF = 3,
+    KVLI_CUDA_MSG_FDS_REQ = 4,
+    KVLI_CUDA_MSG_FDS_REPLY = 5
+};
+enum { KVLI_CUDA_FDS_VMM = 1, KVLI_CUDA_FDS_MEMFD = 2 };
+
+typedef struct kvli_cuda_hdr {
+    uint32_t magic, type;
+    uint64_t len;                    /* body bytes */
+} kvli_cuda_hdr_t;
+
+typedef struct kvli_cuda_fdsreq {
+    uint32_t what;                   /* KVLI_CUDA_FDS_* */
+    uint32_t first;                  /* first chunk wanted */
+    uint64_t addr, len;              /* VMM: region; MEMFD: addr = allocation id */
+} kvli_cuda_fdsreq_t;
+
+typedef struct kvli_cuda_fdsrep {
+    int32_t status;
+    uint32_t n;                      /* fds passed (sizes follow, u64 each) */
+    uint32_t total;                  /* chunks in all */
+    uint32_t text_len;               /* refusal text follows the sizes */
+} kvli_cuda_fdsrep_t;
+
+struct kvli_cuda_peer {
+    kvli_cuda_peer_t *next;
+    kvli_cuda_iface_t *iface;
+    char name[KVL_NAME_MAX];
+    uint64_t incarnation;
+    pid_t pid;
+    struct sockaddr_un addr;
+    socklen_t addrlen;
+    char sock_desc[120];
+    int fd;
+    pthread_mutex_t io_lock;         /* one request/reply at a time on fd */
+    atomic_int dead;
+    char dead_what[200];
+    kvli_cuda_map_t *maps;           /* under iface->lock */
+};
+
+typedef struct kvli_cuda_conn {
+    struct kvli_cuda_conn *next;
+    int fd;
+    int hello;
+    char name[KVL_NAME_MAX];
+    pid_t cred_pid;
+    int closing;
+} kvli_cuda_conn_t;
+
+kvl_status_t kvli_cuda_chan_listen(kvli_cuda_iface_t *iface, kvl_error_t *err);
+kvl_status_t kvli_cuda_chan_conn_pack(void *bk, uint8_t *buf, size_t cap, size_t *len_p);
+kvl_status_t kvli_cuda_chan_peer_load(void *bk, const char *name, uint64_t incarnation,
+                                      const uint8_t *conn, size_t len, void **peer_p,
+                                      kvl_error_t *err);
+void kvli_cuda_chan_peer_unload(void *bk, void *peer);
+void kvli_cuda_chan_peer_describe(void *bk, void *peer, char *buf, size_t len);
+kvl_status_t kvli_cuda_chan_notif_send(void *bk, void *peer, const void *msg, size_t len,
+                                       kvl_error_t *err);
+/* Ask the peer for fds; *n_p fds land in fds[], sizes in sizes[]. */
+kvl_status_t kvli_cuda_chan_fds_request(kvli_cuda_peer_t *peer, uint32_t what, uint64_t addr,
+                                        uint64_t len, uint32_t first, int *fds, uint64_t *sizes,
+                                        uint32_t *n_p, uint32_t *total_p, kvl_error_t *err);
+/* Progress thread: the target side of accepted connections. */
+void kvli_cuda_chan_accept(kvli_cuda_iface_t *iface);
+void kvli_cuda_chan_conn_progress(kvli_cuda_iface_t *iface, kvli_cuda_conn_t *c);
+void kvli_cuda_chan_conn_free(kvli_cuda_conn_t *c);
+
+/* ---- cuda_xfer.c ---- */
+/* One descriptor of the gather kernel (layout shared with kernels.cu). */
+typedef struct kvli_cuda_blk {
+    uint64_t src, dst, len;
+} kvli_cuda_blk_t;
+
+typedef struct kvli_cuda_slot {
+    struct kvli_cuda_slot *next;
+    kvli_cuda_blk_t *host;           /* pinned */
+    CUdeviceptr dev;
+    size_t cap;                      /* blocks */
+    CUevent ev;
+    /* batch fallback arrays (host) */
+    CUdeviceptr *bsrc, *bdst;
+    size_t *bsize;
+} kvli_cuda_slot_t;
+
+typedef struct kvli_cuda_devres {
+    int ready;                       /* 1 ok, -1 failed (text says why) */
+    char text[256];
+    CUstream streams[KVLI_CUDA_STREAMS];
+    unsigned next_stream;
+    CUmodule mod;
+    CUfunction fn;                   /* NULL: batched copies */
+    kvli_cuda_slot_t *free_slots;    /* under iface->lock */
+} kvli_cuda_devres_t;
+
+typedef struct kvli_cuda_unit {
+    kvli_cuda_slot_t *slot;
+    int dev;
+} kvli_cuda_unit_t;
+
+/*
+ * Per transfer, kept in x->bk_priv across postings (freed by xfer_release):
+ * what the first posting learned about the regions and, for the gather
+ * kernel, the whole descriptor table on the GPU with the remote addresses
+ * already translated (mappings never move while the transfer holds them),
+ * cut into launch units. A re-post launches from it: no host table work.
+ */
+typedef struct kvli_cuda_xcache {
+    uint32_t nl, nr;                 /* regions the segments use */
+    int dev, all_gpu;
+    int ready;                       /* table uploaded (or being uploaded) */
+    CUdeviceptr tab;                 /* npieces descriptors */
+    int tab_async;                   /* from cuMemAllocAsync */
+    kvli_cuda_blk_t *stage;          /* pinned host copy, freed once uploaded */
+    uint64_t npieces;
+    uint64_t *unit_end;              /* unit u covers pieces [end[u-1], end[u]) */
+    uint64_t *unit_bytes;
+    uint32_t nunits;
+} kvli_cuda_xcache_t;
+
+typedef struct kvli_cuda_xpriv {
+    struct kvli_cuda_xpriv *next;
+    kvl_bk_xfer_t *x;
+    kvli_cuda_peer_t *peer;
+    int dev;                         /* executing device */
+    CUstream stream;
+    int use_kernel;
+    kvli_cuda_xcache_t *xc;          /* cached table (kernel path), else NULL */
+    uint32_t unit;                   /* with xc: next unit to launch */
+    int staged;                      /* with xc: this posting uploaded the table */
+    /* cursor over the segments: next block to enqueue */
+    size_t seg;
+    uint64_t blk, off;
+    uint64_t enq_bytes;
+    unsigned inflight;
+    kvli_cuda_unit_t units[KVLI_CUDA_WINDOW];
+    unsigned u_head, u_count;
+    atomic_int cancel;
+    int failed;
+    kvl_status_t fail_status;
+    kvl_error_t *fail_err;
+    int completing, done;
+    unsigned waiters;
+} kvli_cuda_xpriv_t;
+
+struct kvli_cuda_iface {
+    kvl_bk_ctx_t *ctx;
+    const kvli_cuda_drv_t *drv;
+    uint64_t timeout_ms;
+    int pin_host;                    /* param pin_host=auto|off */
+    int kernel_off;                  /* param kernel=auto|off */
+    char boot_id[40];
+    struct sockaddr_un addr;
+    socklen_t addrlen;
+    char sock_name[108];
+    int listen_fd;
+    int wake_fd;
+    pthread_t progress;
+    int progress_started;
+    pthread_mutex_t lock;
+    pthread_cond_t cond;
+    atomic_int stopping;
+    kvli_cuda_peer_t *peers;
+    kvli_cuda_conn_t *conns;         /* progress thread only */
+    kvli_cuda_xpriv_t *xfers;        /* posted, not finished */
+    kvli_cuda_devres_t dres[KVLI_CUDA_MAX_DEVICES];
+    uint8_t *scratch;
+    size_t scratch_len;
+};
+
+kvl_status_t kvli_cuda_xfer_post(void *bk, kvl_bk_xfer_t *x, kvl_error_t *err);
+void kvli_cuda_xfer_cancel(void *bk, kvl_bk_xfer_t *x);
+void kvli_cuda_xfer_release(void *bk, kvl_bk_xfer_t *x);
+/* Progress thread: advance transfers; returns how many are in flight. */
+unsigned kvli_cuda_xfer_progress(kvli_cuda_iface_t *iface);
+void kvli_cuda_xfer_cancel_peer(kvli_cuda_iface_t *iface, kvli_cuda_peer_t *peer);
+void kvli_cuda_xfer_devres_fini(kvli_cuda_iface_t *iface);
+
+/* ---- cuda_iface.c ---- */
+void kvli_cuda_iface_wake(kvli_cuda_iface_t *iface);
+const char *kvli_cuda_errno_name(int e);
+
+#endif

@@ -1,0 +1,394 @@
+/*
+ * kvlane cuda backend: the interface object. available/probe, open/close,
+ * the progress thread (transfer events, and the target side of accepted
+ * connections) and the ops table, the one exported symbol.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <poll.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+#include <sys/eventfd.h>
+#include <sys/prctl.h>
+#include "cuda.h"
+
+#define KVLI_CUDA_SCRATCH (KVL_NOTIF_MAX + 4096)
+#define KVLI_CUDA_POLL_NS 4000L          /* event polling period while copies run */
+
+static const kvl_param_t kvli_cuda_params[] = {
+    {"pin_host", "auto"},
+    {"kernel", "auto"},
+    {NULL, NULL}
+};
+
+const char *kvli_cuda_errno_name(int e)
+{
+    switch (e) {
+    case EPERM: return "EPERM";
+    case ENOENT: return "ENOENT";
+    case EINTR: return "EINTR";
+    case EBADF: return "EBADF";
+    case EAGAIN: return "EAGAIN";
+    case ENOMEM: return "ENOMEM";
+    case EACCES: return "EACCES";
+    case EINVAL: return "EINVAL";
+    case EMFILE: return "EMFILE";
+    case ENFILE: return "ENFILE";
+    case EPIPE: return "EPIPE";
+    case ECONNRESET: return "ECONNRESET";
+    case ECONNREFUSED: return "ECONNREFUSED";
+    case ETIMEDOUT: return "ETIMEDOUT";
+    case EADDRINUSE: return "EADDRINUSE";
+    case EPROTO: return "EPROTO";
+    default: return "errno";
+    }
+}
+
+void kvli_cuda_iface_wake(kvli_cuda_iface_t *iface)
+{
+    uint64_t one = 1;
+    ssize_t n = write(iface->wake_fd, &one, sizeof(one));
+    (void)n; /* a full counter already means "wake up" */
+}
+
+static int kvli_cuda_boot_id(char *buf, size_t cap)
+{
+    int fd = open("/proc/sys/kernel/random/boot_id", O_RDONLY | O_CLOEXEC);
+    ssize_t n;
+    if (fd < 0)
+        return errno;
+    n = read(fd, buf, cap - 1);
+    close(fd);
+    if (n < 36)
+        return EIO;
+    buf[36] = '\0';
+    return 0;
+}
+
+static void *kvli_cuda_progress_main(void *arg)
+{
+    kvli_cuda_iface_t *iface = arg;
+    struct pollfd *pfd = NULL;
+    kvli_cuda_conn_t **who = NULL;
+    size_t cap = 0;
+    /* Poll events every few microseconds while copies run, not 50 us late. */
+    prctl(PR_SET_TIMERSLACK, 1UL, 0UL, 0UL, 0UL);
+    while (!atomic_load(&iface->stopping)) {
+        kvli_cuda_conn_t *c, **cp;
+        size_t n = 2, need = 2;
+        unsigned live;
+        struct timespec ts = {0, KVLI_CUDA_POLL_NS};
+
+        for (c = iface->conns; c != NULL; c = c->next)
+            need++;
+        if (need > cap) {
+            struct pollfd *np = realloc(pfd, need * sizeof(*pfd));
+            kvli_cuda_conn_t **nw;
+            if (np != NULL)
+                pfd = np;
+            nw = realloc(who, need * sizeof(*who));
+            if (nw != NULL)
+                who = nw;
+            if (np == NULL || nw == NULL) {
+                poll(NULL, 0, 10);
+                continue;
+            }
+            cap = need;
+        }
+        pfd[0].fd = iface->wake_fd;
+        pfd[0].events = POLLIN;
+        pfd[1].fd = iface->listen_fd;
+        pfd[1].events = POLLIN;
+        for (c = iface->conns; c != NULL; c = c->next) {
+            pfd[n].fd = c->fd;
+            pfd[n].events = POLLIN;
+            who[n++] = c;
+        }
+        for (size_t i = 0; i < n; i++)
+            pfd[i].revents = 0;
+        live = kvli_cuda_xfer_progress(iface);
+        if (ppoll(pfd, (nfds_t)n, live ? &ts : NULL, NULL) < 0 && errno != EINTR) {
+            int e = errno;
+            iface->ctx->log(iface->ctx, KVL_LOG_ERROR, "ppoll() = -1 %s (%s)",
+                            kvli_cuda_errno_name(e), strerror(e));
+            poll(NULL, 0, 1);
+            continue;
+        }
+        if (pfd[0].revents & POLLIN) {
+            uint64_t v;
+            ssize_t r = read(iface->wake_fd, &v, sizeof(v));
+            (void)r;
+        }
+        if (pfd[1].revents & POLLIN)
+            kvli_cuda_chan_accept(iface);
+        for (size_t i = 2; i < n; i++)
+            if (pfd[i].revents & (POLLIN | POLLHUP | POLLERR))
+                kvli_cuda_chan_conn_progress(iface, who[i]);
+        for (cp = &iface->conns; *cp != NULL;) {
+            c = *cp;
+            if (c->closing) {
+                *cp = c->next;
+                kvli_cuda_chan_conn_free(c);
+            } else {
+                cp = &c->next;
+            }
+        }
+    }
+    free(pfd);
+    free(who);
+    return NULL;
+}
+
+/* ---- ops ---- */
+
+static kvl_status_t kvli_cuda_available(char *reason, size_t len)
+{
+    const kvli_cuda_drv_t *d = kvli_cuda_drv_get();
+    if (d == NULL) {
+        if (reason != NULL && len > 0)
+            snprintf(reason, len, "%s", kvli_cuda_drv_reason());
+        return KVL_ERR_NO_DEVICE;
+    }
+    if (reason != NULL && len > 0)
+        snprintf(reason, len, "CUDA driver %d.%d (%.200s), %d device(s); %s", d->version / 1000,
+                 (d->version % 1000) / 10, d->path, d->ndev, kvli_cuda_drv_kernel_note());
+    return KVL_OK;
+}
+
+static void kvli_cuda_probe(void (*report)(void *arg, const char *check, int status,
+                                           const char *observed, const char *hint),
+                            void *arg, kvl_mem_kind_t mem, int32_t dev, uint64_t planned_bytes)
+{
+    const kvli_cuda_drv_t *d = kvli_cuda_drv_get();
+    const char *cvd = getenv("CUDA_VISIBLE_DEVICES");
+    char obs[1024];
+    (void)planned_bytes;
+    if (d == NULL) {
+        /* A failure only when GPU memory is planned; a warning otherwise. */
+        report(arg, "cuda driver", mem == KVL_MEM_VRAM ? 2 : 1, kvli_cuda_drv_reason(),
+               "install the NVIDIA driver or expose it to the container (NVIDIA container "
+               "toolkit); set KVL_CUDA_DRIVER to a libcuda.so.1 path to use another one");
+        return;
+    }
+    snprintf(obs, sizeof(obs), "CUDA driver %d.%d at %.300s", d->version / 1000,
+             (d->version % 1000) / 10, d->path);
+    report(arg, "cuda driver", 0, obs, "");
+    for (int i = 0; i < d->ndev; i++) {
+        char check[48];
+        snprintf(check, sizeof(check), "cuda device %d", i);
+        snprintf(obs, sizeof(obs), "%.80s, PCI %.32s, %d SMs, VMM fd export %s%s%.100s", d->devs[i].name,
+                 d->devs[i].pci, d->devs[i].sm_count, d->devs[i].posix_fd ? "yes" : "no",
+                 cvd ? ", CUDA_VISIBLE_DEVICES=" : "", cvd ? cvd : "");
+        report(arg, check, 0, obs, "");
+    }
+    report(arg, "cuda gather kernel", kvli_cuda_drv_have_kernel() ? 0 : 1,
+           kvli_cuda_drv_kernel_note(),
+           kvli_cuda_drv_have_kernel() ? "" : "rebuild kvlane where nvcc is installed (cmake "
+                                              "finds /usr/local/cuda/bin/nvcc or CUDACXX)");
+    if (mem == KVL_MEM_VRAM && dev != KVL_DEV_ANY && (dev < 0 || dev >= d->ndev)) {
+        snprintf(obs, sizeof(obs), "device %d planned, this process sees %d CUDA device(s)%s%.100s",
+                 dev, d->ndev, cvd ? " (CUDA_VISIBLE_DEVICES=" : "", cvd ? cvd : "");
+        if (cvd)
+            snprintf(obs + strlen(obs), sizeof(obs) - strlen(obs), ")");
+        report(arg, "cuda device ordinal", 2, obs,
+               "pass the in-process ordinal (0..count-1), not the physical GPU index or the TP "
+               "rank: CUDA_VISIBLE_DEVICES renumbers GPUs from 0 in each process");
+    }
+}
+
+static kvl_status_t kvli_cuda_parse_params(kvli_cuda_iface_t *iface, const kvl_param_t *params,
+                                           size_t n, kvl_error_t *err)
+{
+    iface->pin_host = 1;
+    for (size_t i = 0; i < n && params != NULL && params[i].key != NULL; i++) {
+        const char *k = params[i].key, *v = params[i].value ? params[i].value : "";
+        int *slot = strcmp(k, "pin_host") == 0 ? &iface->pin_host
+                    : strcmp(k, "kernel") == 0 ? &iface->kernel_off : NULL;
+        if (slot == NULL) {
+            kvl_bk_error_set(err, KVL_ERR_INVALID_ARG, 0, KVLI_CUDA_NAME, -1,
+                             "unknown parameter \"%.64s\" (the cuda backend knows: pin_host, "
+                             "kernel)", k);
+            kvl_bk_error_hint(err, "remove it or fix its spelling");
+            return KVL_ERR_INVALID_ARG;
+        }
+        if (strcmp(v, "auto") != 0 && strcmp(v, "off") != 0) {
+            kvl_bk_error_set(err, KVL_ERR_INVALID_ARG, 0, KVLI_CUDA_NAME, -1,
+                             "parameter %s=\"%.64s\" is not one of auto, off", k, v);
+            kvl_bk_error_hint(err, "pin_host=auto pins registered host memory "
+                              "(cuMemHostRegister); kernel=auto uses the gather kernel for "
+                              "many small GPU blocks");
+            return KVL_ERR_INVALID_ARG;
+        }
+        if (slot == &iface->pin_host)
+            iface->pin_host = strcmp(v, "auto") == 0;
+        else
+            iface->kernel_off = strcmp(v, "off") == 0;
+    }
+    return KVL_OK;
+}
+
+static void kvli_cuda_close(void *bk);
+
+static kvl_status_t kvli_cuda_open(kvl_bk_ctx_t *ctx, const kvl_param_t *params, size_t n,
+                                   void **bk_p, kvl_error_t *err)
+{
+    const kvli_cuda_drv_t *d = kvli_cuda_drv_get();
+    kvli_cuda_iface_t *iface;
+    pthread_condattr_t ca;
+    kvl_status_t st;
+    int e;
+
+    if (ctx == NULL || bk_p == NULL || ctx->size < sizeof(kvl_bk_ctx_t)) {
+        kvl_bk_error_set(err, KVL_ERR_INTERNAL, 0, KVLI_CUDA_NAME, -1,
+                         "open(): backend context of %u bytes, this backend needs %zu",
+                         ctx ? ctx->size : 0u, sizeof(kvl_bk_ctx_t));
+        kvl_bk_error_hint(err, "the core and the cuda backend were built from different "
+                          "headers; rebuild both");
+        return KVL_ERR_INTERNAL;
+    }
+    if (d == NULL) {
+        kvl_bk_error_set(err, KVL_ERR_NO_DEVICE, 0, KVLI_CUDA_NAME, -1, "%s",
+                         kvli_cuda_drv_reason());
+        kvl_bk_error_hint(err, "install the NVIDIA driver or expose it to the container "
+                          "(NVIDIA container toolkit); without it create only host-memory "
+                          "backends (shm, tcp)");
+        return KVL_ERR_NO_DEVICE;
+    }
+    iface = calloc(1, sizeof(*iface));
+    if (iface == NULL) {
+        kvl_bk_error_set(err, KVL_ERR_NO_MEMORY, ENOMEM, KVLI_CUDA_NAME, -1, "calloc(%zu) failed",
+                         sizeof(*iface));
+        kvl_bk_error_hint(err, "the process is out of memory");
+        return KVL_ERR_NO_MEMORY;
+    }
+    iface->ctx = ctx;
+    iface->drv = d;
+    iface->timeout_ms = ctx->timeout_ms ? ctx->timeout_ms : KVLI_CUDA_DEFAULT_TIMEOUT_MS;
+    iface->listen_fd = -1;
+    iface->wake_fd = -1;
+    st = kvli_cuda_parse_params(iface, params, n, err);
+    if (st != KVL_OK) {
+        free(iface);
+        return st;
+    }
+    e = kvli_cuda_boot_id(iface->boot_id, sizeof(iface->boot_id));
+    if (e != 0) {
+        kvl_bk_error_set(err, KVL_ERR_SYSTEM, e, KVLI_CUDA_NAME, -1,
+                         "reading /proc/sys/kernel/random/boot_id failed: %s (%s)",
+                         kvli_cuda_errno_name(e), strerror(e));
+        kvl_bk_error_hint(err, "mount /proc (the cuda backend compares boot ids to be sure "
+                          "both agents share one machine)");
+        free(iface);
+        return KVL_ERR_SYSTEM;
+    }
+    pthread_mutex_init(&iface->lock, NULL);
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&iface->cond, &ca);
+    pthread_condattr_destroy(&ca);
+    iface->scratch_len = KVLI_CUDA_SCRATCH;
+    iface->scratch = malloc(iface->scratch_len);
+    if (iface->scratch == NULL) {
+        kvl_bk_error_set(err, KVL_ERR_NO_MEMORY, ENOMEM, KVLI_CUDA_NAME, -1,
+                         "malloc(%zu) failed", iface->scratch_len);
+        kvl_bk_error_hint(err, "the process is out of memory");
+        st = KVL_ERR_NO_MEMORY;
+        goto fail;
+    }
+    iface->wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    if (iface->wake_fd < 0) {
+        e = errno;
+        kvl_bk_error_set(err, KVL_ERR_SYSTEM, e, KVLI_CUDA_NAME, -1,
+                         "eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK) = -1 %s (%s)",
+                         kvli_cuda_errno_name(e), strerror(e));
+        kvl_bk_error_hint(err, "check the process's open-file limit (ulimit -n)");
+        st = KVL_ERR_SYSTEM;
+        goto fail;
+    }
+    st = kvli_cuda_chan_listen(iface, err);
+    if (st != KVL_OK)
+        goto fail;
+    e = pthread_create(&iface->progress, NULL, kvli_cuda_progress_main, iface);
+    if (e != 0) {
+        kvl_bk_error_set(err, KVL_ERR_SYSTEM, e, KVLI_CUDA_NAME, -1,
+                         "pthread_create(progress thread) = %s (%s)", kvli_cuda_errno_name(e),
+                         strerror(e));
+        kvl_bk_error_hint(err, "check the thread limit (ulimit -u, pids cgroup)");
+        st = KVL_ERR_SYSTEM;
+        goto fail;
+    }
+    iface->progress_started = 1;
+    if (!kvli_cuda_drv_have_kernel() || iface->kernel_off)
+        ctx->log(ctx, KVL_LOG_INFO, "%s", iface->kernel_off ? "kernel=off: small GPU blocks "
+                 "move with batched copies" : kvli_cuda_drv_kernel_note());
+    ctx->log(ctx, KVL_LOG_DEBUG, "CUDA driver %d at %s, %d device(s), listening on @%s",
+             d->version, d->path, d->ndev, iface->sock_name);
+    *bk_p = iface;
+    return KVL_OK;
+fail:
+    kvli_cuda_close(iface);
+    return st;
+}
+
+static void kvli_cuda_close(void *bk)
+{
+    kvli_cuda_iface_t *iface = bk;
+    kvli_cuda_conn_t *c, *nc;
+    if (iface == NULL)
+        return;
+    atomic_store(&iface->stopping, 1);
+    if (iface->wake_fd >= 0)
+        kvli_cuda_iface_wake(iface);
+    if (iface->progress_started)
+        pthread_join(iface->progress, NULL);
+    /* The core released peers, regions and transfers first; guard leaks. */
+    while (iface->peers != NULL)
+        kvli_cuda_chan_peer_unload(iface, iface->peers);
+    for (c = iface->conns; c != NULL; c = nc) {
+        nc = c->next;
+        kvli_cuda_chan_conn_free(c);
+    }
+    kvli_cuda_xfer_devres_fini(iface);
+    if (iface->listen_fd >= 0)
+        close(iface->listen_fd);
+    if (iface->wake_fd >= 0)
+        close(iface->wake_fd);
+    pthread_cond_destroy(&iface->cond);
+    pthread_mutex_destroy(&iface->lock);
+    free(iface->scratch);
+    free(iface);
+}
+
+const kvl_backend_ops_t kvli_cuda_ops = {
+    .abi_version = KVL_BACKEND_ABI_VERSION,
+    .size = sizeof(kvl_backend_ops_t),
+    .name = KVLI_CUDA_NAME,
+    .description = "same host GPU memory: CUDA IPC (legacy and VMM fd handles), GPU<->host "
+                   "copies, a gather kernel for many small blocks; the driver is loaded at run "
+                   "time",
+    .mem_local = KVL_MEM_BIT(KVL_MEM_VRAM) | KVL_MEM_BIT(KVL_MEM_DRAM),
+    .mem_remote = KVL_MEM_BIT(KVL_MEM_VRAM) | KVL_MEM_BIT(KVL_MEM_DRAM),
+    .caps = KVL_BK_CAP_NOTIF | KVL_BK_CAP_SAME_HOST,
+    .params = kvli_cuda_params,
+    .available = kvli_cuda_available,
+    .open = kvli_cuda_open,
+    .close = kvli_cuda_close,
+    .mem_reg = kvli_cuda_md_reg,
+    .mem_dereg = kvli_cuda_md_dereg,
+    .conn_pack = kvli_cuda_chan_conn_pack,
+    .region_pack = kvli_cuda_md_pack,
+    .peer_load = kvli_cuda_chan_peer_load,
+    .peer_unload = kvli_cuda_chan_peer_unload,
+    .rregion_load = kvli_cuda_ipc_rload,
+    .rregion_unload = kvli_cuda_ipc_runload,
+    .xfer_post = kvli_cuda_xfer_post,
+    .xfer_cancel = kvli_cuda_xfer_cancel,
+    .notif_send = kvli_cuda_chan_notif_send,
+    .peer_describe = kvli_cuda_chan_peer_describe,
+    .mem_query = kvli_cuda_md_query,
+    .probe = kvli_cuda_probe,
+    .xfer_release = kvli_cuda_xfer_release
+};

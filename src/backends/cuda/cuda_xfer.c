@@ -1,0 +1,818 @@
+/*
+ * kvlane cuda backend: transfers. A posted transfer is cut into work units
+ * (up to KVLI_CUDA_UNIT_BYTES or KVLI_CUDA_UNIT_BLOCKS each) enqueued on one
+ * of the executing device's streams, each followed by an event. xfer_post
+ * enqueues the first KVLI_CUDA_WINDOW units and returns; the progress thread
+ * polls the events, enqueues the next units, and once the last one is
+ * complete sends the notification and calls xfer_done. No caller thread
+ * ever waits on the GPU.
+ *
+ * How a unit moves:
+ *   one big block         cuMemcpyAsync (the copy path of the driver);
+ *   many blocks, GPU-GPU  one launch of the gather kernel (kernels.cu) per unit
+ *                         over a descriptor table (src, dst, len) built and
+ *                         uploaded at the first posting and kept on the GPU
+ *                         in x->bk_priv (xfer_release frees it): a re-post is
+ *                         a few launches, no host work per block; units of up
+ *                         to KVLI_CUDA_UNIT_BYTES, all enqueued at post when
+ *                         they fit the window (2 GiB: 4 launches);
+ *   many blocks, else     cuMemcpyBatchAsync, or one cuMemcpyAsync per block
+ *                         when the driver has no batch call.
+ *
+ * Cancel tells the truth: no unit is enqueued after a cancel; once the units
+ * already enqueued are complete the transfer ends CANCELED, or DONE (with its
+ * notification) when every unit had been enqueued before the cancel.
+ */
+#include <errno.h>
+#include <inttypes.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include "cuda.h"
+
+static void kvli_cuda_deadline(struct timespec *ts, uint64_t ms)
+{
+    clock_gettime(CLOCK_MONOTONIC, ts);
+    ts->tv_sec += (time_t)(ms / 1000u);
+    ts->tv_nsec += (long)(ms % 1000u) * 1000000L;
+    if (ts->tv_nsec >= 1000000000L) {
+        ts->tv_sec++;
+        ts->tv_nsec -= 1000000000L;
+    }
+}
+
+/* Streams and the kernel of one device, made on first use. */
+static kvli_cuda_devres_t *kvli_cuda_devres_get(kvli_cuda_iface_t *iface, int dev,
+                                                kvl_error_t *err)
+{
+    const kvli_cuda_drv_t *d = iface->drv;
+    kvli_cuda_devres_t *r = &iface->dres[dev];
+    char eb[160];
+    CUresult cr;
+
+    pthread_mutex_lock(&iface->lock);
+    if (r->ready != 0)
+        goto out;
+    cr = kvli_cuda_drv_push(dev);
+    if (cr != KVLI_CUDA_SUCCESS) {
+        snprintf(r->text, sizeof(r->text), "cuDevicePrimaryCtxRetain/cuCtxPushCurrent(device %d) "
+                 "= %.150s", dev, kvli_cuda_drv_errstr(cr, eb, sizeof(eb)));
+        r->ready = -1;
+        goto out;
+    }
+    for (int i = 0; i < KVLI_CUDA_STREAMS && cr == KVLI_CUDA_SUCCESS; i++)
+        cr = d->cuStreamCreate(&r->streams[i], KVLI_CU_STREAM_NON_BLOCKING);
+    if (cr != KVLI_CUDA_SUCCESS) {
+        snprintf(r->text, sizeof(r->text), "cuStreamCreate(device %d) = %.150s", dev,
+                 kvli_cuda_drv_errstr(cr, eb, sizeof(eb)));
+        r->ready = -1;
+        kvli_cuda_drv_pop();
+        goto out;
+    }
+    if (kvli_cuda_drv_have_kernel() && !iface->kernel_off) {
+        cr = d->cuModuleLoadData(&r->mod, kvli_cuda_drv_kernel_image());
+        if (cr == KVLI_CUDA_SUCCESS)
+            cr = d->cuModuleGetFunction(&r->fn, r->mod, "kvl_gather");
+        if (cr != KVLI_CUDA_SUCCESS) {
+            r->fn = NULL;
+            iface->ctx->log(iface->ctx, KVL_LOG_WARN,
+                            "loading the gather kernel on device %d failed: %s; many small "
+                            "blocks move with batched copies instead (slower)", dev,
+                            kvli_cuda_drv_errstr(cr, eb, sizeof(eb)));
+        }
+    }
+    kvli_cuda_drv_pop();
+    r->ready = 1;
+out:
+    pthread_mutex_unlock(&iface->lock);
+    if (r->ready < 0) {
+        kvl_bk_error_set(err, KVL_ERR_NO_DEVICE, 0, KVLI_CUDA_NAME, dev, "%s", r->text);
+        kvl_bk_error_hint(err, "the GPU is unusable in this process (a previous error may have "
+                          "left its context broken); check nvidia-smi and the log");
+        return NULL;
+    }
+    return r;
+}
+
+static kvli_cuda_slot_t *kvli_cuda_slot_get(kvli_cuda_iface_t *iface, int dev, int kernel,
+                                            int batch, char *text, size_t cap)
+{
+    const kvli_cuda_drv_t *d = iface->drv;
+    kvli_cuda_devres_t *r = &iface->dres[dev];
+    kvli_cuda_slot_t *s;
+    CUresult cr = KVLI_CUDA_SUCCESS;
+    char eb[160];
+
+    pthread_mutex_lock(&iface->lock);
+    s = r->free_slots;
+    if (s != NULL)
+        r->free_slots = s->next;
+    pthread_mutex_unlock(&iface->lock);
+    if (s == NULL) {
+        s = calloc(1, sizeof(*s));
+        if (s == NULL) {
+            snprintf(text, cap, "out of memory");
+            return NULL;
+        }
+        s->cap = KVLI_CUDA_UNIT_BLOCKS;
+        cr = d->cuEventCreate(&s->ev, KVLI_CU_EVENT_DISABLE_TIMING);
+        if (cr != KVLI_CUDA_SUCCESS) {
+            free(s);
+            snprintf(text, cap, "cuEventCreate = %.150s", kvli_cuda_drv_errstr(cr, eb, sizeof(eb)));
+            return NULL;
+        }
+    }
+    if (kernel && s->host == NULL) {
+        void *h = NULL;
+        cr = d->cuMemHostAlloc(&h, s->cap * sizeof(kvli_cuda_blk_t), KVLI_CU_HOSTREG_PORTABLE);
+        if (cr == KVLI_CUDA_SUCCESS) {
+            s->host = h;
+            cr = d->cuMemAlloc(&s->dev, s->cap * sizeof(kvli_cuda_blk_t));
+        }
+    }
+    if (batch && cr == KVLI_CUDA_SUCCESS && s->bsrc == NULL) {
+        s->bsrc = malloc(s->cap * sizeof(*s->bsrc));
+        s->bdst = malloc(s->cap * sizeof(*s->bdst));
+        s->bsize = malloc(s->cap * sizeof(*s->bsize));
+        if (s->bsrc == NULL || s->bdst == NULL || s->bsize == NULL) {
+            snprintf(text, cap, "out of memory for copy lists");
+            cr = -1;
+        }
+    }
+    if (cr != KVLI_CUDA_SUCCESS) {
+        if (text[0] == '\0')
+            snprintf(text, cap, "allocating a %zu-entry descriptor table = %.150s", s->cap,
+                     kvli_cuda_drv_errstr(cr, eb, sizeof(eb)));
+        pthread_mutex_lock(&iface->lock);
+        s->next = r->free_slots;
+        r->free_slots = s;
+        pthread_mutex_unlock(&iface->lock);
+        return NULL;
+    }
+    return s;
+}
+
+static void kvli_cuda_slot_put(kvli_cuda_iface_t *iface, int dev, kvli_cuda_slot_t *s)
+{
+    pthread_mutex_lock(&iface->lock);
+    s->next = iface->dres[dev].free_slots;
+    iface->dres[dev].free_slots = s;
+    pthread_mutex_unlock(&iface->lock);
+}
+
+void kvli_cuda_xfer_devres_fini(kvli_cuda_iface_t *iface)
+{
+    const kvli_cuda_drv_t *d = iface->drv;
+    if (d == NULL)
+        return;
+    for (int dev = 0; dev < d->ndev; dev++) {
+        kvli_cuda_devres_t *r = &iface->dres[dev];
+        kvli_cuda_slot_t *s, *n;
+        if (r->ready != 1 || kvli_cuda_drv_push(dev) != KVLI_CUDA_SUCCESS)
+            continue;
+        for (int i = 0; i < KVLI_CUDA_STREAMS; i++)
+            if (r->streams[i] != NULL) {
+                d->cuStreamSynchronize(r->streams[i]);
+                d->cuStreamDestroy(r->streams[i]);
+            }
+        for (s = r->free_slots; s != NULL; s = n) {
+            n = s->next;
+            d->cuEventDestroy(s->ev);
+            if (s->host != NULL)
+                d->cuMemFreeHost(s->host);
+            if (s->dev != 0)
+                d->cuMemFree(s->dev);
+            free(s->bsrc);
+            free(s->bdst);
+            free(s->bsize);
+            free(s);
+        }
+        if (r->mod != NULL)
+            d->cuModuleUnload(r->mod);
+        kvli_cuda_drv_pop();
+        memset(r, 0, sizeof(*r));
+    }
+}
+
+/* Where a remote address is mapped in this process. */
+static uint64_t kvli_cuda_rptr(const kvl_bk_xfer_t *x, const kvl_seg_t *s, uint64_t raddr)
+{
+    const kvli_cuda_rh_t *rh = x->rmh[s->rreg];
+    return (uint64_t)(uintptr_t)rh->local + (raddr - rh->addr);
+}
+
+#define KVLI_CUDA_GRID_MAX (1u << 30)
+
+/* Is there a unit of xp left to enqueue? */
+static int kvli_cuda_xp_more(const kvli_cuda_xpriv_t *xp)
+{
+    return xp->xc != NULL ? xp->unit < xp->xc->nunits : xp->seg < xp->x->nsegs;
+}
+
+/* Record the unit's event after a failed enqueue (whatever was enqueued
+ * completes before it) and keep the unit, so completion waits for it. */
+static int kvli_cuda_unit_failed(kvli_cuda_iface_t *iface, kvli_cuda_xpriv_t *xp,
+                                 kvli_cuda_slot_t *s)
+{
+    const kvli_cuda_drv_t *d = iface->drv;
+    if (d->cuEventRecord(s->ev, xp->stream) != KVLI_CUDA_SUCCESS) {
+        d->cuStreamSynchronize(xp->stream);
+        kvli_cuda_slot_put(iface, xp->dev, s);
+        return -1;
+    }
+    xp->units[(xp->u_head + xp->u_count) % KVLI_CUDA_WINDOW] = (kvli_cuda_unit_t){s, xp->dev};
+    xp->u_count++;
+    return -1;
+}
+
+/* Next unit of a transfer whose table is on the GPU: one launch over its
+ * slice of the table, then its event (context pushed). 0, or -1 with text. */
+static int kvli_cuda_unit_launch(kvli_cuda_iface_t *iface, kvli_cuda_xpriv_t *xp, char *text,
+                                 size_t cap)
+{
+    const kvli_cuda_drv_t *d = iface->drv;
+    const kvli_cuda_xcache_t *xc = xp->xc;
+    uint32_t u = xp->unit;
+    uint64_t first = u > 0 ? xc->unit_end[u - 1] : 0;
+    unsigned long long nb = xc->unit_end[u] - first;
+    CUdeviceptr tab = xc->tab + first * sizeof(kvli_cuda_blk_t);
+    void *args[2] = {&tab, &nb};
+    unsigned grid = nb < KVLI_CUDA_GRID_MAX ? (unsigned)nb : KVLI_CUDA_GRID_MAX;
+    kvli_cuda_slot_t *s;
+    CUresult cr;
+    char eb[160];
+
+    s = kvli_cuda_slot_get(iface, xp->dev, 0, 0, text, cap);
+    if (s == NULL)
+        return -1;
+    cr = d->cuLaunchKernel(iface->dres[xp->dev].fn, grid, 1, 1, 256, 1, 1, 0, xp->stream, args,
+                           NULL);
+    if (cr == KVLI_CUDA_SUCCESS)
+        cr = d->cuEventRecord(s->ev, xp->stream);
+    if (cr != KVLI_CUDA_SUCCESS) {
+        snprintf(text, cap, "launching the gather kernel (unit %u of %u, %llu blocks) on device "
+                 "%d = %.150s", u + 1, xc->nunits, nb, xp->dev,
+                 kvli_cuda_drv_errstr(cr, eb, sizeof(eb)));
+        return kvli_cuda_unit_failed(iface, xp, s);
+    }
+    xp->units[(xp->u_head + xp->u_count) % KVLI_CUDA_WINDOW] = (kvli_cuda_unit_t){s, xp->dev};
+    xp->u_count++;
+    xp->unit++;
+    xp->enq_bytes += xc->unit_bytes[u];
+    return 0;
+}
+
+/* Free a transfer's cached table. Nothing that reads it may be pending. */
+static void kvli_cuda_xc_free(kvli_cuda_iface_t *iface, kvli_cuda_xcache_t *xc)
+{
+    const kvli_cuda_drv_t *d = iface->drv;
+    if ((xc->tab != 0 || xc->stage != NULL) && kvli_cuda_drv_push(xc->dev) == KVLI_CUDA_SUCCESS) {
+        if (xc->tab != 0) {
+            /* Stream-ordered free when it was allocated so: no device-wide sync. */
+            if (!xc->tab_async || d->cuMemFreeAsync == NULL ||
+                d->cuMemFreeAsync(xc->tab, iface->dres[xc->dev].streams[0]) != KVLI_CUDA_SUCCESS)
+                d->cuMemFree(xc->tab);
+        }
+        if (xc->stage != NULL)
+            d->cuMemFreeHost(xc->stage);
+        kvli_cuda_drv_pop();
+    }
+    free(xc->unit_end);
+    free(xc->unit_bytes);
+    free(xc);
+}
+
+/*
+ * First posting of a many-block GPU transfer (context pushed): build the
+ * whole descriptor table once, remote addresses translated to their local
+ * mappings, cut into units of at most KVLI_CUDA_UNIT_BYTES, and enqueue its
+ * upload on the posting's stream ahead of the first launch. 0, or -1 with
+ * text (nothing enqueued that reads the table).
+ */
+static int kvli_cuda_xc_build(kvli_cuda_iface_t *iface, kvli_cuda_xpriv_t *xp,
+                              kvli_cuda_xcache_t *xc, char *text, size_t cap)
+{
+    const kvli_cuda_drv_t *d = iface->drv;
+    const kvl_bk_xfer_t *x = xp->x;
+    uint64_t np = 0, bytes = 0, ucap = 4;
+    size_t tb;
+    void *h = NULL;
+    CUresult cr;
+    char eb[160];
+
+    for (size_t i = 0; i < x->nsegs; i++) {
+        const kvl_seg_t *g = &x->segs[i];
+        np += g->count * ((g->len + KVLI_CUDA_PIECE - 1) / KVLI_CUDA_PIECE);
+    }
+    if (np == 0) {
+        snprintf(text, cap, "no bytes to move");
+        return -1;
+    }
+    tb = (size_t)np * sizeof(kvli_cuda_blk_t);
+    xc->unit_end = malloc(ucap * sizeof(*xc->unit_end));
+    xc->unit_bytes = malloc(ucap * sizeof(*xc->unit_bytes));
+    if (xc->unit_end == NULL || xc->unit_bytes == NULL) {
+        snprintf(text, cap, "out of memory for the unit list");
+        return -1;
+    }
+    cr = d->cuMemHostAlloc(&h, tb, KVLI_CU_HOSTREG_PORTABLE);
+    if (cr != KVLI_CUDA_SUCCESS) {
+        snprintf(text, cap, "cuMemHostAlloc(%zu) for the descriptor table = %.150s", tb,
+                 kvli_cuda_drv_errstr(cr, eb, sizeof(eb)));
+        return -1;
+    }
+    xc->stage = h;
+    xc->npieces = np;
+    np = 0;
+    for (size_t i = 0; i < x->nsegs; i++) {
+        const kvl_seg_t *g = &x->segs[i];
+        const kvli_cuda_rh_t *rh = x->rmh[g->rreg];
+        uint64_t rbase = (uint64_t)(uintptr_t)rh->local - rh->addr;
+        for (uint64_t b = 0; b < g->count; b++) {
+            uint64_t la = g->laddr + b * g->lstride, ra = rbase + g->raddr + b * g->rstride;
+            for (uint64_t off = 0; off < g->len; off += KVLI_CUDA_PIECE) {
+                uint64_t take = g->len - off < KVLI_CUDA_PIECE ? g->len - off : KVLI_CUDA_PIECE;
+                if (bytes > 0 && bytes + take > KVLI_CUDA_UNIT_BYTES) {
+                    if (xc->nunits + 1 >= ucap) {
+                        uint64_t *ne = realloc(xc->unit_end, 2 * ucap * sizeof(*ne));
+                        if (ne != NULL)
+                            xc->unit_end = ne;
+                        uint64_t *nbt = realloc(xc->unit_bytes, 2 * ucap * sizeof(*nbt));
+                        if (nbt != NULL)
+                            xc->unit_bytes = nbt;
+                        if (ne == NULL || nbt == NULL) {
+                            snprintf(text, cap, "out of memory for the unit list");
+                            return -1;
+                        }
+                        ucap *= 2;
+                    }
+                    xc->unit_end[xc->nunits] = np;
+                    xc->unit_bytes[xc->nunits++] = bytes;
+                    bytes = 0;
+                }
+                xc->stage[np].src = x->op == KVL_WRITE ? la + off : ra + off;
+                xc->stage[np].dst = x->op == KVL_WRITE ? ra + off : la + off;
+                xc->stage[np++].len = take;
+                bytes += take;
+            }
+        }
+    }
+    xc->unit_end[xc->nunits] = np;
+    xc->unit_bytes[xc->nunits++] = bytes;
+    cr = -1;
+    if (d->cuMemAllocAsync != NULL && d->cuMemFreeAsync != NULL) {
+        cr = d->cuMemAllocAsync(&xc->tab, tb, xp->stream);
+        xc->tab_async = cr == KVLI_CUDA_SUCCESS;
+    }
+    if (cr != KVLI_CUDA_SUCCESS) {
+        xc->tab = 0;
+        cr = d->cuMemAlloc(&xc->tab, tb);
+    }
+    if (cr != KVLI_CUDA_SUCCESS) {
+        xc->tab = 0;
+        snprintf(text, cap, "allocating the %zu-byte descriptor table on device %d = %.150s", tb,
+                 xp->dev, kvli_cuda_drv_errstr(cr, eb, sizeof(eb)));
+        return -1;
+    }
+    cr = d->cuMemcpyHtoDAsync(xc->tab, xc->stage, tb, xp->stream);
+    if (cr != KVLI_CUDA_SUCCESS) {
+        snprintf(text, cap, "uploading the descriptor table on device %d = %.150s", xp->dev,
+                 kvli_cuda_drv_errstr(cr, eb, sizeof(eb)));
+        return -1;
+    }
+    xc->ready = 1;
+    xp->staged = 1;
+    return 0;
+}
+
+/* Enqueue the next unit of xp on its stream (context pushed). 0, or -1 with text. */
+static int kvli_cuda_unit_enqueue(kvli_cuda_iface_t *iface, kvli_cuda_xpriv_t *xp, char *text,
+                                  size_t cap)
+{
+    const kvli_cuda_drv_t *d = iface->drv;
+    kvl_bk_xfer_t *x = xp->x;
+    int kernel = xp->use_kernel;
+    kvli_cuda_slot_t *s;
+    /* One big block: a plain copy, no table. */
+    int single = x->nsegs == 1 && x->segs[0].count == 1;
+    uint64_t bytes = 0, piece_max = kernel && !single ? KVLI_CUDA_PIECE : KVLI_CUDA_UNIT_BYTES;
+    size_t n = 0;
+    CUresult cr = KVLI_CUDA_SUCCESS;
+    char eb[160];
+
+    if (xp->xc != NULL)
+        return kvli_cuda_unit_launch(iface, xp, text, cap);
+    s = kvli_cuda_slot_get(iface, xp->dev, kernel && !single, !kernel && !single, text, cap);
+    if (s == NULL)
+        return -1;
+    /* Tables of KVLI_CUDA_UNIT_BLOCKS: the host builds the next one while
+     * the GPU runs the previous launch. */
+    uint64_t unit_bytes = KVLI_CUDA_UNIT_BYTES;
+    size_t unit_blocks = s->cap;
+    while (xp->seg < x->nsegs && n < unit_blocks && bytes < unit_bytes) {
+        const kvl_seg_t *g = &x->segs[xp->seg];
+        uint64_t la = g->laddr + xp->blk * g->lstride + xp->off;
+        uint64_t ra = kvli_cuda_rptr(x, g, g->raddr + xp->blk * g->rstride + xp->off);
+        uint64_t left = g->len - xp->off, take = left < piece_max ? left : piece_max;
+        uint64_t src = x->op == KVL_WRITE ? la : ra, dst = x->op == KVL_WRITE ? ra : la;
+        if (!single && take > unit_bytes - bytes)
+            take = unit_bytes - bytes;
+        if (single) {
+            cr = d->cuMemcpyAsync((CUdeviceptr)dst, (CUdeviceptr)src, (size_t)take, xp->stream);
+            n = 1;
+        } else if (kernel) {
+            s->host[n].src = src;
+            s->host[n].dst = dst;
+            s->host[n++].len = take;
+        } else {
+            s->bsrc[n] = (CUdeviceptr)src;
+            s->bdst[n] = (CUdeviceptr)dst;
+            s->bsize[n++] = (size_t)take;
+        }
+        bytes += take;
+        xp->off += take;
+        if (xp->off == g->len) {
+            xp->off = 0;
+            if (++xp->blk == g->count) {
+                xp->blk = 0;
+                xp->seg++;
+            }
+        }
+        if (single || cr != KVLI_CUDA_SUCCESS)
+            break;
+    }
+    if (!single && cr == KVLI_CUDA_SUCCESS) {
+        if (kernel) {
+            unsigned long long nb = n;
+            unsigned grid = (unsigned)(n < (size_t)d->devs[xp->dev].sm_count * 16u
+                                           ? n : (size_t)d->devs[xp->dev].sm_count * 16u);
+            void *args[2] = {&s->dev, &nb};
+            cr = d->cuMemcpyHtoDAsync(s->dev, s->host, n * sizeof(kvli_cuda_blk_t), xp->stream);
+            if (cr == KVLI_CUDA_SUCCESS)
+                cr = d->cuLaunchKernel(iface->dres[xp->dev].fn, grid, 1, 1, 256, 1, 1, 0,
+                                       xp->stream, args, NULL);
+        } else {
+            CUmemcpyAttributes attr;
+            size_t aidx = 0, fail = 0;
+            memset(&attr, 0, sizeof(attr));
+            attr.srcAccessOrder = KVLI_CU_SRC_ORDER_STREAM;
+            cr = -1;
+            if (n > 1 && d->cuMemcpyBatchAsync_v2 != NULL)
+                cr = d->cuMemcpyBatchAsync_v2(s->bdst, s->bsrc, s->bsize, n, &attr, &aidx, 1,
+                                              xp->stream);
+            else if (n > 1 && d->cuMemcpyBatchAsync_v1 != NULL)
+                cr = d->cuMemcpyBatchAsync_v1(s->bdst, s->bsrc, s->bsize, n, &attr, &aidx, 1,
+                                              &fail, xp->stream);
+            if (cr != KVLI_CUDA_SUCCESS) {
+                /* No batch call (or it refused these pointers): one copy each. */
+                cr = KVLI_CUDA_SUCCESS;
+                for (size_t i = 0; i < n && cr == KVLI_CUDA_SUCCESS; i++)
+                    cr = d->cuMemcpyAsync(s->bdst[i], s->bsrc[i], s->bsize[i], xp->stream);
+            }
+        }
+    }
+    if (cr == KVLI_CUDA_SUCCESS)
+        cr = d->cuEventRecord(s->ev, xp->stream);
+    if (cr != KVLI_CUDA_SUCCESS) {
+        snprintf(text, cap, "%s on device %d = %.150s",
+                 single ? "cuMemcpyAsync" : kernel ? "launching the gather kernel"
+                                                   : "cuMemcpyBatchAsync/cuMemcpyAsync",
+                 xp->dev, kvli_cuda_drv_errstr(cr, eb, sizeof(eb)));
+        /* Whatever was enqueued completes before any later event of the stream. */
+        return kvli_cuda_unit_failed(iface, xp, s);
+    }
+    xp->units[(xp->u_head + xp->u_count) % KVLI_CUDA_WINDOW] = (kvli_cuda_unit_t){s, xp->dev};
+    xp->u_count++;
+    xp->enq_bytes += bytes;
+    return 0;
+}
+
+static void kvli_cuda_xp_fail(kvli_cuda_xpriv_t *xp, kvl_status_t st, const char *text)
+{
+    if (xp->failed)
+        return;
+    xp->failed = 1;
+    xp->fail_status = st;
+    if (xp->fail_err == NULL)
+        xp->fail_err = calloc(1, sizeof(*xp->fail_err));
+    if (xp->fail_err != NULL) {
+        kvl_bk_error_set(xp->fail_err, st, 0, KVLI_CUDA_NAME, xp->dev,
+                         "transfer to agent '%s' (%" PRIu64 " bytes) failed on CUDA device %d: "
+                         "%.300s", xp->peer->name, xp->x->total_bytes, xp->dev, text);
+        kvl_bk_error_hint(xp->fail_err, "a CUDA error in the copy usually means a region was "
+                          "freed while registered; the GPU context may now be unusable");
+        snprintf(xp->fail_err->agent, sizeof(xp->fail_err->agent), "%s", xp->peer->name);
+    }
+}
+
+kvl_status_t kvli_cuda_xfer_post(void *bk, kvl_bk_xfer_t *x, kvl_error_t *err)
+{
+    kvli_cuda_iface_t *iface = bk;
+    kvli_cuda_peer_t *peer = x->peer;
+    kvli_cuda_xcache_t *xc = x->bk_priv;
+    kvli_cuda_xpriv_t *xp;
+    kvli_cuda_devres_t *dr;
+    uint32_t nl = 0, nr = 0;
+    int dev = -1, all_gpu = 1, kernel_ok, single = x->nsegs == 1 && x->segs[0].count == 1;
+    char text[300] = "";
+
+    if (atomic_load(&peer->dead)) {
+        kvl_bk_error_set(err, KVL_ERR_REMOTE_DISCONNECT, 0, KVLI_CUDA_NAME, -1,
+                         "the connection to agent '%s' was lost earlier (%.180s)", peer->name,
+                         peer->dead_what);
+        kvl_bk_error_hint(err, "the peer exited or restarted; fetch its metadata again");
+        return KVL_ERR_REMOTE_DISCONNECT;
+    }
+    if (xc != NULL) {
+        /* Posted before: the regions the segments use are known. */
+        nl = xc->nl;
+        nr = xc->nr;
+    } else {
+        for (size_t i = 0; i < x->nsegs; i++) {
+            if (x->segs[i].lreg + 1 > nl)
+                nl = x->segs[i].lreg + 1;
+            if (x->segs[i].rreg + 1 > nr)
+                nr = x->segs[i].rreg + 1;
+        }
+    }
+    for (uint32_t i = 0; i < nl; i++) {
+        const kvli_cuda_mh_t *mh = x->lmh[i];
+        kvl_status_t st = kvli_cuda_md_check_live(mh, err);
+        if (st != KVL_OK)
+            return st;
+        if (mh->kind == KVLI_CUDA_MEM_HOST)
+            all_gpu = 0;
+        else if (dev < 0)
+            dev = mh->dev;
+        else if (mh->dev != dev)
+            all_gpu = 0;
+    }
+    for (uint32_t i = 0; i < nr; i++) {
+        const kvli_cuda_rh_t *rh = x->rmh[i];
+        if (rh->local == NULL) {
+            kvl_bk_error_set(err, KVL_ERR_REMOTE, 0, KVLI_CUDA_NAME, rh->dev,
+                             "region 0x%" PRIx64 "+%" PRIu64 " of agent '%s' could not be mapped "
+                             "here: %.300s", rh->addr, rh->len, peer->name, rh->unreachable);
+            snprintf(err->agent, sizeof(err->agent), "%s", peer->name);
+            kvl_bk_error_hint(err, "both processes must see the GPU (same CUDA_VISIBLE_DEVICES "
+                              "set or a superset), share the host IPC namespace (docker "
+                              "--ipc=host) and run as users allowed to open each other's "
+                              "memory; see docs/backends-cuda.md");
+            return KVL_ERR_REMOTE;
+        }
+        if (rh->kind == KVLI_CUDA_MEM_HOST)
+            all_gpu = 0;
+        else if (dev < 0)
+            dev = rh->dev;
+        else if (rh->dev != dev)
+            all_gpu = 0;
+    }
+    if (dev < 0)
+        dev = 0;
+    dr = kvli_cuda_devres_get(iface, dev, err);
+    if (dr == NULL)
+        return KVL_ERR_NO_DEVICE;
+    kernel_ok = all_gpu && dr->fn != NULL;
+    if (xc == NULL) {
+        /* Kept across postings (xfer_release frees it). Without memory for
+         * it, every posting scans the segments again. */
+        xc = calloc(1, sizeof(*xc));
+        if (xc != NULL) {
+            xc->nl = nl;
+            xc->nr = nr;
+            xc->dev = dev;
+            x->bk_priv = xc;
+        }
+    }
+    xp = calloc(1, sizeof(*xp));
+    if (xp == NULL) {
+        kvl_bk_error_set(err, KVL_ERR_NO_MEMORY, ENOMEM, KVLI_CUDA_NAME, -1, "calloc(%zu) failed",
+                         sizeof(*xp));
+        kvl_bk_error_hint(err, "the process is out of memory");
+        return KVL_ERR_NO_MEMORY;
+    }
+    xp->x = x;
+    xp->peer = peer;
+    xp->dev = dev;
+    xp->use_kernel = kernel_ok;
+    pthread_mutex_lock(&iface->lock);
+    xp->stream = dr->streams[dr->next_stream++ % KVLI_CUDA_STREAMS];
+    pthread_mutex_unlock(&iface->lock);
+    snprintf(x->path, sizeof(x->path), "%s%s",
+             single ? "cuda copy"
+             : kernel_ok ? "cuda gather kernel" : "cuda batched copies",
+             all_gpu ? " (ipc)" : " (host)");
+
+    if (kvli_cuda_drv_push(dev) != KVLI_CUDA_SUCCESS) {
+        free(xp);
+        kvl_bk_error_set(err, KVL_ERR_NO_DEVICE, 0, KVLI_CUDA_NAME, dev,
+                         "cuCtxPushCurrent(device %d) failed", dev);
+        return KVL_ERR_NO_DEVICE;
+    }
+    /* Many blocks through the kernel: the table on the GPU, built at the
+     * first posting (if that fails, this posting builds host tables unit by
+     * unit as below, and the next one tries again). */
+    if (kernel_ok && !single && xc != NULL && xc->dev == dev) {
+        if (!xc->ready && kvli_cuda_xc_build(iface, xp, xc, text, sizeof(text)) != 0) {
+            iface->ctx->log(iface->ctx, KVL_LOG_DEBUG, "no GPU-resident table for a transfer "
+                            "to '%s' (%.200s); building tables per unit", peer->name, text);
+            text[0] = '\0';
+            if (xc->tab != 0)
+                iface->drv->cuStreamSynchronize(xp->stream); /* its allocation */
+            x->bk_priv = NULL;
+            kvli_cuda_xc_free(iface, xc);
+            xc = NULL;
+        }
+        if (xc != NULL && xc->ready)
+            xp->xc = xc;
+    }
+    /* One big copy, or a resident table: the whole window now (cheap).
+     * Many blocks otherwise: the first table only; the progress thread
+     * builds the rest while the GPU works, so the caller's thread returns
+     * after one table's worth of work. */
+    while (xp->u_count < (single || xp->xc != NULL ? KVLI_CUDA_WINDOW : 1u) &&
+           kvli_cuda_xp_more(xp)) {
+        if (kvli_cuda_unit_enqueue(iface, xp, text, sizeof(text)) != 0) {
+            if (xp->u_count == 0) {
+                if (xp->staged) {
+                    /* The upload may be pending: the table stays, the stage goes. */
+                    iface->drv->cuStreamSynchronize(xp->stream);
+                    iface->drv->cuMemFreeHost(xc->stage);
+                    xc->stage = NULL;
+                }
+                kvli_cuda_drv_pop();
+                free(xp);
+                kvl_bk_error_set(err, KVL_ERR_SYSTEM, 0, KVLI_CUDA_NAME, dev,
+                                 "posting to agent '%s' on CUDA device %d: %.300s", peer->name,
+                                 dev, text);
+                kvl_bk_error_hint(err, "nothing was moved; check the log and nvidia-smi");
+                return KVL_ERR_SYSTEM;
+            }
+            kvli_cuda_xp_fail(xp, KVL_ERR_SYSTEM, text);
+            break;
+        }
+    }
+    kvli_cuda_drv_pop();
+    pthread_mutex_lock(&iface->lock);
+    xp->next = iface->xfers;
+    iface->xfers = xp;
+    pthread_mutex_unlock(&iface->lock);
+    kvli_cuda_iface_wake(iface);
+    return KVL_OK;
+}
+
+/* Completion (progress thread): xfer_done, then forget xp. */
+static void kvli_cuda_xp_finish(kvli_cuda_iface_t *iface, kvli_cuda_xpriv_t *xp)
+{
+    kvl_bk_xfer_t *x = xp->x;
+    kvl_status_t st;
+    kvl_error_t e;
+    kvli_cuda_xpriv_t **pp;
+
+    if (xp->staged && xp->xc->stage != NULL &&
+        kvli_cuda_drv_push(xp->dev) == KVLI_CUDA_SUCCESS) {
+        /* Every unit's event completed, so did the upload before them. Done
+         * before xfer_done: the caller may re-post or release at once. */
+        iface->drv->cuMemFreeHost(xp->xc->stage);
+        xp->xc->stage = NULL;
+        kvli_cuda_drv_pop();
+    }
+    memset(&e, 0, sizeof(e));
+    e.device = -1;
+    if (xp->failed) {
+        st = xp->fail_status;
+        if (xp->fail_err != NULL)
+            memcpy(&e, xp->fail_err, sizeof(e));
+    } else if (kvli_cuda_xp_more(xp)) {
+        st = KVL_ERR_CANCELED;
+    } else {
+        st = KVL_OK;
+        if (x->notif != NULL &&
+            kvli_cuda_chan_notif_send(iface, xp->peer, x->notif, x->notif_len, &e) != KVL_OK) {
+            st = e.code;
+            snprintf(e.hint, sizeof(e.hint), "all %" PRIu64 " bytes are in place at agent '%s', "
+                     "but its notification was not delivered; the peer may have exited",
+                     x->total_bytes, xp->peer->name);
+        }
+    }
+    pthread_mutex_lock(&iface->lock);
+    xp->completing = 1;
+    pthread_mutex_unlock(&iface->lock);
+    iface->ctx->xfer_done(x, st, st == KVL_OK || st == KVL_ERR_CANCELED ? NULL : &e);
+    pthread_mutex_lock(&iface->lock);
+    for (pp = &iface->xfers; *pp != NULL; pp = &(*pp)->next)
+        if (*pp == xp) {
+            *pp = xp->next;
+            break;
+        }
+    xp->done = 1;
+    if (xp->waiters == 0) {
+        free(xp->fail_err);
+        free(xp);
+    } else {
+        pthread_cond_broadcast(&iface->cond);
+    }
+    pthread_mutex_unlock(&iface->lock);
+}
+
+unsigned kvli_cuda_xfer_progress(kvli_cuda_iface_t *iface)
+{
+    const kvli_cuda_drv_t *d = iface->drv;
+    kvli_cuda_xpriv_t *fin[64];
+    unsigned nfin = 0, live = 0;
+    char text[300], eb[160];
+
+    pthread_mutex_lock(&iface->lock);
+    /* Only this thread changes units after posting; the list is stable
+     * except for inserts at the head, which the next round sees. */
+    kvli_cuda_xpriv_t *head = iface->xfers;
+    pthread_mutex_unlock(&iface->lock);
+    for (kvli_cuda_xpriv_t *xp = head; xp != NULL; xp = xp->next) {
+        int pushed;
+        if (xp->completing)
+            continue;
+        live++;
+        pushed = kvli_cuda_drv_push(xp->dev) == KVLI_CUDA_SUCCESS;
+        while (xp->u_count > 0) {
+            kvli_cuda_unit_t *u = &xp->units[xp->u_head];
+            CUresult cr = d->cuEventQuery(u->slot->ev);
+            if (cr == KVLI_CUDA_ERROR_NOT_READY)
+                break;
+            if (cr != KVLI_CUDA_SUCCESS) {
+                snprintf(text, sizeof(text), "the copy failed: cuEventQuery = %.150s",
+                         kvli_cuda_drv_errstr(cr, eb, sizeof(eb)));
+                kvli_cuda_xp_fail(xp, KVL_ERR_SYSTEM, text);
+            }
+            kvli_cuda_slot_put(iface, u->dev, u->slot);
+            xp->u_head = (xp->u_head + 1) % KVLI_CUDA_WINDOW;
+            xp->u_count--;
+        }
+        while (pushed && !xp->failed && !atomic_load(&xp->cancel) && kvli_cuda_xp_more(xp) &&
+               xp->u_count < KVLI_CUDA_WINDOW) {
+            text[0] = '\0';
+            if (kvli_cuda_unit_enqueue(iface, xp, text, sizeof(text)) != 0)
+                kvli_cuda_xp_fail(xp, KVL_ERR_SYSTEM, text);
+        }
+        if (pushed)
+            kvli_cuda_drv_pop();
+        if (xp->u_count == 0 && nfin < 64 &&
+            (xp->failed || atomic_load(&xp->cancel) || !kvli_cuda_xp_more(xp)))
+            fin[nfin++] = xp;
+    }
+    for (unsigned i = 0; i < nfin; i++)
+        kvli_cuda_xp_finish(iface, fin[i]);
+    return live - nfin;
+}
+
+static void kvli_cuda_xp_wait(kvli_cuda_iface_t *iface, kvli_cuda_xpriv_t *xp)
+{
+    /* under iface->lock */
+    xp->waiters++;
+    atomic_store(&xp->cancel, 1);
+    kvli_cuda_iface_wake(iface);
+    while (!xp->done) {
+        struct timespec ts;
+        kvli_cuda_deadline(&ts, 1000);
+        pthread_cond_timedwait(&iface->cond, &iface->lock, &ts);
+    }
+    if (--xp->waiters == 0) {
+        free(xp->fail_err);
+        free(xp);
+    }
+}
+
+void kvli_cuda_xfer_cancel(void *bk, kvl_bk_xfer_t *x)
+{
+    kvli_cuda_iface_t *iface = bk;
+    pthread_mutex_lock(&iface->lock);
+    for (kvli_cuda_xpriv_t *xp = iface->xfers; xp != NULL; xp = xp->next)
+        if (xp->x == x) {
+            kvli_cuda_xp_wait(iface, xp);
+            break;
+        }
+    pthread_mutex_unlock(&iface->lock);
+}
+
+void kvli_cuda_xfer_cancel_peer(kvli_cuda_iface_t *iface, kvli_cuda_peer_t *peer)
+{
+    pthread_mutex_lock(&iface->lock);
+    for (;;) {
+        kvli_cuda_xpriv_t *xp;
+        for (xp = iface->xfers; xp != NULL; xp = xp->next)
+            if (xp->peer == peer && !xp->done)
+                break;
+        if (xp == NULL)
+            break;
+        kvli_cuda_xp_wait(iface, xp);
+    }
+    pthread_mutex_unlock(&iface->lock);
+}
+
+void kvli_cuda_xfer_release(void *bk, kvl_bk_xfer_t *x)
+{
+    kvli_cuda_xcache_t *xc = x->bk_priv;
+    /* Never in flight here (the core's promise): nothing reads the table. */
+    x->bk_priv = NULL;
+    if (xc != NULL)
+        kvli_cuda_xc_free(bk, xc);
+}

@@ -1,0 +1,55 @@
+/*
+ * kvlane cuda backend: the gather/scatter kernel. One launch moves every
+ * block of a work unit: descriptor b of the table is copied by one CTA
+ * (blocks above 1 MiB are split on the host; the grid is normally one CTA
+ * per descriptor, and strides when the table is longer than the grid).
+ * Aligned blocks move 16 bytes per thread with eight loads in flight per
+ * thread (32 KiB per CTA pass), with streaming cache hints: every byte is
+ * read and written once. The table is usually resident on the GPU for the
+ * life of the transfer (cuda_xfer.c), so a re-post is launches only.
+ * Compiled to a fatbin (sm_XX code + PTX) at build time by
+ * cmake/KvlCudaKernels.cmake, embedded in libkvlane and loaded with
+ * cuModuleLoadData; the table layout matches kvli_cuda_blk_t (cuda.h).
+ */
+struct kvl_blk {
+    unsigned long long src, dst, len;
+};
+
+#define KVL_UNROLL 8
+
+extern "C" __global__ void __launch_bounds__(256)
+kvl_gather(const kvl_blk *__restrict__ tab, unsigned long long n)
+{
+    const unsigned bd = blockDim.x;
+    for (unsigned long long b = blockIdx.x; b < n; b += gridDim.x) {
+        const unsigned long long src = __ldg(&tab[b].src), dst = __ldg(&tab[b].dst),
+                                 len = __ldg(&tab[b].len);
+        unsigned long long i = threadIdx.x;
+        if (((src | dst | len) & 15ull) == 0) {
+            const uint4 *s = (const uint4 *)src;
+            uint4 *t = (uint4 *)dst;
+            const unsigned long long n4 = len >> 4;
+            for (; i + (KVL_UNROLL - 1ull) * bd < n4; i += (unsigned long long)KVL_UNROLL * bd) {
+                uint4 r[KVL_UNROLL];
+#pragma unroll
+                for (int k = 0; k < KVL_UNROLL; k++)
+                    r[k] = __ldcs(s + i + (unsigned long long)k * bd);
+#pragma unroll
+                for (int k = 0; k < KVL_UNROLL; k++)
+                    __stcs(t + i + (unsigned long long)k * bd, r[k]);
+            }
+            for (; i < n4; i += bd)
+                __stcs(t + i, __ldcs(s + i));
+        } else if (((src | dst | len) & 7ull) == 0) {
+            const unsigned long long *s = (const unsigned long long *)src;
+            unsigned long long *t = (unsigned long long *)dst;
+            for (; i < (len >> 3); i += bd)
+                t[i] = s[i];
+        } else {
+            const unsigned char *s = (const unsigned char *)src;
+            unsigned char *t = (unsigned char *)dst;
+            for (; i < len; i += bd)
+                t[i] = s[i];
+        }
+    }
+}

@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# The cuda backend's GPU suite, for the GPU machine (the `device` tool):
+# configure with the gather kernel for sm_90, build the cuda tests and the
+# benchmark, run them; logs under $OUT (or ./gpu-out).
+#   bash tests/gpu/run_gpu_suite.sh [build dir]
+set -uo pipefail
+src=$(cd "$(dirname "$0")/../.." && pwd)
+bld=${1:-$src/build-gpu}
+out=${OUT:-$src/gpu-out}
+mkdir -p "$out"
+nvidia-smi --query-gpu=name,pci.bus_id,driver_version,memory.total --format=csv 2>&1 | tee "$out/gpu.txt"
+targets="test_cuda_nodriver test_cuda_gpu bench_cuda_bench"
+build() {
+    cmake -S "$src" -B "$bld" -DKVL_CUDA_ARCHS=90 -DKVL_SANITIZER_TESTS=OFF -DKVL_FUZZ=OFF \
+        >"$out/configure.log" 2>&1 &&
+    cmake --build "$bld" -j"$(nproc)" --target $targets >"$out/build.log" 2>&1
+}
+if ! build; then
+    echo "build failed; tail of the log:"; tail -20 "$out/build.log"
+    exit 1
+fi
+grep -E 'cuda gather kernel|no nvcc' "$out/configure.log"
+echo "== test_cuda_nodriver"; (cd "$bld" && ./tests/test_cuda_nodriver) 2>&1 | tee "$out/nodriver.log" | tail -3
+echo "== test_cuda_gpu"; (cd "$bld" && timeout 400 ./tests/test_cuda_gpu) >"$out/gpu_test.log" 2>&1
+echo "rc=$?"; cat "$out/gpu_test.log" | cut -c1-300 | tail -120
+echo "== cuda_bench"; (cd "$bld" && timeout 200 ./bench/cuda_bench 20) 2>&1 | tee "$out/bench.log"

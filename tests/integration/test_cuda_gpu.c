@@ -1,0 +1,512 @@
+/*
+ * The cuda backend on a real GPU (skips with 77 and the reason without a
+ * driver or GPU). Two processes on one GPU: VRAM->VRAM through legacy IPC
+ * (cuMemAlloc) and through VMM fd handles (cuMemCreate, two mappings back to
+ * back), VRAM<->DRAM both ways, scattered blocks (the gather kernel when
+ * built), notifications only after the data, cancel truth. One process:
+ * wrong declared device, a range crossing its allocation, freed memory (at
+ * registration and at post), pinned host memory classified as DRAM.
+ *
+ * CUDA is not fork-safe: the parent never touches it; each role runs in a
+ * child that loads the driver itself (tests/gpu/kvl_cuda_test.h).
+ * KVL_TEST_LABELS: gpu nosan
+ */
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+#include "common/kvltest.h"
+#include "gpu/kvl_cuda_test.h"
+
+#define MB (1ull << 20)
+
+enum { S_LEGACY, S_VMM, S_DRAM_REMOTE, S_DRAM_LOCAL, S_SCATTER, S_CANCEL, S_N };
+static const char *const scn_name[S_N] = {
+    "VRAM->VRAM, legacy IPC (cuMemAlloc)", "VRAM->VRAM, VMM fd handles (cuMemCreate x2)",
+    "VRAM<->remote DRAM (kvl_mem_alloc)", "local DRAM (pinned by cuda) <-> remote VRAM",
+    "scattered 16 KiB blocks", "cancel truth (4 GiB)"};
+
+static kt_cuda_t cu;
+static int g_scn;
+
+/* ---- tiny framing over a socketpair ---- */
+static void snd(int fd, const void *p, uint64_t len)
+{
+    const char *c = p;
+    KT_CHECK(write(fd, &len, 8) == 8);
+    while (len > 0) {
+        ssize_t w = write(fd, c, len);
+        KT_CHECK(w > 0);
+        c += w;
+        len -= (uint64_t)w;
+    }
+}
+
+static void *rcv(int fd, uint64_t *len_p)
+{
+    uint64_t len = 0, got = 0;
+    KT_CHECK(read(fd, &len, 8) == 8);
+    char *b = malloc(len + 1);
+    KT_CHECK(b != NULL);
+    while (got < len) {
+        ssize_t r = read(fd, b + got, len - got);
+        KT_CHECK(r > 0);
+        got += (uint64_t)r;
+    }
+    b[len] = '\0';
+    if (len_p)
+        *len_p = len;
+    return b;
+}
+
+static void need_cuda(void)
+{
+    char why[256];
+    if (kt_cuda_open(&cu, why, sizeof(why)) != 0)
+        KT_SKIP("%s", why);
+}
+
+static kvl_agent_t *mk_agent(const char *name)
+{
+    kvl_agent_config_t cfg = {.field_mask = KVL_AGENT_CFG_BACKENDS | KVL_AGENT_CFG_TIMEOUT,
+                              .create_backends = "cuda", .timeout_ms = 10000};
+    kvl_agent_t *a;
+    KT_OK(kvl_agent_create(name, &cfg, &a));
+    return a;
+}
+
+static void reg(kvl_agent_t *a, uint64_t addr, uint64_t len, kvl_mem_kind_t kind, int32_t dev)
+{
+    kvl_reg_params_t p = {.field_mask = KVL_REG_PARAM_KIND, .kind = kind};
+    kvl_mem_desc_t d = {addr, len, dev};
+    kvl_reg_report_t *rep = NULL;
+    kvl_status_t st = kvl_mem_register(a, &d, 1, &p, &rep);
+    char text[4096];
+    kvl_reg_report_render(rep, text, sizeof(text));
+    printf("%s", text);
+    kvl_reg_report_free(rep);
+    KT_OK(st);
+}
+
+static void dev_fill(kt_cu_ptr d, uint64_t len, uint64_t seed)
+{
+    unsigned char *h = malloc(len);
+    kt_fill(h, len, seed);
+    KT_CHECK(cu.MemcpyHtoD(d, h, len) == 0);
+    free(h);
+}
+
+static long dev_verify(kt_cu_ptr d, uint64_t len, uint64_t seed)
+{
+    unsigned char *h = malloc(len);
+    KT_CHECK(cu.MemcpyDtoH(h, d, len) == 0);
+    long bad = kt_verify(h, len, seed);
+    free(h);
+    return bad;
+}
+
+/* ---- target: owns the remote memory ---- */
+static void target(int fd)
+{
+    uint64_t len = g_scn == S_CANCEL ? 4096 * MB : 64 * MB, n;
+    kt_cu_ptr d = 0;
+    void *host = NULL;
+    size_t chunk = 0;
+    need_cuda();
+    kvl_agent_t *a = mk_agent("tgt");
+    if (g_scn == S_DRAM_REMOTE) {
+        KT_OK(kvl_mem_alloc(a, len, &host));
+        kt_fill(host, len, 1);
+        reg(a, (uint64_t)(uintptr_t)host, len, KVL_MEM_DRAM, KVL_DEV_ANY);
+    } else {
+        if (g_scn == S_VMM) {
+            d = kt_cuda_vmm_alloc(&cu, len / 2, 2, &chunk);
+            KT_CHECK(d != 0);
+            len = 2 * chunk;
+        } else {
+            KT_CHECK(cu.MemAlloc(&d, len) == 0);
+        }
+        if (g_scn == S_CANCEL)
+            KT_CHECK(cu.MemsetD8(d, 0x11, len) == 0);
+        else
+            dev_fill(d, len, 1);
+        reg(a, d, len, KVL_MEM_VRAM, 0);
+    }
+    void *blob;
+    size_t bl;
+    KT_OK(kvl_metadata_get(a, &blob, &bl));
+    snd(fd, blob, bl);
+    kvl_free(blob);
+    for (;;) {
+        char *cmd = rcv(fd, &n);
+        if (strcmp(cmd, "bye") == 0) {
+            free(cmd);
+            break;
+        }
+        char res[256] = "ok";
+        int wait_ms = atoi(cmd + 2);
+        kvl_notif_t nt;
+        size_t got = 0;
+        uint64_t t0 = (uint64_t)time(NULL);
+        (void)t0;
+        /* "N <ms> <msg>": wait for the notification, then check the data
+         * (seed 2) unless the scenario checks it through a READ. */
+        if (kvl_notif_wait(a, wait_ms) == KVL_OK)
+            KT_OK(kvl_notif_poll(a, &nt, 1, &got));
+        if (got == 0) {
+            snprintf(res, sizeof(res), "none");
+        } else {
+            const char *want = strchr(cmd + 2, ' ') + 1;
+            if (nt.len != strlen(want) || memcmp(nt.msg, want, nt.len) != 0)
+                snprintf(res, sizeof(res), "wrong notification '%s'", (char *)nt.msg);
+            kvl_notif_free(&nt);
+            if (strcmp(res, "ok") == 0 && g_scn != S_SCATTER && g_scn != S_CANCEL) {
+                long bad = g_scn == S_DRAM_REMOTE ? kt_verify(host, len, 2) : dev_verify(d, len, 2);
+                if (bad >= 0)
+                    snprintf(res, sizeof(res), "data wrong at byte %ld after the notification",
+                             bad);
+            }
+        }
+        if (g_scn == S_CANCEL && strcmp(res, "none") == 0) {
+            /* Cancelled: nothing may land any more. */
+            unsigned char a1[4096], a2[4096];
+            KT_CHECK(cu.MemcpyDtoH(a1, d + len - 4096, 4096) == 0);
+            usleep(300000);
+            KT_CHECK(cu.MemcpyDtoH(a2, d + len - 4096, 4096) == 0);
+            if (memcmp(a1, a2, 4096) != 0)
+                snprintf(res, sizeof(res), "bytes landed after the cancel returned");
+        }
+        snd(fd, res, strlen(res));
+        free(cmd);
+    }
+    kvl_agent_destroy(a);
+    exit(0);
+}
+
+static kvl_xfer_t *mkx(kvl_agent_t *a, kvl_xfer_op_t op, kvl_dlist_t *l, kvl_dlist_t *r,
+                       const char *notif)
+{
+    kvl_xfer_params_t p = {0};
+    kvl_xfer_t *x;
+    if (notif) {
+        p.field_mask = KVL_XFER_PARAM_NOTIF;
+        p.notif = notif;
+        p.notif_len = strlen(notif);
+    }
+    KT_OK(kvl_xfer_create(a, op, l, "tgt", r, &p, &x));
+    return x;
+}
+
+static void run_x(kvl_xfer_t *x, const char *what)
+{
+    kvl_xfer_stats_t s;
+    kvl_status_t st = kvl_xfer_post(x);
+    KT_CHECK(st == KVL_OK || st == KVL_IN_PROGRESS);
+    KT_OK(kvl_xfer_wait(x, 20000));
+    KT_OK(kvl_xfer_get_stats(x, &s));
+    printf("  %-28s %8.1f MiB  %3llu blocks  path '%s'  %.3f ms\n", what, (double)s.bytes / MB,
+           (unsigned long long)s.blocks, s.path, (double)s.duration_ns / 1e6);
+}
+
+static void expect_ok(int fd, const char *notif, int ms)
+{
+    char cmd[128];
+    snprintf(cmd, sizeof(cmd), "N %d %s", ms, notif);
+    snd(fd, cmd, strlen(cmd));
+    char *res = rcv(fd, NULL);
+    if (strcmp(res, "ok") != 0) {
+        fprintf(stderr, "target: %s\n", res);
+        KT_CHECK(!"target saw the data and notification");
+    }
+    free(res);
+}
+
+/* ---- initiator ---- */
+static void initiator(int fd)
+{
+    uint64_t bl, len = g_scn == S_CANCEL ? 4096 * MB : 64 * MB;
+    kt_cu_ptr d = 0, d2 = 0;
+    void *host = NULL;
+    need_cuda();
+    kvl_agent_t *a = mk_agent("ini");
+    void *blob = rcv(fd, &bl);
+    char name[64];
+    KT_OK(kvl_metadata_load(a, blob, bl, name, sizeof(name)));
+    free(blob);
+    kvl_mem_desc_t rr[4];
+    size_t nr = 0;
+    KT_OK(kvl_remote_regions(a, "tgt", rr, NULL, 4, &nr));
+    KT_CHECK(nr == 1);
+    len = rr[0].len;
+    char desc[1024];
+    kvl_remote_describe(a, "tgt", desc, sizeof(desc));
+    printf("  remote: %s\n", desc);
+    kvl_mem_kind_t rk = g_scn == S_DRAM_REMOTE ? KVL_MEM_DRAM : KVL_MEM_VRAM;
+
+    if (g_scn == S_DRAM_LOCAL) {
+        host = aligned_alloc(4096, len);
+        kt_fill(host, len, 2);
+        reg(a, (uint64_t)(uintptr_t)host, len, KVL_MEM_DRAM, KVL_DEV_ANY);
+    } else {
+        KT_CHECK(cu.MemAlloc(&d, len) == 0);
+        KT_CHECK(cu.MemAlloc(&d2, len) == 0);
+        if (g_scn == S_CANCEL)
+            KT_CHECK(cu.MemsetD8(d, 0x22, len) == 0);
+        else
+            dev_fill(d, len, 2);
+        KT_CHECK(cu.MemsetD8(d2, 0, len) == 0);
+        reg(a, d, len, KVL_MEM_VRAM, KVL_DEV_ANY);
+        reg(a, d2, len, KVL_MEM_VRAM, 0);
+    }
+    uint64_t lbase = host ? (uint64_t)(uintptr_t)host : d;
+    kvl_mem_kind_t lk = host ? KVL_MEM_DRAM : KVL_MEM_VRAM;
+    kvl_dlist_t *l, *r, *l2;
+    KT_OK(kvl_dlist_create(lk, 1, &l));
+    KT_OK(kvl_dlist_create(rk, 1, &r));
+    KT_OK(kvl_dlist_create(lk, 1, &l2));
+
+    if (g_scn == S_SCATTER) {
+        /* block i of ours -> block perm[i] of theirs, then read back */
+        size_t bs = 16384, nb = len / bs;
+        uint64_t *perm = malloc(nb * 8);
+        for (size_t i = 0; i < nb; i++)
+            perm[i] = i;
+        srand(7);
+        for (size_t i = nb - 1; i > 0; i--) {
+            size_t j = (size_t)rand() % (i + 1);
+            uint64_t t = perm[i];
+            perm[i] = perm[j];
+            perm[j] = t;
+        }
+        for (size_t i = 0; i < nb; i++) {
+            KT_OK(kvl_dlist_add(l, d + i * bs, bs, KVL_DEV_ANY));
+            KT_OK(kvl_dlist_add(r, rr[0].addr + perm[i] * bs, bs, KVL_DEV_ANY));
+            KT_OK(kvl_dlist_add(l2, d2 + i * bs, bs, KVL_DEV_ANY));
+        }
+        kvl_xfer_t *x = mkx(a, KVL_WRITE, l, r, "scattered");
+        run_x(x, "WRITE scattered");
+        kvl_xfer_stats_t s;
+        kvl_xfer_get_stats(x, &s);
+        char why[512];
+        kvl_backend_available("cuda", why, sizeof(why));
+        if (strstr(why, "embedded") != NULL)
+            KT_CHECK(strstr(s.path, "gather kernel") != NULL);
+        kvl_xfer_release(x);
+        expect_ok(fd, "scattered", 10000);
+        x = mkx(a, KVL_READ, l2, r, NULL);
+        run_x(x, "READ scattered back");
+        kvl_xfer_release(x);
+        KT_CHECK(dev_verify(d2, len, 2) == -1);
+        free(perm);
+    } else if (g_scn == S_CANCEL) {
+        KT_OK(kvl_dlist_add(l, d, len, KVL_DEV_ANY));
+        KT_OK(kvl_dlist_add(r, rr[0].addr, len, KVL_DEV_ANY));
+        kvl_xfer_t *x = mkx(a, KVL_WRITE, l, r, "cancel-me");
+        kvl_status_t st = kvl_xfer_post(x);
+        KT_CHECK(st == KVL_OK || st == KVL_IN_PROGRESS);
+        kvl_xfer_state_t state;
+        KT_OK(kvl_xfer_cancel(x, &state));
+        printf("  cancel right after post: %s\n",
+               state == KVL_XFER_CANCELED ? "CANCELED" : state == KVL_XFER_DONE ? "DONE" : "?");
+        KT_CHECK(state == KVL_XFER_CANCELED || state == KVL_XFER_DONE);
+        char cmd[64];
+        snprintf(cmd, sizeof(cmd), "N %d cancel-me", state == KVL_XFER_DONE ? 10000 : 1500);
+        snd(fd, cmd, strlen(cmd));
+        char *res = rcv(fd, NULL);
+        printf("  target after cancel: %s\n", res);
+        KT_CHECK(strcmp(res, state == KVL_XFER_DONE ? "ok" : "none") == 0);
+        free(res);
+        kvl_xfer_release(x);
+        /* then the whole transfer again, to completion */
+        x = mkx(a, KVL_WRITE, l, r, "again");
+        run_x(x, "WRITE 4 GiB after a cancel");
+        kvl_xfer_release(x);
+        expect_ok(fd, "again", 10000);
+    } else {
+        KT_OK(kvl_dlist_add(l, lbase, len, KVL_DEV_ANY));
+        KT_OK(kvl_dlist_add(r, rr[0].addr, len, KVL_DEV_ANY));
+        kvl_xfer_t *x = mkx(a, KVL_WRITE, l, r, "written");
+        run_x(x, "WRITE");
+        kvl_xfer_release(x);
+        expect_ok(fd, "written", 10000);
+        /* READ it back into fresh memory */
+        if (host) {
+            memset(host, 0, len);
+            KT_OK(kvl_dlist_add(l2, lbase, len, KVL_DEV_ANY));
+        } else {
+            KT_OK(kvl_dlist_add(l2, d2, len, KVL_DEV_ANY));
+        }
+        x = mkx(a, KVL_READ, l2, r, NULL);
+        run_x(x, "READ back");
+        kvl_xfer_release(x);
+        KT_CHECK((host ? kt_verify(host, len, 2) : dev_verify(d2, len, 2)) == -1);
+        /* a second posting of a prepared transfer reuses its mappings */
+        x = mkx(a, KVL_WRITE, l, r, "again");
+        run_x(x, "WRITE again");
+        run_x(x, "WRITE re-posted");
+        kvl_xfer_release(x);
+    }
+    kvl_dlist_destroy(l);
+    kvl_dlist_destroy(r);
+    kvl_dlist_destroy(l2);
+    snd(fd, "bye", 3);
+    kvl_agent_destroy(a);
+    exit(0);
+}
+
+static int run_pair(int scn)
+{
+    int sv[2], st, rc = 0;
+    pid_t t, i;
+    printf("== %s\n", scn_name[scn]);
+    fflush(stdout);
+    g_scn = scn;
+    KT_CHECK(socketpair(AF_UNIX, SOCK_STREAM, 0, sv) == 0);
+    t = fork();
+    if (t == 0) {
+        alarm(120);
+        close(sv[1]);
+        target(sv[0]);
+    }
+    i = fork();
+    if (i == 0) {
+        alarm(120);
+        close(sv[0]);
+        initiator(sv[1]);
+    }
+    close(sv[0]);
+    close(sv[1]);
+    for (int k = 0; k < 2; k++) {
+        pid_t p = wait(&st);
+        int code = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+        if (code == 77)
+            rc = rc ? rc : 77;
+        else if (code != 0) {
+            fprintf(stderr, "%s: %s exited with %d\n", scn_name[scn], p == t ? "target" : "initiator",
+                    code);
+            rc = 1;
+        }
+    }
+    printf("   %s\n", rc == 0 ? "passed" : rc == 77 ? "skipped" : "FAILED");
+    return rc;
+}
+
+/* ---- one process: registration checks ---- */
+static void local_checks(void)
+{
+    kt_cu_ptr d, d2, gone;
+    need_cuda();
+    kvl_agent_t *a = mk_agent("local");
+    kvl_reg_params_t vr = {.field_mask = KVL_REG_PARAM_KIND, .kind = KVL_MEM_VRAM};
+    KT_CHECK(cu.MemAlloc(&d, 8 * MB) == 0);
+
+    /* wrong declared device */
+    kvl_mem_desc_t m = {d, 8 * MB, 3};
+    KT_STATUS(kvl_mem_register(a, &m, 1, &vr, NULL), KVL_ERR_DEVICE_MISMATCH);
+    char text[2048];
+    kvl_error_render(NULL, text, sizeof(text));
+    printf("wrong device:\n%s\n", text);
+    KT_ERROR_HAS("declared device 3, pointer lives on CUDA device 0 (PCI ");
+    if (cu.ndev <= 3 && getenv("CUDA_VISIBLE_DEVICES") == NULL)
+        KT_ERROR_HAS("looks like a physical GPU index or a tensor-parallel rank");
+
+    /* crossing the allocation's end */
+    m = (kvl_mem_desc_t){d + 4 * MB, 8 * MB, KVL_DEV_ANY};
+    KT_STATUS(kvl_mem_register(a, &m, 1, &vr, NULL), KVL_ERR_OUT_OF_BOUNDS);
+    kvl_error_render(NULL, text, sizeof(text));
+    printf("crossing:\n%s\n", text);
+    KT_ERROR_HAS("crosses the end of its CUDA allocation");
+
+    /* freed before registration */
+    KT_CHECK(cu.MemAlloc(&gone, 8 * MB) == 0);
+    KT_CHECK(cu.MemFree(gone) == 0);
+    m = (kvl_mem_desc_t){gone, 8 * MB, 0};
+    kvl_status_t st = kvl_mem_register(a, &m, 1, &vr, NULL);
+    kvl_error_render(NULL, text, sizeof(text));
+    printf("freed before registration (%s):\n%s\n", kvl_status_name(st), text);
+    KT_CHECK(st != KVL_OK);
+    KT_ERROR_HAS("not GPU memory, or freed");
+
+    /* pinned host memory is DRAM */
+    void *pinned = NULL;
+    KT_CHECK(cu.MemHostAlloc(&pinned, 4 * MB, 0) == 0);
+    kvl_mem_desc_t hm = {(uint64_t)(uintptr_t)pinned, 4 * MB, KVL_DEV_ANY};
+    kvl_reg_report_t *rep;
+    KT_OK(kvl_mem_register(a, &hm, 1, NULL, &rep));
+    KT_CHECK(rep->entries[0].kind == KVL_MEM_DRAM);
+    kvl_reg_report_render(rep, text, sizeof(text));
+    printf("%s", text);
+    KT_CHECK(strstr(text, "pinned host memory") != NULL);
+    kvl_reg_report_free(rep);
+
+    /* freed while registered: refused at post, no crash (same-process peer) */
+    kvl_agent_t *b = mk_agent("tgt");
+    KT_CHECK(cu.MemAlloc(&d2, 8 * MB) == 0);
+    reg(b, d2, 8 * MB, KVL_MEM_VRAM, 0);
+    reg(a, d, 8 * MB, KVL_MEM_VRAM, 0);
+    void *blob;
+    size_t bl;
+    char nm[64];
+    KT_OK(kvl_metadata_get(b, &blob, &bl));
+    KT_OK(kvl_metadata_load(a, blob, bl, nm, sizeof(nm)));
+    kvl_free(blob);
+    kvl_dlist_t *l, *r;
+    KT_OK(kvl_dlist_create(KVL_MEM_VRAM, 1, &l));
+    KT_OK(kvl_dlist_create(KVL_MEM_VRAM, 1, &r));
+    KT_OK(kvl_dlist_add(l, d, 8 * MB, KVL_DEV_ANY));
+    KT_OK(kvl_dlist_add(r, d2, 8 * MB, KVL_DEV_ANY));
+    kvl_xfer_t *x = mkx(a, KVL_WRITE, l, r, "same-process");
+    run_x(x, "WRITE same process");
+    KT_CHECK(cu.MemFree(d) == 0);
+    st = kvl_xfer_post(x);
+    kvl_error_render(NULL, text, sizeof(text));
+    printf("freed while registered (%s):\n%s\n", kvl_status_name(st), text);
+    KT_CHECK(st == KVL_ERR_STATE);
+    KT_ERROR_HAS("was freed");
+    kvl_xfer_release(x);
+    kvl_dlist_destroy(l);
+    kvl_dlist_destroy(r);
+    kvl_agent_destroy(a);
+    kvl_agent_destroy(b);
+    exit(0);
+}
+
+int main(void)
+{
+    int rc = 0, st;
+    char why[512];
+    setvbuf(stdout, NULL, _IOLBF, 0);
+    /* No CUDA in this process: ask a child (fork safety). */
+    pid_t p = fork();
+    if (p == 0) {
+        if (kt_cuda_open(&cu, why, sizeof(why)) != 0) {
+            printf("SKIP: %s\n", why);
+            exit(77);
+        }
+        exit(0);
+    }
+    waitpid(p, &st, 0);
+    if (!WIFEXITED(st) || WEXITSTATUS(st) != 0)
+        return 77;
+    printf("== one process: registration checks\n");
+    p = fork();
+    if (p == 0) {
+        alarm(120);
+        local_checks();
+    }
+    waitpid(p, &st, 0);
+    if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) {
+        fprintf(stderr, "registration checks failed (status %d)\n", st);
+        rc = 1;
+    }
+    for (int s = 0; s < S_N; s++) {
+        int r = run_pair(s);
+        if (r == 1)
+            rc = 1;
+    }
+    printf(rc ? "test_cuda_gpu: FAILED\n" : "test_cuda_gpu: passed\n");
+    return rc;
+}
