@@ -12,6 +12,7 @@
 #define _GNU_SOURCE
 #include <arpa/inet.h>
 #include <dirent.h>
+#include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <getopt.h>
@@ -35,14 +36,15 @@
 #include <unistd.h>
 #include <kvlane/kvlane.h>
 #include "cli.h"
+#include "common/rdma_diag.h"
 
 enum { KVL_OKAY = 0, KVL_WARN = 1, KVL_FAIL = 2 };
 
 typedef struct {
     char name[64];
     int status;
-    char observed[512];
-    char hint[512];
+    char observed[2048];
+    char hint[1024];
 } kvl_check_t;
 
 typedef struct {
@@ -124,6 +126,8 @@ static void kvl_check_host(void)
               u.machine, sysconf(_SC_NPROCESSORS_ONLN));
 }
 
+static int kvl_have_cap(int cap);
+
 static void kvl_check_memlock(uint64_t planned, kvl_mem_kind_t mem)
 {
     struct rlimit rl;
@@ -134,11 +138,19 @@ static void kvl_check_memlock(uint64_t planned, kvl_mem_kind_t mem)
     if (rl.rlim_cur == RLIM_INFINITY || (planned && rl.rlim_cur >= planned))
         kvl_check("limits.memlock", KVL_OKAY, NULL, "locked-memory limit %s%s%s", cur,
                   planned ? ", planned registration " : "", planned ? want : "");
+    else if (planned && kvl_have_cap(14 /* CAP_IPC_LOCK */) == 1)
+        /* the kernel lets a CAP_IPC_LOCK process pin beyond the limit (mlock,
+         * ibv_reg_mr): the Kubernetes way, where the runtime's limit is fixed */
+        kvl_check("limits.memlock", KVL_OKAY, NULL, "locked-memory limit %s < planned "
+                  "registration %s, but CAP_IPC_LOCK is effective: the kernel lets this process "
+                  "pin memory beyond the limit", cur, want);
     else
         kvl_check("limits.memlock", planned ? KVL_FAIL : KVL_OKAY,
                   "raise it: `ulimit -l unlimited` in the engine's shell, LimitMEMLOCK=infinity "
                   "in a systemd unit, or the container runtime's memlock ulimit "
-                  "(docker --ulimit memlock=-1; Kubernetes: the node's containerd LimitMEMLOCK)",
+                  "(docker --ulimit memlock=-1; Kubernetes: the node's containerd LimitMEMLOCK), "
+                  "or give the process CAP_IPC_LOCK (Kubernetes: securityContext.capabilities.add: "
+                  "[IPC_LOCK]), which lifts the limit",
                   "locked-memory limit %s%s%s: RDMA registration and pinned GPU staging lock "
                   "the registered memory", cur, planned ? " < planned registration " : "",
                   planned ? want : " (pass --size to check a planned registration)");
@@ -345,21 +357,156 @@ static void kvl_check_container(int vram)
                   "inside a container: peers in other pods do not share this IPC namespace");
 }
 
+/* ---- RDMA: devices listed in sysfs vs openable nodes, ports ---- */
+
+static void kvl_check_rdma(void)
+{
+    kvli_rdma_scan_t *s = calloc(1, sizeof(*s));
+    char text[2048], list[480] = "";
+    size_t off = 0;
+    if (s == NULL)
+        return;
+    kvli_rdma_diag_scan(s);
+    if (s->n == 0) {
+        if (s->dev_dir_present && s->dev_nodes[0])
+            kvl_check("rdma.devices", KVL_WARN,
+                      "the RDMA driver is not loaded here or sysfs is not the host's: ibv_devices "
+                      "lists nothing; without RDMA, transfers use tcp/shm",
+                      "%.255s/infiniband holds %.255s but %.255s/class/infiniband lists no "
+                      "device", s->dev_root, s->dev_nodes, s->sysfs_root);
+        else
+            kvl_check("rdma.devices", KVL_OKAY, NULL, "none: tcp/shm only (%.255s/class/infiniband "
+                      "lists no RDMA device)", s->sysfs_root);
+        free(s);
+        return;
+    }
+    for (unsigned i = 0; i < s->n && off < sizeof(list); i++) {
+        const kvli_rdma_dev_t *v = &s->devs[i];
+        off += (size_t)snprintf(list + off, sizeof(list) - off, "%s%.63s (%.31s%s)", i ? ", " : "",
+                                v->name, v->uverbs[0] ? v->uverbs : "no uverbs",
+                                v->node_openable ? " opens" : v->node_present ? " not openable"
+                                : v->uverbs[0] ? " missing" : "");
+    }
+    kvli_rdma_diag_render(s, text, sizeof(text));
+    if (s->n_broken == 0)
+        kvl_check("rdma.devices", KVL_OKAY, NULL, "%u listed in %.255s/class/infiniband, all "
+                  "openable: %s", s->n, s->sysfs_root, list);
+    else if (s->n_broken == s->n)
+        kvl_check("rdma.devices", KVL_FAIL,
+                  "expose the devices to the container: the RDMA device plugin's resource (e.g. "
+                  "rdma/hca or nvidia.com/hostdev), or mount /dev/infiniband (docker "
+                  "--device=/dev/infiniband/uverbsN); or, to run without RDMA, set UCX_TLS to "
+                  "exclude it (UCX_TLS=tcp,sm)",
+                  "%u RDMA device%s listed in sysfs but no uverbs node is openable: verbs, and "
+                  "UCX over them, fail with \"No such device\": %s. %s", s->n, s->n == 1 ? "" : "s",
+                  list, text);
+    else
+        kvl_check("rdma.devices", KVL_WARN,
+                  "keep the engine on the openable devices (UCX_NET_DEVICES), or expose the others "
+                  "to the container (RDMA device plugin, /dev/infiniband)",
+                  "%u of %u RDMA devices listed in sysfs have no openable uverbs node: %s. %s",
+                  s->n_broken, s->n, list, text);
+    if (s->cm_openable)
+        kvl_check("rdma.rdma_cm", KVL_OKAY, NULL, "%.255s/infiniband/rdma_cm opens", s->dev_root);
+    else
+        kvl_check("rdma.rdma_cm", KVL_WARN,
+                  "expose /dev/infiniband/rdma_cm too (the RDMA device plugin does; docker "
+                  "--device=/dev/infiniband/rdma_cm): UCX's rdmacm transport and RoCE connection "
+                  "setup need it",
+                  "%.255s/infiniband/rdma_cm %s (%s)", s->dev_root,
+                  s->cm_present ? "exists but cannot be opened" : "is missing",
+                  strerror(s->cm_errno));
+    for (unsigned i = 0; i < s->n; i++) {
+        const kvli_rdma_dev_t *v = &s->devs[i];
+        char name[64], obs[256], hint[400];
+        if (v->nports == 0) {
+            snprintf(name, sizeof(name), "rdma.%.50s", v->name);
+            kvl_check(name, KVL_WARN, "check the driver (ibstat, dmesg)",
+                      "%.63s lists no ports in %.255s/class/infiniband/%.63s/ports", v->name,
+                      s->sysfs_root, v->name);
+            continue;
+        }
+        for (unsigned j = 0; j < v->nports; j++) {
+            int st = kvli_rdma_diag_port(v, &v->ports[j], obs, sizeof(obs), hint, sizeof(hint));
+            snprintf(name, sizeof(name), "rdma.%.50s.port%u", v->name, v->ports[j].num);
+            kvl_check(name, st ? KVL_WARN : KVL_OKAY, hint, "%s", obs);
+        }
+    }
+    free(s);
+}
+
 static void kvl_check_backends(kvl_mem_kind_t mem, int32_t dev, uint64_t planned)
 {
     for (const char *const *n = kvl_backend_names(); *n; n++) {
         char reason[512], name[64];
         kvl_status_t st = kvl_backend_available(*n, reason, sizeof(reason));
-        snprintf(name, sizeof(name), "backend.%s", *n);
+        snprintf(name, sizeof(name), "backend.%.40s", *n);
         if (st == KVL_OK)
             kvl_check(name, KVL_OKAY, NULL, "available%s%s", reason[0] ? ": " : "", reason);
         else
             kvl_check(name, KVL_WARN,
                       "only needed if the engine uses this backend; the reason says what is missing",
                       "unavailable: %s", reason);
-        /* the backend's own checks (RDMA devices, UCX transports, GPUs ...) */
-        kvl_backend_probe(*n, kvl_probe_cb, (void *)*n, mem, dev, planned);
+        size_t at = kvl_rep.n - 1;
+        /* the backend's own checks (RDMA devices, UCX transports, GPUs ...);
+         * a module that is not there cannot run them: say so */
+        if (kvl_backend_probe(*n, kvl_probe_cb, (void *)*n, mem, dev, planned) == KVL_ERR_NOT_FOUND &&
+            st != KVL_OK) {
+            kvl_check_t *c = &kvl_rep.v[at];
+            size_t l = strlen(c->observed);
+            snprintf(c->observed + l, sizeof(c->observed) - l, " (so its own checks, %.40s.*, "
+                     "did not run)", *n);
+        }
     }
+}
+
+/* ---- VRAM: is there a backend that can register GPU memory here ---- */
+
+static int kvl_has_backend(const char *name)
+{
+    for (const char *const *n = kvl_backend_names(); *n; n++)
+        if (strcmp(*n, name) == 0)
+            return 1;
+    return 0;
+}
+
+/* Returns 1 when VRAM can be registered (the cuda backend is available). */
+static int kvl_check_vram(int32_t dev)
+{
+    char reason[512], devs[32], names[128] = "";
+    size_t off = 0;
+    if (dev == KVL_DEV_ANY)
+        snprintf(devs, sizeof(devs), "(no --device given)");
+    else
+        snprintf(devs, sizeof(devs), "device %d", (int)dev);
+    for (const char *const *n = kvl_backend_names(); *n && off < sizeof(names); n++)
+        off += (size_t)snprintf(names + off, sizeof(names) - off, "%s%.20s", off ? " " : "", *n);
+    if (!kvl_has_backend("cuda")) {
+        /* Say what a build with the cuda backend would find: the driver. */
+        const char *drv = getenv("KVL_CUDA_DRIVER");
+        void *h = dlopen(drv && drv[0] ? drv : "libcuda.so.1", RTLD_LAZY | RTLD_LOCAL);
+        const char *e = h ? NULL : dlerror();
+        if (h)
+            dlclose(h);
+        kvl_check("vram.backend", KVL_FAIL,
+                  "build kvlane with its cuda backend (src/backends/cuda, loads the driver at run "
+                  "time) to register GPU memory; or run the engine with host (DRAM) KV buffers",
+                  "VRAM requested: this build has no cuda backend (it has: %s), so no GPU memory "
+                  "can be registered; CUDA driver: %.300s", names,
+                  h ? "libcuda.so.1 loads" : e ? e : "not found");
+        return 0;
+    }
+    kvl_status_t st = kvl_backend_available("cuda", reason, sizeof(reason));
+    if (st != KVL_OK) {
+        kvl_check("vram.backend", KVL_FAIL,
+                  "install the NVIDIA driver or expose it and the GPU to the container (NVIDIA "
+                  "container toolkit, the nvidia.com/gpu resource); check CUDA_VISIBLE_DEVICES",
+                  "VRAM requested %s, but no CUDA driver/GPU is usable: %.400s", devs, reason);
+        return 0;
+    }
+    kvl_check("vram.backend", KVL_OKAY, NULL, "VRAM requested %s: cuda backend available%s%.400s",
+              devs, reason[0] ? ": " : "", reason);
+    return 1;
 }
 
 /* ---- smoke test: the path the engine will use ---- */
@@ -538,7 +685,14 @@ static int kvl_doctor_output(void)
             w = (int)strlen(kvl_rep.v[i].name);
     for (size_t i = 0; i < kvl_rep.n; i++) {
         const kvl_check_t *c = &kvl_rep.v[i];
-        printf("%-4s  %-*s  %s\n", names[c->status], w, c->name, c->observed);
+        /* multi-line observations (a rendered kvlane error) stay under the column */
+        printf("%-4s  %-*s  ", names[c->status], w, c->name);
+        for (const char *o = c->observed; *o; o++) {
+            putchar(*o);
+            if (*o == '\n' && o[1])
+                printf("      %-*s  ", w, "");
+        }
+        putchar('\n');
         if (c->hint[0])
             printf("      %-*s  fix: %s\n", w, "", c->hint);
     }
@@ -614,6 +768,9 @@ int kvl_cli_doctor(int argc, char **argv)
     if (peer)
         kvl_check_peer(peer);
     kvl_check_container(mem == KVL_MEM_VRAM);
+    kvl_check_rdma();
+    if (mem == KVL_MEM_VRAM && !kvl_check_vram(dev))
+        smoke = 0; /* nothing can allocate or register VRAM: vram.backend says why */
     kvl_check_backends(mem, dev, size);
     if (smoke) {
         uint64_t ssz = size ? (size < (256ull << 20) ? size : 256ull << 20) : (16ull << 20);

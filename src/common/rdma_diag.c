@@ -60,6 +60,91 @@ static void kvli_rdma_diag_uverbs(const kvli_rdma_scan_t *s, const char *dev, ch
     closedir(d);
 }
 
+/* First line of a small sysfs file, trailing whitespace cut; "" on error. */
+static void kvli_rdma_diag_read(const char *path, char *out, size_t cap)
+{
+    FILE *f = fopen(path, "re");
+    out[0] = '\0';
+    if (f == NULL)
+        return;
+    if (fgets(out, (int)cap, f) == NULL)
+        out[0] = '\0';
+    fclose(f);
+    out[strcspn(out, "\r\n")] = '\0';
+}
+
+/* A GID as sysfs prints it ("fe80:0000:...:0002"): any non-zero digit. */
+static int kvli_rdma_diag_gid_set(const char *gid)
+{
+    for (; *gid; gid++)
+        if (*gid != '0' && *gid != ':' && *gid != ' ')
+            return 1;
+    return 0;
+}
+
+static void kvli_rdma_diag_ports(const kvli_rdma_scan_t *s, kvli_rdma_dev_t *v)
+{
+    char path[700];
+    DIR *d;
+    struct dirent *e;
+
+    snprintf(path, sizeof(path), "%.255s/class/infiniband/%.63s/ports", s->sysfs_root, v->name);
+    d = opendir(path);
+    if (d == NULL)
+        return;
+    while ((e = readdir(d)) != NULL && v->nports < KVLI_RDMA_MAX_PORTS) {
+        kvli_rdma_port_t *p;
+        char base[700], file[800], buf[64];
+        DIR *g;
+        struct dirent *ge;
+        char *end;
+        unsigned long num = strtoul(e->d_name, &end, 10);
+        if (e->d_name[0] < '0' || e->d_name[0] > '9' || *end != '\0')
+            continue;
+        p = &v->ports[v->nports++];
+        p->num = (unsigned)num;
+        snprintf(base, sizeof(base), "%.255s/class/infiniband/%.63s/ports/%.16s", s->sysfs_root,
+                 v->name, e->d_name);
+        /* "4: ACTIVE" */
+        snprintf(file, sizeof(file), "%.700s/state", base);
+        kvli_rdma_diag_read(file, buf, sizeof(buf));
+        end = strchr(buf, ':');
+        snprintf(p->state, sizeof(p->state), "%.31s", end ? end + 1 + strspn(end + 1, " ") : buf);
+        snprintf(file, sizeof(file), "%.700s/link_layer", base);
+        kvli_rdma_diag_read(file, p->link_layer, sizeof(p->link_layer));
+        snprintf(file, sizeof(file), "%.700s/gid_attrs/ndevs/0", base);
+        kvli_rdma_diag_read(file, p->netdev, sizeof(p->netdev));
+        snprintf(file, sizeof(file), "%.700s/gids", base);
+        g = opendir(file);
+        if (g == NULL)
+            continue;
+        p->gids_dir = 1;
+        while ((ge = readdir(g)) != NULL) {
+            char gid[80], gpath[900];
+            if (ge->d_name[0] < '0' || ge->d_name[0] > '9')
+                continue;
+            snprintf(gpath, sizeof(gpath), "%.800s/%.16s", file, ge->d_name);
+            kvli_rdma_diag_read(gpath, gid, sizeof(gid));
+            if (kvli_rdma_diag_gid_set(gid))
+                p->gids++;
+        }
+        closedir(g);
+    }
+    closedir(d);
+    /* readdir order is arbitrary: port 1 first */
+    for (unsigned i = 1; i < v->nports; i++)
+        for (unsigned j = i; j > 0 && v->ports[j - 1].num > v->ports[j].num; j--) {
+            kvli_rdma_port_t t = v->ports[j];
+            v->ports[j] = v->ports[j - 1];
+            v->ports[j - 1] = t;
+        }
+}
+
+static int kvli_rdma_diag_cmp(const void *a, const void *b)
+{
+    return strcmp(((const kvli_rdma_dev_t *)a)->name, ((const kvli_rdma_dev_t *)b)->name);
+}
+
 void kvli_rdma_diag_scan(kvli_rdma_scan_t *s)
 {
     char path[600];
@@ -86,6 +171,21 @@ void kvli_rdma_diag_scan(kvli_rdma_scan_t *s)
             off += (size_t)n;
         }
         closedir(d);
+        snprintf(path, sizeof(path), "%.255s/infiniband/rdma_cm", s->dev_root);
+        if (access(path, F_OK) == 0) {
+            int fd = open(path, O_RDWR | O_CLOEXEC);
+            s->cm_present = 1;
+            if (fd >= 0) {
+                s->cm_openable = 1;
+                close(fd);
+            } else {
+                s->cm_errno = errno;
+            }
+        } else {
+            s->cm_errno = errno;
+        }
+    } else {
+        s->cm_errno = errno;
     }
 
     snprintf(path, sizeof(path), "%.255s/class/infiniband", s->sysfs_root);
@@ -100,6 +200,7 @@ void kvli_rdma_diag_scan(kvli_rdma_scan_t *s)
             continue;
         v = &s->devs[s->n++];
         snprintf(v->name, sizeof(v->name), "%.63s", e->d_name);
+        kvli_rdma_diag_ports(s, v);
         kvli_rdma_diag_uverbs(s, v->name, v->uverbs, sizeof(v->uverbs));
         if (v->uverbs[0] == '\0') {
             v->node_errno = ENOENT;
@@ -123,6 +224,49 @@ void kvli_rdma_diag_scan(kvli_rdma_scan_t *s)
         v->node_openable = 1;
     }
     closedir(d);
+    qsort(s->devs, s->n, sizeof(s->devs[0]), kvli_rdma_diag_cmp);
+}
+
+int kvli_rdma_diag_port(const kvli_rdma_dev_t *v, const kvli_rdma_port_t *p, char *buf,
+                        size_t len, char *hint, size_t hint_len)
+{
+    const char *ll = p->link_layer[0] ? p->link_layer : "link layer unknown";
+    int eth = strcmp(p->link_layer, "Ethernet") == 0;
+    char gids[48];
+
+    if (!p->gids_dir)
+        snprintf(gids, sizeof(gids), "no gids directory");
+    else if (p->gids == 0)
+        snprintf(gids, sizeof(gids), "no GID (all zero)");
+    else
+        snprintf(gids, sizeof(gids), "%u GID%s", p->gids, p->gids == 1 ? "" : "s");
+    snprintf(buf, len, "%.63s port %u: %.31s, %.31s%s%.31s%s, %s", v->name, p->num,
+             p->state[0] ? p->state : "state unreadable", ll, p->netdev[0] ? " (" : "",
+             p->netdev, p->netdev[0] ? ")" : "", gids);
+    if (hint_len > 0)
+        hint[0] = '\0';
+    if (strcmp(p->state, "ACTIVE") != 0) {
+        if (strcmp(p->state, "INIT") == 0 && !eth)
+            snprintf(hint, hint_len, "the port has link but is not ACTIVE: an InfiniBand "
+                     "port stays INIT until a subnet manager (opensm or the switch's) "
+                     "configures it; leave it out of UCX_NET_DEVICES until then");
+        else
+            snprintf(hint, hint_len, "the port is not ACTIVE: transfers over it fail; check "
+                     "the cable and the switch port (ibstat / ip link), or leave %.63s:%u "
+                     "out of UCX_NET_DEVICES", v->name, p->num);
+        return 1;
+    }
+    if (p->gids == 0) {
+        if (eth)
+            snprintf(hint, hint_len, "a RoCE port needs a GID, which comes from an IP "
+                     "address on its network interface%s%.31s: configure one (RDMA "
+                     "connections fail with no GID)", p->netdev[0] ? " " : "", p->netdev);
+        else
+            snprintf(hint, hint_len, "an ACTIVE InfiniBand port without a GID: check the "
+                     "subnet manager and the driver (ibstat)");
+        return 1;
+    }
+    return 0;
 }
 
 static const kvli_rdma_dev_t *kvli_rdma_diag_find(const kvli_rdma_scan_t *s, const char *dev)

@@ -1,6 +1,7 @@
 /*
  * kvlane doctor finds injected faults and exits with the right code:
- * a clean run, a locked-memory limit below the planned registration, an
+ * a clean run, a locked-memory limit below the planned registration (and
+ * the same limit with CAP_IPC_LOCK, which lifts it), an
  * unreachable peer, and cross-memory attach forbidden by a seccomp filter
  * (as Docker's default profile does without CAP_SYS_PTRACE) - where the shm
  * smoke test must still pass over the socket fallback.
@@ -31,9 +32,13 @@ static int doctor(int fault, const char *const *args)
     if (pid == 0) {
         dup2(p[1], 1);
         close(p[0]);
-        if (fault == 1) {
+        if (fault == 1 || fault == 3) {
             struct rlimit rl = {64 << 10, 64 << 10};
             setrlimit(RLIMIT_MEMLOCK, &rl);
+            /* CAP_IPC_LOCK lifts the limit: drop it (root keeps it across exec
+             * only through the bounding set) unless the case wants it */
+            if (fault == 1)
+                prctl(PR_CAPBSET_DROP, 14 /* CAP_IPC_LOCK */, 0, 0, 0);
         } else if (fault == 2) {
             struct sock_filter f[] = {
                 BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, nr)),
@@ -104,6 +109,20 @@ int main(void)
     KT_CHECK(rc == 2);
     KT_CHECK(has_line("fail", "limits.memlock", "64 KiB < planned registration 1.0 GiB"));
     KT_CHECK(strstr(out, "ulimit -l unlimited") != NULL);
+
+    /* with CAP_IPC_LOCK (root in a container with IPC_LOCK) the limit does not bind */
+    FILE *st = fopen("/proc/self/status", "r");
+    char line[256];
+    unsigned long long capeff = 0;
+    while (st && fgets(line, sizeof(line), st))
+        if (strncmp(line, "CapEff:", 7) == 0)
+            capeff = strtoull(line + 7, NULL, 16);
+    if (st)
+        fclose(st);
+    if (capeff & (1ull << 14)) {
+        rc = doctor(3, mem);
+        KT_CHECK(has_line("ok", "limits.memlock", "but CAP_IPC_LOCK is effective"));
+    }
 
     const char *peer[] = {"--peer", "127.0.0.1:1", "--no-smoke", NULL};
     rc = doctor(0, peer);

@@ -175,6 +175,11 @@ void kvli_ucx_diag_unreachable(kvli_ucx_iface_t *iface, kvli_ucx_peer_t *peer,
                                ucs_status_t s, const kvli_ucx_log_t *log, kvl_error_t *err);
 const char *kvli_ucx_mem_types_str(uint64_t types, char *buf, size_t len);
 
+/* ucx_probe.c: the ops table's probe slot (kvlane doctor's ucx.* checks) */
+void kvli_ucx_probe(void (*report)(void *arg, const char *check, int status,
+                                   const char *observed, const char *hint),
+                    void *arg, kvl_mem_kind_t mem, int32_t dev, uint64_t planned_bytes);
+
 /* ucx_md.c */
 kvl_status_t kvli_ucx_md_reg(void *bk, const kvl_region_info_t *r, void **mh_p,
                              char *detail, size_t detail_len, kvl_error_t *err);

@@ -472,6 +472,7 @@ static const kvl_backend_ops_t kvli_ucx_ops = {
     .notif_send = kvli_ucx_notif_send,
     .peer_describe = kvli_ucx_ep_describe,
     .mem_query = NULL,
+    .probe = kvli_ucx_probe,
 };
 
 const kvl_backend_ops_t *kvl_backend_module_v1(void) __attribute__((visibility("default")));
