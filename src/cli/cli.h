@@ -7,6 +7,7 @@
 
 int kvl_cli_demo(int argc, char **argv);
 int kvl_cli_doctor(int argc, char **argv);
+int kvl_cli_bench(int argc, char **argv);
 
 /* Helpers shared by subcommands (cli_util.c). */
 int kvl_cli_parse_size(const char *s, uint64_t *out);

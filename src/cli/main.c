@@ -15,6 +15,8 @@ static void kvl_cli_usage(FILE *f)
             "             verifies every byte (kvlane demo --help)\n"
             "  doctor     preflight checks and smoke tests before the engine starts\n"
             "             (kvlane doctor --help)\n"
+            "  bench      throughput and latency per backend, block size and pattern\n"
+            "             (kvlane bench --help)\n"
             "  backends   list the backends of this build and whether they can run here\n"
             "  version    print the version\n");
 }
@@ -39,6 +41,8 @@ int main(int argc, char **argv)
     const char *cmd = argv[1];
     if (strcmp(cmd, "demo") == 0)
         return kvl_cli_demo(argc - 1, argv + 1);
+    if (strcmp(cmd, "bench") == 0)
+        return kvl_cli_bench(argc - 1, argv + 1);
     if (strcmp(cmd, "doctor") == 0)
         return kvl_cli_doctor(argc - 1, argv + 1);
     if (strcmp(cmd, "backends") == 0)

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# kvlane bench runs its own target, measures, verifies every byte, and writes
+# CSV, JSON and a plot; bad options are refused with a clear message.
+set -euo pipefail
+bin=${KVL_BIN:?KVL_BIN not set}
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+
+"$bin" bench --size 16M --block-size 16K,1M --iters 3 --warmup 1 --verify \
+    --csv "$tmp/b.csv" --json "$tmp/b.json" --plot "$tmp/b.png" | tee "$tmp/out"
+grep -q '^shm .*yes$' "$tmp/out"
+[ "$(wc -l <"$tmp/b.csv")" -eq 3 ]
+grep -q '^shm,write,contiguous,16384,' "$tmp/b.csv"
+python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); assert len(d["rows"])==2 and all(r["verified"] for r in d["rows"])' "$tmp/b.json"
+if command -v gnuplot >/dev/null; then
+    [ -s "$tmp/b.png" ] && head -c 8 "$tmp/b.png" | od -c | grep -q 'P   N   G'
+fi
+
+# KV blocks of a model shape, strided and plain, READ, two threads, batches
+"$bin" bench --size 32M --model llama3-8b --pattern strided --threads 2 --batch 2 --iters 2 --verify | tee "$tmp/out"
+grep -q '^shm .*strided .*32768 .*yes$' "$tmp/out"
+"$bin" bench --size 16M --model qwen2.5-7b --op read --iters 2 --verify --shareable | tee "$tmp/out"
+grep -q '^shm .*kv .*16384 .*mmap .*yes$' "$tmp/out"
+
+# refusals
+if "$bin" bench --pattern zigzag 2>"$tmp/err"; then exit 1; fi
+grep -q 'takes contiguous, kv or strided' "$tmp/err"
+if "$bin" bench --model gpt-9 2>"$tmp/err"; then exit 1; fi
+grep -q "unknown model 'gpt-9'" "$tmp/err"
+echo "bench: ok"
