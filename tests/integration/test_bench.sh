@@ -22,6 +22,15 @@ grep -q '^shm .*strided .*32768 .*yes$' "$tmp/out"
 "$bin" bench --size 16M --model qwen2.5-7b --op read --iters 2 --verify --shareable | tee "$tmp/out"
 grep -q '^shm .*kv .*16384 .*mmap .*yes$' "$tmp/out"
 
+# a remote target served through the agent listener (tcp)
+port=$((20000 + RANDOM % 20000))
+"$bin" bench --serve "127.0.0.1:$port" --size 16M --backend tcp >"$tmp/serve" 2>&1 &
+srv=$!
+for _ in $(seq 50); do grep -q serving "$tmp/serve" && break; sleep 0.1; done
+"$bin" bench --target "127.0.0.1:$port" --backend tcp --size 16M --block-size 256K --iters 2 --verify | tee "$tmp/out"
+kill "$srv"; wait "$srv" 2>/dev/null || true
+grep -q '^tcp .*262144 .*yes$' "$tmp/out"
+
 # refusals
 if "$bin" bench --pattern zigzag 2>"$tmp/err"; then exit 1; fi
 grep -q 'takes contiguous, kv or strided' "$tmp/err"
