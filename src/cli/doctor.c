@@ -521,6 +521,7 @@ static int kvl_smoke_one(const char *backend, kvl_mem_kind_t mem, int32_t dev, u
                               .create_backends = "", .timeout_ms = 5000};
     kvl_agent_t *a = NULL, *b = NULL;
     void *src = NULL, *dst = NULL;
+    unsigned char *host = NULL;
     int rc = KVL_FAIL;
     kvl_dlist_t *l = NULL, *r = NULL;
     kvl_xfer_t *x = NULL;
@@ -532,31 +533,51 @@ static int kvl_smoke_one(const char *backend, kvl_mem_kind_t mem, int32_t dev, u
     if (kvl_backend_create(a, backend, NULL, 0, NULL) || kvl_backend_create(b, backend, NULL, 0, NULL))
         goto out;
     step = "allocate";
-    if (mem != KVL_MEM_DRAM) {
-        snprintf(what, sizeof(what), "%s memory smoke test needs the cuda backend's allocator",
-                 kvl_mem_kind_name(mem));
-        goto out;
-    }
-    src = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (src == MAP_FAILED) {
-        src = NULL;
-        snprintf(what, sizeof(what), "mmap(%" PRIu64 ") failed: %s", size, strerror(errno));
-        goto out;
-    }
-    if (shareable) {
-        if (kvl_mem_alloc(b, size, &dst))
+    if (mem == KVL_MEM_VRAM) {
+        /* what the engine will register: GPU memory on --device */
+        uint64_t gs = 0, gd = 0;
+        if (kvl_cli_gpu_alloc(dev, size, &gs, what, sizeof(what)) != 0 ||
+            kvl_cli_gpu_alloc(dev, size, &gd, what, sizeof(what)) != 0) {
+            if (gs)
+                kvl_cli_gpu_free(dev, gs);
+            goto out;
+        }
+        src = (void *)(uintptr_t)gs;
+        dst = (void *)(uintptr_t)gd;
+        host = malloc(size);
+        if (host == NULL) {
+            snprintf(what, sizeof(what), "malloc(%" PRIu64 ") for the pattern failed", size);
+            goto out;
+        }
+        for (uint64_t i = 0; i < size; i++)
+            host[i] = (unsigned char)(i * 13 + 7);
+        if (kvl_cli_gpu_copy(dev, 1, gs, host, size, what, sizeof(what)) != 0)
+            goto out;
+        memset(host, 0, size);
+        if (kvl_cli_gpu_copy(dev, 1, gd, host, size, what, sizeof(what)) != 0)
             goto out;
     } else {
-        dst = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-        if (dst == MAP_FAILED) {
-            dst = NULL;
+        src = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (src == MAP_FAILED) {
+            src = NULL;
             snprintf(what, sizeof(what), "mmap(%" PRIu64 ") failed: %s", size, strerror(errno));
             goto out;
         }
+        if (shareable) {
+            if (kvl_mem_alloc(b, size, &dst))
+                goto out;
+        } else {
+            dst = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+            if (dst == MAP_FAILED) {
+                dst = NULL;
+                snprintf(what, sizeof(what), "mmap(%" PRIu64 ") failed: %s", size, strerror(errno));
+                goto out;
+            }
+        }
+        for (uint64_t i = 0; i < size; i++)
+            ((unsigned char *)src)[i] = (unsigned char)(i * 13 + 7);
+        memset(dst, 0, size);
     }
-    for (uint64_t i = 0; i < size; i++)
-        ((unsigned char *)src)[i] = (unsigned char)(i * 13 + 7);
-    memset(dst, 0, size);
     kvl_mem_desc_t ds = {(uint64_t)(uintptr_t)src, size, dev}, dd = {(uint64_t)(uintptr_t)dst, size, dev};
     step = "kvl_mem_register";
     if (kvl_mem_register(a, &ds, 1, NULL, NULL) || kvl_mem_register(b, &dd, 1, NULL, NULL))
@@ -586,7 +607,15 @@ static int kvl_smoke_one(const char *backend, kvl_mem_kind_t mem, int32_t dev, u
     if (st)
         goto out;
     step = "verify";
-    if (memcmp(src, dst, size) != 0) {
+    if (mem == KVL_MEM_VRAM) {
+        if (kvl_cli_gpu_copy(dev, 0, (uint64_t)(uintptr_t)dst, host, size, what, sizeof(what)) != 0)
+            goto out;
+        for (uint64_t i = 0; i < size; i++)
+            if (host[i] != (unsigned char)(i * 13 + 7)) {
+                snprintf(what, sizeof(what), "byte %" PRIu64 " of the GPU buffer that arrived differs", i);
+                goto out;
+            }
+    } else if (memcmp(src, dst, size) != 0) {
         snprintf(what, sizeof(what), "the bytes that arrived differ from the bytes sent");
         goto out;
     }
@@ -615,11 +644,17 @@ out:
     kvl_dlist_destroy(l);
     kvl_dlist_destroy(r);
     kvl_agent_destroy(a);
-    if (dst && !shareable)
-        munmap(dst, size);
     kvl_agent_destroy(b); /* frees the shareable allocation */
-    if (src)
-        munmap(src, size);
+    if (mem == KVL_MEM_VRAM) {
+        kvl_cli_gpu_free(dev, (uint64_t)(uintptr_t)src);
+        kvl_cli_gpu_free(dev, (uint64_t)(uintptr_t)dst);
+    } else {
+        if (dst && !shareable)
+            munmap(dst, size);
+        if (src)
+            munmap(src, size);
+    }
+    free(host);
     return rc;
 }
 
@@ -633,6 +668,8 @@ static void kvl_smoke(kvl_mem_kind_t mem, int32_t dev, uint64_t size, const char
             continue;
         if (mem == KVL_MEM_DRAM && strcmp(*n, "cuda") == 0)
             continue; /* cuda's smoke test needs VRAM */
+        if (mem == KVL_MEM_VRAM && strcmp(*n, "cuda") != 0)
+            continue; /* ucx's GPU support is its probe's to report */
         kvl_smoke_one(*n, mem, dev, size, 0);
         if (mem == KVL_MEM_DRAM && strcmp(*n, "shm") == 0)
             kvl_smoke_one(*n, mem, dev, size, 1);
