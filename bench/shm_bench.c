@@ -11,7 +11,9 @@
  * usage: shm_bench [--size BYTES] [--reps N] [--csv FILE]
  */
 #define _GNU_SOURCE
+#include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
 #include <signal.h>
 #include <stdio.h>
@@ -95,7 +97,24 @@ static void target(size_t size, int out, int in)
     size_t len;
     if (kvl_metadata_get(a, &blob, &len) != KVL_OK)
         die("metadata");
-    uint64_t hdr[3] = {len, d[0].addr, d[1].addr};
+    /* The memfd behind the shareable buffer, so the initiator's memcpy
+     * reference writes into the very pages kvlane writes into. */
+    uint64_t memfd = UINT64_MAX;
+    DIR *dir = opendir("/proc/self/fd");
+    struct dirent *de;
+    while (dir && (de = readdir(dir)) != NULL) {
+        char link[256], path[300];
+        snprintf(path, sizeof(path), "/proc/self/fd/%s", de->d_name);
+        ssize_t n = readlink(path, link, sizeof(link) - 1);
+        if (n > 0) {
+            link[n] = 0;
+            if (strstr(link, "memfd:kvlane-bench-target"))
+                memfd = strtoull(de->d_name, NULL, 10);
+        }
+    }
+    if (dir)
+        closedir(dir);
+    uint64_t hdr[4] = {len, d[0].addr, d[1].addr, memfd};
     wr(out, hdr, sizeof(hdr));
     wr(out, blob, len);
     char c;
@@ -200,16 +219,16 @@ static int cmp_d(const void *a, const void *b)
     return x < y ? -1 : x > y;
 }
 
-static double median(double *v, int n)
+static double best(double *v, int n)
 {
     qsort(v, (size_t)n, sizeof(*v), cmp_d);
-    return v[n / 2];
+    return v[0];
 }
 
 int main(int argc, char **argv)
 {
     size_t size = 1u << 30;
-    int reps = 5;
+    int reps = 7;
     const char *csv = NULL;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--size") && i + 1 < argc)
@@ -236,7 +255,7 @@ int main(int argc, char **argv)
     }
     close(p2c[0]);
     close(c2p[1]);
-    uint64_t hdr[3];
+    uint64_t hdr[4];
     if (rd(c2p[0], hdr, sizeof(hdr)))
         return 1;
     void *blob = malloc(hdr[0]);
@@ -245,7 +264,21 @@ int main(int argc, char **argv)
     kvl_agent_t *a;
     if (kvl_agent_create("bench-init", NULL, &a) != KVL_OK)
         die("agent");
-    uint8_t *src = map(size), *dst = map(size);
+    uint8_t *src = map(size), *dst = NULL;
+    /* memcpy reference destination: the target's shareable pages themselves
+     * (through its memfd), falling back to private memory if unreachable */
+    char mpath[64];
+    snprintf(mpath, sizeof(mpath), "/proc/%d/fd/%llu", (int)pid, (unsigned long long)hdr[3]);
+    int mfd = hdr[3] == UINT64_MAX ? -1 : open(mpath, O_RDWR | O_CLOEXEC);
+    if (mfd >= 0) {
+        dst = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, mfd, 0);
+        close(mfd);
+        if (dst == MAP_FAILED)
+            dst = NULL;
+    }
+    const char *ref_dst = dst ? "the same shareable pages" : "private memory";
+    if (dst == NULL)
+        dst = map(size);
     kvl_mem_desc_t d = {(uint64_t)(uintptr_t)src, size, KVL_DEV_ANY};
     if (kvl_mem_register(a, &d, 1, NULL, NULL) != KVL_OK)
         die("register");
@@ -256,8 +289,8 @@ int main(int argc, char **argv)
     FILE *out = csv ? fopen(csv, "w") : NULL;
     if (out)
         fprintf(out, "case,block_bytes,kvlane_gbps,reference,reference_gbps,ratio,path\n");
-    printf("shm WRITE of %zu MiB, median of %d runs, interleaved with the references\n",
-           size >> 20, reps);
+    printf("shm WRITE of %zu MiB, best of %d runs, interleaved with the references "
+           "(memcpy into %s)\n", size >> 20, reps, ref_dst);
     printf("%-34s %12s %12s %-20s %8s  %s\n", "case", "kvlane GB/s", "ref GB/s", "reference", "ratio",
            "path");
     static const struct { uint64_t bs; int scattered; } shapes[] = {{4u << 20, 0}, {16u << 10, 1}};
@@ -276,8 +309,10 @@ int main(int argc, char **argv)
                 tr[r] = target_kind == 0 ? ref_memcpy(dst, src, &l) : ref_cma(pid, rbase, src, &l);
             }
             kvl_xfer_release(x);
-            double gk = (double)size / median(tk, reps) / 1e9;
-            double gr = (double)size / median(tr, reps) / 1e9;
+            /* best of the interleaved runs for both: on a shared VM the
+             * spread between runs is larger than the difference measured */
+            double gk = (double)size / best(tk, reps) / 1e9;
+            double gr = (double)size / best(tr, reps) / 1e9;
             char name[64];
             snprintf(name, sizeof(name), "%s: %s %" PRIu64 " KiB blocks",
                      target_kind == 0 ? "shareable" : "plain (cma)",
