@@ -186,6 +186,21 @@ static void row(const char *name, uint64_t bytes, double tk, double tr, double t
     printf("| %-36s | %5.2f | %11.1f | %10.1f | %5.1f%% | >= %2.0f%% %-4s | %8.1f | %s |\n", name,
            (double)bytes / GIB, gk, gr, 100.0 * gk / gr, target_pct,
            100.0 * gk / gr >= target_pct ? "ok" : "MISS", post_us, path);
+    /* rows for bench/compare: claim,kvlane GB/s,reference,reference GB/s,ratio,target */
+    const char *csv = getenv("KVL_COMPARE_CSV");
+    FILE *f = csv && csv[0] ? fopen(csv, "a") : NULL;
+    if (f != NULL) {
+        char claim[96];
+        snprintf(claim, sizeof(claim), "%s", name);
+        for (char *c = claim; *c; c++)
+            if (*c == ',')
+                *c = ';';
+        if (ftell(f) == 0)
+            fprintf(f, "claim,kvlane_gbps,reference,reference_gbps,ratio,target\n");
+        fprintf(f, "%s,%.1f,plain CUDA copy,%.1f,%.3f,%.2f\n", claim, gk, gr, gk / gr,
+                target_pct / 100.0);
+        fclose(f);
+    }
 }
 
 static void initiator(int fd)
@@ -213,6 +228,7 @@ static void initiator(int fd)
     memset(pinned, 0, GIB);
     CU(cu.StreamCreate(&s, 1));
     reg(a, src, 2 * GIB, KVL_MEM_VRAM);
+    reg(a, ref, 2 * GIB, KVL_MEM_VRAM); /* the READ-back check lands here */
     blob = rcv(fd, &bl);
     OK(kvl_metadata_load(a, blob, bl, nm, sizeof(nm)));
     free(blob);

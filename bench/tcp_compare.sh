@@ -47,8 +47,15 @@ print()
 print("| measurement (1 GiB, loopback) | GB/s (median) | ratio | target |")
 print("|---|---|---|---|")
 print("| iperf3 -n 1G, 1 stream | %.2f | 1.00 | |" % mi)
+import os
+csv = os.environ.get("KVL_COMPARE_CSV")
+rows = []
 for name, v, t in (("kvlane tcp WRITE, 1 MiB blocks", m, 0.90), ("kvlane tcp WRITE, 64 KiB blocks", k, 0.70)):
     mv = statistics.median(v)
     r = mv / mi if mi else 0
     print("| %s | %.2f | %.2f | >= %.2f %s |" % (name, mv, r, t, "ok" if r >= t else "MISSED"))
+    rows.append("%s,%.3f,iperf3 1 stream,%.3f,%.3f,%.2f" % (name.replace("kvlane tcp ", "1 GiB ").replace(",", ";"), mv, mi, r, t))
+if csv:
+    with open(csv, "w") as f:
+        f.write("claim,kvlane_gbps,reference,reference_gbps,ratio,target\n" + "\n".join(rows) + "\n")
 PY
