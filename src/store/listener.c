@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+#include "common/errname.h"
 #include "backends/tcp/tcp_auth.h"
 #include "backends/tcp/tcp_sock.h"
 #include "listener.h"
@@ -288,7 +289,7 @@ kvl_status_t kvl_agent_listen(kvl_agent_t *a, const char *host, uint16_t port, c
             close(fd);
         pthread_mutex_unlock(&l->lock);
         kvli_err(&err, KVL_ERR_SYSTEM, e, "listener socket/bind/listen(%s) = -1 %s (%s)", addr,
-                 kvli_tcp_errno_name(e), strerror(e));
+                 kvli_errno_name(e), strerror(e));
         kvli_hint(&err, e == EADDRINUSE ? "another process listens on that port: pass port 0 "
                                           "to pick a free one"
                         : e == EADDRNOTAVAIL ? "that address is not an address of this host"
@@ -314,7 +315,7 @@ kvl_status_t kvl_agent_listen(kvl_agent_t *a, const char *host, uint16_t port, c
         l->listen_fd = -1;
         pthread_mutex_unlock(&l->lock);
         kvli_err(&err, KVL_ERR_SYSTEM, e, "listener: pthread_create(accept thread) = %s (%s)",
-                 kvli_tcp_errno_name(e), strerror(e));
+                 kvli_errno_name(e), strerror(e));
         kvli_hint(&err, "check the thread limit (ulimit -u, pids cgroup)");
         return kvli_fail(a, &err);
     }

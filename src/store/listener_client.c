@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+#include "common/errname.h"
 #include "backends/tcp/tcp_auth.h"
 #include "backends/tcp/tcp_sock.h"
 #include "listener.h"
@@ -51,7 +52,7 @@ kvl_status_t kvli_listener_call(kvl_agent_t *a, const char *hp, uint32_t type, c
     fd = kvli_tcp_connect((struct sockaddr *)&ss, sl, a->timeout_ms, &e);
     if (fd < 0) {
         kvli_err(err, KVL_ERR_REMOTE_DISCONNECT, e, "connect(%.200s) to the agent listener = -1 "
-                 "%s (%s)", hp, kvli_tcp_errno_name(e), strerror(e));
+                 "%s (%s)", hp, kvli_errno_name(e), strerror(e));
         kvli_hint(err, e == ECONNREFUSED
                   ? "no agent listens there (not started, exited, or another port: see what "
                     "kvl_agent_listen() returned)"

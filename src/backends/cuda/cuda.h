@@ -479,6 +479,5 @@ void kvli_cuda_xfer_devres_fini(kvli_cuda_iface_t *iface);
 
 /* ---- cuda_iface.c ---- */
 void kvli_cuda_iface_wake(kvli_cuda_iface_t *iface);
-const char *kvli_cuda_errno_name(int e);
 
 #endif

@@ -20,6 +20,7 @@
 #include <time.h>
 #include <unistd.h>
 #include <sys/socket.h>
+#include "common/errname.h"
 #include "cuda.h"
 
 #define KVLI_CUDA_CONN_FIXED 68u
@@ -143,7 +144,7 @@ static const char *kvli_cuda_io_text(int rc, char *buf, size_t cap)
     else if (rc == EAGAIN || rc == EWOULDBLOCK)
         snprintf(buf, cap, "no answer within the timeout (EAGAIN)");
     else
-        snprintf(buf, cap, "%s (%s)", kvli_cuda_errno_name(rc), strerror(rc));
+        snprintf(buf, cap, "%s (%s)", kvli_errno_name(rc), strerror(rc));
     return buf;
 }
 
@@ -175,7 +176,7 @@ kvl_status_t kvli_cuda_chan_listen(kvli_cuda_iface_t *iface, kvl_error_t *err)
     if (iface->listen_fd < 0) {
         e = errno;
         kvl_bk_error_set(err, KVL_ERR_SYSTEM, e, KVLI_CUDA_NAME, -1,
-                         "socket(AF_UNIX, SOCK_STREAM) = -1 %s (%s)", kvli_cuda_errno_name(e),
+                         "socket(AF_UNIX, SOCK_STREAM) = -1 %s (%s)", kvli_errno_name(e),
                          strerror(e));
         kvl_bk_error_hint(err, "check the process's open-file limit (ulimit -n)");
         return KVL_ERR_SYSTEM;
@@ -185,7 +186,7 @@ kvl_status_t kvli_cuda_chan_listen(kvli_cuda_iface_t *iface, kvl_error_t *err)
         e = errno;
         kvl_bk_error_set(err, KVL_ERR_SYSTEM, e, KVLI_CUDA_NAME, -1,
                          "bind/listen(@%s) = -1 %s (%s)", iface->sock_name,
-                         kvli_cuda_errno_name(e), strerror(e));
+                         kvli_errno_name(e), strerror(e));
         kvl_bk_error_hint(err, e == EADDRINUSE ? "create one cuda backend per agent"
                                                : "check the kernel's socket limits");
         close(iface->listen_fd);
@@ -298,7 +299,7 @@ kvl_status_t kvli_cuda_chan_peer_load(void *bk, const char *name, uint64_t incar
                                                                : KVL_ERR_SYSTEM,
                          e, KVLI_CUDA_NAME, -1,
                          "connect(%s) to agent '%s' (pid %u) = -1 %s (%s)", p->sock_desc, name,
-                         pid, kvli_cuda_errno_name(e), strerror(e));
+                         pid, kvli_errno_name(e), strerror(e));
         kvl_bk_error_hint(err, "the peer exited or closed its cuda backend, or runs in another "
                           "network namespace; fetch its metadata again once it is up");
         goto fail;
@@ -516,7 +517,7 @@ void kvli_cuda_chan_accept(kvli_cuda_iface_t *iface)
             int e = errno;
             if (e != EAGAIN && e != EWOULDBLOCK && e != EINTR)
                 iface->ctx->log(iface->ctx, KVL_LOG_WARN, "accept4(@%s) = -1 %s (%s)",
-                                iface->sock_name, kvli_cuda_errno_name(e), strerror(e));
+                                iface->sock_name, kvli_errno_name(e), strerror(e));
             return;
         }
         c = calloc(1, sizeof(*c));

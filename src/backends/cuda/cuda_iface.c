@@ -13,6 +13,7 @@
 #include <unistd.h>
 #include <sys/eventfd.h>
 #include <sys/prctl.h>
+#include "common/errname.h"
 #include "cuda.h"
 
 #define KVLI_CUDA_SCRATCH (KVL_NOTIF_MAX + 4096)
@@ -24,28 +25,6 @@ static const kvl_param_t kvli_cuda_params[] = {
     {NULL, NULL}
 };
 
-const char *kvli_cuda_errno_name(int e)
-{
-    switch (e) {
-    case EPERM: return "EPERM";
-    case ENOENT: return "ENOENT";
-    case EINTR: return "EINTR";
-    case EBADF: return "EBADF";
-    case EAGAIN: return "EAGAIN";
-    case ENOMEM: return "ENOMEM";
-    case EACCES: return "EACCES";
-    case EINVAL: return "EINVAL";
-    case EMFILE: return "EMFILE";
-    case ENFILE: return "ENFILE";
-    case EPIPE: return "EPIPE";
-    case ECONNRESET: return "ECONNRESET";
-    case ECONNREFUSED: return "ECONNREFUSED";
-    case ETIMEDOUT: return "ETIMEDOUT";
-    case EADDRINUSE: return "EADDRINUSE";
-    case EPROTO: return "EPROTO";
-    default: return "errno";
-    }
-}
 
 void kvli_cuda_iface_wake(kvli_cuda_iface_t *iface)
 {
@@ -113,7 +92,7 @@ static void *kvli_cuda_progress_main(void *arg)
         if (ppoll(pfd, (nfds_t)n, live ? &ts : NULL, NULL) < 0 && errno != EINTR) {
             int e = errno;
             iface->ctx->log(iface->ctx, KVL_LOG_ERROR, "ppoll() = -1 %s (%s)",
-                            kvli_cuda_errno_name(e), strerror(e));
+                            kvli_errno_name(e), strerror(e));
             poll(NULL, 0, 1);
             continue;
         }
@@ -278,7 +257,7 @@ static kvl_status_t kvli_cuda_open(kvl_bk_ctx_t *ctx, const kvl_param_t *params,
     if (e != 0) {
         kvl_bk_error_set(err, KVL_ERR_SYSTEM, e, KVLI_CUDA_NAME, -1,
                          "reading /proc/sys/kernel/random/boot_id failed: %s (%s)",
-                         kvli_cuda_errno_name(e), strerror(e));
+                         kvli_errno_name(e), strerror(e));
         kvl_bk_error_hint(err, "mount /proc (the cuda backend compares boot ids to be sure "
                           "both agents share one machine)");
         free(iface);
@@ -303,7 +282,7 @@ static kvl_status_t kvli_cuda_open(kvl_bk_ctx_t *ctx, const kvl_param_t *params,
         e = errno;
         kvl_bk_error_set(err, KVL_ERR_SYSTEM, e, KVLI_CUDA_NAME, -1,
                          "eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK) = -1 %s (%s)",
-                         kvli_cuda_errno_name(e), strerror(e));
+                         kvli_errno_name(e), strerror(e));
         kvl_bk_error_hint(err, "check the process's open-file limit (ulimit -n)");
         st = KVL_ERR_SYSTEM;
         goto fail;
@@ -314,7 +293,7 @@ static kvl_status_t kvli_cuda_open(kvl_bk_ctx_t *ctx, const kvl_param_t *params,
     e = pthread_create(&iface->progress, NULL, kvli_cuda_progress_main, iface);
     if (e != 0) {
         kvl_bk_error_set(err, KVL_ERR_SYSTEM, e, KVLI_CUDA_NAME, -1,
-                         "pthread_create(progress thread) = %s (%s)", kvli_cuda_errno_name(e),
+                         "pthread_create(progress thread) = %s (%s)", kvli_errno_name(e),
                          strerror(e));
         kvl_bk_error_hint(err, "check the thread limit (ulimit -u, pids cgroup)");
         st = KVL_ERR_SYSTEM;

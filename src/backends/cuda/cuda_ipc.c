@@ -20,6 +20,7 @@
 #include <unistd.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include "common/errname.h"
 #include "cuda.h"
 
 static kvl_status_t kvli_cuda_key_bad(kvl_error_t *err, kvli_cuda_peer_t *peer,
@@ -298,7 +299,7 @@ static void kvli_cuda_map_host(kvli_cuda_rh_t *rh, uint64_t id, uint64_t off, ui
         if (base == MAP_FAILED) {
             int en = errno;
             kvli_cuda_rh_unreachable(rh, "mmap(%" PRIu64 " bytes, memfd of agent '%s') = -1 "
-                                     "%s (%s)", size, peer->name, kvli_cuda_errno_name(en),
+                                     "%s (%s)", size, peer->name, kvli_errno_name(en),
                                      strerror(en));
             return;
         }

@@ -209,7 +209,6 @@ struct kvli_shm_iface {
 void kvli_shm_iface_wake(kvli_shm_iface_t *iface);
 uint64_t kvli_shm_now_ms(void);
 void kvli_shm_deadline(struct timespec *ts, uint64_t ms);
-const char *kvli_shm_errno_name(int e);
 int kvli_shm_sock_set_timeouts(int fd, uint64_t ms);
 
 /* shm_peer.c */

@@ -14,6 +14,7 @@
 #include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include "common/errname.h"
 #include "shm.h"
 #include "shm_proto.h"
 
@@ -46,39 +47,6 @@ void kvli_shm_deadline(struct timespec *ts, uint64_t ms)
     }
 }
 
-const char *kvli_shm_errno_name(int e)
-{
-    switch (e) {
-    case EPERM: return "EPERM";
-    case ENOENT: return "ENOENT";
-    case ESRCH: return "ESRCH";
-    case EINTR: return "EINTR";
-    case EIO: return "EIO";
-    case EBADF: return "EBADF";
-    case EAGAIN: return "EAGAIN";
-    case ENOMEM: return "ENOMEM";
-    case EACCES: return "EACCES";
-    case EFAULT: return "EFAULT";
-    case EBUSY: return "EBUSY";
-    case EEXIST: return "EEXIST";
-    case EINVAL: return "EINVAL";
-    case EMFILE: return "EMFILE";
-    case ENFILE: return "ENFILE";
-    case ENOSPC: return "ENOSPC";
-    case EPIPE: return "EPIPE";
-    case ENAMETOOLONG: return "ENAMETOOLONG";
-    case ENOSYS: return "ENOSYS";
-    case ENOTSOCK: return "ENOTSOCK";
-    case EADDRINUSE: return "EADDRINUSE";
-    case ECONNRESET: return "ECONNRESET";
-    case ECONNREFUSED: return "ECONNREFUSED";
-    case ETIMEDOUT: return "ETIMEDOUT";
-    case ENODEV: return "ENODEV";
-    case ENXIO: return "ENXIO";
-    case EOVERFLOW: return "EOVERFLOW";
-    default: return "errno";
-    }
-}
 
 int kvli_shm_sock_set_timeouts(int fd, uint64_t ms)
 {
@@ -108,7 +76,7 @@ static kvl_status_t kvli_shm_read_boot_id(char *buf, size_t cap, kvl_error_t *er
         int e = errno;
         kvl_bk_error_set(err, KVL_ERR_SYSTEM, e, KVLI_SHM_NAME, -1,
                          "open(%s) = -1 %s (%s): cannot tell which host this is",
-                         path, kvli_shm_errno_name(e), strerror(e));
+                         path, kvli_errno_name(e), strerror(e));
         kvl_bk_error_hint(err, "mount /proc (the shm backend compares boot ids to "
                           "be sure both agents share one machine)");
         return KVL_ERR_SYSTEM;
@@ -131,7 +99,7 @@ static kvl_status_t kvli_shm_ns_ino(const char *path, uint64_t *ino_p, kvl_error
     if (stat(path, &st) != 0) {
         int e = errno;
         kvl_bk_error_set(err, KVL_ERR_SYSTEM, e, KVLI_SHM_NAME, -1,
-                         "stat(%s) = -1 %s (%s)", path, kvli_shm_errno_name(e),
+                         "stat(%s) = -1 %s (%s)", path, kvli_errno_name(e),
                          strerror(e));
         kvl_bk_error_hint(err, "mount /proc; the shm backend checks that both "
                           "agents share pid and network namespaces");
@@ -217,7 +185,7 @@ static void kvli_shm_conn_flush(kvli_shm_iface_t *iface, kvli_shm_conn_t *c)
             iface->ctx->log(iface->ctx, KVL_LOG_INFO,
                             "sendmsg() to agent '%s' (pid %d) = -1 %s (%s); "
                             "dropping the connection", c->name, (int)c->cred_pid,
-                            kvli_shm_errno_name(e), strerror(e));
+                            kvli_errno_name(e), strerror(e));
             c->closing = 1;
             return;
         }
@@ -303,7 +271,7 @@ static void kvli_shm_conn_io_error(kvli_shm_iface_t *iface, kvli_shm_conn_t *c,
         iface->ctx->log(iface->ctx, KVL_LOG_INFO,
                         "recvmsg() from agent '%s' (pid %d) during %s = -1 %s (%s); "
                         "dropping the connection", c->name, (int)c->cred_pid, what,
-                        kvli_shm_errno_name(rc), strerror(rc));
+                        kvli_errno_name(rc), strerror(rc));
     c->closing = 1;
 }
 
@@ -409,7 +377,7 @@ static void kvli_shm_conn_fdreq(kvli_shm_iface_t *iface, kvli_shm_conn_t *c,
     if (fd < 0) {
         int e = errno;
         snprintf(text, sizeof(text), "agent '%s': fcntl(F_DUPFD_CLOEXEC) = -1 %s (%s)",
-                 iface->ctx->agent_name, kvli_shm_errno_name(e), strerror(e));
+                 iface->ctx->agent_name, kvli_errno_name(e), strerror(e));
         kvli_shm_conn_push(iface, c, kvli_shm_reply_new(KVLI_SHM_MSG_FD_REPLY, h->id,
                                                         KVL_ERR_SYSTEM, text, 0));
         return;
@@ -617,7 +585,7 @@ static void kvli_shm_accept(kvli_shm_iface_t *iface)
             if (e != EAGAIN && e != EWOULDBLOCK && e != EINTR)
                 iface->ctx->log(iface->ctx, KVL_LOG_WARN,
                                 "accept4(%s) = -1 %s (%s)", iface->sock_name,
-                                kvli_shm_errno_name(e), strerror(e));
+                                kvli_errno_name(e), strerror(e));
             return;
         }
         c = calloc(1, sizeof(*c));
@@ -709,7 +677,7 @@ static void *kvli_shm_progress_main(void *arg)
         if (poll(pfd, (nfds_t)n, -1) < 0 && errno != EINTR) {
             int e = errno;
             iface->ctx->log(iface->ctx, KVL_LOG_ERROR, "poll() = -1 %s (%s)",
-                            kvli_shm_errno_name(e), strerror(e));
+                            kvli_errno_name(e), strerror(e));
             poll(NULL, 0, 10);
             continue;
         }
@@ -762,7 +730,7 @@ static kvl_status_t kvli_shm_available(char *reason, size_t len)
         int e = errno;
         if (reason != NULL && len > 0)
             snprintf(reason, len, "socket(AF_UNIX, SOCK_STREAM) = -1 %s (%s)",
-                     kvli_shm_errno_name(e), strerror(e));
+                     kvli_errno_name(e), strerror(e));
         return KVL_ERR_UNSUPPORTED;
     }
     close(fd);
@@ -840,7 +808,7 @@ static kvl_status_t kvli_shm_listen(kvli_shm_iface_t *iface, const char *dir,
         e = errno;
         kvl_bk_error_set(err, KVL_ERR_SYSTEM, e, KVLI_SHM_NAME, -1,
                          "socket(AF_UNIX, SOCK_STREAM) = -1 %s (%s)",
-                         kvli_shm_errno_name(e), strerror(e));
+                         kvli_errno_name(e), strerror(e));
         kvl_bk_error_hint(err, "check the process's open-file limit (ulimit -n)");
         return KVL_ERR_SYSTEM;
     }
@@ -848,7 +816,7 @@ static kvl_status_t kvli_shm_listen(kvli_shm_iface_t *iface, const char *dir,
         e = errno;
         kvl_bk_error_set(err, KVL_ERR_SYSTEM, e, KVLI_SHM_NAME, -1,
                          "bind(%s%s) = -1 %s (%s)", iface->abstract ? "@" : "",
-                         iface->sock_name, kvli_shm_errno_name(e), strerror(e));
+                         iface->sock_name, kvli_errno_name(e), strerror(e));
         kvl_bk_error_hint(err, e == EADDRINUSE
                           ? "an shm backend of this agent already listens there: "
                             "create one shm backend per agent"
@@ -860,7 +828,7 @@ static kvl_status_t kvli_shm_listen(kvli_shm_iface_t *iface, const char *dir,
         e = errno;
         kvl_bk_error_set(err, KVL_ERR_SYSTEM, e, KVLI_SHM_NAME, -1,
                          "listen(%s%s) = -1 %s (%s)", iface->abstract ? "@" : "",
-                         iface->sock_name, kvli_shm_errno_name(e), strerror(e));
+                         iface->sock_name, kvli_errno_name(e), strerror(e));
         kvl_bk_error_hint(err, "check the kernel's socket limits");
         goto err_unlink;
     }
@@ -946,7 +914,7 @@ static kvl_status_t kvli_shm_open(kvl_bk_ctx_t *ctx, const kvl_param_t *params,
         e = errno;
         kvl_bk_error_set(err, KVL_ERR_SYSTEM, e, KVLI_SHM_NAME, -1,
                          "eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK) = -1 %s (%s)",
-                         kvli_shm_errno_name(e), strerror(e));
+                         kvli_errno_name(e), strerror(e));
         kvl_bk_error_hint(err, "check the process's open-file limit (ulimit -n)");
         st = KVL_ERR_SYSTEM;
         goto err_close;
@@ -968,7 +936,7 @@ static kvl_status_t kvli_shm_open(kvl_bk_ctx_t *ctx, const kvl_param_t *params,
         if (e != 0) {
             kvl_bk_error_set(err, KVL_ERR_SYSTEM, e, KVLI_SHM_NAME, -1,
                              "pthread_create(copy worker %u) = %s (%s)", i,
-                             kvli_shm_errno_name(e), strerror(e));
+                             kvli_errno_name(e), strerror(e));
             kvl_bk_error_hint(err, "check the thread limit (ulimit -u, pids cgroup)");
             st = KVL_ERR_SYSTEM;
             goto err_close;
@@ -979,7 +947,7 @@ static kvl_status_t kvli_shm_open(kvl_bk_ctx_t *ctx, const kvl_param_t *params,
     if (e != 0) {
         kvl_bk_error_set(err, KVL_ERR_SYSTEM, e, KVLI_SHM_NAME, -1,
                          "pthread_create(progress thread) = %s (%s)",
-                         kvli_shm_errno_name(e), strerror(e));
+                         kvli_errno_name(e), strerror(e));
         kvl_bk_error_hint(err, "check the thread limit (ulimit -u, pids cgroup)");
         st = KVL_ERR_SYSTEM;
         goto err_close;

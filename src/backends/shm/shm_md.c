@@ -9,6 +9,7 @@
 #include <unistd.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include "common/errname.h"
 #include "shm.h"
 
 #define KVLI_SHM_KEY_MAGIC 0x52534c4bu      /* "KLSR" */
@@ -157,7 +158,7 @@ static kvl_status_t kvli_shm_map_get(kvli_shm_peer_t *peer, uint64_t shm_id,
         close(fd);
         kvl_bk_error_set(err, KVL_ERR_SYSTEM, e, KVLI_SHM_NAME, -1,
                          "fstat(memfd of agent '%s' allocation %" PRIu64 ") = -1 %s (%s)",
-                         peer->name, shm_id, kvli_shm_errno_name(e), strerror(e));
+                         peer->name, shm_id, kvli_errno_name(e), strerror(e));
         kvl_bk_error_hint(err, "unexpected; report it with the log");
         return KVL_ERR_SYSTEM;
     }
@@ -181,7 +182,7 @@ static kvl_status_t kvli_shm_map_get(kvli_shm_peer_t *peer, uint64_t shm_id,
         kvl_bk_error_set(err, KVL_ERR_SYSTEM, e, KVLI_SHM_NAME, -1,
                          "mmap(%" PRIu64 " bytes, MAP_SHARED, memfd of agent '%s' "
                          "allocation %" PRIu64 ") = -1 %s (%s)", size, peer->name, shm_id,
-                         kvli_shm_errno_name(e), strerror(e));
+                         kvli_errno_name(e), strerror(e));
         kvl_bk_error_hint(err, "check the address-space limit (ulimit -v) and "
                           "vm.max_map_count");
         return e == ENOMEM ? KVL_ERR_NO_MEMORY : KVL_ERR_SYSTEM;

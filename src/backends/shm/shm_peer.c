@@ -14,6 +14,7 @@
 #include <sys/socket.h>
 #include <sys/syscall.h>
 #include <sys/uio.h>
+#include "common/errname.h"
 #include "shm.h"
 #include "shm_proto.h"
 
@@ -115,7 +116,7 @@ static void kvli_shm_peer_io_dead(kvli_shm_peer_t *peer, const char *call, int r
                                 peer->iface->timeout_ms);
     else
         kvli_shm_peer_mark_dead(peer, rc, "%s = -1 %s (%s)", call,
-                                kvli_shm_errno_name(rc), strerror(rc));
+                                kvli_errno_name(rc), strerror(rc));
 }
 
 void kvli_shm_peer_req_add(kvli_shm_peer_t *peer, kvli_shm_req_t *req)
@@ -289,7 +290,7 @@ kvl_status_t kvli_shm_peer_send(kvli_shm_peer_t *peer, struct iovec *iov, int io
                                     peer->iface->timeout_ms);
         else
             kvli_shm_peer_mark_dead(peer, rc, "sendmsg() = -1 %s (%s)",
-                                    kvli_shm_errno_name(rc), strerror(rc));
+                                    kvli_errno_name(rc), strerror(rc));
         return kvli_shm_peer_disconnect_error(peer, 0, 0, err);
     }
     return KVL_OK;
@@ -430,7 +431,7 @@ static void kvli_shm_cma_explain(kvli_shm_peer_t *peer, int e, char *buf, size_t
     size_t o;
     int scope, cap;
     o = (size_t)snprintf(buf, len, "process_vm_readv(pid %d, 0x%" PRIx64 ", 8) = -1 %s (%s)",
-                         (int)peer->pid, peer->probe_addr, kvli_shm_errno_name(e),
+                         (int)peer->pid, peer->probe_addr, kvli_errno_name(e),
                          strerror(e));
     if (o >= len)
         return;
@@ -701,7 +702,7 @@ kvl_status_t kvli_shm_peer_load(void *bk, const char *name, uint64_t incarnation
         e = errno;
         kvl_bk_error_set(err, KVL_ERR_SYSTEM, e, KVLI_SHM_NAME, -1,
                          "socket(AF_UNIX, SOCK_STREAM) = -1 %s (%s)",
-                         kvli_shm_errno_name(e), strerror(e));
+                         kvli_errno_name(e), strerror(e));
         kvl_bk_error_hint(err, "check the process's open-file limit (ulimit -n)");
         st = KVL_ERR_SYSTEM;
         goto err_free;
@@ -713,7 +714,7 @@ kvl_status_t kvli_shm_peer_load(void *bk, const char *name, uint64_t incarnation
         kvl_bk_error_set(err, KVL_ERR_REMOTE_DISCONNECT, e, KVLI_SHM_NAME, -1,
                          "connect(%s) to agent '%s' (pid %d) = -1 %s (%s)",
                          peer->sock_desc, peer->name, (int)peer->pid,
-                         kvli_shm_errno_name(e), strerror(e));
+                         kvli_errno_name(e), strerror(e));
         if (err != NULL)
             snprintf(err->agent, sizeof(err->agent), "%s", peer->name);
         kvl_bk_error_hint(err, e == EAGAIN || e == ETIMEDOUT

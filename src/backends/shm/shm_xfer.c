@@ -11,6 +11,7 @@
 #include <string.h>
 #include <unistd.h>
 #include <sys/uio.h>
+#include "common/errname.h"
 #include "shm.h"
 #include "shm_proto.h"
 
@@ -226,7 +227,7 @@ static kvl_status_t kvli_shm_run_cma(kvli_shm_run_t *run, kvl_error_t *err)
                          "%s(pid %d, %lu iovecs, remote 0x%" PRIxPTR " local 0x%" PRIxPTR
                          ") = %zd %s (%s) after %" PRIu64 " of %" PRIu64 " bytes", call,
                          (int)run->peer->pid, cnt, (uintptr_t)r[first].iov_base,
-                         (uintptr_t)l[first].iov_base, got, kvli_shm_errno_name(e),
+                         (uintptr_t)l[first].iov_base, got, kvli_errno_name(e),
                          strerror(e), run->moved, run->x->total_bytes);
         if (err != NULL)
             snprintf(err->agent, sizeof(err->agent), "%s", run->peer->name);

@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+#include "common/errname.h"
 #include "tcp.h"
 
 /* ---- replies ---- */
@@ -118,7 +119,7 @@ static void kvli_tcp_conn_flush(kvli_tcp_iface_t *iface, kvli_tcp_conn_t *c)
                 continue;
             iface->ctx->log(iface->ctx, KVL_LOG_INFO, "sendmsg() to agent '%s' (%s) = -1 %s "
                             "(%s); dropping the connection", c->name, c->addr,
-                            kvli_tcp_errno_name(e), strerror(e));
+                            kvli_errno_name(e), strerror(e));
             kvli_tcp_conn_close(iface, c);
             return;
         }
@@ -150,7 +151,7 @@ void kvli_tcp_conn_accept(kvli_tcp_iface_t *iface)
             int e = errno;
             if (e != EAGAIN && e != EWOULDBLOCK && e != EINTR && e != ECONNABORTED)
                 iface->ctx->log(iface->ctx, KVL_LOG_WARN, "tcp accept4(%s) = -1 %s (%s)",
-                                iface->addr, kvli_tcp_errno_name(e), strerror(e));
+                                iface->addr, kvli_errno_name(e), strerror(e));
             return;
         }
         if (iface->nconns >= KVLI_TCP_CONNS_MAX) {
@@ -243,7 +244,7 @@ static int kvli_tcp_conn_recv(kvli_tcp_iface_t *iface, kvli_tcp_conn_t *c, uint8
         else
             iface->ctx->log(iface->ctx, KVL_LOG_INFO, "recv() from agent '%s' (%s) = -1 %s "
                             "(%s); dropping the connection", c->name, c->addr,
-                            kvli_tcp_errno_name(errno), strerror(errno));
+                            kvli_errno_name(errno), strerror(errno));
         kvli_tcp_conn_close(iface, c);
         return -1;
     }

@@ -13,6 +13,7 @@
 #include <string.h>
 #include <unistd.h>
 #include <sys/eventfd.h>
+#include "common/errname.h"
 #include "tcp.h"
 
 static const kvl_param_t kvli_tcp_params[] = {
@@ -150,7 +151,7 @@ static void *kvli_tcp_progress_main(void *arg)
         if (poll(pfd, (nfds_t)n, busy ? 50 : 1000) < 0 && errno != EINTR) {
             int e = errno;
             iface->ctx->log(iface->ctx, KVL_LOG_ERROR, "tcp: poll() = -1 %s (%s)",
-                            kvli_tcp_errno_name(e), strerror(e));
+                            kvli_errno_name(e), strerror(e));
             poll(NULL, 0, 10);
             continue;
         }
@@ -208,7 +209,7 @@ static kvl_status_t kvli_tcp_available(char *reason, size_t len)
         int e = errno;
         if (reason != NULL && len > 0)
             snprintf(reason, len, "socket(AF_INET, SOCK_STREAM) = -1 %s (%s)",
-                     kvli_tcp_errno_name(e), strerror(e));
+                     kvli_errno_name(e), strerror(e));
         return KVL_ERR_UNSUPPORTED;
     }
     close(fd);
@@ -296,7 +297,7 @@ static kvl_status_t kvli_tcp_listen(kvli_tcp_iface_t *iface, uint16_t port, kvl_
         kvl_bk_error_set(err, KVL_ERR_SYSTEM, e, KVLI_TCP_NAME, -1,
                          "socket(%s, SOCK_STREAM) = -1 %s (%s)",
                          iface->sa.ss_family == AF_INET6 ? "AF_INET6" : "AF_INET",
-                         kvli_tcp_errno_name(e), strerror(e));
+                         kvli_errno_name(e), strerror(e));
         kvl_bk_error_hint(err, "check the process's open-file limit (ulimit -n) and that the "
                           "network is available in this container");
         return KVL_ERR_SYSTEM;
@@ -307,7 +308,7 @@ static kvl_status_t kvli_tcp_listen(kvli_tcp_iface_t *iface, uint16_t port, kvl_
         listen(iface->listen_fd, 256) != 0) {
         e = errno;
         kvl_bk_error_set(err, KVL_ERR_SYSTEM, e, KVLI_TCP_NAME, -1,
-                         "tcp bind/listen(%s) = -1 %s (%s)", iface->addr, kvli_tcp_errno_name(e),
+                         "tcp bind/listen(%s) = -1 %s (%s)", iface->addr, kvli_errno_name(e),
                          strerror(e));
         kvl_bk_error_hint(err, e == EADDRINUSE
                           ? "another process listens on that port: use port=0 or another port"
@@ -404,7 +405,7 @@ static kvl_status_t kvli_tcp_open(kvl_bk_ctx_t *ctx, const kvl_param_t *params, 
         e = errno;
         kvl_bk_error_set(err, KVL_ERR_SYSTEM, e, KVLI_TCP_NAME, -1,
                          "tcp: eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK) = -1 %s (%s)",
-                         kvli_tcp_errno_name(e), strerror(e));
+                         kvli_errno_name(e), strerror(e));
         kvl_bk_error_hint(err, "check the process's open-file limit (ulimit -n)");
         st = KVL_ERR_SYSTEM;
         goto fail;
@@ -416,7 +417,7 @@ static kvl_status_t kvli_tcp_open(kvl_bk_ctx_t *ctx, const kvl_param_t *params, 
     if (e != 0) {
         kvl_bk_error_set(err, KVL_ERR_SYSTEM, e, KVLI_TCP_NAME, -1,
                          "tcp: pthread_create(progress thread) = %s (%s)",
-                         kvli_tcp_errno_name(e), strerror(e));
+                         kvli_errno_name(e), strerror(e));
         kvl_bk_error_hint(err, "check the thread limit (ulimit -u, pids cgroup)");
         st = KVL_ERR_SYSTEM;
         goto fail;

@@ -14,6 +14,7 @@
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
+#include "common/errname.h"
 #include "tcp.h"
 
 static kvl_status_t kvli_tcp_bad_meta(kvl_error_t *err, const char *name, const char *why)
@@ -143,7 +144,7 @@ static void kvli_tcp_peer_conn_error(kvli_tcp_peer_t *peer, int e, kvl_error_t *
 {
     kvl_bk_error_set(err, KVL_ERR_REMOTE_DISCONNECT, e, KVLI_TCP_NAME, -1,
                      "connect(%s) to agent '%s' = -1 %s (%s)", peer->addr, peer->name,
-                     kvli_tcp_errno_name(e), strerror(e));
+                     kvli_errno_name(e), strerror(e));
     if (err != NULL)
         snprintf(err->agent, sizeof(err->agent), "%s", peer->name);
     kvl_bk_error_hint(err, e == ECONNREFUSED
@@ -434,7 +435,7 @@ static void kvli_tcp_peer_io_dead(kvli_tcp_peer_t *peer, const char *call, ssize
     if (n == 0)
         kvli_tcp_peer_mark_dead(peer, ECONNRESET, "%s = 0 (connection closed by the peer)", call);
     else
-        kvli_tcp_peer_mark_dead(peer, e, "%s = -1 %s (%s)", call, kvli_tcp_errno_name(e),
+        kvli_tcp_peer_mark_dead(peer, e, "%s = -1 %s (%s)", call, kvli_errno_name(e),
                                 strerror(e));
 }
 

@@ -22,38 +22,6 @@ uint64_t kvli_tcp_now_ns(void)
     return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
 }
 
-const char *kvli_tcp_errno_name(int e)
-{
-    switch (e) {
-    case EPERM: return "EPERM";
-    case ENOENT: return "ENOENT";
-    case EINTR: return "EINTR";
-    case EIO: return "EIO";
-    case EBADF: return "EBADF";
-    case EAGAIN: return "EAGAIN";
-    case ENOMEM: return "ENOMEM";
-    case EACCES: return "EACCES";
-    case EFAULT: return "EFAULT";
-    case EINVAL: return "EINVAL";
-    case EMFILE: return "EMFILE";
-    case ENFILE: return "ENFILE";
-    case EPIPE: return "EPIPE";
-    case EPROTO: return "EPROTO";
-    case EADDRINUSE: return "EADDRINUSE";
-    case EADDRNOTAVAIL: return "EADDRNOTAVAIL";
-    case ENETDOWN: return "ENETDOWN";
-    case ENETUNREACH: return "ENETUNREACH";
-    case ECONNABORTED: return "ECONNABORTED";
-    case ECONNRESET: return "ECONNRESET";
-    case ENOBUFS: return "ENOBUFS";
-    case ETIMEDOUT: return "ETIMEDOUT";
-    case ECONNREFUSED: return "ECONNREFUSED";
-    case EHOSTDOWN: return "EHOSTDOWN";
-    case EHOSTUNREACH: return "EHOSTUNREACH";
-    case EINPROGRESS: return "EINPROGRESS";
-    default: return "errno";
-    }
-}
 
 int kvli_tcp_hostport_split(const char *hp, char *host, size_t host_cap, uint16_t *port_p)
 {

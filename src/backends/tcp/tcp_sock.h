@@ -14,7 +14,6 @@
 #define KVLI_TCP_ADDR_STR 64
 
 uint64_t kvli_tcp_now_ns(void);
-const char *kvli_tcp_errno_name(int e);
 
 /* "host:port" or "[v6]:port" -> host, port. Returns 0 or -1. */
 int kvli_tcp_hostport_split(const char *hp, char *host, size_t host_cap, uint16_t *port_p);
