@@ -1,5 +1,6 @@
 /* Helpers for kvlane's C tests. */
 #define _GNU_SOURCE
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
@@ -12,8 +13,25 @@
 #include <unistd.h>
 #include "common/kvltest.h"
 
+/* Peers still running, killed when a check fails so that no stopped or
+ * orphaned peer keeps the test runner waiting on its output. */
+static pid_t kt_live_peers[64];
+
+static void kt_peer_track(pid_t pid, int add)
+{
+    for (int i = 0; i < 64; i++) {
+        if (add ? kt_live_peers[i] == 0 : kt_live_peers[i] == pid) {
+            kt_live_peers[i] = add ? pid : 0;
+            return;
+        }
+    }
+}
+
 void kt_fail_at(const char *file, int line, const char *expr, int with_error)
 {
+    for (int i = 0; i < 64; i++)
+        if (kt_live_peers[i] > 0)
+            kill(kt_live_peers[i], SIGKILL);
     fprintf(stderr, "FAIL %s:%d: %s\n", file, line, expr);
     if (with_error) {
         char buf[8192];
@@ -319,6 +337,7 @@ void kt_peer_start(kt_peer_t *p, const kt_peer_opts_t *o, kvl_agent_t *agent)
         _exit(5);
     }
     free(envp);
+    kt_peer_track(p->pid, 1);
     close(a[0]);
     close(b[1]);
     p->to = a[1];
@@ -446,13 +465,48 @@ void kt_peer_stop(kt_peer_t *p)
     close(p->to);
     close(p->from);
     waitpid(p->pid, &status, 0);
+    kt_peer_track(p->pid, 0);
     KT_CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+}
+
+void kt_peer_stop_signal(kt_peer_t *p)
+{
+    kill(p->pid, SIGSTOP);
+    /* kill() returns before every thread has stopped; a thread inside a long
+     * receive finishes it first. Wait until all of them show state T. */
+    for (int tries = 0; tries < 400; tries++) {
+        char path[64];
+        snprintf(path, sizeof(path), "/proc/%d/task", (int)p->pid);
+        DIR *d = opendir(path);
+        struct dirent *e;
+        int running = 0;
+        while (d && (e = readdir(d)) != NULL) {
+            char sp[128], buf[512];
+            if (e->d_name[0] == '.')
+                continue;
+            snprintf(sp, sizeof(sp), "%.60s/%.32s/stat", path, e->d_name);
+            FILE *f = fopen(sp, "r");
+            if (f && fgets(buf, sizeof(buf), f)) {
+                char *rp = strrchr(buf, ')');
+                if (rp && rp[1] == ' ' && rp[2] != 'T' && rp[2] != 't')
+                    running++;
+            }
+            if (f)
+                fclose(f);
+        }
+        if (d)
+            closedir(d);
+        if (!running)
+            return;
+        usleep(5000);
+    }
 }
 
 void kt_peer_kill(kt_peer_t *p)
 {
     kill(p->pid, SIGKILL);
     waitpid(p->pid, NULL, 0);
+    kt_peer_track(p->pid, 0);
     close(p->to);
     close(p->from);
 }

@@ -96,6 +96,8 @@ void kt_peer_load(kt_peer_t *p, const void *blob, size_t len);
 void kt_peer_notify(kt_peer_t *p, const char *to, const char *msg);
 void kt_peer_stop(kt_peer_t *p);        /* orderly */
 void kt_peer_kill(kt_peer_t *p);        /* SIGKILL */
+/* SIGSTOP, returning once every thread of the peer has stopped. */
+void kt_peer_stop_signal(kt_peer_t *p);
 
 kvl_agent_t *kt_agent(const char *name, const char *backend, const char *params);
 

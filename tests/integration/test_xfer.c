@@ -199,7 +199,7 @@ static void run_mode(const kt_mode_t *m)
      * transfer is still moving when the wait gives up (socket path only:
      * cross-memory attach and mapped memory do not need the peer to run) */
     if (strcmp(m->want_path, "socket") == 0) {
-        kill(p.pid, SIGSTOP);
+        kt_peer_stop_signal(&p);
         x = xfer_one(a, KVL_WRITE, lb, "target", p.base, BUF, NULL);
         KT_CHECK(kvl_xfer_post(x) == KVL_IN_PROGRESS);
         KT_STATUS(kvl_xfer_wait(x, 200), KVL_ERR_TIMEOUT);
