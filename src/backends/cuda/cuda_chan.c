@@ -20,6 +20,7 @@
 #include <time.h>
 #include <unistd.h>
 #include <sys/socket.h>
+#include "common/sock.h"
 #include "common/errname.h"
 #include "cuda.h"
 
@@ -81,59 +82,6 @@ static int kvli_cuda_sendv(int fd, struct iovec *iov, int iovcnt, const int *fds
         while (first < iovcnt && iov[first].iov_len == 0)
             first++;
     }
-    return 0;
-}
-
-/* Receive exactly len bytes; passed fds land in fds (up to *nfd_p, the rest
- * are closed). 0, errno, or -1 on an orderly close. */
-static int kvli_cuda_recv(int fd, void *buf, size_t len, int *fds, int *nfd_p)
-{
-    size_t got = 0;
-    int cap = nfd_p ? *nfd_p : 0, nfd = 0;
-    while (got < len) {
-        union {
-            struct cmsghdr align;
-            char buf[CMSG_SPACE(sizeof(int) * KVLI_CUDA_FDS_MAX)];
-        } cbuf;
-        struct iovec iov = {(uint8_t *)buf + got, len - got};
-        struct msghdr mh;
-        struct cmsghdr *c;
-        ssize_t n;
-        memset(&mh, 0, sizeof(mh));
-        mh.msg_iov = &iov;
-        mh.msg_iovlen = 1;
-        mh.msg_control = cbuf.buf;
-        mh.msg_controllen = sizeof(cbuf.buf);
-        n = recvmsg(fd, &mh, MSG_WAITALL | MSG_CMSG_CLOEXEC);
-        if (n < 0) {
-            if (errno == EINTR)
-                continue;
-            if (nfd_p)
-                *nfd_p = nfd;
-            return errno;
-        }
-        for (c = CMSG_FIRSTHDR(&mh); c != NULL; c = CMSG_NXTHDR(&mh, c)) {
-            if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS)
-                continue;
-            size_t k, m = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
-            for (k = 0; k < m; k++) {
-                int pfd;
-                memcpy(&pfd, CMSG_DATA(c) + k * sizeof(int), sizeof(int));
-                if (nfd < cap)
-                    fds[nfd++] = pfd;
-                else
-                    close(pfd);
-            }
-        }
-        if (n == 0) {
-            if (nfd_p)
-                *nfd_p = nfd;
-            return -1;
-        }
-        got += (size_t)n;
-    }
-    if (nfd_p)
-        *nfd_p = nfd;
     return 0;
 }
 
@@ -320,12 +268,12 @@ kvl_status_t kvli_cuda_chan_peer_load(void *bk, const char *name, uint64_t incar
         rc = kvli_cuda_sendv(p->fd, iov, 3, NULL, 0);
     }
     if (rc == 0)
-        rc = kvli_cuda_recv(p->fd, &h, sizeof(h), NULL, NULL);
+        rc = kvli_sock_recv_fds(p->fd, &h, sizeof(h), NULL, NULL);
     if (rc == 0 && (h.magic != KVLI_CUDA_MSG_MAGIC || h.type != KVLI_CUDA_MSG_HELLO_ACK ||
                     h.len < sizeof(m) || h.len > sizeof(m) + KVL_NAME_MAX))
         rc = EPROTO;
     if (rc == 0)
-        rc = kvli_cuda_recv(p->fd, hb, (size_t)h.len, NULL, NULL);
+        rc = kvli_sock_recv_fds(p->fd, hb, (size_t)h.len, NULL, NULL);
     if (rc == 0) {
         memcpy(&m, hb, sizeof(m));
         if (m.incarnation != incarnation || m.name_len != h.len - sizeof(m) ||
@@ -447,7 +395,7 @@ kvl_status_t kvli_cuda_chan_fds_request(kvli_cuda_peer_t *p, uint32_t what, uint
     rc = kvli_cuda_sendv(p->fd, iov, 2, NULL, 0);
     /* The fds travel with the first bytes of the reply: the header. */
     if (rc == 0)
-        rc = kvli_cuda_recv(p->fd, &h, sizeof(h), fds, &nfd);
+        rc = kvli_sock_recv_fds(p->fd, &h, sizeof(h), fds, &nfd);
     else
         nfd = 0;
     if (rc == 0 && (h.magic != KVLI_CUDA_MSG_MAGIC || h.type != KVLI_CUDA_MSG_FDS_REPLY ||
@@ -455,7 +403,7 @@ kvl_status_t kvli_cuda_chan_fds_request(kvli_cuda_peer_t *p, uint32_t what, uint
         rc = EPROTO;
     if (rc == 0) {
         int more = KVLI_CUDA_FDS_MAX - nfd;
-        rc = kvli_cuda_recv(p->fd, &rep, sizeof(rep), fds + nfd, &more);
+        rc = kvli_sock_recv_fds(p->fd, &rep, sizeof(rep), fds + nfd, &more);
         nfd += more;
     }
     if (rc == 0 && (rep.n > KVLI_CUDA_FDS_MAX || (int)rep.n != nfd || rep.text_len > KVLI_CUDA_TEXT_MAX ||
@@ -463,9 +411,9 @@ kvl_status_t kvli_cuda_chan_fds_request(kvli_cuda_peer_t *p, uint32_t what, uint
                     (rep.status == KVL_OK && (rep.n == 0 || first + rep.n > rep.total))))
         rc = EPROTO;
     if (rc == 0 && rep.n > 0)
-        rc = kvli_cuda_recv(p->fd, sizes, rep.n * 8u, NULL, NULL);
+        rc = kvli_sock_recv_fds(p->fd, sizes, rep.n * 8u, NULL, NULL);
     if (rc == 0 && rep.text_len > 0)
-        rc = kvli_cuda_recv(p->fd, text, rep.text_len, NULL, NULL);
+        rc = kvli_sock_recv_fds(p->fd, text, rep.text_len, NULL, NULL);
     pthread_mutex_unlock(&p->io_lock);
     if (rc != 0) {
         for (int i = 0; i < nfd; i++)
@@ -557,7 +505,7 @@ static void kvli_cuda_conn_fdsreq(kvli_cuda_iface_t *iface, kvli_cuda_conn_t *c)
     uint32_t total = 0;
     int n, rc;
 
-    rc = kvli_cuda_recv(c->fd, &q, sizeof(q), NULL, NULL);
+    rc = kvli_sock_recv_fds(c->fd, &q, sizeof(q), NULL, NULL);
     if (rc != 0) {
         c->closing = 1;
         return;
@@ -590,7 +538,7 @@ void kvli_cuda_chan_conn_progress(kvli_cuda_iface_t *iface, kvli_cuda_conn_t *c)
 {
     kvli_cuda_hdr_t h;
     kvli_cuda_hello_t m;
-    int rc = kvli_cuda_recv(c->fd, &h, sizeof(h), NULL, NULL);
+    int rc = kvli_sock_recv_fds(c->fd, &h, sizeof(h), NULL, NULL);
     if (rc != 0) {
         c->closing = 1;
         return;
@@ -610,7 +558,7 @@ void kvli_cuda_chan_conn_progress(kvli_cuda_iface_t *iface, kvli_cuda_conn_t *c)
             kvli_cuda_conn_drop(iface, c, "HELLO body length out of range", h.len);
             return;
         }
-        if (kvli_cuda_recv(c->fd, iface->scratch, (size_t)h.len, NULL, NULL) != 0) {
+        if (kvli_sock_recv_fds(c->fd, iface->scratch, (size_t)h.len, NULL, NULL) != 0) {
             c->closing = 1;
             return;
         }
@@ -651,7 +599,7 @@ void kvli_cuda_chan_conn_progress(kvli_cuda_iface_t *iface, kvli_cuda_conn_t *c)
             kvli_cuda_conn_drop(iface, c, "NOTIF longer than KVL_NOTIF_MAX", h.len);
             return;
         }
-        if (kvli_cuda_recv(c->fd, iface->scratch, (size_t)h.len, NULL, NULL) != 0) {
+        if (kvli_sock_recv_fds(c->fd, iface->scratch, (size_t)h.len, NULL, NULL) != 0) {
             c->closing = 1;
             return;
         }

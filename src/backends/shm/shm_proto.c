@@ -3,6 +3,7 @@
 #include <string.h>
 #include <unistd.h>
 #include <sys/socket.h>
+#include "common/sock.h"
 #include "shm_proto.h"
 
 int kvli_shm_proto_iov_advance(struct iovec *iov, int iovcnt, size_t n)
@@ -76,49 +77,11 @@ int kvli_shm_proto_recvv(int fd, struct iovec *iov, int iovcnt)
 
 int kvli_shm_proto_recv(int fd, void *buf, size_t len, int *fd_p)
 {
-    size_t got = 0;
+    int one = -1, nfd = fd_p != NULL ? 1 : 0;
+    int rc = kvli_sock_recv_fds(fd, buf, len, &one, &nfd); /* -1 is KVLI_SHM_EOF */
     if (fd_p != NULL)
-        *fd_p = -1;
-    while (got < len) {
-        union {
-            struct cmsghdr align;
-            char buf[CMSG_SPACE(sizeof(int) * 4)];
-        } cbuf;
-        struct iovec iov = { (uint8_t *)buf + got, len - got };
-        struct msghdr mh;
-        struct cmsghdr *c;
-        ssize_t n;
-        memset(&mh, 0, sizeof(mh));
-        mh.msg_iov = &iov;
-        mh.msg_iovlen = 1;
-        mh.msg_control = cbuf.buf;
-        mh.msg_controllen = sizeof(cbuf.buf);
-        n = recvmsg(fd, &mh, MSG_WAITALL | MSG_CMSG_CLOEXEC);
-        if (n < 0) {
-            if (errno == EINTR)
-                continue;
-            return errno;
-        }
-        /* Take ownership of passed fds before anything else, so none leaks. */
-        for (c = CMSG_FIRSTHDR(&mh); c != NULL; c = CMSG_NXTHDR(&mh, c)) {
-            if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) {
-                size_t nfd = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
-                size_t k;
-                for (k = 0; k < nfd; k++) {
-                    int pfd;
-                    memcpy(&pfd, CMSG_DATA(c) + k * sizeof(int), sizeof(int));
-                    if (fd_p != NULL && *fd_p < 0)
-                        *fd_p = pfd;
-                    else
-                        close(pfd);
-                }
-            }
-        }
-        if (n == 0)
-            return KVLI_SHM_EOF;
-        got += (size_t)n;
-    }
-    return 0;
+        *fd_p = nfd ? one : -1;
+    return rc;
 }
 
 int kvli_shm_proto_drain(int fd, uint64_t len, void *scratch, size_t cap)
