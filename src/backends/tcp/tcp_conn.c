@@ -98,15 +98,7 @@ static void kvli_tcp_conn_flush(kvli_tcp_iface_t *iface, kvli_tcp_conn_t *c)
             skip -= r->head_len;
         }
         /* READ data straight from our registered memory. */
-        for (int i = 0; i < r->niov && k < 1024; i++) {
-            if (skip >= r->iov[i].iov_len) {
-                skip -= r->iov[i].iov_len;
-                continue;
-            }
-            iface->tx_iov[k].iov_base = (uint8_t *)r->iov[i].iov_base + skip;
-            iface->tx_iov[k++].iov_len = r->iov[i].iov_len - skip;
-            skip = 0;
-        }
+        k = kvli_tcp_iov_append(iface->tx_iov, k, 1024, r->iov, r->niov, skip);
         memset(&mh, 0, sizeof(mh));
         mh.msg_iov = iface->tx_iov;
         mh.msg_iovlen = (size_t)k;

@@ -586,15 +586,8 @@ void kvli_tcp_peer_tx(kvli_tcp_peer_t *peer)
             skip -= m->head_len;
         }
         /* WRITE payload straight from the caller's registered memory. */
-        for (int i = 0; m->type == KVLI_TCP_MSG_WRITE && i < m->niov && k < 1024; i++) {
-            if (skip >= m->iov[i].iov_len) {
-                skip -= m->iov[i].iov_len;
-                continue;
-            }
-            iface->tx_iov[k].iov_base = (uint8_t *)m->iov[i].iov_base + skip;
-            iface->tx_iov[k++].iov_len = m->iov[i].iov_len - skip;
-            skip = 0;
-        }
+        if (m->type == KVLI_TCP_MSG_WRITE)
+            k = kvli_tcp_iov_append(iface->tx_iov, k, 1024, m->iov, m->niov, skip);
         memset(&mh, 0, sizeof(mh));
         mh.msg_iov = iface->tx_iov;
         mh.msg_iovlen = (size_t)k;

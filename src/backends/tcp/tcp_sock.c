@@ -240,3 +240,18 @@ const char *kvli_tcp_io_text(int rc)
         return "no answer before the deadline";
     return strerror(rc);
 }
+
+int kvli_tcp_iov_append(struct iovec *dst, int k, int max, const struct iovec *src, int n,
+                        size_t skip)
+{
+    for (int i = 0; i < n && k < max; i++) {
+        if (skip >= src[i].iov_len) {
+            skip -= src[i].iov_len;
+            continue;
+        }
+        dst[k].iov_base = (uint8_t *)src[i].iov_base + skip;
+        dst[k++].iov_len = src[i].iov_len - skip;
+        skip = 0;
+    }
+    return k;
+}

@@ -5,6 +5,7 @@
 #ifndef KVLI_TCP_SOCK_H
 #define KVLI_TCP_SOCK_H
 
+#include <sys/uio.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <sys/socket.h>
@@ -41,5 +42,10 @@ int kvli_tcp_io_read(int fd, void *buf, size_t len, uint64_t deadline_ns);
 /* Text of a helper result: "connection closed by the peer", "no data before
  * the deadline", strerror. */
 const char *kvli_tcp_io_text(int rc);
+
+/* Append src[0..n) to dst[k..max) leaving out the first skip bytes (what a
+ * partial send already took); returns the new count. */
+int kvli_tcp_iov_append(struct iovec *dst, int k, int max, const struct iovec *src, int n,
+                        size_t skip);
 
 #endif
