@@ -62,6 +62,17 @@ typedef struct kvl_seg {
     uint32_t lreg, rreg;
 } kvl_seg_t;
 
+/*
+ * One copy of a staging request: device memory (VRAM) <-> a pinned host
+ * buffer. Host-only backends move VRAM this way (see the stage_* slots).
+ */
+typedef struct kvl_stage_piece {
+    uint64_t dev_addr;            /* device address */
+    void *host;                   /* inside a buffer from stage_host_alloc */
+    uint64_t len;
+    int32_t dev;                  /* the device's ordinal in this process */
+} kvl_stage_piece_t;
+
 typedef struct kvl_bk_xfer kvl_bk_xfer_t;
 struct kvl_bk_xfer {
     kvl_xfer_op_t op;
@@ -108,6 +119,31 @@ struct kvl_bk_ctx {
      * the region key carries. KVL_ERR_NOT_FOUND when none. */
     kvl_status_t (*alloc_lookup)(kvl_bk_ctx_t *ctx, uint64_t alloc_id, int *fd_p,
                                  uint64_t *size_p);
+
+    /*
+     * Staging, for a backend that moves host memory only: the core lends it
+     * the built-in device backend's copies between VRAM and pinned host
+     * buffers. Present when ctx->size covers them.
+     *
+     * stage_check: can memory of this kind on this device be staged here?
+     * KVL_OK, or the reason (no CUDA driver, no such device) in err.
+     */
+    kvl_status_t (*stage_check)(kvl_bk_ctx_t *ctx, kvl_mem_kind_t kind, int32_t dev,
+                                kvl_error_t *err);
+    /* Pinned host memory for the copies (portable: every device reaches it). */
+    kvl_status_t (*stage_host_alloc)(kvl_bk_ctx_t *ctx, size_t len, void **ptr_p,
+                                     kvl_error_t *err);
+    void (*stage_host_free)(kvl_bk_ctx_t *ctx, void *ptr);
+    /* Start n copies, device -> host when to_host, else host -> device.
+     * *ticket_p is tested with stage_test. notify(arg), when not NULL, is
+     * called from a driver thread once every copy is done and before the
+     * ticket tests done: it may only wake someone (write an eventfd). */
+    kvl_status_t (*stage_copy)(kvl_bk_ctx_t *ctx, int to_host, const kvl_stage_piece_t *p,
+                               size_t n, void (*notify)(void *arg), void *arg,
+                               void **ticket_p, kvl_error_t *err);
+    /* 1: the copies are done; 0: pending (only when wait is 0); -1: failed,
+     * err says why. After 1 or -1 the ticket is gone. */
+    int (*stage_test)(kvl_bk_ctx_t *ctx, void *ticket, int wait, kvl_error_t *err);
 };
 
 typedef struct kvl_backend_ops {
@@ -190,6 +226,19 @@ typedef struct kvl_backend_ops {
      * tables, registered iovecs) releases it here.
      */
     void (*xfer_release)(void *bk, kvl_bk_xfer_t *x);
+
+    /*
+     * Optional, built-in device backends only, no backend handle (like
+     * mem_query): the staging service the core lends to host-only backends
+     * through kvl_bk_ctx_t's stage_* members; same contracts.
+     */
+    kvl_status_t (*stage_check)(kvl_mem_kind_t kind, int32_t dev, kvl_error_t *err);
+    kvl_status_t (*stage_host_alloc)(size_t len, void **ptr_p, kvl_error_t *err);
+    void (*stage_host_free)(void *ptr);
+    kvl_status_t (*stage_copy)(int to_host, const kvl_stage_piece_t *p, size_t n,
+                               void (*notify)(void *arg), void *arg, void **ticket_p,
+                               kvl_error_t *err);
+    int (*stage_test)(void *ticket, int wait, kvl_error_t *err);
 } kvl_backend_ops_t;
 
 /* ---- helpers for backends to fill errors (header-only, no symbols) ---- */

@@ -17,6 +17,16 @@ kvl_status_t kvli_ctx_region_pin(kvl_bk_ctx_t *ctx, uint64_t addr, uint64_t len,
                                  void **pin_p, kvl_error_t *err);
 void kvli_ctx_region_unpin(kvl_bk_ctx_t *ctx, void *pin);
 kvl_status_t kvli_ctx_alloc_lookup(kvl_bk_ctx_t *ctx, uint64_t id, int *fd_p, uint64_t *size_p);
+/* stage.c */
+kvl_status_t kvli_ctx_stage_check(kvl_bk_ctx_t *ctx, kvl_mem_kind_t kind, int32_t dev,
+                                  kvl_error_t *err);
+kvl_status_t kvli_ctx_stage_host_alloc(kvl_bk_ctx_t *ctx, size_t len, void **ptr_p,
+                                       kvl_error_t *err);
+void kvli_ctx_stage_host_free(kvl_bk_ctx_t *ctx, void *ptr);
+kvl_status_t kvli_ctx_stage_copy(kvl_bk_ctx_t *ctx, int to_host, const kvl_stage_piece_t *p,
+                                 size_t n, void (*notify)(void *arg), void *arg, void **ticket_p,
+                                 kvl_error_t *err);
+int kvli_ctx_stage_test(kvl_bk_ctx_t *ctx, void *ticket, int wait, kvl_error_t *err);
 
 const char *kvl_mem_kind_name(kvl_mem_kind_t kind)
 {
@@ -132,6 +142,11 @@ kvl_status_t kvl_backend_create(kvl_agent_t *a, const char *name, const kvl_para
         .region_pin = kvli_ctx_region_pin,
         .region_unpin = kvli_ctx_region_unpin,
         .alloc_lookup = kvli_ctx_alloc_lookup,
+        .stage_check = kvli_ctx_stage_check,
+        .stage_host_alloc = kvli_ctx_stage_host_alloc,
+        .stage_host_free = kvli_ctx_stage_host_free,
+        .stage_copy = kvli_ctx_stage_copy,
+        .stage_test = kvli_ctx_stage_test,
     };
     memset(&err, 0, offsetof(kvl_error_t, causes));
     err.device = -1;

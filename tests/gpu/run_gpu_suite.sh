@@ -9,7 +9,7 @@ bld=${1:-$src/build-gpu}
 out=${OUT:-$src/gpu-out}
 mkdir -p "$out"
 nvidia-smi --query-gpu=name,pci.bus_id,driver_version,memory.total --format=csv 2>&1 | tee "$out/gpu.txt"
-targets="test_cuda_nodriver test_cuda_gpu bench_cuda_bench"
+targets="test_cuda_nodriver test_cuda_gpu test_tcp_vram bench_cuda_bench"
 build() {
     cmake -S "$src" -B "$bld" -DKVL_CUDA_ARCHS=90 -DKVL_SANITIZER_TESTS=OFF -DKVL_FUZZ=OFF \
         >"$out/configure.log" 2>&1 &&
@@ -23,4 +23,7 @@ grep -E 'cuda gather kernel|no nvcc' "$out/configure.log"
 echo "== test_cuda_nodriver"; (cd "$bld" && ./tests/test_cuda_nodriver) 2>&1 | tee "$out/nodriver.log" | tail -3
 echo "== test_cuda_gpu"; (cd "$bld" && timeout 400 ./tests/test_cuda_gpu) >"$out/gpu_test.log" 2>&1
 echo "rc=$?"; cat "$out/gpu_test.log" | cut -c1-300 | tail -120
+echo "== test_tcp_vram"; (cd "$bld" && timeout 300 ./tests/test_tcp_vram) >"$out/tcp_vram.log" 2>&1
+echo "rc=$?"; cut -c1-300 "$out/tcp_vram.log" | tail -60
+[ -n "${KVL_GPU_ONLY:-}" ] && exit 0
 echo "== cuda_bench"; (cd "$bld" && timeout 200 ./bench/cuda_bench 20) 2>&1 | tee "$out/bench.log"

@@ -155,6 +155,9 @@ typedef struct kvli_cuda_drv {
     CUresult (*cuEventRecord)(CUevent, CUstream);
     CUresult (*cuEventQuery)(CUevent);
     CUresult (*cuEventSynchronize)(CUevent);
+    CUresult (*cuStreamWaitEvent)(CUstream, CUevent, unsigned);
+    /* optional: CUDA >= 10.0 */
+    CUresult (*cuLaunchHostFunc)(CUstream, void (*)(void *), void *);
     CUresult (*cuIpcGetMemHandle)(CUipcMemHandle *, CUdeviceptr);
     CUresult (*cuIpcOpenMemHandle)(CUdeviceptr *, CUipcMemHandle, unsigned);
     CUresult (*cuIpcCloseMemHandle)(CUdeviceptr);
@@ -476,6 +479,15 @@ void kvli_cuda_xfer_release(void *bk, kvl_bk_xfer_t *x);
 unsigned kvli_cuda_xfer_progress(kvli_cuda_iface_t *iface);
 void kvli_cuda_xfer_cancel_peer(kvli_cuda_iface_t *iface, kvli_cuda_peer_t *peer);
 void kvli_cuda_xfer_devres_fini(kvli_cuda_iface_t *iface);
+
+/* ---- cuda_stage.c: staging for host-only backends (no backend handle) ---- */
+kvl_status_t kvli_cuda_stage_check(kvl_mem_kind_t kind, int32_t dev, kvl_error_t *err);
+kvl_status_t kvli_cuda_stage_host_alloc(size_t len, void **ptr_p, kvl_error_t *err);
+void kvli_cuda_stage_host_free(void *ptr);
+kvl_status_t kvli_cuda_stage_copy(int to_host, const kvl_stage_piece_t *p, size_t n,
+                                  void (*notify)(void *arg), void *arg, void **ticket_p,
+                                  kvl_error_t *err);
+int kvli_cuda_stage_test(void *ticket, int wait, kvl_error_t *err);
 
 /* ---- cuda_iface.c ---- */
 void kvli_cuda_iface_wake(kvli_cuda_iface_t *iface);

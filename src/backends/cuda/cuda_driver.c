@@ -87,6 +87,8 @@ static int kvli_cuda_drv_resolve(void *h)
     KVLI_REQ(cuEventRecord, "cuEventRecord");
     KVLI_REQ(cuEventQuery, "cuEventQuery");
     KVLI_REQ(cuEventSynchronize, "cuEventSynchronize");
+    KVLI_REQ(cuStreamWaitEvent, "cuStreamWaitEvent");
+    KVLI_OPT(cuLaunchHostFunc, "cuLaunchHostFunc");
     KVLI_REQ(cuIpcGetMemHandle, "cuIpcGetMemHandle");
     KVLI_REQ(cuIpcOpenMemHandle, "cuIpcOpenMemHandle_v2");
     KVLI_REQ(cuIpcCloseMemHandle, "cuIpcCloseMemHandle");

@@ -369,5 +369,10 @@ const kvl_backend_ops_t kvli_cuda_ops = {
     .peer_describe = kvli_cuda_chan_peer_describe,
     .mem_query = kvli_cuda_md_query,
     .probe = kvli_cuda_probe,
-    .xfer_release = kvli_cuda_xfer_release
+    .xfer_release = kvli_cuda_xfer_release,
+    .stage_check = kvli_cuda_stage_check,
+    .stage_host_alloc = kvli_cuda_stage_host_alloc,
+    .stage_host_free = kvli_cuda_stage_host_free,
+    .stage_copy = kvli_cuda_stage_copy,
+    .stage_test = kvli_cuda_stage_test
 };

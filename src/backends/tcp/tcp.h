@@ -45,6 +45,8 @@
 #define KVLI_TCP_OUTQ_MAX 64u                  /* replies queued before we stop reading */
 #define KVLI_TCP_BUDGET (16u << 20)            /* bytes per connection per loop */
 #define KVLI_TCP_CANCEL_PREFIX "kvlane:canceled:"
+#define KVLI_TCP_STAGE_BUFS 12u                /* pinned chunk buffers for VRAM staging */
+#define KVLI_TCP_STAGE_MAX (256ull << 20)      /* largest request a target stages */
 
 typedef struct kvli_tcp_iface kvli_tcp_iface_t;
 typedef struct kvli_tcp_peer kvli_tcp_peer_t;
@@ -58,6 +60,8 @@ void kvli_ctx_secret(const kvl_bk_ctx_t *ctx, const uint8_t **secret_p, size_t *
 
 typedef struct kvli_tcp_mh {
     uint64_t addr, len;
+    int staged;                     /* VRAM: moved through pinned host buffers */
+    int32_t dev;
 } kvli_tcp_mh_t;
 
 typedef struct kvli_tcp_rh {
@@ -77,6 +81,14 @@ struct kvli_tcp_msg {
     struct iovec *iov;
     uint8_t *head;
     int *sent_flag;                 /* kvl_notif_send waits: 1 sent, -1 dropped */
+    /* VRAM staging: the chunk's VRAM pieces go through bounce (iovs point
+     * into it). WRITE: ticket is the download, sent once done. READ: the
+     * reply lands in bounce, then the upload (ticket) runs before the
+     * request counts as answered. */
+    void *bounce;
+    void *ticket;
+    kvl_stage_piece_t *sp;
+    int nsp;
 };
 
 enum { KVLI_TCP_NOTIF_NONE = 0, KVLI_TCP_NOTIF_QUEUED = 1, KVLI_TCP_NOTIF_SENT = 2 };
@@ -94,6 +106,7 @@ struct kvli_tcp_xpriv {
     uint64_t moved;                 /* bytes confirmed by the target */
     int notif_state;
     int notice;                     /* the notif_state message is a CANCELED notice */
+    int staged;                     /* local VRAM: chunks are staged */
     atomic_int cancel;
     kvl_status_t status;            /* first failure */
     kvl_error_t *err;
@@ -122,6 +135,7 @@ struct kvli_tcp_peer {
     kvli_tcp_xpriv_t *rr;
     kvli_tcp_msg_t *sq_head, *sq_tail;
     kvli_tcp_msg_t *wq_head, *wq_tail;
+    kvli_tcp_msg_t *up_head;        /* READ replies being uploaded to VRAM */
     unsigned sq_unsent;
     uint64_t next_id;
     uint64_t win_bytes;
@@ -146,6 +160,8 @@ struct kvli_tcp_reply {
     void **pins;                    /* held until the payload is sent */
     unsigned npins;
     size_t total, sent;
+    void *bounce;                   /* READ of VRAM: the staged data */
+    size_t bounce_len;
 };
 
 enum {
@@ -184,6 +200,11 @@ struct kvli_tcp_conn {
     uint64_t pay_got;
     kvl_status_t refuse;
     char refuse_text[KVLI_TCP_TEXT_MAX];
+    /* VRAM ranges of the request: staged through bounce */
+    kvl_stage_piece_t *sp;
+    int nsp;
+    void *bounce;
+    size_t bounce_len;
     /* replies */
     kvli_tcp_reply_t *oq_head, *oq_tail;
     unsigned oq_n;
@@ -215,6 +236,12 @@ struct kvli_tcp_iface {
     size_t scratch_len;
     struct iovec *tx_iov;           /* progress thread only */
     int warned_conns;
+    /* pinned staging buffers of `chunk` bytes (VRAM over tcp) */
+    pthread_mutex_t pool_lock;
+    void *pool_all[KVLI_TCP_STAGE_BUFS];
+    void *pool[KVLI_TCP_STAGE_BUFS];    /* the free ones */
+    unsigned pool_free, pool_total;
+    atomic_uint staging;            /* copies in flight: the progress loop polls */
 };
 
 /* tcp_iface.c */
@@ -257,6 +284,22 @@ void kvli_tcp_xfer_reap(kvli_tcp_peer_t *peer, kvli_tcp_xpriv_t **done);
 void kvli_tcp_xfer_fail(kvli_tcp_xpriv_t *xp, kvl_status_t st, const kvl_error_t *err);
 void kvli_tcp_xfer_complete(kvli_tcp_iface_t *iface, kvli_tcp_xpriv_t *done);
 int kvli_tcp_peer_busy(const kvli_tcp_peer_t *peer);
+
+/* tcp_stage.c: VRAM through pinned host buffers */
+int kvli_tcp_stage_usable(const kvl_bk_ctx_t *ctx);
+/* A bounce buffer of len bytes (pool when len <= chunk); NULL with err. */
+void *kvli_tcp_bounce_get(kvli_tcp_iface_t *iface, size_t len, int may_alloc_big,
+                          kvl_error_t *err);
+void kvli_tcp_bounce_put(kvli_tcp_iface_t *iface, void *b, size_t len);
+void kvli_tcp_pool_fini(kvli_tcp_iface_t *iface);
+/* Called by the driver once copies are done: wakes the progress thread. */
+void kvli_tcp_stage_notify(void *arg);
+/* Free a message, waiting for its staging copies, returning its buffer. */
+void kvli_tcp_msg_free(kvli_tcp_iface_t *iface, kvli_tcp_msg_t *m);
+/* Progress thread, under lock: finished uploads of READ replies. */
+void kvli_tcp_stage_uploads(kvli_tcp_peer_t *peer);
+/* Initiator: stage the VRAM pieces of m (walk filled iovs and sp). */
+int kvli_tcp_stage_request(kvli_tcp_peer_t *peer, kvli_tcp_msg_t *m);
 
 /* tcp_md.c */
 kvl_status_t kvli_tcp_md_reg(void *bk, const kvl_region_info_t *r, void **mh_p, char *detail,

@@ -21,6 +21,7 @@
 
 static void kvli_tcp_reply_free(kvli_tcp_iface_t *iface, kvli_tcp_reply_t *r)
 {
+    kvli_tcp_bounce_put(iface, r->bounce, r->bounce_len);
     for (unsigned i = 0; i < r->npins; i++)
         iface->ctx->region_unpin(iface->ctx, r->pins[i]);
     free(r->pins);
@@ -184,11 +185,13 @@ void kvli_tcp_conn_free(kvli_tcp_iface_t *iface, kvli_tcp_conn_t *c)
     }
     for (unsigned i = 0; i < c->npins; i++)
         iface->ctx->region_unpin(iface->ctx, c->pins[i]);
+    kvli_tcp_bounce_put(iface, c->bounce, c->bounce_len);
     close(c->fd);
     free(c->body);
     free(c->ranges);
     free(c->iov);
     free(c->pins);
+    free(c->sp);
     free(c);
 }
 
@@ -326,6 +329,66 @@ static void kvli_tcp_conn_unpin(kvli_tcp_iface_t *iface, kvli_tcp_conn_t *c)
     c->npins = 0;
 }
 
+/* VRAM ranges of a checked request: one bounce buffer for all of them;
+ * on failure the request is refused (c->refuse) and nothing is touched. */
+static void kvli_tcp_conn_stage_prepare(kvli_tcp_iface_t *iface, kvli_tcp_conn_t *c, int write)
+{
+    uint64_t total = 0, off = 0;
+    kvl_error_t e;
+    kvli_tcp_bounce_put(iface, c->bounce, c->bounce_len); /* none expected */
+    c->bounce = NULL;
+    for (int k = 0; k < c->nsp; k++)
+        total += c->sp[k].len;
+    if (total > KVLI_TCP_STAGE_MAX) {
+        c->refuse = KVL_ERR_INVALID_ARG;
+        snprintf(c->refuse_text, sizeof(c->refuse_text),
+                 "agent '%.63s' refused %s of %" PRIu64 " bytes of VRAM in one request: more "
+                 "than it stages at once (%llu)", iface->ctx->agent_name, write ? "WRITE" : "READ",
+                 total, (unsigned long long)KVLI_TCP_STAGE_MAX);
+    } else {
+        c->bounce = kvli_tcp_bounce_get(iface, (size_t)total, 1, &e);
+        c->bounce_len = (size_t)total;
+        if (c->bounce == NULL) {
+            c->refuse = e.code;
+            snprintf(c->refuse_text, sizeof(c->refuse_text), "agent '%.63s' could not stage "
+                     "VRAM: %.160s", iface->ctx->agent_name, e.what);
+        }
+    }
+    if (c->refuse != KVL_OK) {
+        iface->ctx->log(iface->ctx, KVL_LOG_WARN, "request from agent '%s' (%s) refused, "
+                        "nothing touched: %s", c->name, c->addr, c->refuse_text);
+        kvli_tcp_conn_unpin(iface, c);
+        return;
+    }
+    /* the socket sees the bounce buffer where a range is VRAM */
+    for (int i = 0, k = 0; i < c->niov && k < c->nsp; i++) {
+        if ((uint64_t)(uintptr_t)c->iov[i].iov_base != c->sp[k].dev_addr ||
+            c->iov[i].iov_len != c->sp[k].len)
+            continue;
+        c->sp[k].host = (uint8_t *)c->bounce + off;
+        c->iov[i].iov_base = c->sp[k].host;
+        off += c->sp[k++].len;
+    }
+}
+
+/* Run the staging copies of the request and wait (to_host: READ). */
+static kvl_status_t kvli_tcp_conn_stage_copy(kvli_tcp_iface_t *iface, kvli_tcp_conn_t *c,
+                                             int to_host)
+{
+    kvl_bk_ctx_t *ctx = iface->ctx;
+    void *ticket = NULL;
+    kvl_error_t e;
+    if (ctx->stage_copy(ctx, to_host, c->sp, (size_t)c->nsp, NULL, NULL, &ticket, &e) == KVL_OK &&
+        ctx->stage_test(ctx, ticket, 1, &e) == 1)
+        return KVL_OK;
+    c->refuse = e.code ? e.code : KVL_ERR_SYSTEM;
+    snprintf(c->refuse_text, sizeof(c->refuse_text), "agent '%.63s' failed to stage VRAM for "
+             "%s: %.120s", ctx->agent_name, to_host ? "READ" : "WRITE", e.what);
+    ctx->log(ctx, KVL_LOG_WARN, "request from agent '%s' (%s): %s", c->name, c->addr,
+             c->refuse_text);
+    return c->refuse;
+}
+
 /* WRITE/READ ranges are in: check every one before touching anything. */
 static void kvli_tcp_conn_rw(kvli_tcp_iface_t *iface, kvli_tcp_conn_t *c)
 {
@@ -337,7 +400,8 @@ static void kvli_tcp_conn_rw(kvli_tcp_iface_t *iface, kvli_tcp_conn_t *c)
         c->ranges = malloc(sizeof(uint64_t) * 2 * KVLI_TCP_RANGES_MAX);
         c->iov = malloc(sizeof(struct iovec) * KVLI_TCP_RANGES_MAX);
         c->pins = malloc(sizeof(void *) * KVLI_TCP_RANGES_MAX);
-        if (c->ranges == NULL || c->iov == NULL || c->pins == NULL) {
+        c->sp = malloc(sizeof(*c->sp) * KVLI_TCP_RANGES_MAX);
+        if (c->ranges == NULL || c->iov == NULL || c->pins == NULL || c->sp == NULL) {
             ctx->log(ctx, KVL_LOG_ERROR, "tcp: out of memory for the ranges of a request from "
                      "%s; dropping the connection", c->addr);
             kvli_tcp_conn_close(iface, c);
@@ -350,6 +414,7 @@ static void kvli_tcp_conn_rw(kvli_tcp_iface_t *iface, kvli_tcp_conn_t *c)
     }
     c->refuse = KVL_OK;
     c->npins = 0;
+    c->nsp = 0;
     for (uint32_t i = 0; i < n; i++) {
         kvl_error_t perr;
         void *mh = NULL;
@@ -370,9 +435,14 @@ static void kvli_tcp_conn_rw(kvli_tcp_iface_t *iface, kvli_tcp_conn_t *c)
         c->npins++;
         c->iov[i].iov_base = (void *)(uintptr_t)c->ranges[2 * i];
         c->iov[i].iov_len = (size_t)c->ranges[2 * i + 1];
+        if (((const kvli_tcp_mh_t *)mh)->staged)
+            c->sp[c->nsp++] = (kvl_stage_piece_t){c->ranges[2 * i], NULL, c->ranges[2 * i + 1],
+                                                  ((const kvli_tcp_mh_t *)mh)->dev};
     }
     c->niov = (int)n;
     c->pay_got = 0;
+    if (c->refuse == KVL_OK && c->nsp > 0)
+        kvli_tcp_conn_stage_prepare(iface, c, write);
     if (write) {
         c->rphase = c->refuse == KVL_OK ? KVLI_TCP_RX_PAYLOAD : KVLI_TCP_RX_DRAIN;
         return;
@@ -390,12 +460,27 @@ static void kvli_tcp_conn_rw(kvli_tcp_iface_t *iface, kvli_tcp_conn_t *c)
         r->pins = malloc(sizeof(void *) * n);
     }
     if (r == NULL || r->iov == NULL || r->pins == NULL) {
+        kvli_tcp_bounce_put(iface, c->bounce, c->bounce_len);
+        c->bounce = NULL;
         kvli_tcp_conn_unpin(iface, c);
         if (r != NULL)
             kvli_tcp_reply_free(iface, r);
         kvli_tcp_conn_push(iface, c, NULL);
         return;
     }
+    if (c->nsp > 0 && kvli_tcp_conn_stage_copy(iface, c, 1) != KVL_OK) {
+        kvli_tcp_bounce_put(iface, c->bounce, c->bounce_len);
+        c->bounce = NULL;
+        kvli_tcp_conn_unpin(iface, c);
+        kvli_tcp_reply_free(iface, r);
+        kvli_tcp_conn_push(iface, c, kvli_tcp_reply_new(KVLI_TCP_MSG_READ_DATA, c->h.id,
+                                                        c->refuse, c->refuse_text, 0, NULL, 0));
+        return;
+    }
+    /* the reply sends the staged copy: it owns the bounce buffer now */
+    r->bounce = c->bounce;
+    r->bounce_len = c->bounce_len;
+    c->bounce = NULL;
     /* The pins keep the memory registered until the data is sent. */
     memcpy(r->iov, c->iov, sizeof(struct iovec) * n);
     memcpy(r->pins, c->pins, sizeof(void *) * n);
@@ -523,10 +608,16 @@ static int kvli_tcp_conn_rx_step(kvli_tcp_iface_t *iface, kvli_tcp_conn_t *c, ui
         *budget = (uint64_t)n >= *budget ? 0 : *budget - (uint64_t)n;
         if (c->pay_got < c->h.payload)
             return 1;
+        /* VRAM ranges: upload before the acknowledgement */
+        if (c->nsp > 0)
+            kvli_tcp_conn_stage_copy(iface, c, 0);
+        kvli_tcp_bounce_put(iface, c->bounce, c->bounce_len);
+        c->bounce = NULL;
         kvli_tcp_conn_unpin(iface, c);
         c->rphase = KVLI_TCP_RX_HDR;
-        kvli_tcp_conn_push(iface, c, kvli_tcp_reply_new(KVLI_TCP_MSG_WRITE_ACK, c->h.id, KVL_OK,
-                                                        NULL, 0, NULL, 0));
+        kvli_tcp_conn_push(iface, c, kvli_tcp_reply_new(KVLI_TCP_MSG_WRITE_ACK, c->h.id, c->refuse,
+                                                        c->refuse == KVL_OK ? NULL : c->refuse_text,
+                                                        0, NULL, 0));
         return 1;
     }
     case KVLI_TCP_RX_DRAIN: {

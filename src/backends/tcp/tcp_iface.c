@@ -92,6 +92,8 @@ static void *kvli_tcp_progress_main(void *arg)
                 pthread_cond_broadcast(&iface->cond);
                 continue;
             }
+            if (p->up_head != NULL)
+                kvli_tcp_stage_uploads(p);
             kvli_tcp_xfer_reap(p, &done);
             kvli_tcp_xfer_generate(p);
             if (!p->dead)
@@ -131,7 +133,8 @@ static void *kvli_tcp_progress_main(void *arg)
             slot[n].peer = p;
             slot[n].fd = p->fd;
             pfd[n].fd = p->fd;
-            pfd[n].events = (short)(POLLIN | (p->sq_head != NULL ? POLLOUT : 0));
+            pfd[n].events = (short)(POLLIN | (p->sq_head != NULL && p->sq_head->ticket == NULL
+                                                  ? POLLOUT : 0));
             n++;
         }
         npeers = n;
@@ -148,7 +151,10 @@ static void *kvli_tcp_progress_main(void *arg)
         }
         for (size_t i = 0; i < n; i++)
             pfd[i].revents = 0;
-        if (poll(pfd, (nfds_t)n, busy ? 50 : 1000) < 0 && errno != EINTR) {
+        /* staging copies wake us when done (cuLaunchHostFunc); 1 ms is the
+         * backstop for a driver without host functions */
+        if (poll(pfd, (nfds_t)n, atomic_load(&iface->staging) ? 1 : busy ? 50 : 1000) < 0 &&
+            errno != EINTR) {
             int e = errno;
             iface->ctx->log(iface->ctx, KVL_LOG_ERROR, "tcp: poll() = -1 %s (%s)",
                             kvli_errno_name(e), strerror(e));
@@ -382,6 +388,7 @@ static kvl_status_t kvli_tcp_open(kvl_bk_ctx_t *ctx, const kvl_param_t *params, 
     iface->wake_fd = -1;
     kvli_ctx_secret(ctx, &iface->secret, &iface->secret_len);
     pthread_mutex_init(&iface->lock, NULL);
+    pthread_mutex_init(&iface->pool_lock, NULL);
     pthread_condattr_init(&ca);
     pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
     pthread_cond_init(&iface->cond, &ca);
@@ -467,6 +474,8 @@ static void kvli_tcp_close(void *bk)
         iface->conns = c->next;
         kvli_tcp_conn_free(iface, c);
     }
+    kvli_tcp_pool_fini(iface);
+    pthread_mutex_destroy(&iface->pool_lock);
     if (iface->listen_fd >= 0)
         close(iface->listen_fd);
     if (iface->wake_fd >= 0)
@@ -495,8 +504,9 @@ const kvl_backend_ops_t kvli_tcp_ops = {
     .description = "any host, DRAM: TCP sockets, sendmsg/recvmsg straight from/into "
                    "registered memory, target-side bounds checks, optional HMAC "
                    "authentication",
-    .mem_local = KVL_MEM_BIT(KVL_MEM_DRAM),
-    .mem_remote = KVL_MEM_BIT(KVL_MEM_DRAM),
+    /* VRAM: staged through pinned host buffers (tcp_stage.c) */
+    .mem_local = KVL_MEM_BIT(KVL_MEM_DRAM) | KVL_MEM_BIT(KVL_MEM_VRAM),
+    .mem_remote = KVL_MEM_BIT(KVL_MEM_DRAM) | KVL_MEM_BIT(KVL_MEM_VRAM),
     .caps = KVL_BK_CAP_NOTIF,
     .params = kvli_tcp_params,
     .available = kvli_tcp_available,

@@ -11,8 +11,9 @@ kvl_status_t kvli_tcp_md_reg(void *bk, const kvl_region_info_t *r, void **mh_p, 
                              size_t detail_len, kvl_error_t *err)
 {
     uintptr_t ps = (uintptr_t)sysconf(_SC_PAGESIZE), start, end;
+    kvli_tcp_iface_t *iface = bk;
     kvli_tcp_mh_t *mh;
-    (void)bk;
+    int staged = 0;
     if (r == NULL || mh_p == NULL || r->len == 0 || r->addr + r->len < r->addr ||
         r->addr + r->len > (uint64_t)UINTPTR_MAX - ps) {
         kvl_bk_error_set(err, KVL_ERR_INVALID_ARG, 0, KVLI_TCP_NAME, -1,
@@ -21,17 +22,35 @@ kvl_status_t kvli_tcp_md_reg(void *bk, const kvl_region_info_t *r, void **mh_p, 
         kvl_bk_error_hint(err, "pass a non-empty range inside the address space");
         return KVL_ERR_INVALID_ARG;
     }
-    if (r->kind != KVL_MEM_DRAM) {
+    if (r->kind == KVL_MEM_VRAM) {
+        /* moved through pinned host buffers with the cuda backend's copies */
+        kvl_error_t e;
+        memset(&e, 0, offsetof(kvl_error_t, causes));
+        if (!kvli_tcp_stage_usable(iface->ctx))
+            kvl_bk_error_set(&e, KVL_ERR_UNSUPPORTED, 0, KVLI_TCP_NAME, r->dev,
+                             "the kvlane core offers no staging copies");
+        else
+            iface->ctx->stage_check(iface->ctx, r->kind, r->dev, &e);
+        if (e.code != KVL_OK) {
+            kvl_bk_error_set(err, e.code, e.sys_errno, KVLI_TCP_NAME, r->dev,
+                             "tcp register VRAM [0x%" PRIx64 ", +%" PRIu64 ") of device %d: "
+                             "cannot stage it through host memory: %.300s", r->addr, r->len,
+                             (int)r->dev, e.what);
+            kvl_bk_error_hint(err, "%s", e.hint[0] ? e.hint : "register host memory instead");
+            return e.code;
+        }
+        staged = 1;
+    } else if (r->kind != KVL_MEM_DRAM) {
         kvl_bk_error_set(err, KVL_ERR_UNSUPPORTED, 0, KVLI_TCP_NAME, r->dev,
-                         "tcp register [0x%" PRIx64 ", +%" PRIu64 "): memory kind %d is not DRAM",
-                         r->addr, r->len, (int)r->kind);
-        kvl_bk_error_hint(err, "the tcp backend moves host memory only; stage GPU memory "
-                          "through host memory (cuda backend)");
+                         "tcp register [0x%" PRIx64 ", +%" PRIu64 "): memory kind %d is neither "
+                         "DRAM nor VRAM", r->addr, r->len, (int)r->kind);
+        kvl_bk_error_hint(err, "the tcp backend moves host memory, and GPU memory staged "
+                          "through host memory; read files into registered memory first");
         return KVL_ERR_UNSUPPORTED;
     }
     start = (uintptr_t)r->addr & ~(ps - 1);
     end = ((uintptr_t)(r->addr + r->len) + ps - 1) & ~(ps - 1);
-    if (msync((void *)start, end - start, MS_ASYNC) != 0 && errno == ENOMEM) {
+    if (!staged && msync((void *)start, end - start, MS_ASYNC) != 0 && errno == ENOMEM) {
         kvl_bk_error_set(err, KVL_ERR_INVALID_ARG, ENOMEM, KVLI_TCP_NAME, -1,
                          "tcp register: msync(0x%" PRIxPTR ", %" PRIuPTR ", MS_ASYNC) = ENOMEM: "
                          "range is not mapped in this process", start, end - start);
@@ -48,8 +67,12 @@ kvl_status_t kvli_tcp_md_reg(void *bk, const kvl_region_info_t *r, void **mh_p, 
     }
     mh->addr = r->addr;
     mh->len = r->len;
+    mh->staged = staged;
+    mh->dev = r->dev;
     if (detail != NULL && detail_len > 0)
-        snprintf(detail, detail_len, "socket (sendmsg/recvmsg from/into this memory)");
+        snprintf(detail, detail_len, "%s", staged
+                 ? "staged: VRAM <-> pinned host buffers (CUDA copies) <-> socket, pipelined"
+                 : "socket (sendmsg/recvmsg from/into this memory)");
     *mh_p = mh;
     return KVL_OK;
 }
@@ -93,11 +116,12 @@ kvl_status_t kvli_tcp_md_rload(void *bk, void *peer_h, const kvl_region_info_t *
                           "build; fetch it again from the peer");
         return KVL_ERR_BAD_METADATA;
     }
-    if (r->kind != KVL_MEM_DRAM) {
+    if (r->kind != KVL_MEM_DRAM && r->kind != KVL_MEM_VRAM) {
         kvl_bk_error_set(err, KVL_ERR_UNSUPPORTED, 0, KVLI_TCP_NAME, -1,
                          "region [0x%" PRIx64 ", +%" PRIu64 ") of agent '%s' has memory kind "
-                         "%d, not DRAM", r->addr, r->len, peer->name, (int)r->kind);
-        kvl_bk_error_hint(err, "the tcp backend reaches remote host memory only");
+                         "%d, neither DRAM nor VRAM", r->addr, r->len, peer->name, (int)r->kind);
+        kvl_bk_error_hint(err, "the tcp backend reaches remote host memory, and remote GPU "
+                          "memory the peer stages");
         return KVL_ERR_UNSUPPORTED;
     }
     rh = calloc(1, sizeof(*rh));

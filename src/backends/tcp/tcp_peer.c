@@ -56,13 +56,13 @@ void kvli_tcp_peer_enqueue(kvli_tcp_peer_t *peer, kvli_tcp_msg_t *m)
     peer->sq_unsent++;
 }
 
-static void kvli_tcp_msgs_free(kvli_tcp_msg_t *m)
+static void kvli_tcp_msgs_free(kvli_tcp_iface_t *iface, kvli_tcp_msg_t *m)
 {
     while (m != NULL) {
         kvli_tcp_msg_t *n = m->next;
         if (m->sent_flag != NULL)
             *m->sent_flag = -1;
-        free(m);
+        kvli_tcp_msg_free(iface, m);
         m = n;
     }
 }
@@ -88,9 +88,12 @@ void kvli_tcp_peer_mark_dead(kvli_tcp_peer_t *peer, int sys_errno, const char *f
         peer->fd = -1;
     }
     /* Nothing on this connection can land any more: every request ends. */
-    kvli_tcp_msgs_free(peer->sq_head);
-    kvli_tcp_msgs_free(peer->wq_head);
-    peer->sq_head = peer->sq_tail = peer->wq_head = peer->wq_tail = NULL;
+    kvli_tcp_msgs_free(iface, peer->sq_head);
+    kvli_tcp_msgs_free(iface, peer->wq_head);
+    /* uploads of replies already in: waited for, so none lands after the
+     * transfer is reported */
+    kvli_tcp_msgs_free(iface, peer->up_head);
+    peer->sq_head = peer->sq_tail = peer->wq_head = peer->wq_tail = peer->up_head = NULL;
     peer->sq_unsent = 0;
     peer->win_bytes = 0;
     peer->win_reqs = 0;
@@ -406,8 +409,9 @@ void kvli_tcp_peer_unload(void *bk, void *peer_h)
     }
     if (peer->fd >= 0)
         close(peer->fd);
-    kvli_tcp_msgs_free(peer->sq_head);
-    kvli_tcp_msgs_free(peer->wq_head);
+    kvli_tcp_msgs_free(iface, peer->sq_head);
+    kvli_tcp_msgs_free(iface, peer->wq_head);
+    kvli_tcp_msgs_free(iface, peer->up_head);
     pthread_mutex_destroy(&peer->connect_lock);
     free(peer);
 }
@@ -450,6 +454,22 @@ static void kvli_tcp_peer_reply_done(kvli_tcp_peer_t *peer)
     peer->win_bytes -= m->bytes;
     peer->rphase = 0;
     peer->rhdr_got = 0;
+    if (xp != NULL && peer->rh.status == 0 && m->type == KVLI_TCP_MSG_READ && m->nsp > 0) {
+        /* READ into VRAM: upload from the bounce buffer; answered once done */
+        kvl_error_t e;
+        if (peer->iface->ctx->stage_copy(peer->iface->ctx, 0, m->sp, (size_t)m->nsp,
+                                         kvli_tcp_stage_notify, peer->iface, &m->ticket,
+                                         &e) == KVL_OK) {
+            atomic_fetch_add(&peer->iface->staging, 1);
+            m->next = peer->up_head;
+            peer->up_head = m;
+            return;
+        }
+        xp->outstanding--;
+        kvli_tcp_xfer_fail(xp, e.code, &e);
+        kvli_tcp_msg_free(peer->iface, m);
+        return;
+    }
     if (xp != NULL) {
         xp->outstanding--;
         if (peer->rh.status == 0) {
@@ -470,7 +490,7 @@ static void kvli_tcp_peer_reply_done(kvli_tcp_peer_t *peer)
             kvli_tcp_xfer_fail(xp, KVL_ERR_REMOTE_REFUSED, &e);
         }
     }
-    free(m);
+    kvli_tcp_msg_free(peer->iface, m);
 }
 
 static int kvli_tcp_peer_rx_header(kvli_tcp_peer_t *peer)
@@ -578,6 +598,22 @@ void kvli_tcp_peer_tx(kvli_tcp_peer_t *peer)
         struct msghdr mh;
         ssize_t n;
         int k = 0;
+        if (m->sent == 0 && m->xp != NULL && m->xp->status != KVL_OK &&
+            (m->type == KVLI_TCP_MSG_WRITE || m->type == KVLI_TCP_MSG_READ))
+            return; /* its transfer failed: reap takes the request back */
+        if (m->ticket != NULL) {
+            /* a staged WRITE goes once its VRAM download is done */
+            kvl_error_t e;
+            int r = iface->ctx->stage_test(iface->ctx, m->ticket, 0, &e);
+            if (r == 0)
+                return;
+            m->ticket = NULL;
+            atomic_fetch_sub(&iface->staging, 1);
+            if (r < 0) {
+                kvli_tcp_xfer_fail(m->xp, e.code, &e);
+                return;
+            }
+        }
         if (skip < m->head_len) {
             iface->tx_iov[k].iov_base = m->head + skip;
             iface->tx_iov[k++].iov_len = m->head_len - skip;
@@ -625,7 +661,7 @@ void kvli_tcp_peer_tx(kvli_tcp_peer_t *peer)
                 *m->sent_flag = 1;
                 pthread_cond_broadcast(&iface->cond);
             }
-            free(m);
+            kvli_tcp_msg_free(iface, m);
         }
     }
 }

@@ -85,7 +85,13 @@ static int kvli_tcp_walk(kvli_tcp_xpriv_t *xp, uint64_t chunk, size_t *seg_p, ui
             piece = chunk - bytes;
         if (m != NULL) {
             uint64_t la = s->laddr + blk * s->lstride + off, ra = s->raddr + blk * s->rstride + off;
+            const kvli_tcp_mh_t *lh = x->lmh[s->lreg];
             m->iov[n].iov_base = (void *)(uintptr_t)la;
+            if (m->bounce != NULL && lh->staged) {
+                /* VRAM: the socket sees the bounce buffer, the copy sees VRAM */
+                m->iov[n].iov_base = (uint8_t *)m->bounce + bytes;
+                m->sp[m->nsp++] = (kvl_stage_piece_t){la, m->iov[n].iov_base, piece, lh->dev};
+            }
             m->iov[n].iov_len = (size_t)piece;
             kvli_tcp_put64(m->head + KVLI_TCP_HDR_LEN + 16u * (unsigned)n, ra);
             kvli_tcp_put64(m->head + KVLI_TCP_HDR_LEN + 16u * (unsigned)n + 8, piece);
@@ -108,31 +114,58 @@ static int kvli_tcp_walk(kvli_tcp_xpriv_t *xp, uint64_t chunk, size_t *seg_p, ui
     return n;
 }
 
-static void kvli_tcp_xfer_chunk(kvli_tcp_peer_t *peer, kvli_tcp_xpriv_t *xp)
+/* Cut the next request of xp; 0 when no staging buffer is free (wait). */
+static int kvli_tcp_xfer_chunk(kvli_tcp_peer_t *peer, kvli_tcp_xpriv_t *xp)
 {
     kvli_tcp_iface_t *iface = peer->iface;
     size_t seg = xp->seg;
     uint64_t blk = xp->blk, off = xp->off, bytes = 0;
     uint16_t type = xp->x->op == KVL_WRITE ? KVLI_TCP_MSG_WRITE : KVLI_TCP_MSG_READ;
     kvli_tcp_msg_t *m;
+    void *bounce = NULL;
     int n = kvli_tcp_walk(xp, iface->chunk, &seg, &blk, &off, NULL, &bytes);
     if (n < 0)
-        return;
+        return 1;
     if (n == 0) {
         xp->all_queued = 1;
-        return;
+        return 1;
+    }
+    if (xp->staged) {
+        kvl_error_t e;
+        bounce = kvli_tcp_bounce_get(iface, iface->chunk, 0, &e);
+        if (bounce == NULL) {
+            if (e.code != KVL_OK)
+                kvli_tcp_xfer_fail(xp, e.code, &e);
+            return e.code != KVL_OK;
+        }
     }
     m = kvli_tcp_msg_new(type, n, KVLI_TCP_HDR_LEN + 16u * (size_t)n);
-    if (m == NULL) {
+    if (m != NULL && bounce != NULL) {
+        m->bounce = bounce;
+        m->sp = malloc(sizeof(*m->sp) * (size_t)n);
+    }
+    if (m == NULL || (bounce != NULL && m->sp == NULL)) {
         kvl_error_t e;
         kvl_bk_error_set(&e, KVL_ERR_NO_MEMORY, ENOMEM, KVLI_TCP_NAME, -1,
                          "tcp: malloc() of a request of %d ranges failed", n);
         kvl_bk_error_hint(&e, "the process is out of memory");
         kvli_tcp_xfer_fail(xp, KVL_ERR_NO_MEMORY, &e);
-        return;
+        if (m != NULL)
+            kvli_tcp_msg_free(iface, m);
+        else
+            kvli_tcp_bounce_put(iface, bounce, iface->chunk);
+        return 1;
     }
     kvli_tcp_walk(xp, iface->chunk, &xp->seg, &xp->blk, &xp->off, m, &bytes);
+    if (m->bounce != NULL && m->nsp == 0) {
+        kvli_tcp_bounce_put(iface, m->bounce, iface->chunk); /* only host pieces */
+        m->bounce = NULL;
+    }
     m->xp = xp;
+    if (kvli_tcp_stage_request(peer, m) != 0) {
+        kvli_tcp_msg_free(iface, m);
+        return 1;
+    }
     m->id = ++peer->next_id;
     m->bytes = bytes;
     kvli_tcp_proto_hdr_build(m->head, type, m->id,
@@ -145,6 +178,7 @@ static void kvli_tcp_xfer_chunk(kvli_tcp_peer_t *peer, kvli_tcp_xpriv_t *xp)
     kvli_tcp_peer_enqueue(peer, m);
     if (xp->seg >= xp->x->nsegs)
         xp->all_queued = 1;
+    return 1;
 }
 
 static kvli_tcp_xpriv_t *kvli_tcp_xfer_pick(kvli_tcp_peer_t *peer)
@@ -168,9 +202,8 @@ void kvli_tcp_xfer_generate(kvli_tcp_peer_t *peer)
     while (!peer->dead && peer->sq_unsent < 2 && peer->win_reqs < KVLI_TCP_WINDOW_REQS &&
            peer->win_bytes < KVLI_TCP_WINDOW_BYTES) {
         kvli_tcp_xpriv_t *xp = kvli_tcp_xfer_pick(peer);
-        if (xp == NULL)
+        if (xp == NULL || !kvli_tcp_xfer_chunk(peer, xp))
             return;
-        kvli_tcp_xfer_chunk(peer, xp);
     }
 }
 
@@ -189,7 +222,7 @@ static void kvli_tcp_xfer_unqueue(kvli_tcp_peer_t *peer, kvli_tcp_xpriv_t *xp)
             peer->win_reqs--;
             peer->win_bytes -= m->bytes;
             xp->outstanding--;
-            free(m);
+            kvli_tcp_msg_free(peer->iface, m);
             continue;
         }
         prev = m;
@@ -289,7 +322,8 @@ void kvli_tcp_xfer_complete(kvli_tcp_iface_t *iface, kvli_tcp_xpriv_t *done)
         kvli_tcp_xpriv_t *xp = done, **pp;
         kvl_bk_xfer_t *x = xp->x;
         done = xp->next_done;
-        snprintf(x->path, sizeof(x->path), "socket");
+        snprintf(x->path, sizeof(x->path), "%s",
+                 xp->staged ? "socket, VRAM staged via pinned host memory" : "socket");
         iface->ctx->xfer_done(x, xp->status, xp->status == KVL_OK ? NULL : xp->err);
         pthread_mutex_lock(&iface->lock);
         for (pp = &xp->peer->xfers; *pp != NULL; pp = &(*pp)->next)
@@ -340,6 +374,10 @@ kvl_status_t kvli_tcp_xfer_post(void *bk, kvl_bk_xfer_t *x, kvl_error_t *err)
     xp->x = x;
     xp->peer = peer;
     xp->timeout_ms = tmo;
+    for (size_t i = 0; i < x->nsegs && !xp->staged; i++) {
+        const kvli_tcp_mh_t *lh = x->lmh[x->segs[i].lreg];
+        xp->staged = lh != NULL && lh->staged;
+    }
     x->bk_priv = xp;
     x->path[0] = '\0';
     pthread_mutex_lock(&iface->lock);
