@@ -34,7 +34,10 @@ extern "C" {
 
 enum {
     KVL_BK_CAP_NOTIF = 1u << 0,       /* carries notifications */
-    KVL_BK_CAP_SAME_HOST = 1u << 1    /* reaches peers on this host only */
+    KVL_BK_CAP_SAME_HOST = 1u << 1,   /* reaches peers on this host only */
+    /* VRAM in mem_local/mem_remote is staged through host memory: transfers
+     * touching VRAM pick it only when no backend reaches VRAM directly */
+    KVL_BK_CAP_STAGED_VRAM = 1u << 2
 };
 
 /* A registered range as the core sees it. */

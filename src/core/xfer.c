@@ -47,11 +47,18 @@ static kvl_status_t kvli_pick_backend(kvl_agent_t *a, kvl_xfer_t *x, const kvl_p
              "agent '%s'", kvl_mem_kind_name(lp->kind), kvl_mem_kind_name(rp->kind), a->name,
              rem->name);
     kvli_scopy(err->agent, sizeof(err->agent), rem->name);
-    for (unsigned b = 0; b < a->nbks; b++) {
+    /* VRAM on either side: backends that reach it directly come first, those
+     * that stage it through host memory (tcp) after them. */
+    bool vram = lp->kind == KVL_MEM_VRAM || rp->kind == KVL_MEM_VRAM;
+    for (unsigned k = 0; k < 2 * a->nbks; k++) {
+        unsigned b = k % a->nbks;
         struct kvl_backend *bk = a->bks[b];
+        bool staged = vram && (bk->ops->caps & KVL_BK_CAP_STAGED_VRAM);
         char why[256] = "";
         if (want && strcmp(want, bk->ops->name) != 0)
             continue;
+        if ((k < a->nbks) == staged)
+            continue; /* first round: direct backends; second: staging ones */
         if (!(bk->ops->mem_local & KVL_MEM_BIT(lp->kind)))
             snprintf(why, sizeof(why), "does not serve local %s memory", kvl_mem_kind_name(lp->kind));
         else if (!(bk->ops->mem_remote & KVL_MEM_BIT(rp->kind)))

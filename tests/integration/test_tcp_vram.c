@@ -1,15 +1,17 @@
 /*
  * VRAM over the tcp backend, staged through pinned host buffers (skips with
- * 77 and the reason without a driver or GPU). Two processes, each with the
- * tcp backend only: the cuda backend is not created, its copies are lent
- * through the core. Covers:
+ * 77 and the reason without a driver or GPU). Two processes; the initiator
+ * creates the tcp backend only (the cuda backend's copies are lent through
+ * the core), the target tcp and cuda. Covers:
  *   - registration: VRAM accepted by tcp, the report says it is staged;
  *   - WRITE local VRAM -> remote VRAM (64 MiB), notification after the data;
  *   - READ remote VRAM -> local VRAM;
  *   - 2048 scattered 16 KiB blocks both ways (the target checks every byte
  *     in and between the blocks);
  *   - VRAM -> remote plain DRAM (malloc) and plain DRAM -> remote VRAM;
- *   - the transfer's path says it was staged.
+ *   - the transfer's path says it was staged;
+ *   - with cuda created too (after tcp), VRAM -> VRAM picks CUDA IPC, and
+ *     asking for tcp still stages.
  *
  * CUDA is not fork-safe: the parent never touches it.
  * KVL_TEST_LABELS: gpu nosan tcp
@@ -59,11 +61,11 @@ static char *rcv(int fd, uint64_t *len_p)
     return b;
 }
 
-static kvl_agent_t *mk_agent(const char *name)
+static kvl_agent_t *mk_agent(const char *name, const char *backends)
 {
     char why[256];
     kvl_agent_config_t cfg = {.field_mask = KVL_AGENT_CFG_BACKENDS | KVL_AGENT_CFG_TIMEOUT,
-                              .create_backends = "tcp", .timeout_ms = 10000};
+                              .create_backends = backends, .timeout_ms = 10000};
     kvl_agent_t *a;
     if (kt_cuda_open(&cu, why, sizeof(why)) != 0)
         KT_SKIP("%s", why);
@@ -83,8 +85,9 @@ static void reg(kvl_agent_t *a, uint64_t addr, uint64_t len, kvl_mem_kind_t kind
     printf("%s", text);
     KT_OK(st);
     KT_CHECK(rep->n_entries == 1 && rep->entries[0].n_outcomes >= 1);
-    if (kind == KVL_MEM_VRAM)
-        KT_CHECK(strstr(rep->entries[0].outcomes[0].detail, "staged") != NULL);
+    for (unsigned k = 0; k < rep->entries[0].n_outcomes && kind == KVL_MEM_VRAM; k++)
+        if (strcmp(rep->entries[0].outcomes[k].backend, "tcp") == 0)
+            KT_CHECK(strstr(rep->entries[0].outcomes[k].detail, "staged") != NULL);
     kvl_reg_report_free(rep);
 }
 
@@ -132,7 +135,7 @@ static long dev_check(kt_cu_ptr d, uint64_t base, uint64_t over, int scattered)
 /* ---- target: VRAM and plain DRAM; checks on command ---- */
 static void target(int fd)
 {
-    kvl_agent_t *a = mk_agent("tgt");
+    kvl_agent_t *a = mk_agent("tgt", "tcp,cuda");
     kt_cu_ptr d;
     unsigned char *host = malloc(LEN);
     KT_CHECK(cu.MemAlloc(&d, LEN) == 0 && host != NULL);
@@ -196,8 +199,8 @@ static void ask(int fd, const char *cmd)
     free(res);
 }
 
-static void run(kvl_agent_t *a, kvl_xfer_op_t op, kvl_dlist_t *l, kvl_dlist_t *r,
-                const char *notif, const char *what, int want_staged)
+static void run_bk(kvl_agent_t *a, kvl_xfer_op_t op, kvl_dlist_t *l, kvl_dlist_t *r,
+                   const char *notif, const char *what, const char *backend, const char *want_path)
 {
     kvl_xfer_params_t p = {0};
     kvl_xfer_stats_t s;
@@ -207,6 +210,10 @@ static void run(kvl_agent_t *a, kvl_xfer_op_t op, kvl_dlist_t *l, kvl_dlist_t *r
         p.notif = notif;
         p.notif_len = strlen(notif);
     }
+    if (backend) {
+        p.field_mask |= KVL_XFER_PARAM_BACKEND;
+        p.backend = backend;
+    }
     KT_OK(kvl_xfer_create(a, op, l, "tgt", r, &p, &x));
     kvl_status_t st = kvl_xfer_post(x);
     KT_CHECK(st == KVL_OK || st == KVL_IN_PROGRESS);
@@ -214,8 +221,14 @@ static void run(kvl_agent_t *a, kvl_xfer_op_t op, kvl_dlist_t *l, kvl_dlist_t *r
     KT_OK(kvl_xfer_get_stats(x, &s));
     printf("  %-34s %6.1f MiB %5llu blocks  path '%s'  %.2f ms\n", what, (double)s.bytes / MB,
            (unsigned long long)s.blocks, s.path, (double)s.duration_ns / 1e6);
-    KT_CHECK(!want_staged || strstr(s.path, "staged") != NULL);
+    KT_CHECK(strstr(s.path, want_path) != NULL);
     kvl_xfer_release(x);
+}
+
+static void run(kvl_agent_t *a, kvl_xfer_op_t op, kvl_dlist_t *l, kvl_dlist_t *r,
+                const char *notif, const char *what, int want_staged)
+{
+    run_bk(a, op, l, r, notif, what, NULL, want_staged ? "staged" : "socket");
 }
 
 static kvl_dlist_t *list(kvl_mem_kind_t kind, uint64_t addr, int scattered)
@@ -231,11 +244,12 @@ static kvl_dlist_t *list(kvl_mem_kind_t kind, uint64_t addr, int scattered)
 
 static void initiator(int fd)
 {
-    kvl_agent_t *a = mk_agent("ini");
+    kvl_agent_t *a = mk_agent("ini", "tcp");
     uint64_t bl;
     char *blob = rcv(fd, &bl), name[64];
     KT_OK(kvl_metadata_load(a, blob, bl, name, sizeof(name)));
-    free(blob);
+    char *blob2 = blob; /* loaded again by a second agent at the end */
+    uint64_t bl2 = bl;
     kvl_mem_desc_t rr[4];
     size_t nr = 0;
     kvl_mem_kind_t rk[4];
@@ -279,6 +293,21 @@ static void initiator(int fd)
     kt_fill(host, LEN, 7);
     run(a, KVL_WRITE, ld, rv1, "w-dv", "WRITE DRAM -> remote VRAM", 0);
     ask(fd, "V 1 7 0 w-dv");
+
+    /* With the cuda backend created too (after tcp), VRAM -> VRAM on one
+     * host goes through CUDA IPC: staging backends come last. Asking for
+     * tcp still stages. */
+    kvl_agent_t *a2 = mk_agent("ini2", "tcp,cuda");
+    KT_OK(kvl_metadata_load(a2, blob2, bl2, name, sizeof(name)));
+    reg(a2, d, LEN, KVL_MEM_VRAM, 0);
+    dev_fill(d, LEN, 8);
+    run_bk(a2, KVL_WRITE, lv, rv1, "w-ipc", "WRITE VRAM -> VRAM, tcp+cuda", NULL, "cuda");
+    ask(fd, "V 1 8 0 w-ipc");
+    dev_fill(d, LEN, 9);
+    run_bk(a2, KVL_WRITE, lv, rv1, "w-tcp", "WRITE VRAM -> VRAM, asks tcp", "tcp", "staged");
+    ask(fd, "V 1 9 0 w-tcp");
+    kvl_agent_destroy(a2);
+    free(blob2);
 
     snd(fd, "bye", 3);
     kvl_dlist_destroy(lv);
