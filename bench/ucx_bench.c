@@ -4,11 +4,24 @@
  * (bench/ucx_compare.sh runs both).
  *
  *   ucx_bench [-s SIZE] [-b BLOCKS] [-t SECONDS] [-w INFLIGHT] [-p k=v,...]
+ *             [-a app|ucx] [-f spread|same]
  *
- * Each transfer moves BLOCKS blocks of SIZE bytes, one put each (blocks are
- * spaced apart so they do not coalesce); INFLIGHT transfers are kept posted.
- * Prints "size <SIZE> GB/s <x> path <path>". UCX_* variables (UCX_TLS...)
- * apply to both processes. Exit 0 ok, 1 failure, 77 ucx unavailable.
+ * Each transfer moves BLOCKS blocks of SIZE bytes, one put each; INFLIGHT
+ * transfers are kept posted. BLOCKS defaults to 32 MiB / SIZE (at least 1).
+ *   -a app     both sides register memory the application mapped (mmap);
+ *              UCX reaches it through cma on one host (default)
+ *   -a ucx     both sides allocate with kvl_mem_alloc_ex(backend "ucx"), i.e.
+ *              ucp_mem_map(ALLOCATE) as ucx_perftest does: a sysv/posix
+ *              segment UCX's shared-memory transports copy into directly
+ *   -f spread  block j at offset 2*j*SIZE on both sides: a footprint of
+ *              2*BLOCKS*SIZE per side, nothing coalesces (default)
+ *   -f same    every block is the same SIZE bytes at offset 0 on both sides
+ *              (a buffer of SIZE per side, BLOCKS identical list entries,
+ *              which kvlane does not merge), as ucx_perftest -t ucp_put_bw
+ *              puts one SIZE buffer to one remote address again and again
+ * Prints "size <SIZE> blocks <n> inflight <n> alloc <a> footprint <f> GB/s
+ * <x> path <path>". UCX_* variables (UCX_TLS...) apply to both processes.
+ * Exit 0 ok, 1 failure, 77 ucx unavailable.
  */
 #include <inttypes.h>
 #include <stdio.h>
@@ -61,8 +74,20 @@ static kvl_agent_t *kvb_agent(const char *name, char *params)
     return a;
 }
 
-static void *kvb_buf(size_t len)
+static int kvb_ucx_alloc; /* -a ucx */
+
+static void *kvb_buf(kvl_agent_t *a, size_t len)
 {
+    if (kvb_ucx_alloc) {
+        kvl_alloc_params_t ap = {.field_mask = KVL_ALLOC_PARAM_BACKEND, .backend = "ucx"};
+        void *p = NULL;
+        if (kvl_mem_alloc_ex(a, len, &ap, &p) != KVL_OK) {
+            kvb_fail("kvl_mem_alloc_ex(ucx)");
+            return NULL;
+        }
+        memset(p, 1, len); /* fault it in, as MAP_POPULATE does */
+        return p;
+    }
     void *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE,
                    -1, 0);
     return p == MAP_FAILED ? NULL : p;
@@ -74,9 +99,23 @@ int main(int argc, char **argv)
     double secs = 2.0;
     unsigned inflight = 2;
     char *params = NULL;
-    int c;
-    while ((c = getopt(argc, argv, "s:b:t:w:p:")) != -1) {
+    int c, same = 0;
+    while ((c = getopt(argc, argv, "s:b:t:w:p:a:f:")) != -1) {
         switch (c) {
+        case 'a':
+            if (strcmp(optarg, "ucx") != 0 && strcmp(optarg, "app") != 0) {
+                fprintf(stderr, "ucx_bench: -a takes app or ucx\n");
+                return 2;
+            }
+            kvb_ucx_alloc = optarg[0] == 'u';
+            break;
+        case 'f':
+            if (strcmp(optarg, "same") != 0 && strcmp(optarg, "spread") != 0) {
+                fprintf(stderr, "ucx_bench: -f takes spread or same\n");
+                return 2;
+            }
+            same = optarg[1] == 'a';
+            break;
         case 's': size = strtoull(optarg, NULL, 0); break;
         case 'b': blocks = strtoull(optarg, NULL, 0); break;
         case 't': secs = atof(optarg); break;
@@ -84,7 +123,7 @@ int main(int argc, char **argv)
         case 'p': params = optarg; break;
         default:
             fprintf(stderr, "usage: ucx_bench [-s SIZE] [-b BLOCKS] [-t SECONDS] [-w INFLIGHT] "
-                            "[-p k=v,...]\n");
+                            "[-p k=v,...] [-a app|ucx] [-f spread|same]\n");
             return 2;
         }
     }
@@ -97,7 +136,8 @@ int main(int argc, char **argv)
         blocks = size >= (32u << 20) ? 1 : (32u << 20) / size;
     if (inflight == 0 || inflight > 16)
         inflight = 2;
-    size_t len = (size_t)(blocks * size * 2);   /* every other block: no coalescing */
+    /* spread: every other block, so nothing coalesces; same: one block */
+    size_t len = same ? (size_t)size : (size_t)(blocks * size * 2);
     int md[2], go[2];
     if (pipe(md) != 0 || pipe(go) != 0)
         return 1;
@@ -107,7 +147,7 @@ int main(int argc, char **argv)
         close(md[0]);
         close(go[1]);
         kvl_agent_t *t = kvb_agent("bench-target", params);
-        void *buf = kvb_buf(len);
+        void *buf = t ? kvb_buf(t, len) : NULL;
         void *blob;
         size_t bl;
         kvl_mem_desc_t d = {(uint64_t)(uintptr_t)buf, len, KVL_DEV_ANY};
@@ -127,7 +167,7 @@ int main(int argc, char **argv)
     close(md[1]);
     close(go[0]);
     kvl_agent_t *a = kvb_agent("bench-initiator", params);
-    void *buf = kvb_buf(len);
+    void *buf = a ? kvb_buf(a, len) : NULL;
     if (a == NULL || buf == NULL)
         return 1;
     kvl_mem_desc_t d = {(uint64_t)(uintptr_t)buf, len, KVL_DEV_ANY};
@@ -156,8 +196,15 @@ int main(int argc, char **argv)
     kvl_dlist_t *l, *rl;
     kvl_dlist_create(KVL_MEM_DRAM, 1, &l);
     kvl_dlist_create(KVL_MEM_DRAM, 1, &rl);
-    kvl_dlist_add_strided(l, d.addr, 2 * size, blocks, size, KVL_DEV_ANY);
-    kvl_dlist_add_strided(rl, r.addr, 2 * size, blocks, size, KVL_DEV_ANY);
+    if (same) {
+        for (uint64_t j = 0; j < blocks; j++) {
+            kvl_dlist_add(l, d.addr, size, KVL_DEV_ANY);
+            kvl_dlist_add(rl, r.addr, size, KVL_DEV_ANY);
+        }
+    } else {
+        kvl_dlist_add_strided(l, d.addr, 2 * size, blocks, size, KVL_DEV_ANY);
+        kvl_dlist_add_strided(rl, r.addr, 2 * size, blocks, size, KVL_DEV_ANY);
+    }
     for (unsigned i = 0; i < inflight; i++)
         if (kvl_xfer_create(a, KVL_WRITE, l, "bench-target", rl, NULL, &x[i]) != KVL_OK)
             return kvb_fail("kvl_xfer_create");
@@ -187,8 +234,9 @@ int main(int argc, char **argv)
         kvl_xfer_wait(x[i], 60000);
     kvl_xfer_stats_t st;
     kvl_xfer_get_stats(x[0], &st);
-    printf("size %" PRIu64 " blocks %" PRIu64 " inflight %u GB/s %.3f path %s\n", size, blocks,
-           inflight, (double)moved / (t - t0) / 1e9, st.path);
+    printf("size %" PRIu64 " blocks %" PRIu64 " inflight %u alloc %s footprint %s GB/s %.3f "
+           "path %s\n", size, blocks, inflight, kvb_ucx_alloc ? "ucx" : "app",
+           same ? "same" : "spread", (double)moved / (t - t0) / 1e9, st.path);
     for (unsigned i = 0; i < inflight; i++)
         kvl_xfer_release(x[i]);
     kvl_dlist_destroy(l);

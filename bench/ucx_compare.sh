@@ -1,20 +1,41 @@
 #!/usr/bin/env bash
-# kvlane over ucx vs ucx_perftest put bandwidth, same transports, same sizes,
-# same run. Prints one table with a ratio column (kvlane / ucx_perftest).
+# kvlane over ucx vs ucx_perftest put bandwidth: same transports, sizes,
+# memory and footprint, same run. Prints one table with a ratio column
+# (kvlane / ucx_perftest).
 #
 #   bench/ucx_compare.sh [BUILD_DIR] [TRANSPORTS...]
 #
 # BUILD_DIR defaults to ./build (it needs bench/ucx_bench and
 # modules/libkvlane-ucx.so). TRANSPORTS are UCX_TLS values; "default" leaves
 # UCX_TLS unset. Default list: tcp sm default. Sizes: 64 KiB, 1 MiB, 16 MiB.
-# Both programs run with the shared-memory transports' error handling
-# exposed (UCX_{SYSV,POSIX}_ERROR_HANDLING=y), as kvlane's peer error
-# handling needs, so both select the same transports.
 #
-# Note: ucx_perftest puts into memory UCX allocated itself (ucp_mem_map
-# ALLOCATE); on "sm"/"default" UCX can then map the target's buffer and
-# copy directly, while kvlane registers memory the application owns, which
-# UCX reaches through cross-memory attach (cma). tcp is like for like.
+# What each side does (docs/backends-ucx.md, "Performance"):
+#   ucx_perftest -t ucp_put_bw -s SIZE -n ITERS: both sides allocate SIZE
+#     bytes with ucp_mem_map(UCP_MEM_MAP_ALLOCATE); the sender calls
+#     ucp_put_nbx of that buffer to the same remote address ITERS times
+#     (no flush in between) and flushes the worker at the end.
+#   ucx_bench -f same: each transfer lists the same SIZE block at the same
+#     local and remote address BLOCKS times (32 MiB / SIZE: 512, 32, 2); two transfers stay posted; the ucx backend issues one
+#     ucp_put_nbx per entry and one ucp_ep_flush_nbx per transfer (per 64 MiB
+#     batch).
+# Rows, per transport and size:
+#   mem=ucx  UCX-allocated memory on both sides: perftest as is, kvlane
+#            -a ucx (kvl_mem_alloc_ex backend "ucx": ucp_mem_map ALLOCATE).
+#            On sm/default UCX allocates a sysv/posix segment and a put is a
+#            copy into the peer's mapped segment.
+#   mem=app  application (private) memory on both sides: perftest with
+#            UCX_ALLOC_PRIO=mmap (UCX's allocation is then a private mmap,
+#            like an application's buffer), kvlane -a app (mmap'ed buffers,
+#            registered). UCX 1.13 does not put into such memory through cma:
+#            it emulates the put with active messages over its sm (or tcp)
+#            lanes and the target's progress copies the data in; perftest
+#            cannot be made to use cma for put either (UCX_TLS=cma,tcp gives
+#            tcp's numbers, on both sides).
+# Extra column "spread": kvlane with UCX-allocated memory and the KV-like
+# footprint (-f spread: 32 MiB of distinct blocks per transfer), for
+# reference; it has no perftest counterpart.
+# Both programs run with UCX_{SYSV,POSIX}_ERROR_HANDLING=y, as kvlane's peer
+# error handling needs, so both select the same transports.
 set -uo pipefail
 build=${1:-build}
 shift || true
@@ -28,36 +49,45 @@ command -v ucx_perftest >/dev/null || { echo "SKIP: ucx_perftest not found (Debi
 export UCX_SYSV_ERROR_HANDLING=${UCX_SYSV_ERROR_HANDLING:-y}
 export UCX_POSIX_ERROR_HANDLING=${UCX_POSIX_ERROR_HANDLING:-y}
 
-perftest_gbps() { # tls size
-    local tls=$1 size=$2 iters out
-    # about 2 GB moved, at least 50 iterations (tcp is slow: a tenth)
-    iters=$(( 2000000000 / size )); [ $iters -gt 20000 ] && iters=20000; [ $iters -lt 50 ] && iters=50
-    [ "$tls" = tcp ] && iters=$(( iters / 10 + 20 ))
+perftest_gbps() { # tls size mem
+    local tls=$1 size=$2 mem=$3 iters out bytes prio=""
+    # about 8 GB moved on shared memory, 0.4 GB on tcp; 50 to 200000 iterations
+    bytes=8000000000; [ "$tls" = tcp ] && bytes=400000000
+    iters=$(( bytes / size )); [ $iters -gt 200000 ] && iters=200000; [ $iters -lt 50 ] && iters=50
+    [ "$mem" = app ] && prio=mmap
     port=$((port + 1))
-    ( [ "$tls" = default ] || export UCX_TLS=$tls; exec timeout 120 ucx_perftest -p $port ) >/dev/null 2>&1 &
+    ( [ "$tls" = default ] || export UCX_TLS=$tls; [ -n "$prio" ] && export UCX_ALLOC_PRIO=$prio
+      exec timeout 120 ucx_perftest -p $port ) >/dev/null 2>&1 &
     local srv=$!
     sleep 0.5
-    out=$( ( [ "$tls" = default ] || export UCX_TLS=$tls
+    out=$( ( [ "$tls" = default ] || export UCX_TLS=$tls; [ -n "$prio" ] && export UCX_ALLOC_PRIO=$prio
              timeout 120 ucx_perftest 127.0.0.1 -p $port -t ucp_put_bw -s "$size" -n $iters ) 2>&1 )
     wait $srv 2>/dev/null
     # Final: iters lat(typ avg overall) bw(avg overall MB/s) rate(avg overall)
     echo "$out" | awk '/^Final:/ { printf "%.3f", $7 / 1000.0 * 1.048576 }'
 }
 
-kvlane_gbps() { # tls size
-    local tls=$1 size=$2
+kvlane_gbps() { # tls size alloc footprint
+    local tls=$1 size=$2 alloc=$3 fp=$4
     ( [ "$tls" = default ] || export UCX_TLS=$tls
-      KVL_MODULE_PATH="$build/modules" timeout 120 "$bench" -s "$size" -t "$secs" ) 2>&1 |
+      KVL_MODULE_PATH="$build/modules" timeout 120 "$bench" -s "$size" -t "$secs" -a "$alloc" \
+          -f "$fp" ) 2>&1 |
         awk '/^size/ { for (i = 1; i <= NF; i++) if ($i == "GB/s") print $(i + 1) }'
 }
 
-printf "%-9s %-8s %14s %14s %7s\n" transport size "perftest GB/s" "kvlane GB/s" ratio
+printf "%-9s %-6s %-4s %14s %12s %7s %12s\n" transport size mem "perftest GB/s" "kvlane GB/s" \
+    ratio "spread GB/s"
 for tls in "${tls_list[@]}"; do
     for size in 65536 1048576 16777216; do
-        p=$(perftest_gbps "$tls" "$size")
-        k=$(kvlane_gbps "$tls" "$size")
-        r=$(awk -v p="${p:-0}" -v k="${k:-0}" 'BEGIN { if (p > 0) printf "%.2f", k / p; else print "n/a" }')
         case $size in 65536) s=64KiB ;; 1048576) s=1MiB ;; *) s=16MiB ;; esac
-        printf "%-9s %-8s %14s %14s %7s\n" "$tls" "$s" "${p:-fail}" "${k:-fail}" "$r"
+        for mem in ucx app; do
+            p=$(perftest_gbps "$tls" "$size" "$mem")
+            k=$(kvlane_gbps "$tls" "$size" "$mem" same)
+            sp=-
+            [ "$mem" = ucx ] && sp=$(kvlane_gbps "$tls" "$size" ucx spread)
+            r=$(awk -v p="${p:-0}" -v k="${k:-0}" 'BEGIN { if (p > 0) printf "%.2f", k / p; else print "n/a" }')
+            printf "%-9s %-6s %-4s %14s %12s %7s %12s\n" "$tls" "$s" "$mem" "${p:-fail}" \
+                "${k:-fail}" "$r" "${sp:-fail}"
+        done
     done
 done

@@ -242,6 +242,22 @@ typedef struct kvl_backend_ops {
                                void (*notify)(void *arg), void *arg, void **ticket_p,
                                kvl_error_t *err);
     int (*stage_test)(void *ticket, int wait, kvl_error_t *err);
+
+    /*
+     * Optional: allocate len bytes of host memory for the user
+     * (kvl_mem_alloc_ex naming this backend), memory this backend's
+     * transports reach better than application memory (UCX: its
+     * shared-memory segments). *ptr_p gets the address, *ah_p the backend's
+     * handle for mem_free; detail a short description ("ucp_mem_map
+     * ALLOCATE, sysv segment"). The core registers nothing: the user
+     * registers the memory (or ranges of it) afterwards, and mem_reg of a
+     * range inside it must use the allocation's own registration.
+     */
+    kvl_status_t (*mem_alloc)(void *bk, size_t len, void **ptr_p, void **ah_p, char *detail,
+                              size_t detail_len, kvl_error_t *err);
+    /* Free what mem_alloc returned. The core calls it only when no
+     * registered region lies in the allocation, and always before close. */
+    void (*mem_free)(void *bk, void *ah);
 } kvl_backend_ops_t;
 
 /* ---- helpers for backends to fill errors (header-only, no symbols) ---- */

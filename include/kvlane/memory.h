@@ -105,6 +105,30 @@ void kvl_reg_report_free(kvl_reg_report_t *report);
  * Register it like any memory. Free with kvl_mem_free().
  */
 kvl_status_t kvl_mem_alloc(kvl_agent_t *agent, size_t len, void **ptr_p);
+
+enum {
+    KVL_ALLOC_PARAM_BACKEND = 1u << 0
+};
+
+typedef struct kvl_alloc_params {
+    uint64_t field_mask;
+    /* Backend that allocates (it must be created on the agent and support
+     * allocation), e.g. "ucx": memory UCX allocates itself, which its
+     * shared-memory transports reach with a direct copy. Default: as
+     * kvl_mem_alloc (memfd). */
+    const char *backend;
+} kvl_alloc_params_t;
+
+/*
+ * kvl_mem_alloc with choices (params may be NULL: same as kvl_mem_alloc).
+ * The memory is not registered; register it (or ranges of it) like any
+ * memory. Free with kvl_mem_free() once nothing in it is registered;
+ * kvl_agent_destroy frees what is left, before the backends close.
+ */
+kvl_status_t kvl_mem_alloc_ex(kvl_agent_t *agent, size_t len, const kvl_alloc_params_t *params,
+                              void **ptr_p);
+/* Free memory from kvl_mem_alloc or kvl_mem_alloc_ex. Refused while a
+ * registered region lies in it, or for a pointer the agent did not allocate. */
 kvl_status_t kvl_mem_free(kvl_agent_t *agent, void *ptr);
 
 #ifdef __cplusplus

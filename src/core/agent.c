@@ -293,16 +293,19 @@ void kvl_agent_destroy(kvl_agent_t *a)
     pthread_mutex_unlock(&a->lock);
     /* 3. remote agents and their connections */
     kvli_remotes_destroy(a);
-    /* 4. memory, 5. backends (reverse order of creation), 6. allocations */
+    /* 4. memory, 5. allocations made by backends (UCX must not close with
+     *    them mapped), 6. backends (reverse order of creation), 7. memfd
+     *    allocations */
     pthread_mutex_lock(&a->lock);
     kvli_registry_destroy(a);
+    kvli_allocs_destroy(a, true);
     pthread_mutex_unlock(&a->lock);
     for (unsigned b = a->nbks; b-- > 0;) {
         a->bks[b]->ops->close(a->bks[b]->bk);
         free(a->bks[b]);
     }
     a->nbks = 0;
-    kvli_allocs_destroy(a);
+    kvli_allocs_destroy(a, false);
     kvli_notifs_destroy(a);
     pthread_mutex_destroy(&a->lock);
     pthread_mutex_destroy(&a->notif_lock);

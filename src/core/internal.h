@@ -79,7 +79,9 @@ typedef struct kvli_alloc {
     uint64_t id;
     void *ptr;
     size_t len;
-    int fd;
+    int fd;                           /* memfd; -1 when a backend allocated */
+    struct kvl_backend *bk;           /* the backend that allocated, or NULL */
+    void *ah;                         /* its handle */
 } kvli_alloc_t;
 
 void kvli_region_get(kvli_region_t *r);
@@ -89,7 +91,9 @@ kvli_region_t *kvli_registry_find(kvl_agent_t *a, uint64_t addr, uint64_t len);
 /* Nearest region to addr, for messages; NULL when none. */
 kvli_region_t *kvli_registry_nearest(kvl_agent_t *a, uint64_t addr);
 void kvli_registry_destroy(kvl_agent_t *a);
-void kvli_allocs_destroy(kvl_agent_t *a);
+/* Free the allocations made by backends (before they close: backends=true)
+ * or the memfd ones (backends=false). */
+void kvli_allocs_destroy(kvl_agent_t *a, bool backends);
 
 /* ---- remote agents (metadata.c) ---- */
 typedef struct kvli_rregion {

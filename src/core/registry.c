@@ -121,6 +121,8 @@ static const kvli_alloc_t *kvli_alloc_containing(const kvl_agent_t *a, uint64_t 
     for (size_t i = 0; i < a->nallocs; i++) {
         const kvli_alloc_t *al = &a->allocs[i];
         uint64_t base = (uint64_t)(uintptr_t)al->ptr;
+        if (al->fd < 0)
+            continue; /* a backend's allocation: that backend knows it */
         if (addr >= base && addr - base <= al->len && len <= al->len - (addr - base))
             return al;
     }
@@ -691,6 +693,20 @@ void kvl_reg_report_free(kvl_reg_report_t *rep)
 
 /* ---- shareable allocations ---- */
 
+/* Under the agent lock: room for one more allocation record. */
+static bool kvli_allocs_grow(kvl_agent_t *a)
+{
+    if (a->nallocs < a->capallocs)
+        return true;
+    size_t cap = a->capallocs ? a->capallocs * 2 : 8;
+    kvli_alloc_t *na = realloc(a->allocs, cap * sizeof(*na));
+    if (na == NULL)
+        return false;
+    a->allocs = na;
+    a->capallocs = cap;
+    return true;
+}
+
 kvl_status_t kvl_mem_alloc(kvl_agent_t *a, size_t len, void **ptr_p)
 {
     kvl_error_t err;
@@ -730,22 +746,89 @@ kvl_status_t kvl_mem_alloc(kvl_agent_t *a, size_t len, void **ptr_p)
         return kvli_fail(a, &err);
     }
     pthread_mutex_lock(&a->lock);
-    if (a->nallocs == a->capallocs) {
-        size_t cap = a->capallocs ? a->capallocs * 2 : 8;
-        kvli_alloc_t *na = realloc(a->allocs, cap * sizeof(*na));
-        if (na == NULL) {
-            pthread_mutex_unlock(&a->lock);
-            munmap(p, len);
-            close(fd);
-            return kvli_fail_simple(a, KVL_ERR_NO_MEMORY, NULL, "kvl_mem_alloc: out of memory");
-        }
-        a->allocs = na;
-        a->capallocs = cap;
+    if (!kvli_allocs_grow(a)) {
+        pthread_mutex_unlock(&a->lock);
+        munmap(p, len);
+        close(fd);
+        return kvli_fail_simple(a, KVL_ERR_NO_MEMORY, NULL, "kvl_mem_alloc: out of memory");
     }
-    a->allocs[a->nallocs++] = (kvli_alloc_t){++a->next_alloc_id, p, len, fd};
+    a->allocs[a->nallocs++] = (kvli_alloc_t){++a->next_alloc_id, p, len, fd, NULL, NULL};
     pthread_mutex_unlock(&a->lock);
     *ptr_p = p;
     return KVL_OK;
+}
+
+kvl_status_t kvl_mem_alloc_ex(kvl_agent_t *a, size_t len, const kvl_alloc_params_t *params,
+                              void **ptr_p)
+{
+    kvl_error_t err;
+    const char *name = params && (params->field_mask & KVL_ALLOC_PARAM_BACKEND) ? params->backend
+                                                                             : NULL;
+    if (name == NULL || name[0] == '\0')
+        return kvl_mem_alloc(a, len, ptr_p);
+    if (a == NULL || ptr_p == NULL || len == 0)
+        return kvli_fail_simple(a, KVL_ERR_INVALID_ARG, NULL,
+                                "kvl_mem_alloc_ex: agent or ptr_p is NULL, or len is 0");
+    *ptr_p = NULL;
+    struct kvl_backend *bk = NULL;
+    pthread_mutex_lock(&a->lock);
+    for (unsigned b = 0; b < a->nbks; b++)
+        if (strcmp(a->bks[b]->ops->name, name) == 0)
+            bk = a->bks[b];
+    pthread_mutex_unlock(&a->lock);
+    if (bk == NULL) {
+        kvli_err(&err, KVL_ERR_NOT_FOUND, 0, "kvl_mem_alloc_ex: backend '%s' is not created on "
+                 "agent '%s'", name, a->name);
+        kvli_scopy(err.backend, sizeof(err.backend), name);
+        kvli_hint(&err, "create the backend first (kvl_backend_create or the agent's "
+                  "create_backends), or leave the backend unset for memfd memory");
+        return kvli_fail(a, &err);
+    }
+    const kvl_backend_ops_t *ops = bk->ops;
+    if (ops->size < offsetof(kvl_backend_ops_t, mem_free) + sizeof(ops->mem_free) ||
+        ops->mem_alloc == NULL || ops->mem_free == NULL) {
+        kvli_err(&err, KVL_ERR_UNSUPPORTED, 0, "kvl_mem_alloc_ex: backend '%s' does not "
+                 "allocate memory", name);
+        kvli_scopy(err.backend, sizeof(err.backend), name);
+        kvli_hint(&err, "name a backend that allocates (ucx), or use kvl_mem_alloc() (memfd "
+                  "memory, which the shm backend maps)");
+        return kvli_fail(a, &err);
+    }
+    void *p = NULL, *ah = NULL;
+    char detail[256] = "";
+    memset(&err, 0, offsetof(kvl_error_t, causes));
+    err.device = -1;
+    kvl_status_t st = ops->mem_alloc(bk->bk, len, &p, &ah, detail, sizeof(detail), &err);
+    if (st != KVL_OK) {
+        if (err.code == KVL_OK)
+            kvl_bk_error_set(&err, st, 0, name, -1, "mem_alloc failed");
+        if (!err.backend[0])
+            kvli_scopy(err.backend, sizeof(err.backend), name);
+        return kvli_fail(a, &err);
+    }
+    pthread_mutex_lock(&a->lock);
+    if (!kvli_allocs_grow(a)) {
+        ops->mem_free(bk->bk, ah);
+        pthread_mutex_unlock(&a->lock);
+        return kvli_fail_simple(a, KVL_ERR_NO_MEMORY, NULL, "kvl_mem_alloc_ex: out of memory");
+    }
+    a->allocs[a->nallocs++] = (kvli_alloc_t){++a->next_alloc_id, p, len, -1, bk, ah};
+    pthread_mutex_unlock(&a->lock);
+    kvli_log(KVL_LOG_INFO, "core", "agent '%s': %zu bytes at %p allocated by backend %s (%s)",
+             a->name, len, p, name, detail);
+    *ptr_p = p;
+    return KVL_OK;
+}
+
+/* Under the agent lock. */
+static void kvli_alloc_release(kvli_alloc_t *al)
+{
+    if (al->bk != NULL) {
+        al->bk->ops->mem_free(al->bk->bk, al->ah);
+    } else {
+        munmap(al->ptr, al->len);
+        close(al->fd);
+    }
 }
 
 kvl_status_t kvl_mem_free(kvl_agent_t *a, void *ptr)
@@ -770,27 +853,46 @@ kvl_status_t kvl_mem_free(kvl_agent_t *a, void *ptr)
                 return kvli_fail(a, &err);
             }
         }
-        munmap(al->ptr, al->len);
-        close(al->fd);
+        kvli_alloc_release(al);
         a->allocs[i] = a->allocs[--a->nallocs];
         pthread_mutex_unlock(&a->lock);
         return KVL_OK;
     }
+    uint64_t p = (uint64_t)(uintptr_t)ptr;
+    for (size_t i = 0; i < a->nallocs; i++) {
+        uint64_t base = (uint64_t)(uintptr_t)a->allocs[i].ptr;
+        if (p > base && p - base < a->allocs[i].len) {
+            kvli_err(&err, KVL_ERR_NOT_FOUND, 0, "kvl_mem_free: %p lies inside allocation %p "
+                     "(%zu bytes) but is not its start", ptr, a->allocs[i].ptr,
+                     a->allocs[i].len);
+            kvli_hint(&err, "pass the pointer kvl_mem_alloc/kvl_mem_alloc_ex returned");
+            pthread_mutex_unlock(&a->lock);
+            return kvli_fail(a, &err);
+        }
+    }
     pthread_mutex_unlock(&a->lock);
-    kvli_err(&err, KVL_ERR_NOT_FOUND, 0, "kvl_mem_free: %p was not returned by kvl_mem_alloc on "
-             "agent '%s'", ptr, a->name);
+    kvli_err(&err, KVL_ERR_NOT_FOUND, 0, "kvl_mem_free: %p was not returned by kvl_mem_alloc or "
+             "kvl_mem_alloc_ex on agent '%s'", ptr, a->name);
+    kvli_hint(&err, "free only memory this agent allocated, once (other memory is the "
+              "application's to free)");
     return kvli_fail(a, &err);
 }
 
-void kvli_allocs_destroy(kvl_agent_t *a)
+void kvli_allocs_destroy(kvl_agent_t *a, bool backends)
 {
+    size_t keep = 0;
     for (size_t i = 0; i < a->nallocs; i++) {
-        munmap(a->allocs[i].ptr, a->allocs[i].len);
-        close(a->allocs[i].fd);
+        if ((a->allocs[i].bk != NULL) == backends)
+            kvli_alloc_release(&a->allocs[i]);
+        else
+            a->allocs[keep++] = a->allocs[i];
     }
-    free(a->allocs);
-    a->allocs = NULL;
-    a->nallocs = a->capallocs = 0;
+    a->nallocs = keep;
+    if (keep == 0) {
+        free(a->allocs);
+        a->allocs = NULL;
+        a->capallocs = 0;
+    }
 }
 
 /* ---- services for backends (target side) ---- */
@@ -843,7 +945,7 @@ kvl_status_t kvli_ctx_alloc_lookup(kvl_bk_ctx_t *ctx, uint64_t id, int *fd_p, ui
     kvl_status_t st = KVL_ERR_NOT_FOUND;
     pthread_mutex_lock(&a->lock);
     for (size_t i = 0; i < a->nallocs; i++) {
-        if (a->allocs[i].id == id) {
+        if (a->allocs[i].id == id && a->allocs[i].fd >= 0) {
             *fd_p = a->allocs[i].fd;
             *size_p = a->allocs[i].len;
             st = KVL_OK;

@@ -165,7 +165,11 @@ static void kt_peer_main(const kt_peer_opts_t *o, int in, int out)
         prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
     kvl_agent_t *a = kt_agent(o->name, o->backend ? o->backend : "shm", o->params);
     void *buf;
-    if (o->shareable)
+    if (o->shareable == 2) {
+        kvl_alloc_params_t ap = {.field_mask = KVL_ALLOC_PARAM_BACKEND,
+                                 .backend = o->backend ? o->backend : "shm"};
+        KT_OK(kvl_mem_alloc_ex(a, o->len, &ap, &buf));
+    } else if (o->shareable)
         KT_OK(kvl_mem_alloc(a, o->len, &buf));
     else {
         buf = mmap(NULL, o->len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);

@@ -71,7 +71,8 @@ typedef struct kt_peer {
 typedef struct kt_peer_opts {
     const char *name;
     size_t len;              /* buffer registered on the peer */
-    int shareable;           /* buffer from kvl_mem_alloc */
+    int shareable;           /* 1: buffer from kvl_mem_alloc; 2: allocated by the
+                                peer's backend (kvl_mem_alloc_ex) */
     const char *backend;     /* default "shm" */
     const char *params;      /* backend "k=v,k=v" */
     int non_dumpable;        /* prctl(PR_SET_DUMPABLE, 0) before anything */

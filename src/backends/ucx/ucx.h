@@ -51,10 +51,21 @@ typedef struct kvli_ucx_log {
     unsigned lines;
 } kvli_ucx_log_t;
 
+/* Memory UCX allocated for the user (mem_alloc: ucp_mem_map ALLOCATE). */
+typedef struct kvli_ucx_alloc {
+    struct kvli_ucx_alloc *next, *prev; /* iface->allocs, until unmapped */
+    uint64_t addr, len;
+    ucp_mem_h memh;
+    unsigned regions;                 /* mh's using memh (under iface->lock) */
+    int shared;                       /* a sysv/posix segment peers can map */
+    char backing[64];                 /* "sysv segment", "posix shared memory", ... */
+} kvli_ucx_alloc_t;
+
 typedef struct kvli_ucx_mh {
     struct kvli_ucx_mh *next, *prev;  /* iface->mhs: unmapped at close at the latest */
     uint64_t addr, len;
     kvl_mem_kind_t kind;
+    kvli_ucx_alloc_t *alloc;          /* inside a UCX allocation: its memh (not ours) */
     ucp_mem_h memh;
     void *rkey_buf;
     size_t rkey_len;
@@ -144,6 +155,7 @@ struct kvli_ucx_iface {
     atomic_int stopping;
     kvli_ucx_peer_t *peers;
     kvli_ucx_mh_t *mhs;
+    kvli_ucx_alloc_t *allocs;         /* unmapped after mhs, before the worker */
     kvli_ucx_xpriv_t *queue;          /* posted, not yet taken by progress */
     kvli_ucx_xpriv_t *running;        /* progress thread's own list */
     kvli_ucx_iface_t *next_live;
@@ -185,6 +197,11 @@ kvl_status_t kvli_ucx_md_reg(void *bk, const kvl_region_info_t *r, void **mh_p,
                              char *detail, size_t detail_len, kvl_error_t *err);
 void kvli_ucx_md_dereg(void *bk, void *mh);
 void kvli_ucx_md_unmap(kvli_ucx_iface_t *iface, kvli_ucx_mh_t *mh);
+kvl_status_t kvli_ucx_md_alloc(void *bk, size_t len, void **ptr_p, void **ah_p, char *detail,
+                               size_t detail_len, kvl_error_t *err);
+void kvli_ucx_md_free(void *bk, void *ah);
+/* Unmap an allocation (teardown); the record stays until md_free. */
+void kvli_ucx_md_alloc_unmap(kvli_ucx_iface_t *iface, kvli_ucx_alloc_t *al);
 kvl_status_t kvli_ucx_md_pack(void *bk, void *mh, uint8_t *buf, size_t cap, size_t *len_p);
 kvl_status_t kvli_ucx_md_rload(void *bk, void *peer, const kvl_region_info_t *r,
                                const uint8_t *key, size_t len, void **rh_p, kvl_error_t *err);

@@ -307,6 +307,9 @@ static void kvli_ucx_iface_teardown(kvli_ucx_iface_t *iface)
     }
     while (iface->mhs != NULL)
         kvli_ucx_md_unmap(iface, iface->mhs);
+    /* after the regions that use their memh, before the worker and context */
+    while (iface->allocs != NULL)
+        kvli_ucx_md_alloc_unmap(iface, iface->allocs);
     if (iface->addr != NULL)
         ucp_worker_release_address(iface->worker, iface->addr);
     iface->addr = NULL;
@@ -473,6 +476,9 @@ static const kvl_backend_ops_t kvli_ucx_ops = {
     .peer_describe = kvli_ucx_ep_describe,
     .mem_query = NULL,
     .probe = kvli_ucx_probe,
+    .xfer_release = NULL,
+    .mem_alloc = kvli_ucx_md_alloc,
+    .mem_free = kvli_ucx_md_free,
 };
 
 const kvl_backend_ops_t *kvl_backend_module_v1(void) __attribute__((visibility("default")));

@@ -36,6 +36,14 @@ void kvli_ucx_md_unmap(kvli_ucx_iface_t *iface, kvli_ucx_mh_t *mh)
     if (mh->rkey_buf != NULL)
         ucp_rkey_buffer_release(mh->rkey_buf);
     mh->rkey_buf = NULL;
+    if (mh->alloc != NULL) {
+        /* the allocation's memh: it is unmapped with the allocation */
+        pthread_mutex_lock(&iface->lock);
+        mh->alloc->regions--;
+        pthread_mutex_unlock(&iface->lock);
+        mh->alloc = NULL;
+        mh->memh = NULL;
+    }
     if (mh->memh != NULL && iface->context != NULL) {
         ucs_status_t s = ucp_mem_unmap(iface->context, mh->memh);
         if (s != UCS_OK)
@@ -44,6 +52,150 @@ void kvli_ucx_md_unmap(kvli_ucx_iface_t *iface, kvli_ucx_mh_t *mh)
                             ucs_status_string(s));
     }
     mh->memh = NULL;
+}
+
+/* Under iface->lock: the allocation holding [addr, addr+len), or NULL. */
+static kvli_ucx_alloc_t *kvli_ucx_alloc_find(kvli_ucx_iface_t *iface, uint64_t addr,
+                                             uint64_t len)
+{
+    for (kvli_ucx_alloc_t *al = iface->allocs; al != NULL; al = al->next)
+        if (addr >= al->addr && addr - al->addr <= al->len && len <= al->len - (addr - al->addr))
+            return al;
+    return NULL;
+}
+
+/* What backs the memory at addr, from /proc/self/maps: UCX's sysv and posix
+ * memory domains allocate shared segments peers can map; anything else
+ * (UCX fell back to mmap or the heap) is private memory. */
+static void kvli_ucx_alloc_backing(kvli_ucx_alloc_t *al)
+{
+    FILE *f = fopen("/proc/self/maps", "r");
+    char line[512];
+    snprintf(al->backing, sizeof(al->backing), "private memory");
+    al->shared = 0;
+    if (f == NULL)
+        return;
+    while (fgets(line, sizeof(line), f) != NULL) {
+        unsigned long long lo, hi;
+        int off = 0;
+        if (sscanf(line, "%llx-%llx %*s %*s %*s %*s %n", &lo, &hi, &off) < 2 || off == 0)
+            continue;
+        if (al->addr < lo || al->addr >= hi)
+            continue;
+        const char *path = line + off;
+        if (strstr(path, "SYSV") != NULL) {
+            snprintf(al->backing, sizeof(al->backing), "sysv shared memory segment");
+            al->shared = 1;
+        } else if (strstr(path, "/dev/shm") != NULL || strstr(path, "ucx_shm_posix") != NULL ||
+                   strstr(path, "memfd:") != NULL) {
+            snprintf(al->backing, sizeof(al->backing), "posix shared memory");
+            al->shared = 1;
+        } else if (strstr(path, "hugepages") != NULL) {
+            snprintf(al->backing, sizeof(al->backing), "huge pages (private)");
+        }
+        break;
+    }
+    fclose(f);
+}
+
+kvl_status_t kvli_ucx_md_alloc(void *bk, size_t len, void **ptr_p, void **ah_p, char *detail,
+                               size_t detail_len, kvl_error_t *err)
+{
+    kvli_ucx_iface_t *iface = bk;
+    ucp_mem_map_params_t mp;
+    ucp_mem_attr_t ma;
+    kvli_ucx_alloc_t *al;
+    kvli_ucx_log_t log;
+    char said[1100];
+    ucs_status_t s;
+
+    if (iface->config_bad && iface->missing_refuse) {
+        memcpy(err, &iface->config_err, offsetof(kvl_error_t, causes));
+        return iface->config_err.code;
+    }
+    al = calloc(1, sizeof(*al));
+    if (al == NULL) {
+        kvl_bk_error_set(err, KVL_ERR_NO_MEMORY, ENOMEM, KVLI_UCX_NAME, -1,
+                         "calloc(%zu) failed", sizeof(*al));
+        return KVL_ERR_NO_MEMORY;
+    }
+    memset(&mp, 0, sizeof(mp));
+    mp.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH |
+                    UCP_MEM_MAP_PARAM_FIELD_FLAGS | UCP_MEM_MAP_PARAM_FIELD_MEMORY_TYPE;
+    mp.address = NULL;
+    mp.length = len;
+    mp.flags = UCP_MEM_MAP_ALLOCATE;
+    mp.memory_type = UCS_MEMORY_TYPE_HOST;
+    kvli_ucx_log_begin(&log);
+    s = ucp_mem_map(iface->context, &mp, &al->memh);
+    kvli_ucx_log_end();
+    if (s != UCS_OK) {
+        kvl_bk_error_set(err, s == UCS_ERR_NO_MEMORY ? KVL_ERR_NO_MEMORY : KVL_ERR_SYSTEM, 0,
+                         KVLI_UCX_NAME, -1, "ucp_mem_map(ALLOCATE, %zu bytes, host) = %s%s", len,
+                         ucs_status_string(s), kvli_ucx_log_said(&log, said, sizeof(said)));
+        kvl_bk_error_hint(err, "check free memory and the shared-memory limits UCX allocates "
+                          "under: /dev/shm size (posix), kernel.shmmax/shmall and ulimit -l "
+                          "(sysv); UCX_ALLOC_PRIO sets where UCX allocates");
+        free(al);
+        return err->code;
+    }
+    memset(&ma, 0, sizeof(ma));
+    ma.field_mask = UCP_MEM_ATTR_FIELD_ADDRESS | UCP_MEM_ATTR_FIELD_LENGTH;
+    s = ucp_mem_query(al->memh, &ma);
+    if (s != UCS_OK || ma.address == NULL || ma.length < len) {
+        kvl_bk_error_set(err, KVL_ERR_INTERNAL, 0, KVLI_UCX_NAME, -1,
+                         "ucp_mem_query(allocation of %zu bytes) = %s, %zu bytes at %p", len,
+                         ucs_status_string(s), s == UCS_OK ? ma.length : 0,
+                         s == UCS_OK ? ma.address : NULL);
+        kvl_bk_error_hint(err, "this UCX did not report the memory it allocated; use "
+                          "kvl_mem_alloc() or application memory");
+        ucp_mem_unmap(iface->context, al->memh);
+        free(al);
+        return KVL_ERR_INTERNAL;
+    }
+    al->addr = (uint64_t)(uintptr_t)ma.address;
+    al->len = len;
+    kvli_ucx_alloc_backing(al);
+    pthread_mutex_lock(&iface->lock);
+    al->next = iface->allocs;
+    if (iface->allocs)
+        iface->allocs->prev = al;
+    iface->allocs = al;
+    pthread_mutex_unlock(&iface->lock);
+    snprintf(detail, detail_len, "ucp_mem_map ALLOCATE, %s", al->backing);
+    *ptr_p = ma.address;
+    *ah_p = al;
+    return KVL_OK;
+}
+
+void kvli_ucx_md_alloc_unmap(kvli_ucx_iface_t *iface, kvli_ucx_alloc_t *al)
+{
+    pthread_mutex_lock(&iface->lock);
+    if (al->prev)
+        al->prev->next = al->next;
+    else if (iface->allocs == al)
+        iface->allocs = al->next;
+    if (al->next)
+        al->next->prev = al->prev;
+    al->next = al->prev = NULL;
+    pthread_mutex_unlock(&iface->lock);
+    if (al->memh != NULL && iface->context != NULL) {
+        ucs_status_t s = ucp_mem_unmap(iface->context, al->memh);
+        if (s != UCS_OK)
+            iface->ctx->log(iface->ctx, KVL_LOG_WARN, "ucp_mem_unmap(UCX allocation "
+                            "0x%llx+%llu) = %s", (unsigned long long)al->addr,
+                            (unsigned long long)al->len, ucs_status_string(s));
+    }
+    al->memh = NULL;
+}
+
+void kvli_ucx_md_free(void *bk, void *ah)
+{
+    kvli_ucx_alloc_t *al = ah;
+    if (al == NULL)
+        return;
+    kvli_ucx_md_alloc_unmap(bk, al);
+    free(al);
 }
 
 kvl_status_t kvli_ucx_md_reg(void *bk, const kvl_region_info_t *r, void **mh_p,
@@ -78,20 +230,35 @@ kvl_status_t kvli_ucx_md_reg(void *bk, const kvl_region_info_t *r, void **mh_p,
     mh->addr = r->addr;
     mh->len = r->len;
     mh->kind = r->kind;
-    memset(&mp, 0, sizeof(mp));
-    mp.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH |
-                    UCP_MEM_MAP_PARAM_FIELD_MEMORY_TYPE;
-    mp.address = (void *)(uintptr_t)r->addr;
-    mp.length = r->len;
-    mp.memory_type = r->kind == KVL_MEM_VRAM ? UCS_MEMORY_TYPE_CUDA : UCS_MEMORY_TYPE_HOST;
-    kvli_ucx_log_begin(&log);
-    s = ucp_mem_map(iface->context, &mp, &mh->memh);
-    kvli_ucx_log_end();
-    if (s != UCS_OK) {
-        mh->memh = NULL;
-        kvli_ucx_diag_map_failed(iface, r, s, &log, err);
-        free(mh);
-        return err->code;
+    /* Inside memory UCX allocated (mem_alloc): use the allocation's handle.
+     * Mapping the range again would register it as application memory,
+     * which only cma reaches; the allocation's handle carries the sysv/posix
+     * segment peers map. */
+    if (r->kind == KVL_MEM_DRAM) {
+        pthread_mutex_lock(&iface->lock);
+        mh->alloc = kvli_ucx_alloc_find(iface, r->addr, r->len);
+        if (mh->alloc != NULL) {
+            mh->alloc->regions++;
+            mh->memh = mh->alloc->memh;
+        }
+        pthread_mutex_unlock(&iface->lock);
+    }
+    if (mh->alloc == NULL) {
+        memset(&mp, 0, sizeof(mp));
+        mp.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH |
+                        UCP_MEM_MAP_PARAM_FIELD_MEMORY_TYPE;
+        mp.address = (void *)(uintptr_t)r->addr;
+        mp.length = r->len;
+        mp.memory_type = r->kind == KVL_MEM_VRAM ? UCS_MEMORY_TYPE_CUDA : UCS_MEMORY_TYPE_HOST;
+        kvli_ucx_log_begin(&log);
+        s = ucp_mem_map(iface->context, &mp, &mh->memh);
+        kvli_ucx_log_end();
+        if (s != UCS_OK) {
+            mh->memh = NULL;
+            kvli_ucx_diag_map_failed(iface, r, s, &log, err);
+            free(mh);
+            return err->code;
+        }
     }
     kvli_ucx_log_begin(&log);
     s = ucp_rkey_pack(iface->context, mh->memh, &mh->rkey_buf, &mh->rkey_len);
@@ -109,7 +276,13 @@ kvl_status_t kvli_ucx_md_reg(void *bk, const kvl_region_info_t *r, void **mh_p,
         /* not on the list yet: unmap here, on this error path too */
         if (mh->rkey_buf != NULL)
             ucp_rkey_buffer_release(mh->rkey_buf);
-        ucp_mem_unmap(iface->context, mh->memh);
+        if (mh->alloc != NULL) {
+            pthread_mutex_lock(&iface->lock);
+            mh->alloc->regions--;
+            pthread_mutex_unlock(&iface->lock);
+        } else {
+            ucp_mem_unmap(iface->context, mh->memh);
+        }
         free(mh);
         return KVL_ERR_SYSTEM;
     }
@@ -119,6 +292,21 @@ kvl_status_t kvli_ucx_md_reg(void *bk, const kvl_region_info_t *r, void **mh_p,
         iface->mhs->prev = mh;
     iface->mhs = mh;
     pthread_mutex_unlock(&iface->lock);
+    if (mh->alloc != NULL) {
+        const char *tl = iface->tls_list;
+        int mm = strstr(tl, "sysv") != NULL || strstr(tl, "posix") != NULL;
+        snprintf(detail, detail_len, "UCX-allocated memory (%.60s, from kvl_mem_alloc_ex): the "
+                 "allocation's ucp_mem_map handle, rkey %zu B; %s; transports %.100s",
+                 mh->alloc->backing, mh->rkey_len,
+                 mh->alloc->shared && mm ? "peers on this host reach it with a direct copy "
+                                           "into the mapped segment (sysv/posix)"
+                 : strstr(tl, "cma") != NULL ? "peers on this host reach it through cma"
+                                             : "no shared-memory transport: peers reach it "
+                                               "through the network transports",
+                 tl);
+        *mh_p = mh;
+        return KVL_OK;
+    }
     kvli_ucx_diag_memlock(iface, r->len, note, sizeof(note));
     snprintf(detail, detail_len, "ucp_mem_map(%s), rkey %zu B, transports %.100s%s",
              r->kind == KVL_MEM_VRAM ? "cuda" : "host", mh->rkey_len, iface->tls_list, note);
