@@ -10,15 +10,26 @@
 #define KVLI_STAGE_HAS(ops, slot) \
     ((ops)->size >= offsetof(kvl_backend_ops_t, slot) + sizeof((ops)->slot) && (ops)->slot != NULL)
 
-static const kvl_backend_ops_t *kvli_stager(void)
+static const kvl_backend_ops_t *kvli_stager_ops;
+static pthread_once_t kvli_stager_once = PTHREAD_ONCE_INIT;
+
+static void kvli_stager_find(void)
 {
     const kvl_backend_ops_t *ops;
     for (size_t i = 0; (ops = kvli_backend_builtin(i)) != NULL; i++)
         if (KVLI_STAGE_HAS(ops, stage_check) && KVLI_STAGE_HAS(ops, stage_host_alloc) &&
             KVLI_STAGE_HAS(ops, stage_host_free) && KVLI_STAGE_HAS(ops, stage_copy) &&
-            KVLI_STAGE_HAS(ops, stage_test))
-            return ops;
-    return NULL;
+            KVLI_STAGE_HAS(ops, stage_test)) {
+            kvli_stager_ops = ops;
+            return;
+        }
+}
+
+/* The built-in backend that offers staging (found once: built-ins are fixed). */
+static const kvl_backend_ops_t *kvli_stager(void)
+{
+    pthread_once(&kvli_stager_once, kvli_stager_find);
+    return kvli_stager_ops;
 }
 
 static kvl_status_t kvli_stage_none(kvl_bk_ctx_t *ctx, kvl_error_t *err)

@@ -111,13 +111,13 @@ static int kt_read(int fd, void *buf, size_t len, int timeout_ms)
     return 0;
 }
 
-static void kt_send_msg(int fd, const void *buf, uint64_t len)
+void kt_send_msg(int fd, const void *buf, uint64_t len)
 {
     if (kt_write(fd, &len, sizeof(len)) || (len && kt_write(fd, buf, len)))
         _exit(3);
 }
 
-static void *kt_recv_msg(int fd, uint64_t *len, int timeout_ms)
+void *kt_recv_msg(int fd, uint64_t *len, int timeout_ms)
 {
     if (kt_read(fd, len, sizeof(*len), timeout_ms))
         return NULL;
@@ -513,4 +513,53 @@ void kt_peer_kill(kt_peer_t *p)
     kt_peer_track(p->pid, 0);
     close(p->to);
     close(p->from);
+}
+
+void kt_clean_exit(void (*fn)(int), int arg, const char *label)
+{
+    static const char *const bad[] = {"destroying inuse", "inuse", "leak", "not released",
+                                      "was not destroyed", "Assertion", "fatal",
+                                      "AddressSanitizer", "runtime error", "Aborted"};
+    char path[128], text[65536];
+    snprintf(path, sizeof(path), "/tmp/kvl-clean-exit-%d-%d.log", (int)getpid(), arg);
+    printf("--- %s\n", label);
+    fflush(stdout);
+    pid_t pid = fork();
+    if (pid == 0) {
+        int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+        if (fd < 0 || dup2(fd, 2) < 0)
+            _exit(9);
+        fn(arg);
+        _exit(0);
+    }
+    int status;
+    waitpid(pid, &status, 0);
+    int fd = open(path, O_RDONLY);
+    KT_CHECK(fd >= 0);
+    ssize_t n = read(fd, text, sizeof(text) - 1);
+    close(fd);
+    unlink(path);
+    text[n > 0 ? n : 0] = '\0';
+    printf("exit status %d, stderr:\n%s\n", WIFEXITED(status) ? WEXITSTATUS(status) : -1, text);
+    KT_CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++)
+        if (strcasestr(text, bad[i]) != NULL) {
+            fprintf(stderr, "FAIL: %s: stderr contains \"%s\"\n", label, bad[i]);
+            exit(1);
+        }
+}
+
+#if defined(__SANITIZE_ADDRESS__)
+#define KT_UCX_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define KT_UCX_ASAN 1
+#endif
+#endif
+void kt_ucx_sanitizer_env(void)
+{
+#ifdef KT_UCX_ASAN
+    setenv("UCX_MEM_MALLOC_HOOKS", "no", 0);
+    setenv("UCX_MEM_MMAP_HOOK_MODE", "none", 0);
+#endif
 }

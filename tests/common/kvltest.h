@@ -54,6 +54,21 @@ int kt_error_has(const char *needle);
         }                                                                       \
     } while (0)
 
+/* Length-prefixed messages over a pipe or socket between test processes:
+ * send exits the process (status 3) when the peer is gone; recv returns a
+ * NUL-terminated copy (free it), NULL on EOF or after timeout_ms (-1: no
+ * bound). */
+void kt_send_msg(int fd, const void *buf, uint64_t len);
+void *kt_recv_msg(int fd, uint64_t *len, int timeout_ms);
+
+/* Run fn(arg) in a child whose stderr is captured; fail unless it exits 0
+ * and its stderr has none of the teardown complaints (UCX's "destroying
+ * inuse", leaks, sanitizer reports). Prints label and the stderr. */
+void kt_clean_exit(void (*fn)(int), int arg, const char *label);
+/* Under AddressSanitizer UCX's mmap hooks break LeakSanitizer's tracer at
+ * exit ("Tracer caught signal 11"): turn them off (peers inherit it). */
+void kt_ucx_sanitizer_env(void);
+
 /* Deterministic pattern for checking bytes. */
 void kt_fill(void *p, size_t len, uint64_t seed);
 /* Offset of the first byte that differs from kt_fill(seed), or -1. */

@@ -32,31 +32,12 @@ static const char *const scn_name[S_N] = {
 static kt_cuda_t cu;
 static int g_scn;
 
-/* ---- tiny framing over a socketpair ---- */
-static void snd(int fd, const void *p, uint64_t len)
-{
-    const char *c = p;
-    KT_CHECK(write(fd, &len, 8) == 8);
-    while (len > 0) {
-        ssize_t w = write(fd, c, len);
-        KT_CHECK(w > 0);
-        c += w;
-        len -= (uint64_t)w;
-    }
-}
-
+/* ---- messages over a socketpair (tests/common) ---- */
 static void *rcv(int fd, uint64_t *len_p)
 {
-    uint64_t len = 0, got = 0;
-    KT_CHECK(read(fd, &len, 8) == 8);
-    char *b = malloc(len + 1);
+    uint64_t len;
+    void *b = kt_recv_msg(fd, &len, -1);
     KT_CHECK(b != NULL);
-    while (got < len) {
-        ssize_t r = read(fd, b + got, len - got);
-        KT_CHECK(r > 0);
-        got += (uint64_t)r;
-    }
-    b[len] = '\0';
     if (len_p)
         *len_p = len;
     return b;
@@ -138,7 +119,7 @@ static void target(int fd)
     void *blob;
     size_t bl;
     KT_OK(kvl_metadata_get(a, &blob, &bl));
-    snd(fd, blob, bl);
+    kt_send_msg(fd, blob, bl);
     kvl_free(blob);
     for (;;) {
         char *cmd = rcv(fd, &n);
@@ -179,7 +160,7 @@ static void target(int fd)
             if (memcmp(a1, a2, 4096) != 0)
                 snprintf(res, sizeof(res), "bytes landed after the cancel returned");
         }
-        snd(fd, res, strlen(res));
+        kt_send_msg(fd, res, strlen(res));
         free(cmd);
     }
     kvl_agent_destroy(a);
@@ -215,7 +196,7 @@ static void expect_ok(int fd, const char *notif, int ms)
 {
     char cmd[128];
     snprintf(cmd, sizeof(cmd), "N %d %s", ms, notif);
-    snd(fd, cmd, strlen(cmd));
+    kt_send_msg(fd, cmd, strlen(cmd));
     char *res = rcv(fd, NULL);
     if (strcmp(res, "ok") != 0) {
         fprintf(stderr, "target: %s\n", res);
@@ -314,7 +295,7 @@ static void initiator(int fd)
         KT_CHECK(state == KVL_XFER_CANCELED || state == KVL_XFER_DONE);
         char cmd[64];
         snprintf(cmd, sizeof(cmd), "N %d cancel-me", state == KVL_XFER_DONE ? 10000 : 1500);
-        snd(fd, cmd, strlen(cmd));
+        kt_send_msg(fd, cmd, strlen(cmd));
         char *res = rcv(fd, NULL);
         printf("  target after cancel: %s\n", res);
         KT_CHECK(strcmp(res, state == KVL_XFER_DONE ? "ok" : "none") == 0);
@@ -352,7 +333,7 @@ static void initiator(int fd)
     kvl_dlist_destroy(l);
     kvl_dlist_destroy(r);
     kvl_dlist_destroy(l2);
-    snd(fd, "bye", 3);
+    kt_send_msg(fd, "bye", 3);
     kvl_agent_destroy(a);
     exit(0);
 }

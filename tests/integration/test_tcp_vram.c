@@ -32,30 +32,11 @@
 
 static kt_cuda_t cu;
 
-static void snd(int fd, const void *p, uint64_t len)
-{
-    const char *c = p;
-    KT_CHECK(write(fd, &len, 8) == 8);
-    while (len > 0) {
-        ssize_t w = write(fd, c, len);
-        KT_CHECK(w > 0);
-        c += w;
-        len -= (uint64_t)w;
-    }
-}
-
 static char *rcv(int fd, uint64_t *len_p)
 {
-    uint64_t len = 0, got = 0;
-    KT_CHECK(read(fd, &len, 8) == 8);
-    char *b = malloc(len + 1);
+    uint64_t len;
+    char *b = kt_recv_msg(fd, &len, -1);
     KT_CHECK(b != NULL);
-    while (got < len) {
-        ssize_t r = read(fd, b + got, len - got);
-        KT_CHECK(r > 0);
-        got += (uint64_t)r;
-    }
-    b[len] = '\0';
     if (len_p)
         *len_p = len;
     return b;
@@ -146,7 +127,7 @@ static void target(int fd)
     void *blob;
     size_t bl;
     KT_OK(kvl_metadata_get(a, &blob, &bl));
-    snd(fd, blob, bl);
+    kt_send_msg(fd, blob, bl);
     kvl_free(blob);
     for (;;) {
         /* "<V|D> <base> <over> <scattered> <notif|->" or "bye" */
@@ -180,7 +161,7 @@ static void target(int fd)
             dev_fill(d, LEN, 1); /* reset for the next case */
         else
             kt_fill(host, LEN, 1);
-        snd(fd, res, strlen(res));
+        kt_send_msg(fd, res, strlen(res));
         free(cmd);
     }
     kvl_agent_destroy(a);
@@ -191,7 +172,7 @@ static void target(int fd)
 
 static void ask(int fd, const char *cmd)
 {
-    snd(fd, cmd, strlen(cmd));
+    kt_send_msg(fd, cmd, strlen(cmd));
     char *res = rcv(fd, NULL);
     if (strcmp(res, "ok") != 0)
         fprintf(stderr, "target after '%s': %s\n", cmd, res);
@@ -309,7 +290,7 @@ static void initiator(int fd)
     kvl_agent_destroy(a2);
     free(blob2);
 
-    snd(fd, "bye", 3);
+    kt_send_msg(fd, "bye", 3);
     kvl_dlist_destroy(lv);
     kvl_dlist_destroy(lvs);
     kvl_dlist_destroy(rv1);

@@ -199,55 +199,9 @@ static void teardown_child(int which)
     exit(0);
 }
 
-static void teardown(int which, const char *label)
-{
-    char path[128], text[65536];
-    snprintf(path, sizeof(path), "/tmp/kvl-ucx-alloc-%d-%d.log", (int)getpid(), which);
-    printf("--- %s\n", label);
-    fflush(stdout);
-    pid_t pid = fork();
-    if (pid == 0) {
-        int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0600);
-        if (fd < 0 || dup2(fd, 2) < 0)
-            _exit(9);
-        teardown_child(which);
-    }
-    int status;
-    waitpid(pid, &status, 0);
-    int fd = open(path, O_RDONLY);
-    KT_CHECK(fd >= 0);
-    ssize_t n = read(fd, text, sizeof(text) - 1);
-    close(fd);
-    unlink(path);
-    text[n > 0 ? n : 0] = '\0';
-    printf("exit status %d, stderr:\n%s\n", WIFEXITED(status) ? WEXITSTATUS(status) : -1, text);
-    KT_CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
-    static const char *const bad[] = {"destroying inuse", "inuse", "leak", "not released",
-                                      "was not destroyed", "Assertion", "fatal",
-                                      "AddressSanitizer", "runtime error", "Aborted"};
-    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++)
-        if (strcasestr(text, bad[i]) != NULL) {
-            fprintf(stderr, "FAIL: %s: stderr contains \"%s\"\n", label, bad[i]);
-            exit(1);
-        }
-}
-
-/* Under AddressSanitizer UCX's mmap hooks break LeakSanitizer's tracer at
- * exit (see test_ucx_exit.c); peers inherit the environment. */
-#if defined(__SANITIZE_ADDRESS__)
-#define KT_UCX_ASAN 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define KT_UCX_ASAN 1
-#endif
-#endif
-
 int main(void)
 {
-#ifdef KT_UCX_ASAN
-    setenv("UCX_MEM_MALLOC_HOOKS", "no", 0);
-    setenv("UCX_MEM_MMAP_HOOK_MODE", "none", 0);
-#endif
+    kt_ucx_sanitizer_env();
     char reason[512];
     if (kvl_backend_available("ucx", reason, sizeof(reason)) != KVL_OK)
         KT_SKIP("ucx backend not available: %s", reason);
@@ -256,8 +210,8 @@ int main(void)
     transfers("UCX_TLS=tcp", "tls=tcp");
     shm_on_ucx_memory();
     setenv("UCX_LOG_LEVEL", "warn", 1);
-    teardown(1, "exit() with UCX allocations, registered and not");
-    teardown(2, "kvl_agent_destroy with UCX allocations, registered and not");
+    kt_clean_exit(teardown_child, 1, "exit() with UCX allocations, registered and not");
+    kt_clean_exit(teardown_child, 2, "kvl_agent_destroy with UCX allocations, registered and not");
     printf("PASS\n");
     return 0;
 }

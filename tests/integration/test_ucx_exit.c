@@ -72,58 +72,6 @@ static void scenario(int which)
     }
 }
 
-static void run(int which, const char *label)
-{
-    char path[128], text[65536];
-    snprintf(path, sizeof(path), "/tmp/kvl-ucx-exit-%d-%d.log", (int)getpid(), which);
-    printf("--- %s\n", label);
-    fflush(stdout);
-    pid_t pid = fork();
-    if (pid == 0) {
-        int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0600);
-        if (fd < 0 || dup2(fd, 2) < 0)
-            _exit(9);
-        scenario(which);
-    }
-    int status;
-    waitpid(pid, &status, 0);
-    int fd = open(path, O_RDONLY);
-    KT_CHECK(fd >= 0);
-    ssize_t n = read(fd, text, sizeof(text) - 1);
-    close(fd);
-    unlink(path);
-    text[n > 0 ? n : 0] = '\0';
-    printf("exit status %d, stderr:\n%s\n", WIFEXITED(status) ? WEXITSTATUS(status) : -1, text);
-    KT_CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
-    static const char *const bad[] = {"destroying inuse", "inuse", "leak", "not released",
-                                      "was not destroyed", "Assertion", "fatal",
-                                      "AddressSanitizer", "runtime error", "Aborted"};
-    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++)
-        if (strcasestr(text, bad[i]) != NULL) {
-            fprintf(stderr, "FAIL: %s: stderr contains \"%s\"\n", label, bad[i]);
-            exit(1);
-        }
-}
-
-/* Under AddressSanitizer: UCX's memory hooks patch mmap/munmap in place,
- * and LeakSanitizer's stop-the-world tracer thread (which has no TLS) dies
- * in them at exit ("Tracer caught signal 11"). Turn the hooks off for the
- * sanitizer build only; peers inherit the environment. */
-#if defined(__SANITIZE_ADDRESS__)
-#define KT_UCX_ASAN 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define KT_UCX_ASAN 1
-#endif
-#endif
-static void kt_ucx_sanitizer_env(void)
-{
-#ifdef KT_UCX_ASAN
-    setenv("UCX_MEM_MALLOC_HOOKS", "no", 0);
-    setenv("UCX_MEM_MMAP_HOOK_MODE", "none", 0);
-#endif
-}
-
 int main(void)
 {
     kt_ucx_sanitizer_env();
@@ -131,9 +79,9 @@ int main(void)
     if (kvl_backend_available("ucx", reason, sizeof(reason)) != KVL_OK)
         KT_SKIP("ucx backend not available: %s", reason);
     setenv("UCX_LOG_LEVEL", "warn", 1);
-    run(1, "exit() without kvl_agent_destroy, registrations and a transfer live");
-    run(2, "kvl_agent_destroy with registrations, remote and a transfer live");
-    run(3, "ucx open fails (UCX_TLS=rc) beside shm, then exit");
+    kt_clean_exit(scenario, 1, "exit() without kvl_agent_destroy, registrations and a transfer live");
+    kt_clean_exit(scenario, 2, "kvl_agent_destroy with registrations, remote and a transfer live");
+    kt_clean_exit(scenario, 3, "ucx open fails (UCX_TLS=rc) beside shm, then exit");
     printf("PASS\n");
     return 0;
 }

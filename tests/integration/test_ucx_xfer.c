@@ -201,25 +201,6 @@ static void run_mode(const char *label, const char *params)
     munmap(buf, BUF);
 }
 
-/* Under AddressSanitizer: UCX's memory hooks patch mmap/munmap in place,
- * and LeakSanitizer's stop-the-world tracer thread (which has no TLS) dies
- * in them at exit ("Tracer caught signal 11"). Turn the hooks off for the
- * sanitizer build only; peers inherit the environment. */
-#if defined(__SANITIZE_ADDRESS__)
-#define KT_UCX_ASAN 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define KT_UCX_ASAN 1
-#endif
-#endif
-static void kt_ucx_sanitizer_env(void)
-{
-#ifdef KT_UCX_ASAN
-    setenv("UCX_MEM_MALLOC_HOOKS", "no", 0);
-    setenv("UCX_MEM_MMAP_HOOK_MODE", "none", 0);
-#endif
-}
-
 int main(void)
 {
     kt_ucx_sanitizer_env();

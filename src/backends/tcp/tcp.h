@@ -106,7 +106,7 @@ struct kvli_tcp_xpriv {
     uint64_t moved;                 /* bytes confirmed by the target */
     int notif_state;
     int notice;                     /* the notif_state message is a CANCELED notice */
-    int staged;                     /* local VRAM: chunks are staged */
+    int staged;                     /* a chunk was staged: the path says so */
     atomic_int cancel;
     kvl_status_t status;            /* first failure */
     kvl_error_t *err;
@@ -161,7 +161,6 @@ struct kvli_tcp_reply {
     unsigned npins;
     size_t total, sent;
     void *bounce;                   /* READ of VRAM: the staged data */
-    size_t bounce_len;
 };
 
 enum {
@@ -204,7 +203,6 @@ struct kvli_tcp_conn {
     kvl_stage_piece_t *sp;
     int nsp;
     void *bounce;
-    size_t bounce_len;
     /* replies */
     kvli_tcp_reply_t *oq_head, *oq_tail;
     unsigned oq_n;
@@ -290,7 +288,7 @@ int kvli_tcp_stage_usable(const kvl_bk_ctx_t *ctx);
 /* A bounce buffer of len bytes (pool when len <= chunk); NULL with err. */
 void *kvli_tcp_bounce_get(kvli_tcp_iface_t *iface, size_t len, int may_alloc_big,
                           kvl_error_t *err);
-void kvli_tcp_bounce_put(kvli_tcp_iface_t *iface, void *b, size_t len);
+void kvli_tcp_bounce_put(kvli_tcp_iface_t *iface, void *b);
 void kvli_tcp_pool_fini(kvli_tcp_iface_t *iface);
 /* Called by the driver once copies are done: wakes the progress thread. */
 void kvli_tcp_stage_notify(void *arg);

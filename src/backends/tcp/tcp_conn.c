@@ -21,7 +21,7 @@
 
 static void kvli_tcp_reply_free(kvli_tcp_iface_t *iface, kvli_tcp_reply_t *r)
 {
-    kvli_tcp_bounce_put(iface, r->bounce, r->bounce_len);
+    kvli_tcp_bounce_put(iface, r->bounce);
     for (unsigned i = 0; i < r->npins; i++)
         iface->ctx->region_unpin(iface->ctx, r->pins[i]);
     free(r->pins);
@@ -185,7 +185,7 @@ void kvli_tcp_conn_free(kvli_tcp_iface_t *iface, kvli_tcp_conn_t *c)
     }
     for (unsigned i = 0; i < c->npins; i++)
         iface->ctx->region_unpin(iface->ctx, c->pins[i]);
-    kvli_tcp_bounce_put(iface, c->bounce, c->bounce_len);
+    kvli_tcp_bounce_put(iface, c->bounce);
     close(c->fd);
     free(c->body);
     free(c->ranges);
@@ -335,8 +335,6 @@ static void kvli_tcp_conn_stage_prepare(kvli_tcp_iface_t *iface, kvli_tcp_conn_t
 {
     uint64_t total = 0, off = 0;
     kvl_error_t e;
-    kvli_tcp_bounce_put(iface, c->bounce, c->bounce_len); /* none expected */
-    c->bounce = NULL;
     for (int k = 0; k < c->nsp; k++)
         total += c->sp[k].len;
     if (total > KVLI_TCP_STAGE_MAX) {
@@ -347,7 +345,6 @@ static void kvli_tcp_conn_stage_prepare(kvli_tcp_iface_t *iface, kvli_tcp_conn_t
                  total, (unsigned long long)KVLI_TCP_STAGE_MAX);
     } else {
         c->bounce = kvli_tcp_bounce_get(iface, (size_t)total, 1, &e);
-        c->bounce_len = (size_t)total;
         if (c->bounce == NULL) {
             c->refuse = e.code;
             snprintf(c->refuse_text, sizeof(c->refuse_text), "agent '%.63s' could not stage "
@@ -460,7 +457,7 @@ static void kvli_tcp_conn_rw(kvli_tcp_iface_t *iface, kvli_tcp_conn_t *c)
         r->pins = malloc(sizeof(void *) * n);
     }
     if (r == NULL || r->iov == NULL || r->pins == NULL) {
-        kvli_tcp_bounce_put(iface, c->bounce, c->bounce_len);
+        kvli_tcp_bounce_put(iface, c->bounce);
         c->bounce = NULL;
         kvli_tcp_conn_unpin(iface, c);
         if (r != NULL)
@@ -469,7 +466,7 @@ static void kvli_tcp_conn_rw(kvli_tcp_iface_t *iface, kvli_tcp_conn_t *c)
         return;
     }
     if (c->nsp > 0 && kvli_tcp_conn_stage_copy(iface, c, 1) != KVL_OK) {
-        kvli_tcp_bounce_put(iface, c->bounce, c->bounce_len);
+        kvli_tcp_bounce_put(iface, c->bounce);
         c->bounce = NULL;
         kvli_tcp_conn_unpin(iface, c);
         kvli_tcp_reply_free(iface, r);
@@ -479,7 +476,6 @@ static void kvli_tcp_conn_rw(kvli_tcp_iface_t *iface, kvli_tcp_conn_t *c)
     }
     /* the reply sends the staged copy: it owns the bounce buffer now */
     r->bounce = c->bounce;
-    r->bounce_len = c->bounce_len;
     c->bounce = NULL;
     /* The pins keep the memory registered until the data is sent. */
     memcpy(r->iov, c->iov, sizeof(struct iovec) * n);
@@ -611,7 +607,7 @@ static int kvli_tcp_conn_rx_step(kvli_tcp_iface_t *iface, kvli_tcp_conn_t *c, ui
         /* VRAM ranges: upload before the acknowledgement */
         if (c->nsp > 0)
             kvli_tcp_conn_stage_copy(iface, c, 0);
-        kvli_tcp_bounce_put(iface, c->bounce, c->bounce_len);
+        kvli_tcp_bounce_put(iface, c->bounce);
         c->bounce = NULL;
         kvli_tcp_conn_unpin(iface, c);
         c->rphase = KVLI_TCP_RX_HDR;

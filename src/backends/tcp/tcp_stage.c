@@ -73,9 +73,8 @@ fail:
     return NULL;
 }
 
-void kvli_tcp_bounce_put(kvli_tcp_iface_t *iface, void *b, size_t len)
+void kvli_tcp_bounce_put(kvli_tcp_iface_t *iface, void *b)
 {
-    (void)len;
     if (b == NULL)
         return;
     pthread_mutex_lock(&iface->pool_lock);
@@ -113,7 +112,7 @@ void kvli_tcp_msg_free(kvli_tcp_iface_t *iface, kvli_tcp_msg_t *m)
         m->ticket = NULL;
         atomic_fetch_sub(&iface->staging, 1);
     }
-    kvli_tcp_bounce_put(iface, m->bounce, iface->chunk);
+    kvli_tcp_bounce_put(iface, m->bounce);
     free(m->sp);
     free(m);
 }

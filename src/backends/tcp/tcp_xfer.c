@@ -63,9 +63,10 @@ static int kvli_tcp_seg_ok(kvli_tcp_xpriv_t *xp, size_t i)
 }
 
 /* Walk the cursor over at most KVLI_TCP_RANGES_MAX pieces and `chunk`
- * bytes; fill (when m is not NULL) local iovecs and remote ranges. */
+ * bytes; fill (when m is not NULL) local iovecs and remote ranges. Without
+ * m, *staged_p says whether a piece lies in staged (VRAM) memory. */
 static int kvli_tcp_walk(kvli_tcp_xpriv_t *xp, uint64_t chunk, size_t *seg_p, uint64_t *blk_p,
-                         uint64_t *off_p, kvli_tcp_msg_t *m, uint64_t *bytes_p)
+                         uint64_t *off_p, kvli_tcp_msg_t *m, uint64_t *bytes_p, int *staged_p)
 {
     const kvl_bk_xfer_t *x = xp->x;
     size_t seg = *seg_p;
@@ -80,6 +81,8 @@ static int kvli_tcp_walk(kvli_tcp_xpriv_t *xp, uint64_t chunk, size_t *seg_p, ui
         }
         if (m == NULL && blk == 0 && off == 0 && !kvli_tcp_seg_ok(xp, seg))
             return -1;
+        if (m == NULL && ((const kvli_tcp_mh_t *)x->lmh[s->lreg])->staged)
+            *staged_p = 1;
         piece = s->len - off;
         if (piece > chunk - bytes)
             piece = chunk - bytes;
@@ -123,15 +126,17 @@ static int kvli_tcp_xfer_chunk(kvli_tcp_peer_t *peer, kvli_tcp_xpriv_t *xp)
     uint16_t type = xp->x->op == KVL_WRITE ? KVLI_TCP_MSG_WRITE : KVLI_TCP_MSG_READ;
     kvli_tcp_msg_t *m;
     void *bounce = NULL;
-    int n = kvli_tcp_walk(xp, iface->chunk, &seg, &blk, &off, NULL, &bytes);
+    int staged = 0;
+    int n = kvli_tcp_walk(xp, iface->chunk, &seg, &blk, &off, NULL, &bytes, &staged);
     if (n < 0)
         return 1;
     if (n == 0) {
         xp->all_queued = 1;
         return 1;
     }
-    if (xp->staged) {
+    if (staged) {
         kvl_error_t e;
+        xp->staged = 1; /* for the path it reports */
         bounce = kvli_tcp_bounce_get(iface, iface->chunk, 0, &e);
         if (bounce == NULL) {
             if (e.code != KVL_OK)
@@ -153,14 +158,10 @@ static int kvli_tcp_xfer_chunk(kvli_tcp_peer_t *peer, kvli_tcp_xpriv_t *xp)
         if (m != NULL)
             kvli_tcp_msg_free(iface, m);
         else
-            kvli_tcp_bounce_put(iface, bounce, iface->chunk);
+            kvli_tcp_bounce_put(iface, bounce);
         return 1;
     }
-    kvli_tcp_walk(xp, iface->chunk, &xp->seg, &xp->blk, &xp->off, m, &bytes);
-    if (m->bounce != NULL && m->nsp == 0) {
-        kvli_tcp_bounce_put(iface, m->bounce, iface->chunk); /* only host pieces */
-        m->bounce = NULL;
-    }
+    kvli_tcp_walk(xp, iface->chunk, &xp->seg, &xp->blk, &xp->off, m, &bytes, NULL);
     m->xp = xp;
     if (kvli_tcp_stage_request(peer, m) != 0) {
         kvli_tcp_msg_free(iface, m);
@@ -374,10 +375,6 @@ kvl_status_t kvli_tcp_xfer_post(void *bk, kvl_bk_xfer_t *x, kvl_error_t *err)
     xp->x = x;
     xp->peer = peer;
     xp->timeout_ms = tmo;
-    for (size_t i = 0; i < x->nsegs && !xp->staged; i++) {
-        const kvli_tcp_mh_t *lh = x->lmh[x->segs[i].lreg];
-        xp->staged = lh != NULL && lh->staged;
-    }
     x->bk_priv = xp;
     x->path[0] = '\0';
     pthread_mutex_lock(&iface->lock);
