@@ -5,8 +5,9 @@
  *
  * Initiator, WRITE: a request's VRAM pieces are downloaded into a pooled
  *   bounce buffer when the request is cut; it is sent once the download is
- *   done. Requests are cut up to the window ahead (32 MiB), so the download
- *   of the next chunks runs while earlier ones are on the wire.
+ *   done. Up to two requests wait unsent ahead of the socket (within the
+ *   32 MiB window in flight), so the download of the next chunks runs
+ *   while earlier ones are on the wire.
  * Initiator, READ: the reply lands in the bounce buffer; its upload to VRAM
  *   runs while the next replies arrive; the request counts as answered (and
  *   the transfer can finish) only after the upload.
