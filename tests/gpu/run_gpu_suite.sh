@@ -3,16 +3,20 @@
 # configure with the gather kernel for sm_90, build the cuda tests and the
 # benchmark, run them; logs under $OUT (or ./gpu-out).
 #   bash tests/gpu/run_gpu_suite.sh [build dir]
+# The ucx module (and so test_ucx_vram) needs UCX's headers: see
+# tests/gpu/carry_ucx_headers.sh.
 set -uo pipefail
 src=$(cd "$(dirname "$0")/../.." && pwd)
 bld=${1:-$src/build-gpu}
 out=${OUT:-$src/gpu-out}
 mkdir -p "$out"
 nvidia-smi --query-gpu=name,pci.bus_id,driver_version,memory.total --format=csv 2>&1 | tee "$out/gpu.txt"
-targets="test_cuda_nodriver test_cuda_gpu test_tcp_vram bench_cuda_bench"
+targets="test_cuda_nodriver test_cuda_gpu test_tcp_vram test_ucx_vram bench_cuda_bench"
 build() {
     cmake -S "$src" -B "$bld" -DKVL_CUDA_ARCHS=90 -DKVL_SANITIZER_TESTS=OFF -DKVL_FUZZ=OFF \
-        >"$out/configure.log" 2>&1 &&
+        >"$out/configure.log" 2>&1 || return 1
+    # the ucx module when UCX's headers are there (test_ucx_vram skips without)
+    grep -q "ucx backend module" "$out/configure.log" && targets="$targets kvlane_ucx"
     cmake --build "$bld" -j"$(nproc)" --target $targets >"$out/build.log" 2>&1
 }
 if ! build; then
@@ -25,5 +29,7 @@ echo "== test_cuda_gpu"; (cd "$bld" && timeout 400 ./tests/test_cuda_gpu) >"$out
 echo "rc=$?"; cat "$out/gpu_test.log" | cut -c1-300 | tail -120
 echo "== test_tcp_vram"; (cd "$bld" && timeout 300 ./tests/test_tcp_vram) >"$out/tcp_vram.log" 2>&1
 echo "rc=$?"; cut -c1-300 "$out/tcp_vram.log" | tail -60
+echo "== test_ucx_vram"; (cd "$bld" && timeout 300 ./tests/test_ucx_vram) >"$out/ucx_vram.log" 2>&1
+echo "rc=$?"; cut -c1-300 "$out/ucx_vram.log" | tail -60
 [ -n "${KVL_GPU_ONLY:-}" ] && exit 0
 echo "== cuda_bench"; (cd "$bld" && timeout 200 ./bench/cuda_bench 20) 2>&1 | tee "$out/bench.log"

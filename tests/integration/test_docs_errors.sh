@@ -56,7 +56,9 @@ MSG_CALLS = {'kvli_err', 'kvli_fail_simple', 'kvli_hint', 'kvli_r_bad',
              'kvli_warn', 'perror', 'kvl_cli_print_error',
              # wrappers whose literal arguments end up in a printed message
              'kvli_shm_bad_meta', 'kvli_shm_key_bad', 'kvli_shm_peer_mark_dead',
-             'kvli_shm_conn_proto_error'}
+             'kvli_shm_conn_proto_error',
+             # ucx staging: initiator errors, target refusals sent to the peer
+             'kvli_ucx_stage_err', 'kvli_ucx_job_refuse'}
 LOG_CALLS = {'kvli_log': 0, 'kvli_vlog': 0, '->log': 1, 'kvl_check': 1}
 PY_CALLS = {'PyErr_Format', 'PyErr_SetString'}
 QUIET = re.compile(r'^(KVL_LOG_(INFO|DEBUG|TRACE|OFF)|KVL_OKAY)$')

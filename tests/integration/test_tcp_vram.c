@@ -25,6 +25,13 @@
 #include "common/kvltest.h"
 #include "gpu/kvl_cuda_test.h"
 
+/* test_ucx_vram.c builds this file again for the ucx backend */
+#ifndef KVL_VRAM_BK
+#define KVL_VRAM_BK "tcp"
+/* the path of host memory -> remote VRAM: tcp stages on the target only */
+#define KVL_VRAM_DRAM_PATH "socket"
+#endif
+
 #define MB (1ull << 20)
 #define LEN (64 * MB)
 #define BS (16384ull)
@@ -50,11 +57,16 @@ static kvl_agent_t *mk_agent(const char *name, const char *backends)
     kvl_agent_t *a;
     if (kt_cuda_open(&cu, why, sizeof(why)) != 0)
         KT_SKIP("%s", why);
+    if (kvl_backend_available(KVL_VRAM_BK, why, sizeof(why)) != KVL_OK)
+        KT_SKIP("%s backend not available: %s", KVL_VRAM_BK, why);
+    /* ucx stages VRAM only when UCX cannot map it itself */
+    if (strcmp(KVL_VRAM_BK, "ucx") == 0 && strstr(why, "no GPU memory") == NULL)
+        KT_SKIP("this UCX maps GPU memory itself (%s): nothing to stage", why);
     KT_OK(kvl_agent_create(name, &cfg, &a));
     return a;
 }
 
-/* Register on tcp; VRAM must be accepted as staged. */
+/* Register on the backend under test; VRAM must be accepted as staged. */
 static void reg(kvl_agent_t *a, uint64_t addr, uint64_t len, kvl_mem_kind_t kind, int32_t dev)
 {
     kvl_reg_params_t p = {.field_mask = KVL_REG_PARAM_KIND, .kind = kind};
@@ -67,7 +79,7 @@ static void reg(kvl_agent_t *a, uint64_t addr, uint64_t len, kvl_mem_kind_t kind
     KT_OK(st);
     KT_CHECK(rep->n_entries == 1 && rep->entries[0].n_outcomes >= 1);
     for (unsigned k = 0; k < rep->entries[0].n_outcomes && kind == KVL_MEM_VRAM; k++)
-        if (strcmp(rep->entries[0].outcomes[k].backend, "tcp") == 0)
+        if (strcmp(rep->entries[0].outcomes[k].backend, KVL_VRAM_BK) == 0)
             KT_CHECK(strstr(rep->entries[0].outcomes[k].detail, "staged") != NULL);
     kvl_reg_report_free(rep);
 }
@@ -116,7 +128,7 @@ static long dev_check(kt_cu_ptr d, uint64_t base, uint64_t over, int scattered)
 /* ---- target: VRAM and plain DRAM; checks on command ---- */
 static void target(int fd)
 {
-    kvl_agent_t *a = mk_agent("tgt", "tcp,cuda");
+    kvl_agent_t *a = mk_agent("tgt", KVL_VRAM_BK ",cuda");
     kt_cu_ptr d;
     unsigned char *host = malloc(LEN);
     KT_CHECK(cu.MemAlloc(&d, LEN) == 0 && host != NULL);
@@ -209,7 +221,7 @@ static void run_bk(kvl_agent_t *a, kvl_xfer_op_t op, kvl_dlist_t *l, kvl_dlist_t
 static void run(kvl_agent_t *a, kvl_xfer_op_t op, kvl_dlist_t *l, kvl_dlist_t *r,
                 const char *notif, const char *what, int want_staged)
 {
-    run_bk(a, op, l, r, notif, what, NULL, want_staged ? "staged" : "socket");
+    run_bk(a, op, l, r, notif, what, NULL, want_staged ? "staged" : KVL_VRAM_DRAM_PATH);
 }
 
 static kvl_dlist_t *list(kvl_mem_kind_t kind, uint64_t addr, int scattered)
@@ -225,7 +237,7 @@ static kvl_dlist_t *list(kvl_mem_kind_t kind, uint64_t addr, int scattered)
 
 static void initiator(int fd)
 {
-    kvl_agent_t *a = mk_agent("ini", "tcp");
+    kvl_agent_t *a = mk_agent("ini", KVL_VRAM_BK);
     uint64_t bl;
     char *blob = rcv(fd, &bl), name[64];
     KT_OK(kvl_metadata_load(a, blob, bl, name, sizeof(name)));
@@ -278,14 +290,15 @@ static void initiator(int fd)
     /* With the cuda backend created too (after tcp), VRAM -> VRAM on one
      * host goes through CUDA IPC: staging backends come last. Asking for
      * tcp still stages. */
-    kvl_agent_t *a2 = mk_agent("ini2", "tcp,cuda");
+    kvl_agent_t *a2 = mk_agent("ini2", KVL_VRAM_BK ",cuda");
     KT_OK(kvl_metadata_load(a2, blob2, bl2, name, sizeof(name)));
     reg(a2, d, LEN, KVL_MEM_VRAM, 0);
     dev_fill(d, LEN, 8);
     run_bk(a2, KVL_WRITE, lv, rv1, "w-ipc", "WRITE VRAM -> VRAM, tcp+cuda", NULL, "cuda");
     ask(fd, "V 1 8 0 w-ipc");
     dev_fill(d, LEN, 9);
-    run_bk(a2, KVL_WRITE, lv, rv1, "w-tcp", "WRITE VRAM -> VRAM, asks tcp", "tcp", "staged");
+    run_bk(a2, KVL_WRITE, lv, rv1, "w-tcp", "WRITE VRAM -> VRAM, asks " KVL_VRAM_BK, KVL_VRAM_BK,
+           "staged");
     ask(fd, "V 1 9 0 w-tcp");
     kvl_agent_destroy(a2);
     free(blob2);
@@ -334,6 +347,6 @@ int main(void)
             rc = 1;
         }
     }
-    printf("test_tcp_vram: %s\n", rc == 0 ? "passed" : rc == 77 ? "skipped" : "FAILED");
+    printf("test_%s_vram: %s\n", KVL_VRAM_BK, rc == 0 ? "passed" : rc == 77 ? "skipped" : "FAILED");
     return rc;
 }

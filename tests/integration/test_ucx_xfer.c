@@ -3,7 +3,9 @@
  * transports (shared memory: sysv/posix/cma) and on UCX_TLS=tcp: WRITE and
  * READ, strided lists, notifications (attached and alone), cancel that tells
  * the truth, and a peer killed mid-transfer (an error naming it, within the
- * bound, never a hang). Skips (77) when the ucx module is not available.
+ * bound, never a hang). The same again with data_path=am: every byte through
+ * active messages and bounce buffers, the protocol staged VRAM uses.
+ * Skips (77) when the ucx module is not available.
  */
 #include <signal.h>
 #include <stdlib.h>
@@ -85,6 +87,9 @@ static void run_mode(const char *label, const char *params)
     KT_OK(kvl_xfer_get_stats(x, &s));
     printf("WRITE 1 MiB: backend %s path %s\n", s.backend, s.path);
     KT_CHECK(strcmp(s.backend, "ucx") == 0);
+    /* data_path=am: through active messages and bounce buffers */
+    KT_CHECK((params != NULL && strstr(params, "data_path=am") != NULL) ==
+             (strstr(s.path, "ucp am") != NULL));
     KT_CHECK(kt_peer_verify(&p, 4096, 1 << 20, 11) == -1);
     kt_peer_fill(&p, 99); /* posting again moves the same bytes again */
     run_done(x);
@@ -210,6 +215,9 @@ int main(void)
     printf("ucx: %s\n", reason);
     run_mode("UCX default (shared memory)", NULL);
     run_mode("UCX_TLS=tcp", "tls=tcp");
+    /* the staged path VRAM takes when UCX cannot map it, here with DRAM */
+    run_mode("UCX default, data_path=am", "data_path=am");
+    run_mode("UCX_TLS=tcp, data_path=am", "tls=tcp,data_path=am");
     printf("PASS\n");
     return 0;
 }

@@ -10,6 +10,8 @@
  *   token  - the user_data of one outstanding UCP request (flush, AM send),
  *            so a transfer can finish (timeout) while UCX still owns the
  *            request: the callback frees an abandoned token.
+ *   chunk  - one staged request of a posting (ucx_stage.c): VRAM UCX cannot
+ *            map, or data_path=am; job - one such request served as target.
  *
  * Lock discipline (the reason the backend cannot deadlock with UCX):
  *   - iface->lock guards every list and every xpriv/peer field written by
@@ -34,6 +36,12 @@
 #define KVLI_UCX_NAME "ucx"
 #define KVLI_UCX_DEFAULT_TIMEOUT_MS 5000u
 #define KVLI_UCX_AM_ID 0x4b4cu                 /* notification AM id */
+#define KVLI_UCX_AM_STAGE 0x4b4du              /* staged data: initiator -> target */
+#define KVLI_UCX_AM_STAGE_REPLY 0x4b4eu        /* acks and READ data: target -> initiator */
+#define KVLI_UCX_STAGE_CHUNK (4u << 20)        /* bytes per staged request */
+#define KVLI_UCX_STAGE_BUFS 16u                /* bounce buffers per backend, at most */
+#define KVLI_UCX_STAGE_INIT_BUFS 8u            /* of which an initiator holds at most */
+#define KVLI_UCX_STAGE_RANGES 256u             /* ranges per staged request, at most */
 #define KVLI_UCX_BATCH_BYTES (64u << 20)       /* cancel is checked between batches */
 #define KVLI_UCX_BATCH_OPS 4096u
 #define KVLI_UCX_LOG_MAX 1024                  /* captured UCX log text per call */
@@ -43,6 +51,8 @@ typedef struct kvli_ucx_iface kvli_ucx_iface_t;
 typedef struct kvli_ucx_peer kvli_ucx_peer_t;
 typedef struct kvli_ucx_xpriv kvli_ucx_xpriv_t;
 typedef struct kvli_ucx_token kvli_ucx_token_t;
+typedef struct kvli_ucx_chunk kvli_ucx_chunk_t;
+typedef struct kvli_ucx_job kvli_ucx_job_t;
 
 /* UCX log lines captured on this thread during one UCX call. */
 typedef struct kvli_ucx_log {
@@ -65,6 +75,8 @@ typedef struct kvli_ucx_mh {
     struct kvli_ucx_mh *next, *prev;  /* iface->mhs: unmapped at close at the latest */
     uint64_t addr, len;
     kvl_mem_kind_t kind;
+    int32_t dev;
+    int staged;                       /* VRAM UCX cannot map: no memh, no rkey */
     kvli_ucx_alloc_t *alloc;          /* inside a UCX allocation: its memh (not ours) */
     ucp_mem_h memh;
     void *rkey_buf;
@@ -75,7 +87,7 @@ typedef struct kvli_ucx_rh {
     struct kvli_ucx_rh *next;         /* peer->rhs */
     kvli_ucx_peer_t *peer;
     uint64_t addr, len;
-    ucp_rkey_h rkey;
+    ucp_rkey_h rkey;                  /* NULL when the peer stages the region */
 } kvli_ucx_rh_t;
 
 struct kvli_ucx_peer {
@@ -121,6 +133,10 @@ struct kvli_ucx_xpriv {
     uint64_t last_ms;                 /* last progress, for the watchdog */
     uint64_t timeout_ms;
     kvli_ucx_token_t *tok;            /* outstanding flush / AM */
+    /* staged (ucx_stage.c): data through active messages and bounce buffers */
+    int staged;
+    uint64_t off;                     /* next byte inside block blk */
+    kvli_ucx_chunk_t *chunks;         /* requests in flight, oldest first */
     /* under iface->lock */
     int cancel;
     int finished;                     /* xfer_done called, off the lists */
@@ -158,6 +174,20 @@ struct kvli_ucx_iface {
     kvli_ucx_alloc_t *allocs;         /* unmapped after mhs, before the worker */
     kvli_ucx_xpriv_t *queue;          /* posted, not yet taken by progress */
     kvli_ucx_xpriv_t *running;        /* progress thread's own list */
+    /* staging (ucx_stage.c); progress thread only, or after it is joined */
+    int data_path_am;                 /* parameter data_path=am */
+    unsigned stage_max_ranges;        /* fits UCX's AM header limit */
+    uint64_t stage_next_id;
+    kvli_ucx_chunk_t *stage_live;     /* initiator requests awaiting replies */
+    kvli_ucx_chunk_t *stage_orphans;  /* ended, waiting for UCX to let go */
+    kvli_ucx_job_t *stage_jobs;       /* target: requests being served */
+    void *bounce_all[KVLI_UCX_STAGE_BUFS];
+    unsigned char bounce_pinned[KVLI_UCX_STAGE_BUFS];
+    unsigned char bounce_busy[KVLI_UCX_STAGE_BUFS];
+    unsigned bounce_init;             /* held by initiator requests */
+    void *bounce_retired[KVLI_UCX_STAGE_BUFS]; /* given up on: freed after the worker */
+    unsigned char bounce_retired_pinned[KVLI_UCX_STAGE_BUFS];
+    unsigned bounce_nretired;
     kvli_ucx_iface_t *next_live;
     int closed;
 };
@@ -178,8 +208,6 @@ void kvli_ucx_diag_resources(kvli_ucx_iface_t *iface);
 void kvli_ucx_diag_init_failed(kvl_error_t *err, const char *call, ucs_status_t s,
                                const kvli_ucx_log_t *log);
 void kvli_ucx_diag_net_devices(kvli_ucx_iface_t *iface, const kvli_ucx_log_t *log);
-kvl_status_t kvli_ucx_diag_vram(kvli_ucx_iface_t *iface, const kvl_region_info_t *r,
-                                kvl_error_t *err);
 void kvli_ucx_diag_memlock(kvli_ucx_iface_t *iface, uint64_t len, char *buf, size_t cap);
 void kvli_ucx_diag_map_failed(kvli_ucx_iface_t *iface, const kvl_region_info_t *r,
                               ucs_status_t s, const kvli_ucx_log_t *log, kvl_error_t *err);
@@ -217,7 +245,33 @@ void kvli_ucx_ep_describe(void *bk, void *peer, char *buf, size_t len);
 void kvli_ucx_ep_close(kvli_ucx_iface_t *iface, kvli_ucx_peer_t *peer, int force);
 uint32_t kvli_ucx_crc32(const uint8_t *p, size_t n);
 
+/* ucx_stage.c */
+kvl_status_t kvli_ucx_stage_reg(kvli_ucx_iface_t *iface, const kvl_region_info_t *r,
+                                kvl_error_t *err);
+int kvli_ucx_stage_needed(kvli_ucx_iface_t *iface, const kvl_bk_xfer_t *x);
+/* 1 when the transfer ended (xfer_done called) */
+int kvli_ucx_stage_advance(kvli_ucx_iface_t *iface, kvli_ucx_xpriv_t *xp);
+int kvli_ucx_stage_progress(kvli_ucx_iface_t *iface);
+void kvli_ucx_stage_abandon(kvli_ucx_iface_t *iface, kvli_ucx_xpriv_t *xp);
+void kvli_ucx_stage_release_descs(kvli_ucx_iface_t *iface);
+void kvli_ucx_stage_free_all(kvli_ucx_iface_t *iface);
+ucs_status_t kvli_ucx_stage_req_recv(void *arg, const void *header, size_t header_length,
+                                     void *data, size_t length,
+                                     const ucp_am_recv_param_t *param);
+ucs_status_t kvli_ucx_stage_reply_recv(void *arg, const void *header, size_t header_length,
+                                       void *data, size_t length,
+                                       const ucp_am_recv_param_t *param);
+
 /* ucx_xfer.c */
+kvli_ucx_token_t *kvli_ucx_tok_new(kvli_ucx_iface_t *iface, size_t buf_len);
+void kvli_ucx_tok_cb(void *req, ucs_status_t status, void *user_data);
+void kvli_ucx_tok_drop(kvli_ucx_iface_t *iface, kvli_ucx_token_t *tok);
+int kvli_ucx_tok_done(kvli_ucx_iface_t *iface, kvli_ucx_token_t *tok, ucs_status_t *s);
+void kvli_ucx_xfer_complete(kvli_ucx_iface_t *iface, kvli_ucx_xpriv_t *xp, kvl_status_t st,
+                            const kvl_error_t *err);
+void kvli_ucx_xfer_fail(kvli_ucx_iface_t *iface, kvli_ucx_xpriv_t *xp, kvl_status_t code,
+                        const char *why);
+void kvli_ucx_peer_stalled(kvli_ucx_iface_t *iface, kvli_ucx_peer_t *peer, uint64_t idle);
 kvl_status_t kvli_ucx_xfer_post(void *bk, kvl_bk_xfer_t *x, kvl_error_t *err);
 void kvli_ucx_xfer_cancel(void *bk, kvl_bk_xfer_t *x);
 int kvli_ucx_xfer_progress(kvli_ucx_iface_t *iface);

@@ -150,27 +150,6 @@ void kvli_ucx_diag_net_devices(kvli_ucx_iface_t *iface, const kvli_ucx_log_t *lo
                       "-d) or unset it; %.400s", explain);
 }
 
-kvl_status_t kvli_ucx_diag_vram(kvli_ucx_iface_t *iface, const kvl_region_info_t *r,
-                                kvl_error_t *err)
-{
-    char types[64];
-    unsigned maj, min, rel;
-    if (iface->mem_types & (1ull << UCS_MEMORY_TYPE_CUDA))
-        return KVL_OK;
-    ucp_get_version(&maj, &min, &rel);
-    kvl_bk_error_set(err, KVL_ERR_UNSUPPORTED, 0, KVLI_UCX_NAME, r->dev,
-                     "VRAM on GPU %d refused: this UCX (%u.%u.%u) has no GPU memory support: "
-                     "ucp_context_query(MEMORY_TYPES) = %s, memory types: %s (no cuda); "
-                     "transports: %.100s", (int)r->dev, maj, min, rel,
-                     ucs_status_string(UCS_OK),
-                     kvli_ucx_mem_types_str(iface->mem_types, types, sizeof(types)),
-                     iface->tls_list);
-    kvl_bk_error_hint(err, "use a UCX built with CUDA (configure --with-cuda; ucx_info -d then "
-                      "lists cuda_copy/cuda_ipc), or move VRAM with the cuda backend; note "
-                      "UCX's own ucp_mem_map accepts CUDA type here without complaint");
-    return KVL_ERR_UNSUPPORTED;
-}
-
 void kvli_ucx_diag_memlock(kvli_ucx_iface_t *iface, uint64_t len, char *buf, size_t cap)
 {
     uint64_t lim = kvli_rdma_diag_memlock();

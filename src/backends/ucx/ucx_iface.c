@@ -27,6 +27,7 @@ static const kvl_param_t kvli_ucx_params[] = {
     { "net_devices", "" },           /* UCX_NET_DEVICES for this backend */
     { "missing_devices", "refuse" }, /* refuse | warn */
     { "error_handling", "peer" },    /* peer | none */
+    { "data_path", "rma" },          /* rma (put/get; VRAM UCX cannot map staged) | am */
     { NULL, NULL }
 };
 
@@ -56,6 +57,7 @@ static void *kvli_ucx_progress_main(void *arg)
 
     while (!atomic_load(&iface->stopping)) {
         int active = kvli_ucx_xfer_progress(iface);
+        active |= kvli_ucx_stage_progress(iface);
         unsigned n = 0, c;
         do {
             c = ucp_worker_progress(iface->worker);
@@ -117,7 +119,7 @@ static kvl_status_t kvli_ucx_available(char *reason, size_t len)
         snprintf(reason, len, "UCX %u.%u.%u; memory types: %s%s", maj, min, rel,
                  kvli_ucx_mem_types_str(a.memory_types, types, sizeof(types)),
                  (a.memory_types & (1u << UCS_MEMORY_TYPE_CUDA)) ? "" : " (no GPU memory: VRAM "
-                 "is refused)");
+                 "is staged through host memory)");
     return KVL_OK;
 }
 
@@ -141,12 +143,15 @@ static kvl_status_t kvli_ucx_parse_params(kvli_ucx_iface_t *iface, const kvl_par
         } else if (strcmp(k, "error_handling") == 0 &&
                    (strcmp(v, "peer") == 0 || strcmp(v, "none") == 0)) {
             iface->err_mode_peer = v[0] == 'p';
+        } else if (strcmp(k, "data_path") == 0 &&
+                   (strcmp(v, "rma") == 0 || strcmp(v, "am") == 0)) {
+            iface->data_path_am = v[0] == 'a';
         } else {
             kvl_bk_error_set(err, KVL_ERR_INVALID_ARG, 0, KVLI_UCX_NAME, -1,
                              "parameter %.40s=\"%.80s\" is not valid", k, v);
             kvl_bk_error_hint(err, "ucx parameters: tls=<UCX_TLS list>, net_devices=<UCX_NET_"
                               "DEVICES list>, missing_devices=refuse|warn, error_handling="
-                              "peer|none");
+                              "peer|none, data_path=rma|am");
             return KVL_ERR_INVALID_ARG;
         }
     }
@@ -239,7 +244,8 @@ static kvl_status_t kvli_ucx_worker_open(kvli_ucx_iface_t *iface, kvl_error_t *e
         .cb = kvli_ucx_notif_recv,
         .arg = iface,
     };
-    ucp_worker_attr_t wa = {.field_mask = UCP_WORKER_ATTR_FIELD_THREAD_MODE};
+    ucp_worker_attr_t wa = {.field_mask = UCP_WORKER_ATTR_FIELD_THREAD_MODE |
+                                          UCP_WORKER_ATTR_FIELD_MAX_AM_HEADER};
     kvli_ucx_log_t log;
     char said[1100];
     ucs_status_t s;
@@ -260,8 +266,22 @@ static kvl_status_t kvli_ucx_worker_open(kvli_ucx_iface_t *iface, kvl_error_t *e
         kvl_bk_error_hint(err, "use a UCX built with --enable-mt (Debian's is)");
         return KVL_ERR_UNSUPPORTED;
     }
+    /* staged requests carry their ranges in the AM header */
+    iface->stage_max_ranges = KVLI_UCX_STAGE_RANGES;
+    if (wa.max_am_header < 24u + 16u * KVLI_UCX_STAGE_RANGES)
+        iface->stage_max_ranges = wa.max_am_header > 24u + 16u ? (unsigned)((wa.max_am_header - 24u) / 16u) : 1u;
     kvli_ucx_log_begin(&log);
     s = ucp_worker_set_am_recv_handler(iface->worker, &ap);
+    if (s == UCS_OK) {
+        ap.id = KVLI_UCX_AM_STAGE;
+        ap.cb = kvli_ucx_stage_req_recv;
+        s = ucp_worker_set_am_recv_handler(iface->worker, &ap);
+    }
+    if (s == UCS_OK) {
+        ap.id = KVLI_UCX_AM_STAGE_REPLY;
+        ap.cb = kvli_ucx_stage_reply_recv;
+        s = ucp_worker_set_am_recv_handler(iface->worker, &ap);
+    }
     if (s == UCS_OK)
         s = ucp_worker_get_address(iface->worker, &iface->addr, &iface->addr_len);
     kvli_ucx_log_end();
@@ -305,6 +325,8 @@ static void kvli_ucx_iface_teardown(kvli_ucx_iface_t *iface)
             kvli_ucx_ep_close(iface, p, p->dead);
         }
     }
+    if (iface->worker != NULL)
+        kvli_ucx_stage_release_descs(iface);
     while (iface->mhs != NULL)
         kvli_ucx_md_unmap(iface, iface->mhs);
     /* after the regions that use their memh, before the worker and context */
@@ -316,6 +338,7 @@ static void kvli_ucx_iface_teardown(kvli_ucx_iface_t *iface)
     if (iface->worker != NULL)
         ucp_worker_destroy(iface->worker);
     iface->worker = NULL;
+    kvli_ucx_stage_free_all(iface); /* no UCX callback can run any more */
     if (iface->context != NULL)
         ucp_cleanup(iface->context);
     iface->context = NULL;
@@ -453,11 +476,13 @@ static const kvl_backend_ops_t kvli_ucx_ops = {
     .abi_version = KVL_BACKEND_ABI_VERSION,
     .size = sizeof(kvl_backend_ops_t),
     .name = KVLI_UCX_NAME,
-    .description = "UCX UCP: RDMA, shared memory or TCP, whichever UCX selects; VRAM when "
-                   "UCX was built with CUDA",
+    .description = "UCX UCP: RDMA, shared memory or TCP, whichever UCX selects; VRAM "
+                   "directly when UCX was built with CUDA, else staged through host memory",
     .mem_local = KVL_MEM_BIT(KVL_MEM_DRAM) | KVL_MEM_BIT(KVL_MEM_VRAM),
     .mem_remote = KVL_MEM_BIT(KVL_MEM_DRAM) | KVL_MEM_BIT(KVL_MEM_VRAM),
-    .caps = KVL_BK_CAP_NOTIF,
+    /* STAGED_VRAM: a UCX without CUDA stages VRAM, so a backend that reaches
+     * VRAM directly (cuda) is tried first */
+    .caps = KVL_BK_CAP_NOTIF | KVL_BK_CAP_STAGED_VRAM,
     .params = kvli_ucx_params,
     .available = kvli_ucx_available,
     .open = kvli_ucx_open,

@@ -11,6 +11,8 @@
  * Region key (native byte order, version 1):
  *   0 magic u32 | 4 version u16 | 6 memory type u16 | 8 addr u64 | 16 len u64
  *  24 rkey length u32 | 28 crc32 of the rkey u32 | 32 rkey bytes
+ * A staged VRAM region (UCX cannot map GPU memory; ucx_stage.c) has no
+ * rkey: memory type cuda, rkey length 0, crc 0.
  */
 #include <errno.h>
 #include <stdio.h>
@@ -219,7 +221,9 @@ kvl_status_t kvli_ucx_md_reg(void *bk, const kvl_region_info_t *r, void **mh_p,
         kvl_bk_error_hint(err, "register DRAM or VRAM on ucx");
         return KVL_ERR_UNSUPPORTED;
     }
-    if (r->kind == KVL_MEM_VRAM && kvli_ucx_diag_vram(iface, r, err) != KVL_OK)
+    /* VRAM this UCX cannot map is staged through host memory */
+    int staged = r->kind == KVL_MEM_VRAM && !(iface->mem_types & (1ull << UCS_MEMORY_TYPE_CUDA));
+    if (staged && kvli_ucx_stage_reg(iface, r, err) != KVL_OK)
         return err->code;
     mh = calloc(1, sizeof(*mh));
     if (mh == NULL) {
@@ -230,6 +234,23 @@ kvl_status_t kvli_ucx_md_reg(void *bk, const kvl_region_info_t *r, void **mh_p,
     mh->addr = r->addr;
     mh->len = r->len;
     mh->kind = r->kind;
+    mh->dev = r->dev;
+    mh->staged = staged;
+    if (staged) {
+        unsigned maj, min, rel;
+        ucp_get_version(&maj, &min, &rel);
+        pthread_mutex_lock(&iface->lock);
+        mh->next = iface->mhs;
+        if (iface->mhs)
+            iface->mhs->prev = mh;
+        iface->mhs = mh;
+        pthread_mutex_unlock(&iface->lock);
+        snprintf(detail, detail_len, "staged: VRAM <-> pinned host buffers (CUDA copies) <-> "
+                 "UCX active messages over %.80s; this UCX (%u.%u.%u) cannot map GPU memory",
+                 iface->tls_list, maj, min, rel);
+        *mh_p = mh;
+        return KVL_OK;
+    }
     /* Inside memory UCX allocated (mem_alloc): use the allocation's handle.
      * Mapping the range again would register it as application memory,
      * which only cma reaches; the allocation's handle carries the sysv/posix
@@ -329,11 +350,12 @@ kvl_status_t kvli_ucx_md_pack(void *bk, void *mhv, uint8_t *buf, size_t cap, siz
     uint16_t ver = KVLI_UCX_KEY_VERSION, mt;
     uint32_t magic = KVLI_UCX_KEY_MAGIC, rl, crc;
     (void)bk;
-    if (mh == NULL || mh->rkey_buf == NULL || cap < KVLI_UCX_KEY_FIXED + mh->rkey_len)
+    if (mh == NULL || (mh->rkey_buf == NULL && !mh->staged) ||
+        cap < KVLI_UCX_KEY_FIXED + mh->rkey_len)
         return KVL_ERR_INVALID_ARG;
     mt = (uint16_t)(mh->kind == KVL_MEM_VRAM ? UCS_MEMORY_TYPE_CUDA : UCS_MEMORY_TYPE_HOST);
     rl = (uint32_t)mh->rkey_len;
-    crc = kvli_ucx_crc32(mh->rkey_buf, mh->rkey_len);
+    crc = mh->staged ? 0 : kvli_ucx_crc32(mh->rkey_buf, mh->rkey_len);
     memcpy(buf + 0, &magic, 4);
     memcpy(buf + 4, &ver, 2);
     memcpy(buf + 6, &mt, 2);
@@ -341,7 +363,8 @@ kvl_status_t kvli_ucx_md_pack(void *bk, void *mhv, uint8_t *buf, size_t cap, siz
     memcpy(buf + 16, &mh->len, 8);
     memcpy(buf + 24, &rl, 4);
     memcpy(buf + 28, &crc, 4);
-    memcpy(buf + KVLI_UCX_KEY_FIXED, mh->rkey_buf, mh->rkey_len);
+    if (mh->rkey_len > 0)
+        memcpy(buf + KVLI_UCX_KEY_FIXED, mh->rkey_buf, mh->rkey_len);
     *len_p = KVLI_UCX_KEY_FIXED + mh->rkey_len;
     return KVL_OK;
 }
@@ -388,11 +411,13 @@ kvl_status_t kvli_ucx_md_rload(void *bk, void *peerv, const kvl_region_info_t *r
                  ver, KVLI_UCX_KEY_MAGIC, KVLI_UCX_KEY_VERSION);
         return kvli_ucx_key_bad(err, peer, r, why);
     }
-    if (rl == 0 || rl != len - KVLI_UCX_KEY_FIXED) {
+    if (rl != len - KVLI_UCX_KEY_FIXED) {
         snprintf(why, sizeof(why), "rkey length %u does not match the %zu bytes carried", rl,
                  len - KVLI_UCX_KEY_FIXED);
         return kvli_ucx_key_bad(err, peer, r, why);
     }
+    if (rl == 0 && (mt != UCS_MEMORY_TYPE_CUDA || crc != 0))
+        return kvli_ucx_key_bad(err, peer, r, "no rkey, yet not a staged GPU region");
     if (addr != r->addr || rlen != r->len) {
         snprintf(why, sizeof(why), "key describes 0x%llx+%llu", (unsigned long long)addr,
                  (unsigned long long)rlen);
@@ -402,7 +427,7 @@ kvl_status_t kvli_ucx_md_rload(void *bk, void *peerv, const kvl_region_info_t *r
         snprintf(why, sizeof(why), "memory type %u is not host or cuda", mt);
         return kvli_ucx_key_bad(err, peer, r, why);
     }
-    if (kvli_ucx_crc32(key + KVLI_UCX_KEY_FIXED, rl) != crc)
+    if (rl > 0 && kvli_ucx_crc32(key + KVLI_UCX_KEY_FIXED, rl) != crc)
         return kvli_ucx_key_bad(err, peer, r, "rkey checksum mismatch");
     if (peer->ep == NULL) {
         kvl_bk_error_set(err, KVL_ERR_STATE, 0, KVLI_UCX_NAME, -1,
@@ -421,7 +446,8 @@ kvl_status_t kvli_ucx_md_rload(void *bk, void *peerv, const kvl_region_info_t *r
     }
     memcpy(pad, key + KVLI_UCX_KEY_FIXED, rl);
     kvli_ucx_log_begin(&log);
-    s = ucp_ep_rkey_unpack(peer->ep, pad, &rh->rkey);
+    /* rl 0: the peer stages this VRAM; no rkey, its data moves by AM */
+    s = rl == 0 ? UCS_OK : ucp_ep_rkey_unpack(peer->ep, pad, &rh->rkey);
     kvli_ucx_log_end();
     free(pad);
     if (s != UCS_OK) {

@@ -375,13 +375,14 @@ void kvli_ucx_probe(kvli_ucx_report_t report, void *arg, kvl_mem_kind_t mem, int
         else
             snprintf(obs, sizeof(obs), "this UCX has no GPU memory support: memory types %s "
                      "(no cuda)%s", types, mem == KVL_MEM_VRAM ? "; VRAM registered on the ucx "
-                     "backend is refused" : "; only matters for VRAM");
+                     "backend is staged through pinned host buffers" : "; only matters for VRAM");
         if (!cuda && mem == KVL_MEM_VRAM) {
             if (dev != KVL_DEV_ANY)
                 snprintf(obs + strlen(obs), sizeof(obs) - strlen(obs), " (device %d)", (int)dev);
             report(arg, "gpu_memory", KVLI_P_WARN, obs,
-                   "use a UCX built with CUDA (ucx_info -d lists cuda_copy/cuda_ipc) to move "
-                   "VRAM over UCX; otherwise only the cuda backend carries VRAM");
+                   "staged VRAM costs two extra copies per byte; for GPUDirect RDMA use a UCX "
+                   "built with CUDA (ucx_info -d lists cuda_copy/cuda_ipc); on one host the cuda "
+                   "backend moves VRAM directly");
         } else {
             report(arg, "gpu_memory", KVLI_P_OK, obs, "");
         }

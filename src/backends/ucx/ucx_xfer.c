@@ -16,6 +16,10 @@
  *
  * A dead peer (UCX's endpoint error callback, or no flush completion for
  * timeout_ms) fails the transfer with the peer's name and the bytes moved.
+ *
+ * A transfer touching VRAM this UCX cannot map (or any, with data_path=am)
+ * is staged instead: ucx_stage.c moves its bytes as active messages through
+ * bounce buffers; cancel, dead peers and the notification work the same.
  */
 #include <errno.h>
 #include <stdio.h>
@@ -27,7 +31,7 @@
 #define KVLI_UCX_NOTIF_MAGIC 0x4e554c4bu  /* "KLUN" */
 #define KVLI_UCX_NOTIF_HDR 16u             /* magic, name length, incarnation */
 
-static void kvli_ucx_tok_cb(void *req, ucs_status_t status, void *user_data)
+void kvli_ucx_tok_cb(void *req, ucs_status_t status, void *user_data)
 {
     kvli_ucx_token_t *tok = user_data;
     kvli_ucx_iface_t *iface = tok->iface;
@@ -47,7 +51,7 @@ static void kvli_ucx_tok_cb(void *req, ucs_status_t status, void *user_data)
 
 /* Give up on a token: free it now if UCX is done with it, else let the
  * callback free it. */
-static void kvli_ucx_tok_drop(kvli_ucx_iface_t *iface, kvli_ucx_token_t *tok)
+void kvli_ucx_tok_drop(kvli_ucx_iface_t *iface, kvli_ucx_token_t *tok)
 {
     int done;
     if (tok == NULL)
@@ -62,7 +66,7 @@ static void kvli_ucx_tok_drop(kvli_ucx_iface_t *iface, kvli_ucx_token_t *tok)
     }
 }
 
-static kvli_ucx_token_t *kvli_ucx_tok_new(kvli_ucx_iface_t *iface, size_t buf_len)
+kvli_ucx_token_t *kvli_ucx_tok_new(kvli_ucx_iface_t *iface, size_t buf_len)
 {
     kvli_ucx_token_t *tok = calloc(1, sizeof(*tok));
     if (tok == NULL)
@@ -75,7 +79,7 @@ static kvli_ucx_token_t *kvli_ucx_tok_new(kvli_ucx_iface_t *iface, size_t buf_le
     return tok;
 }
 
-static int kvli_ucx_tok_done(kvli_ucx_iface_t *iface, kvli_ucx_token_t *tok, ucs_status_t *s)
+int kvli_ucx_tok_done(kvli_ucx_iface_t *iface, kvli_ucx_token_t *tok, ucs_status_t *s)
 {
     int done;
     pthread_mutex_lock(&iface->lock);
@@ -244,8 +248,14 @@ kvl_status_t kvli_ucx_xfer_post(void *bk, kvl_bk_xfer_t *x, kvl_error_t *err)
     xp->peer = peer;
     xp->state = KVLI_UCX_X_ISSUE;
     xp->timeout_ms = x->timeout_ms ? x->timeout_ms : iface->timeout_ms;
-    snprintf(x->path, sizeof(x->path), "ucp %s over %.48s", x->op == KVL_WRITE ? "put" : "get",
-             iface->tls_list);
+    xp->staged = kvli_ucx_stage_needed(iface, x);
+    if (xp->staged)
+        snprintf(x->path, sizeof(x->path), "%s", xp->staged > 1
+                 ? "ucp am, VRAM staged via pinned host buffers"
+                 : "ucp am via host bounce buffers (data_path=am)");
+    else
+        snprintf(x->path, sizeof(x->path), "ucp %s over %.48s",
+                 x->op == KVL_WRITE ? "put" : "get", iface->tls_list);
     pthread_mutex_lock(&iface->lock);
     if (peer->dead || atomic_load(&iface->stopping)) {
         kvl_bk_error_set(err, peer->dead ? KVL_ERR_REMOTE_DISCONNECT : KVL_ERR_STATE, 0,
@@ -269,10 +279,12 @@ kvl_status_t kvli_ucx_xfer_post(void *bk, kvl_bk_xfer_t *x, kvl_error_t *err)
 
 /* Call xfer_done once; the xpriv stays on the running list until the
  * progress loop releases it. */
-static void kvli_ucx_xfer_complete(kvli_ucx_iface_t *iface, kvli_ucx_xpriv_t *xp,
-                                   kvl_status_t st, const kvl_error_t *err)
+void kvli_ucx_xfer_complete(kvli_ucx_iface_t *iface, kvli_ucx_xpriv_t *xp, kvl_status_t st,
+                            const kvl_error_t *err)
 {
     int expect = 0;
+    if (xp->staged)
+        kvli_ucx_stage_abandon(iface, xp);
     kvli_ucx_tok_drop(iface, xp->tok);
     xp->tok = NULL;
     xp->state = KVLI_UCX_X_END;
@@ -283,8 +295,8 @@ static void kvli_ucx_xfer_complete(kvli_ucx_iface_t *iface, kvli_ucx_xpriv_t *xp
         iface->ctx->xfer_done(xp->x, st, err);
 }
 
-static void kvli_ucx_xfer_fail(kvli_ucx_iface_t *iface, kvli_ucx_xpriv_t *xp, kvl_status_t code,
-                               const char *why)
+void kvli_ucx_xfer_fail(kvli_ucx_iface_t *iface, kvli_ucx_xpriv_t *xp, kvl_status_t code,
+                        const char *why)
 {
     kvl_error_t err;
     kvl_bk_xfer_t *x = xp->x;
@@ -340,6 +352,19 @@ static ucs_status_t kvli_ucx_xfer_issue(kvli_ucx_xpriv_t *xp)
     return UCS_OK;
 }
 
+/* No answer from the peer for idle ms: it counts as dead from now on. */
+void kvli_ucx_peer_stalled(kvli_ucx_iface_t *iface, kvli_ucx_peer_t *peer, uint64_t idle)
+{
+    pthread_mutex_lock(&iface->lock);
+    if (!peer->dead) {
+        peer->dead = 1;
+        peer->dead_status = UCS_ERR_TIMED_OUT;
+        snprintf(peer->dead_what, sizeof(peer->dead_what), "agent '%.60s' stopped answering "
+                 "(no UCX completion for %llu ms)", peer->name, (unsigned long long)idle);
+    }
+    pthread_mutex_unlock(&iface->lock);
+}
+
 static void kvli_ucx_xfer_advance(kvli_ucx_iface_t *iface, kvli_ucx_xpriv_t *xp)
 {
     kvl_bk_xfer_t *x = xp->x;
@@ -358,6 +383,18 @@ static void kvli_ucx_xfer_advance(kvli_ucx_iface_t *iface, kvli_ucx_xpriv_t *xp)
         if (xp->last_ms == 0)
             xp->last_ms = kvli_ucx_now_ms();
 
+        if (xp->state == KVLI_UCX_X_ISSUE && xp->staged) {
+            if (dead) {
+                kvli_ucx_xfer_fail(iface, xp, KVL_ERR_REMOTE_DISCONNECT, why);
+                return;
+            }
+            /* requests in flight, cancel and the watchdog: ucx_stage.c;
+             * back here (0) once every byte is confirmed */
+            if (kvli_ucx_stage_advance(iface, xp))
+                return;
+            if (xp->chunks != NULL || (xp->seg < x->nsegs && !cancel))
+                return;
+        }
         if (xp->state == KVLI_UCX_X_ISSUE) {
             if (dead) {
                 kvli_ucx_xfer_fail(iface, xp, KVL_ERR_REMOTE_DISCONNECT, why);
@@ -448,15 +485,7 @@ static void kvli_ucx_xfer_advance(kvli_ucx_iface_t *iface, kvli_ucx_xpriv_t *xp)
                 snprintf(why, sizeof(why), "no completion from the peer for %llu ms (bound "
                          "%llu ms): it stopped answering", (unsigned long long)idle,
                          (unsigned long long)xp->timeout_ms);
-                pthread_mutex_lock(&iface->lock);
-                if (!peer->dead) {
-                    peer->dead = 1;
-                    peer->dead_status = UCS_ERR_TIMED_OUT;
-                    snprintf(peer->dead_what, sizeof(peer->dead_what), "agent '%.60s' stopped "
-                             "answering (no UCX completion for %llu ms)", peer->name,
-                             (unsigned long long)idle);
-                }
-                pthread_mutex_unlock(&iface->lock);
+                kvli_ucx_peer_stalled(iface, peer, idle);
                 kvli_ucx_xfer_fail(iface, xp, KVL_ERR_TIMEOUT, why);
             }
             return;
