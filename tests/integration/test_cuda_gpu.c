@@ -5,7 +5,8 @@
  * back), VRAM<->DRAM both ways, scattered blocks (the gather kernel when
  * built), notifications only after the data, cancel truth. One process:
  * wrong declared device, a range crossing its allocation, freed memory (at
- * registration and at post), pinned host memory classified as DRAM.
+ * registration and at post), pinned host memory classified as DRAM,
+ * registration and a transfer with no current context on the thread.
  *
  * CUDA is not fork-safe: the parent never touches it; each role runs in a
  * child that loads the driver itself (tests/gpu/kvl_cuda_test.h).
@@ -423,9 +424,15 @@ static void local_checks(void)
     KT_CHECK(strstr(text, "pinned host memory") != NULL);
     kvl_reg_report_free(rep);
 
-    /* freed while registered: refused at post, no crash (same-process peer) */
+    /* freed while registered: refused at post, no crash (same-process peer).
+     * Registration and the transfer run with NO current context on this
+     * thread: kvlane must not depend on the caller's current device. */
     kvl_agent_t *b = mk_agent("tgt");
     KT_CHECK(cu.MemAlloc(&d2, 8 * MB) == 0);
+    kt_cu_ctx_t primary;
+    KT_CHECK(cu.PrimaryCtxRetain(&primary, 0) == 0);
+    dev_fill(d, 8 * MB, 42);
+    KT_CHECK(cu.CtxSetCurrent(NULL) == 0);
     reg(b, d2, 8 * MB, KVL_MEM_VRAM, 0);
     reg(a, d, 8 * MB, KVL_MEM_VRAM, 0);
     void *blob;
@@ -440,7 +447,9 @@ static void local_checks(void)
     KT_OK(kvl_dlist_add(l, d, 8 * MB, KVL_DEV_ANY));
     KT_OK(kvl_dlist_add(r, d2, 8 * MB, KVL_DEV_ANY));
     kvl_xfer_t *x = mkx(a, KVL_WRITE, l, r, "same-process");
-    run_x(x, "WRITE same process");
+    run_x(x, "WRITE same process, no current context");
+    KT_CHECK(cu.CtxSetCurrent(primary) == 0);
+    KT_CHECK(dev_verify(d2, 8 * MB, 42) < 0); /* every byte arrived */
     KT_CHECK(cu.MemFree(d) == 0);
     st = kvl_xfer_post(x);
     kvl_error_render(NULL, text, sizeof(text));
