@@ -200,6 +200,17 @@ void kvli_ucx_md_free(void *bk, void *ah)
     free(al);
 }
 
+/* On iface->mhs from now on: unmapped at close at the latest. */
+static void kvli_ucx_mh_link(kvli_ucx_iface_t *iface, kvli_ucx_mh_t *mh)
+{
+    pthread_mutex_lock(&iface->lock);
+    mh->next = iface->mhs;
+    if (iface->mhs)
+        iface->mhs->prev = mh;
+    iface->mhs = mh;
+    pthread_mutex_unlock(&iface->lock);
+}
+
 kvl_status_t kvli_ucx_md_reg(void *bk, const kvl_region_info_t *r, void **mh_p,
                              char *detail, size_t detail_len, kvl_error_t *err)
 {
@@ -239,12 +250,7 @@ kvl_status_t kvli_ucx_md_reg(void *bk, const kvl_region_info_t *r, void **mh_p,
     if (staged) {
         unsigned maj, min, rel;
         ucp_get_version(&maj, &min, &rel);
-        pthread_mutex_lock(&iface->lock);
-        mh->next = iface->mhs;
-        if (iface->mhs)
-            iface->mhs->prev = mh;
-        iface->mhs = mh;
-        pthread_mutex_unlock(&iface->lock);
+        kvli_ucx_mh_link(iface, mh);
         snprintf(detail, detail_len, "staged: VRAM <-> pinned host buffers (CUDA copies) <-> "
                  "UCX active messages over %.80s; this UCX (%u.%u.%u) cannot map GPU memory",
                  iface->tls_list, maj, min, rel);
@@ -307,12 +313,7 @@ kvl_status_t kvli_ucx_md_reg(void *bk, const kvl_region_info_t *r, void **mh_p,
         free(mh);
         return KVL_ERR_SYSTEM;
     }
-    pthread_mutex_lock(&iface->lock);
-    mh->next = iface->mhs;
-    if (iface->mhs)
-        iface->mhs->prev = mh;
-    iface->mhs = mh;
-    pthread_mutex_unlock(&iface->lock);
+    kvli_ucx_mh_link(iface, mh);
     if (mh->alloc != NULL) {
         const char *tl = iface->tls_list;
         int mm = strstr(tl, "sysv") != NULL || strstr(tl, "posix") != NULL;

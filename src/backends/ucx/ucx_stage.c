@@ -334,24 +334,23 @@ static kvli_ucx_chunk_t *kvli_ucx_chunk_cut(kvli_ucx_iface_t *iface, kvli_ucx_xp
     return c;
 }
 
-/* Copy between the bounce buffer and the local pieces: host pieces now,
- * VRAM pieces as one staging request (c->ticket). */
-static kvl_status_t kvli_ucx_chunk_copy(kvli_ucx_iface_t *iface, kvli_ucx_chunk_t *c,
-                                        int to_host, kvl_error_t *err)
+/* Copy between a bounce buffer and n places (sp[i].host: the place's spot
+ * in the buffer): host memory now, VRAM as one staging request (*ticket,
+ * NULL when none was needed). sp is reordered. */
+static kvl_status_t kvli_ucx_places_copy(kvli_ucx_iface_t *iface, kvl_stage_piece_t *sp,
+                                         size_t n, int to_host, void **ticket, kvl_error_t *err)
 {
-    kvl_stage_piece_t *sp = NULL;
-    size_t nsp = 0;
-    uint64_t off = 0;
-    for (unsigned i = 0; i < c->n; i++) {
-        if (c->p[i].dev >= 0)
-            nsp++;
+    size_t k = 0;
+    *ticket = NULL;
+    for (size_t i = 0; i < n; i++) {
+        if (sp[i].dev >= 0)
+            sp[k++] = sp[i];
         else if (to_host)
-            memcpy(c->buf + off, (void *)(uintptr_t)c->p[i].laddr, c->p[i].len);
+            memcpy(sp[i].host, (void *)(uintptr_t)sp[i].dev_addr, sp[i].len);
         else
-            memcpy((void *)(uintptr_t)c->p[i].laddr, c->buf + off, c->p[i].len);
-        off += c->p[i].len;
+            memcpy((void *)(uintptr_t)sp[i].dev_addr, sp[i].host, sp[i].len);
     }
-    if (nsp == 0)
+    if (k == 0)
         return KVL_OK;
     if (!kvli_ucx_stage_usable(iface->ctx)) {
         kvli_ucx_stage_err(err, KVL_ERR_UNSUPPORTED, "build kvlane with the cuda backend",
@@ -359,24 +358,29 @@ static kvl_status_t kvli_ucx_chunk_copy(kvli_ucx_iface_t *iface, kvli_ucx_chunk_
                            "copies");
         return KVL_ERR_UNSUPPORTED;
     }
-    sp = calloc(nsp, sizeof(*sp));
+    kvl_status_t st = iface->ctx->stage_copy(iface->ctx, to_host, sp, k, kvli_ucx_stage_notify,
+                                             iface, ticket, err);
+    if (st != KVL_OK)
+        *ticket = NULL;
+    return st;
+}
+
+/* The request's local pieces <-> its bounce buffer. */
+static kvl_status_t kvli_ucx_chunk_copy(kvli_ucx_iface_t *iface, kvli_ucx_chunk_t *c,
+                                        int to_host, kvl_error_t *err)
+{
+    kvl_stage_piece_t *sp = calloc(c->n, sizeof(*sp));
+    uint64_t off = 0;
     if (sp == NULL) {
         kvl_bk_error_set(err, KVL_ERR_NO_MEMORY, ENOMEM, KVLI_UCX_NAME, -1, "out of memory");
         return KVL_ERR_NO_MEMORY;
     }
-    nsp = 0;
-    off = 0;
     for (unsigned i = 0; i < c->n; i++) {
-        if (c->p[i].dev >= 0)
-            sp[nsp++] = (kvl_stage_piece_t){c->p[i].laddr, c->buf + off, c->p[i].len,
-                                            c->p[i].dev};
+        sp[i] = (kvl_stage_piece_t){c->p[i].laddr, c->buf + off, c->p[i].len, c->p[i].dev};
         off += c->p[i].len;
     }
-    kvl_status_t st = iface->ctx->stage_copy(iface->ctx, to_host, sp, nsp, kvli_ucx_stage_notify,
-                                             iface, &c->ticket, err);
+    kvl_status_t st = kvli_ucx_places_copy(iface, sp, c->n, to_host, &c->ticket, err);
     free(sp);
-    if (st != KVL_OK)
-        c->ticket = NULL;
     return st;
 }
 
@@ -804,47 +808,26 @@ nomem:
     return UCS_OK;
 }
 
-/* Copy between the job's bounce buffer and its ranges: host memory now,
- * VRAM as one staging request. */
+/* The job's ranges <-> its bounce buffer; the reply comes next, or after
+ * the VRAM copies (J_COPY). */
 static void kvli_ucx_job_copy(kvli_ucx_iface_t *iface, kvli_ucx_job_t *j, int to_host)
 {
-    kvl_stage_piece_t *sp;
+    kvl_stage_piece_t *sp = calloc(j->n, sizeof(*sp));
     kvl_error_t e;
-    size_t nsp = 0;
     uint64_t off = 0;
-    for (unsigned i = 0; i < j->n; i++) {
-        if (j->r[i].dev >= 0)
-            nsp++;
-        else if (to_host)
-            memcpy(j->buf + off, (void *)(uintptr_t)j->r[i].addr, j->r[i].len);
-        else
-            memcpy((void *)(uintptr_t)j->r[i].addr, j->buf + off, j->r[i].len);
-        off += j->r[i].len;
-    }
     j->state = KVLI_UCX_J_REPLY;
-    if (nsp == 0)
-        return;
-    if (!kvli_ucx_stage_usable(iface->ctx)) {
-        kvli_ucx_job_refuse(j, KVL_ERR_UNSUPPORTED, "VRAM range, but this kvlane core lends no "
-                            "staging copies");
-        return;
-    }
-    if ((sp = calloc(nsp, sizeof(*sp))) == NULL) {
+    if (sp == NULL) {
         kvli_ucx_job_refuse(j, KVL_ERR_NO_MEMORY, "out of memory");
         return;
     }
-    nsp = 0;
-    off = 0;
     for (unsigned i = 0; i < j->n; i++) {
-        if (j->r[i].dev >= 0)
-            sp[nsp++] = (kvl_stage_piece_t){j->r[i].addr, j->buf + off, j->r[i].len, j->r[i].dev};
+        sp[i] = (kvl_stage_piece_t){j->r[i].addr, j->buf + off, j->r[i].len, j->r[i].dev};
         off += j->r[i].len;
     }
-    if (iface->ctx->stage_copy(iface->ctx, to_host, sp, nsp, kvli_ucx_stage_notify, iface,
-                               &j->ticket, &e) == KVL_OK)
-        j->state = KVLI_UCX_J_COPY;
-    else
+    if (kvli_ucx_places_copy(iface, sp, j->n, to_host, &j->ticket, &e) != KVL_OK)
         kvli_ucx_job_refuse(j, e.code, "staging copy: %.180s", e.what);
+    else if (j->ticket != NULL)
+        j->state = KVLI_UCX_J_COPY;
     free(sp);
 }
 
