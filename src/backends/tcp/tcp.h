@@ -172,7 +172,10 @@ enum {
     KVLI_TCP_CONN_CLOSED = 5
 };
 
-enum { KVLI_TCP_RX_HDR = 0, KVLI_TCP_RX_BODY = 1, KVLI_TCP_RX_PAYLOAD = 2, KVLI_TCP_RX_DRAIN = 3 };
+/* RX_STAGE: the request's VRAM copy runs (asynchronously); the connection
+ * is not read until it is done and the reply queued. */
+enum { KVLI_TCP_RX_HDR = 0, KVLI_TCP_RX_BODY = 1, KVLI_TCP_RX_PAYLOAD = 2, KVLI_TCP_RX_DRAIN = 3,
+       KVLI_TCP_RX_STAGE = 4 };
 
 struct kvli_tcp_conn {
     kvli_tcp_conn_t *next;
@@ -203,6 +206,9 @@ struct kvli_tcp_conn {
     kvl_stage_piece_t *sp;
     int nsp;
     void *bounce;
+    void *ticket;                   /* RX_STAGE: the copy in flight */
+    int stage_write;                /* RX_STAGE: uploading a WRITE (else a READ's download) */
+    kvli_tcp_reply_t *stage_reply;  /* RX_STAGE of a READ: queued once the copy is done */
     /* replies */
     kvli_tcp_reply_t *oq_head, *oq_tail;
     unsigned oq_n;

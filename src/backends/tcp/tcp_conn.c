@@ -179,6 +179,15 @@ void kvli_tcp_conn_accept(kvli_tcp_iface_t *iface)
 void kvli_tcp_conn_free(kvli_tcp_iface_t *iface, kvli_tcp_conn_t *c)
 {
     kvli_tcp_reply_t *r = c->oq_head, *n;
+    if (c->ticket != NULL) {
+        kvl_error_t e;
+        /* nothing may still write the bounce buffer or the VRAM */
+        iface->ctx->stage_test(iface->ctx, c->ticket, 1, &e);
+        c->ticket = NULL;
+        atomic_fetch_sub(&iface->staging, 1);
+    }
+    if (c->stage_reply != NULL)
+        kvli_tcp_reply_free(iface, c->stage_reply);
     for (; r != NULL; r = n) {
         n = r->next;
         kvli_tcp_reply_free(iface, r);
@@ -202,8 +211,10 @@ short kvli_tcp_conn_events(const kvli_tcp_conn_t *c)
         return 0;
     if (c->oq_head != NULL)
         ev |= POLLOUT;
-    /* Backpressure: a peer that does not read its replies stops being read. */
-    if (c->state != KVLI_TCP_CONN_DRAINING && c->oq_n < KVLI_TCP_OUTQ_MAX)
+    /* Backpressure: a peer that does not read its replies stops being read;
+     * so does one whose request's VRAM copy runs. */
+    if (c->state != KVLI_TCP_CONN_DRAINING && c->oq_n < KVLI_TCP_OUTQ_MAX &&
+        c->rphase != KVLI_TCP_RX_STAGE)
         ev |= POLLIN;
     return ev;
 }
@@ -368,22 +379,83 @@ static void kvli_tcp_conn_stage_prepare(kvli_tcp_iface_t *iface, kvli_tcp_conn_t
     }
 }
 
-/* Run the staging copies of the request and wait (to_host: READ). */
-static kvl_status_t kvli_tcp_conn_stage_copy(kvli_tcp_iface_t *iface, kvli_tcp_conn_t *c,
-                                             int to_host)
+static void kvli_tcp_conn_stage_failed(kvli_tcp_iface_t *iface, kvli_tcp_conn_t *c,
+                                       const kvl_error_t *e)
 {
     kvl_bk_ctx_t *ctx = iface->ctx;
-    void *ticket = NULL;
-    kvl_error_t e;
-    if (ctx->stage_copy(ctx, to_host, c->sp, (size_t)c->nsp, NULL, NULL, &ticket, &e) == KVL_OK &&
-        ctx->stage_test(ctx, ticket, 1, &e) == 1)
-        return KVL_OK;
-    c->refuse = e.code ? e.code : KVL_ERR_SYSTEM;
+    c->refuse = e->code ? e->code : KVL_ERR_SYSTEM;
     snprintf(c->refuse_text, sizeof(c->refuse_text), "agent '%.63s' failed to stage VRAM for "
-             "%s: %.120s", ctx->agent_name, to_host ? "READ" : "WRITE", e.what);
+             "%s: %.120s", ctx->agent_name, c->stage_write ? "WRITE" : "READ", e->what);
     ctx->log(ctx, KVL_LOG_WARN, "request from agent '%s' (%s): %s", c->name, c->addr,
              c->refuse_text);
-    return c->refuse;
+}
+
+/* The request's VRAM copy is done (or failed, c->refuse): queue its reply
+ * and read the next request. */
+static void kvli_tcp_conn_stage_finish(kvli_tcp_iface_t *iface, kvli_tcp_conn_t *c)
+{
+    kvli_tcp_reply_t *r = c->stage_reply;
+    c->stage_reply = NULL;
+    c->rphase = KVLI_TCP_RX_HDR;
+    c->progress_ns = kvli_tcp_now_ns();
+    if (c->stage_write || c->refuse != KVL_OK) {
+        kvli_tcp_bounce_put(iface, c->bounce);
+        c->bounce = NULL;
+        kvli_tcp_conn_unpin(iface, c);
+        if (r != NULL)
+            kvli_tcp_reply_free(iface, r);
+        kvli_tcp_conn_push(iface, c, kvli_tcp_reply_new(c->stage_write ? KVLI_TCP_MSG_WRITE_ACK
+                                                        : KVLI_TCP_MSG_READ_DATA, c->h.id,
+                                                        c->refuse, c->refuse == KVL_OK ? NULL
+                                                        : c->refuse_text, 0, NULL, 0));
+        return;
+    }
+    /* the reply sends the staged copy: it owns the bounce buffer and the
+     * pins (the memory stays registered until the data is sent) */
+    r->bounce = c->bounce;
+    c->bounce = NULL;
+    memcpy(r->iov, c->iov, sizeof(struct iovec) * (size_t)c->niov);
+    memcpy(r->pins, c->pins, sizeof(void *) * c->npins);
+    r->niov = c->niov;
+    r->npins = c->npins;
+    c->npins = 0;
+    kvli_tcp_conn_push(iface, c, r);
+}
+
+/* Start the request's VRAM copies (to_host: a READ's download, else a
+ * WRITE's upload) without waiting: the progress thread serves everything
+ * else meanwhile, and the copy's end wakes it. */
+static void kvli_tcp_conn_stage_start(kvli_tcp_iface_t *iface, kvli_tcp_conn_t *c, int to_host)
+{
+    kvl_bk_ctx_t *ctx = iface->ctx;
+    kvl_error_t e;
+    c->stage_write = !to_host;
+    c->rphase = KVLI_TCP_RX_STAGE;
+    if (ctx->stage_copy(ctx, to_host, c->sp, (size_t)c->nsp, kvli_tcp_stage_notify, iface,
+                        &c->ticket, &e) == KVL_OK) {
+        atomic_fetch_add(&iface->staging, 1);
+        return;
+    }
+    c->ticket = NULL;
+    kvli_tcp_conn_stage_failed(iface, c, &e);
+    kvli_tcp_conn_stage_finish(iface, c);
+}
+
+/* RX_STAGE: finish the request once its copy is done. */
+static void kvli_tcp_conn_stage_poll(kvli_tcp_iface_t *iface, kvli_tcp_conn_t *c)
+{
+    kvl_error_t e;
+    int r;
+    if (c->ticket == NULL)
+        return;
+    r = iface->ctx->stage_test(iface->ctx, c->ticket, 0, &e);
+    if (r == 0)
+        return;
+    c->ticket = NULL;
+    atomic_fetch_sub(&iface->staging, 1);
+    if (r < 0)
+        kvli_tcp_conn_stage_failed(iface, c, &e);
+    kvli_tcp_conn_stage_finish(iface, c);
 }
 
 /* WRITE/READ ranges are in: check every one before touching anything. */
@@ -465,25 +537,12 @@ static void kvli_tcp_conn_rw(kvli_tcp_iface_t *iface, kvli_tcp_conn_t *c)
         kvli_tcp_conn_push(iface, c, NULL);
         return;
     }
-    if (c->nsp > 0 && kvli_tcp_conn_stage_copy(iface, c, 1) != KVL_OK) {
-        kvli_tcp_bounce_put(iface, c->bounce);
-        c->bounce = NULL;
-        kvli_tcp_conn_unpin(iface, c);
-        kvli_tcp_reply_free(iface, r);
-        kvli_tcp_conn_push(iface, c, kvli_tcp_reply_new(KVLI_TCP_MSG_READ_DATA, c->h.id,
-                                                        c->refuse, c->refuse_text, 0, NULL, 0));
-        return;
-    }
-    /* the reply sends the staged copy: it owns the bounce buffer now */
-    r->bounce = c->bounce;
-    c->bounce = NULL;
-    /* The pins keep the memory registered until the data is sent. */
-    memcpy(r->iov, c->iov, sizeof(struct iovec) * n);
-    memcpy(r->pins, c->pins, sizeof(void *) * n);
-    r->niov = (int)n;
-    r->npins = n;
-    c->npins = 0;
-    kvli_tcp_conn_push(iface, c, r);
+    c->stage_reply = r;
+    c->stage_write = 0;
+    if (c->nsp > 0)
+        kvli_tcp_conn_stage_start(iface, c, 1); /* the reply waits for the download */
+    else
+        kvli_tcp_conn_stage_finish(iface, c);
 }
 
 static void kvli_tcp_conn_notif(kvli_tcp_iface_t *iface, kvli_tcp_conn_t *c)
@@ -604,18 +663,16 @@ static int kvli_tcp_conn_rx_step(kvli_tcp_iface_t *iface, kvli_tcp_conn_t *c, ui
         *budget = (uint64_t)n >= *budget ? 0 : *budget - (uint64_t)n;
         if (c->pay_got < c->h.payload)
             return 1;
-        /* VRAM ranges: upload before the acknowledgement */
+        /* VRAM ranges: the upload runs before the acknowledgement */
+        c->stage_write = 1;
         if (c->nsp > 0)
-            kvli_tcp_conn_stage_copy(iface, c, 0);
-        kvli_tcp_bounce_put(iface, c->bounce);
-        c->bounce = NULL;
-        kvli_tcp_conn_unpin(iface, c);
-        c->rphase = KVLI_TCP_RX_HDR;
-        kvli_tcp_conn_push(iface, c, kvli_tcp_reply_new(KVLI_TCP_MSG_WRITE_ACK, c->h.id, c->refuse,
-                                                        c->refuse == KVL_OK ? NULL : c->refuse_text,
-                                                        0, NULL, 0));
+            kvli_tcp_conn_stage_start(iface, c, 0);
+        else
+            kvli_tcp_conn_stage_finish(iface, c);
         return 1;
     }
+    case KVLI_TCP_RX_STAGE:
+        return 0; /* not read until the copy is done */
     case KVLI_TCP_RX_DRAIN: {
         size_t want = c->h.payload - c->pay_got < iface->scratch_len
                           ? (size_t)(c->h.payload - c->pay_got) : iface->scratch_len;
@@ -640,6 +697,11 @@ static int kvli_tcp_conn_rx_step(kvli_tcp_iface_t *iface, kvli_tcp_conn_t *c, ui
 void kvli_tcp_conn_progress(kvli_tcp_iface_t *iface, kvli_tcp_conn_t *c, short revents)
 {
     uint64_t budget = KVLI_TCP_BUDGET;
+    if (c->rphase == KVLI_TCP_RX_STAGE) {
+        kvli_tcp_conn_stage_poll(iface, c);
+        if (c->rphase == KVLI_TCP_RX_STAGE)
+            revents &= (short)~POLLIN;
+    }
     if (c->oq_head != NULL)
         kvli_tcp_conn_flush(iface, c);
     if (revents & (POLLIN | POLLHUP | POLLERR)) {

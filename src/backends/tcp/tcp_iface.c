@@ -184,7 +184,7 @@ static void *kvli_tcp_progress_main(void *arg)
         now = kvli_tcp_now_ns();
         for (size_t i = npeers; i < n; i++) {
             c = slot[i].conn;
-            if (pfd[i].revents != 0)
+            if (pfd[i].revents != 0 || c->rphase == KVLI_TCP_RX_STAGE)
                 kvli_tcp_conn_progress(iface, c, pfd[i].revents);
             kvli_tcp_conn_check(iface, c, now);
         }

@@ -12,8 +12,9 @@
  *   runs while the next replies arrive; the request counts as answered (and
  *   the transfer can finish) only after the upload.
  * Target: a request's VRAM ranges go through one bounce buffer; the copy
- *   runs on the progress thread before the WRITE is acknowledged or the READ
- *   data is sent (bounded by one request, `chunk` bytes by default).
+ *   runs asynchronously (tcp_conn.c, RX_STAGE) before the WRITE is
+ *   acknowledged or the READ data is sent. That connection is not read
+ *   meanwhile; the progress thread serves everything else.
  */
 #include <inttypes.h>
 #include <stdio.h>
