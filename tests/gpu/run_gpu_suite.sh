@@ -11,7 +11,7 @@ bld=${1:-$src/build-gpu}
 out=${OUT:-$src/gpu-out}
 mkdir -p "$out"
 nvidia-smi --query-gpu=name,pci.bus_id,driver_version,memory.total --format=csv 2>&1 | tee "$out/gpu.txt"
-targets="test_cuda_nodriver test_cuda_gpu test_tcp_vram test_ucx_vram bench_cuda_bench"
+targets="test_cuda_nodriver test_cuda_gpu test_cuda_multigpu test_tcp_vram test_ucx_vram bench_cuda_bench"
 build() {
     cmake -S "$src" -B "$bld" -DKVL_CUDA_ARCHS=90 -DKVL_SANITIZER_TESTS=OFF -DKVL_FUZZ=OFF \
         >"$out/configure.log" 2>&1 || return 1
@@ -27,6 +27,13 @@ grep -E 'cuda gather kernel|no nvcc' "$out/configure.log"
 echo "== test_cuda_nodriver"; (cd "$bld" && ./tests/test_cuda_nodriver) 2>&1 | tee "$out/nodriver.log" | tail -3
 echo "== test_cuda_gpu"; (cd "$bld" && timeout 400 ./tests/test_cuda_gpu) >"$out/gpu_test.log" 2>&1
 echo "rc=$?"; cat "$out/gpu_test.log" | cut -c1-300 | tail -120
+echo "== test_cuda_multigpu"; (cd "$bld" && timeout 300 ./tests/test_cuda_multigpu) >"$out/multigpu.log" 2>&1
+rc=$?; echo "rc=$rc"; cut -c1-300 "$out/multigpu.log" | tail -40
+if [ $rc -eq 77 ]; then
+    echo "== test_cuda_multigpu --same-device (dry run of the test on one GPU)"
+    (cd "$bld" && timeout 300 ./tests/test_cuda_multigpu --same-device) >"$out/multigpu_dry.log" 2>&1
+    echo "rc=$?"; cut -c1-300 "$out/multigpu_dry.log" | tail -40
+fi
 echo "== test_tcp_vram"; (cd "$bld" && timeout 300 ./tests/test_tcp_vram) >"$out/tcp_vram.log" 2>&1
 echo "rc=$?"; cut -c1-300 "$out/tcp_vram.log" | tail -60
 echo "== test_ucx_vram"; (cd "$bld" && timeout 300 ./tests/test_ucx_vram) >"$out/ucx_vram.log" 2>&1
