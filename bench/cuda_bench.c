@@ -14,7 +14,15 @@
  * ITERS after WARMUP. The scattered blocks are checked afterwards: read back
  * (scattered READ, also timed) into a contiguous buffer and compared with
  * the pattern of every source block. Exit 77 without a GPU, 1 on a mismatch.
- * Usage: cuda_bench [iters]
+ *
+ * --peer-dev N: across GPUs. The target's memory is on device N, the
+ * initiator's on device 0; the reference is a plain peer-to-peer copy
+ * (cuMemcpyDtoDAsync into device N with peer access on) of the same bytes:
+ *   GPU 0 -> GPU N 1 GiB, 2 processes     vs P2P copy 1 GiB          target >= 90%
+ *   65536 scattered 32 KiB blocks         vs P2P copy 2 GiB          target >= 75%
+ * (the host and staged rows are left out). Exit 77 when device N does not
+ * exist. --peer-dev 0 runs the same code on one GPU: a dry run only.
+ * Usage: cuda_bench [iters] [--peer-dev N]
  */
 #include <stdlib.h>
 #include <string.h>
@@ -33,6 +41,7 @@
 
 static kt_cuda_t cu;
 static int iters = 20;
+static int peer_dev = -1;     /* --peer-dev N: target memory on device N */
 
 static void die(const char *what)
 {
@@ -105,6 +114,17 @@ static void reg(kvl_agent_t *a, uint64_t addr, uint64_t len, kvl_mem_kind_t kind
     OK(kvl_mem_register(a, &d, 1, &p, NULL));
 }
 
+/* Device `ord`'s primary context (retained), made current. */
+static kt_cu_ctx_t use_dev(int ord)
+{
+    int dev;
+    kt_cu_ctx_t ctx;
+    CU(cu.DeviceGet(&dev, ord));
+    CU(cu.PrimaryCtxRetain(&ctx, dev));
+    CU(cu.CtxSetCurrent(ctx));
+    return ctx;
+}
+
 static void target(int fd)
 {
     char why[256];
@@ -114,6 +134,8 @@ static void target(int fd)
     uint64_t n;
     if (kt_cuda_open(&cu, why, sizeof(why)) != 0)
         exit(77);
+    if (peer_dev >= 0)
+        use_dev(peer_dev);
     kvl_agent_t *a = agent("bench-target");
     CU(cu.MemAlloc(&v, 2 * GIB));
     CU(cu.MemsetD8(v, 0, 2 * GIB));
@@ -277,7 +299,23 @@ static void initiator(int fd)
     }
     kvl_agent_t *a = agent("bench-initiator");
     CU(cu.MemAlloc(&src, 2 * GIB));
-    CU(cu.MemAlloc(&ref, 2 * GIB));
+    if (peer_dev >= 0) {
+        /* the reference copy's destination is on the target's GPU, reached
+         * peer to peer, as kvlane's copies are */
+        kt_cu_ctx_t c0 = use_dev(0), cn = use_dev(peer_dev);
+        CU(cu.MemAlloc(&ref, 2 * GIB));
+        CU(cu.CtxSetCurrent(c0));
+        if (peer_dev != 0) {
+            int r = cu.CtxEnablePeerAccess(cn, 0);
+            if (r != 0 && r != 704 /* already enabled */) {
+                fprintf(stderr, "cuda_bench: cuCtxEnablePeerAccess(device %d) = %d: no peer "
+                        "access between the GPUs\n", peer_dev, r);
+                exit(1);
+            }
+        }
+    } else {
+        CU(cu.MemAlloc(&ref, 2 * GIB));
+    }
     CU(cu.MemsetD8(src, 0x5a, 2 * GIB));
     CU(cu.MemHostAlloc(&pinned, GIB, 0));
     memset(pinned, 0, GIB);
@@ -305,10 +343,15 @@ static void initiator(int fd)
 
     /* 1. VRAM -> VRAM 1 GiB */
     uint64_t la = src, ra = rv;
+    char label[64];
     kvl_xfer_t *x = mkx(a, KVL_MEM_VRAM, &la, &ra, 1, GIB);
     double tk = time_x(x), tr = time_ref(s, 0, ref, NULL, src, GIB);
     kvl_xfer_get_stats(x, &st);
-    row("VRAM->VRAM 1 GiB, 2 processes", GIB, tk, tr, 90, (double)st.post_ns / 1e3, st.path);
+    if (peer_dev >= 0)
+        snprintf(label, sizeof(label), "GPU 0->GPU %d 1 GiB, 2 processes", peer_dev);
+    else
+        snprintf(label, sizeof(label), "VRAM->VRAM 1 GiB, 2 processes");
+    row(label, GIB, tk, tr, 90, (double)st.post_ns / 1e3, st.path);
     kvl_xfer_release(x);
 
     /* 2. 65536 scattered 32 KiB blocks (random order on the remote side) */
@@ -337,8 +380,11 @@ static void initiator(int fd)
     tk = time_x(x);
     tr = time_ref(s, 0, ref, NULL, src, NBLK * BLK);
     kvl_xfer_get_stats(x, &st);
-    row("65536 x 32 KiB scattered, VRAM->VRAM", NBLK * BLK, tk, tr, 75, (double)st.post_ns / 1e3,
-        st.path);
+    if (peer_dev >= 0)
+        snprintf(label, sizeof(label), "65536 x 32 KiB scattered, GPU 0->%d", peer_dev);
+    else
+        snprintf(label, sizeof(label), "65536 x 32 KiB scattered, VRAM->VRAM");
+    row(label, NBLK * BLK, tk, tr, 75, (double)st.post_ns / 1e3, st.path);
     kvl_xfer_release(x);
     /* read every remote block back, scattered, into ref (block i <- rv2[i]) */
     uint64_t *lref = malloc(NBLK * 8);
@@ -373,6 +419,16 @@ static void initiator(int fd)
            "re-posts of the WRITE and of the READ\n", (unsigned long long)NBLK, WARMUP + iters);
     free(lref);
     free(hb);
+    if (peer_dev >= 0) {
+        printf("  (plain column: cuMemcpyDtoDAsync from device 0 into device %d, peer access "
+               "on%s)\n", peer_dev, peer_dev == 0 ? "; --peer-dev 0 is a dry run on one GPU" : "");
+        free(lv);
+        free(rv2);
+        free(perm);
+        snd(fd, "bye", 3);
+        kvl_agent_destroy(a);
+        exit(0);
+    }
 
     /* 3. VRAM -> remote pinned DRAM 1 GiB */
     la = src;
@@ -403,8 +459,32 @@ static void initiator(int fd)
 int main(int argc, char **argv)
 {
     int sv[2], st, rc = 0;
-    if (argc > 1)
-        iters = atoi(argv[1]) > 0 && atoi(argv[1]) <= 200 ? atoi(argv[1]) : iters;
+    for (int k = 1; k < argc; k++) {
+        if (strcmp(argv[k], "--peer-dev") == 0 && k + 1 < argc)
+            peer_dev = atoi(argv[++k]);
+        else if (atoi(argv[k]) > 0 && atoi(argv[k]) <= 200)
+            iters = atoi(argv[k]);
+    }
+    if (peer_dev > 0) {
+        /* does device N exist? asked in a child: the parent never loads CUDA */
+        pid_t c = fork();
+        if (c == 0) {
+            char why[256];
+            if (kt_cuda_open(&cu, why, sizeof(why)) != 0) {
+                printf("SKIP: %s\n", why);
+                exit(77);
+            }
+            if (cu.ndev <= peer_dev) {
+                printf("SKIP: --peer-dev %d, but this machine shows %d CUDA device(s)\n",
+                       peer_dev, cu.ndev);
+                exit(77);
+            }
+            exit(0);
+        }
+        waitpid(c, &st, 0);
+        if (!WIFEXITED(st) || WEXITSTATUS(st) != 0)
+            return WIFEXITED(st) ? WEXITSTATUS(st) : 1;
+    }
     setvbuf(stdout, NULL, _IOLBF, 0);
     if (socketpair(AF_UNIX, SOCK_STREAM, 0, sv) != 0)
         return 1;

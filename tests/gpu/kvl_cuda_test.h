@@ -36,6 +36,7 @@ typedef struct kt_cuda {
     kt_cu_res (*PrimaryCtxRetain)(kt_cu_ctx_t *, int);
     kt_cu_res (*CtxSetCurrent)(kt_cu_ctx_t);
     kt_cu_res (*CtxSynchronize)(void);
+    kt_cu_res (*CtxEnablePeerAccess)(kt_cu_ctx_t, unsigned);
     kt_cu_res (*MemAlloc)(kt_cu_ptr *, size_t);
     kt_cu_res (*MemFree)(kt_cu_ptr);
     kt_cu_res (*MemcpyHtoD)(kt_cu_ptr, const void *, size_t);
@@ -91,6 +92,7 @@ static inline int kt_cuda_open(kt_cuda_t *c, char *why, size_t cap)
     KT_SYM(DeviceGet, "cuDeviceGet");
     KT_SYM(PrimaryCtxRetain, "cuDevicePrimaryCtxRetain");
     KT_SYM(CtxSetCurrent, "cuCtxSetCurrent");
+    KT_SYM(CtxEnablePeerAccess, "cuCtxEnablePeerAccess");
     KT_SYM(CtxSynchronize, "cuCtxSynchronize");
     KT_SYM(MemAlloc, "cuMemAlloc_v2");
     KT_SYM(MemFree, "cuMemFree_v2");

@@ -40,3 +40,5 @@ echo "== test_ucx_vram"; (cd "$bld" && timeout 300 ./tests/test_ucx_vram) >"$out
 echo "rc=$?"; cut -c1-300 "$out/ucx_vram.log" | tail -60
 [ -n "${KVL_GPU_ONLY:-}" ] && exit 0
 echo "== cuda_bench"; (cd "$bld" && timeout 200 ./bench/cuda_bench 20) 2>&1 | tee "$out/bench.log"
+echo "== cuda_bench --peer-dev 1 (across GPUs; skips on one)"
+(cd "$bld" && timeout 200 ./bench/cuda_bench 20 --peer-dev 1) 2>&1 | tee "$out/bench_peer.log"
