@@ -188,6 +188,10 @@ struct kvli_ucx_iface {
     void *bounce_retired[KVLI_UCX_STAGE_BUFS]; /* given up on: freed after the worker */
     unsigned char bounce_retired_pinned[KVLI_UCX_STAGE_BUFS];
     unsigned bounce_nretired;
+    /* set when staging becomes likely (a staged region here or at a peer,
+     * data_path=am): the progress thread fills the pool ahead of the first
+     * transfer, so that transfer does not pay for the pinned allocations */
+    atomic_int bounce_want;
     kvli_ucx_iface_t *next_live;
     int closed;
 };
@@ -255,6 +259,7 @@ int kvli_ucx_stage_progress(kvli_ucx_iface_t *iface);
 void kvli_ucx_stage_abandon(kvli_ucx_iface_t *iface, kvli_ucx_xpriv_t *xp);
 void kvli_ucx_stage_release_descs(kvli_ucx_iface_t *iface);
 void kvli_ucx_stage_free_all(kvli_ucx_iface_t *iface);
+void kvli_ucx_stage_expect(kvli_ucx_iface_t *iface);
 ucs_status_t kvli_ucx_stage_req_recv(void *arg, const void *header, size_t header_length,
                                      void *data, size_t length,
                                      const ucp_am_recv_param_t *param);

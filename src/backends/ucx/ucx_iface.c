@@ -457,6 +457,8 @@ static kvl_status_t kvli_ucx_open(kvl_bk_ctx_t *ctx, const kvl_param_t *params, 
         goto err_close;
     }
     iface->progress_started = 1;
+    if (iface->data_path_am)
+        kvli_ucx_stage_expect(iface);
     pthread_once(&kvli_ucx_atexit_once, kvli_ucx_atexit_register);
     pthread_mutex_lock(&kvli_ucx_live_lock);
     iface->next_live = kvli_ucx_live;

@@ -251,6 +251,7 @@ kvl_status_t kvli_ucx_md_reg(void *bk, const kvl_region_info_t *r, void **mh_p,
         unsigned maj, min, rel;
         ucp_get_version(&maj, &min, &rel);
         kvli_ucx_mh_link(iface, mh);
+        kvli_ucx_stage_expect(iface);
         snprintf(detail, detail_len, "staged: VRAM <-> pinned host buffers (CUDA copies) <-> "
                  "UCX active messages over %.80s; this UCX (%u.%u.%u) cannot map GPU memory",
                  iface->tls_list, maj, min, rel);
@@ -450,6 +451,8 @@ kvl_status_t kvli_ucx_md_rload(void *bk, void *peerv, const kvl_region_info_t *r
     /* rl 0: the peer stages this VRAM; no rkey, its data moves by AM */
     s = rl == 0 ? UCS_OK : ucp_ep_rkey_unpack(peer->ep, pad, &rh->rkey);
     kvli_ucx_log_end();
+    if (rl == 0)
+        kvli_ucx_stage_expect(iface);
     free(pad);
     if (s != UCS_OK) {
         kvl_bk_error_set(err, KVL_ERR_BAD_METADATA, 0, KVLI_UCX_NAME, -1,

@@ -223,6 +223,13 @@ static int kvli_ucx_bounce_get(kvli_ucx_iface_t *iface, int initiator, kvl_error
     return (int)i;
 }
 
+/* Staging is about to be used: ask the progress thread to fill the pool. */
+void kvli_ucx_stage_expect(kvli_ucx_iface_t *iface)
+{
+    if (atomic_exchange(&iface->bounce_want, 1) == 0)
+        kvli_ucx_iface_wake(iface);
+}
+
 static void kvli_ucx_bounce_put(kvli_ucx_iface_t *iface, int i, int initiator)
 {
     if (i < 0)
@@ -230,6 +237,28 @@ static void kvli_ucx_bounce_put(kvli_ucx_iface_t *iface, int i, int initiator)
     iface->bounce_busy[i] = 0;
     if (initiator)
         iface->bounce_init--;
+}
+
+/* Progress thread: allocate the buffers the pool does not have yet (each
+ * taken once, then handed back). A failure is only logged: the transfer
+ * that needs the buffer retries and reports it. */
+static void kvli_ucx_bounce_fill(kvli_ucx_iface_t *iface)
+{
+    int taken[KVLI_UCX_STAGE_BUFS];
+    unsigned n = 0;
+    kvl_error_t e;
+    while (n < KVLI_UCX_STAGE_BUFS) {
+        int i = kvli_ucx_bounce_get(iface, 0, &e);
+        if (i < 0) {
+            if (i == -2)
+                iface->ctx->log(iface->ctx, KVL_LOG_DEBUG, "filling the staging pool: %s",
+                                e.what);
+            break;
+        }
+        taken[n++] = i;
+    }
+    for (unsigned k = 0; k < n; k++)
+        kvli_ucx_bounce_put(iface, taken[k], 0);
 }
 
 /* ---- initiator ---- */
@@ -1013,6 +1042,9 @@ int kvli_ucx_stage_progress(kvli_ucx_iface_t *iface)
     kvli_ucx_job_t **jp, *j;
     kvli_ucx_chunk_t *c, *n;
     ucs_status_t s;
+
+    if (atomic_exchange(&iface->bounce_want, 0))
+        kvli_ucx_bounce_fill(iface);
 
     for (jp = &iface->stage_jobs; (j = *jp) != NULL;) {
         while (kvli_ucx_job_step(iface, j))
