@@ -246,6 +246,7 @@ struct kvli_tcp_iface {
     void *pool[KVLI_TCP_STAGE_BUFS];    /* the free ones */
     unsigned pool_free, pool_total;
     atomic_uint staging;            /* copies in flight: the progress loop polls */
+    atomic_int pool_want;           /* a staged region exists: fill the pool (progress) */
 };
 
 /* tcp_iface.c */
@@ -296,6 +297,8 @@ void *kvli_tcp_bounce_get(kvli_tcp_iface_t *iface, size_t len, int may_alloc_big
                           kvl_error_t *err);
 void kvli_tcp_bounce_put(kvli_tcp_iface_t *iface, void *b);
 void kvli_tcp_pool_fini(kvli_tcp_iface_t *iface);
+/* Fill the pool ahead of the first staged transfer (progress thread). */
+void kvli_tcp_pool_fill(kvli_tcp_iface_t *iface);
 /* Called by the driver once copies are done: wakes the progress thread. */
 void kvli_tcp_stage_notify(void *arg);
 /* Free a message, waiting for its staging copies, returning its buffer. */

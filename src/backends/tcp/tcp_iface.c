@@ -75,6 +75,8 @@ static void *kvli_tcp_progress_main(void *arg)
         uint64_t now = kvli_tcp_now_ns();
         int busy = 0;
 
+        if (atomic_exchange(&iface->pool_want, 0))
+            kvli_tcp_pool_fill(iface);
         pthread_mutex_lock(&iface->lock);
         if (atomic_load(&iface->stopping)) {
             pthread_mutex_unlock(&iface->lock);

@@ -91,6 +91,25 @@ void kvli_tcp_bounce_put(kvli_tcp_iface_t *iface, void *b)
     iface->ctx->stage_host_free(iface->ctx, b);
 }
 
+void kvli_tcp_pool_fill(kvli_tcp_iface_t *iface)
+{
+    void *taken[KVLI_TCP_STAGE_BUFS];
+    unsigned n = 0;
+    kvl_error_t e;
+    while (n < KVLI_TCP_STAGE_BUFS) {
+        void *b = kvli_tcp_bounce_get(iface, (size_t)iface->chunk, 0, &e);
+        if (b == NULL) {
+            if (e.code != KVL_OK) /* the transfer that needs it retries and says why */
+                iface->ctx->log(iface->ctx, KVL_LOG_DEBUG, "filling the staging pool: %s",
+                                e.what);
+            break;
+        }
+        taken[n++] = b;
+    }
+    for (unsigned k = 0; k < n; k++)
+        kvli_tcp_bounce_put(iface, taken[k]);
+}
+
 void kvli_tcp_pool_fini(kvli_tcp_iface_t *iface)
 {
     for (unsigned i = 0; i < KVLI_TCP_STAGE_BUFS; i++)
