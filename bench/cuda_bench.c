@@ -114,17 +114,6 @@ static void reg(kvl_agent_t *a, uint64_t addr, uint64_t len, kvl_mem_kind_t kind
     OK(kvl_mem_register(a, &d, 1, &p, NULL));
 }
 
-/* Device `ord`'s primary context (retained), made current. */
-static kt_cu_ctx_t use_dev(int ord)
-{
-    int dev;
-    kt_cu_ctx_t ctx;
-    CU(cu.DeviceGet(&dev, ord));
-    CU(cu.PrimaryCtxRetain(&ctx, dev));
-    CU(cu.CtxSetCurrent(ctx));
-    return ctx;
-}
-
 static void target(int fd)
 {
     char why[256];
@@ -135,7 +124,7 @@ static void target(int fd)
     if (kt_cuda_open(&cu, why, sizeof(why)) != 0)
         exit(77);
     if (peer_dev >= 0)
-        use_dev(peer_dev);
+        CU(kt_cuda_use_dev(&cu, peer_dev, NULL));
     kvl_agent_t *a = agent("bench-target");
     CU(cu.MemAlloc(&v, 2 * GIB));
     CU(cu.MemsetD8(v, 0, 2 * GIB));
@@ -302,7 +291,9 @@ static void initiator(int fd)
     if (peer_dev >= 0) {
         /* the reference copy's destination is on the target's GPU, reached
          * peer to peer, as kvlane's copies are */
-        kt_cu_ctx_t c0 = use_dev(0), cn = use_dev(peer_dev);
+        kt_cu_ctx_t c0, cn;
+        CU(kt_cuda_use_dev(&cu, 0, &c0));
+        CU(kt_cuda_use_dev(&cu, peer_dev, &cn));
         CU(cu.MemAlloc(&ref, 2 * GIB));
         CU(cu.CtxSetCurrent(c0));
         if (peer_dev != 0) {
@@ -420,33 +411,28 @@ static void initiator(int fd)
     free(lref);
     free(hb);
     if (peer_dev >= 0) {
+        /* across GPUs: rows 1 and 2 only */
         printf("  (plain column: cuMemcpyDtoDAsync from device 0 into device %d, peer access "
                "on%s)\n", peer_dev, peer_dev == 0 ? "; --peer-dev 0 is a dry run on one GPU" : "");
-        free(lv);
-        free(rv2);
-        free(perm);
-        snd(fd, "bye", 3);
-        kvl_agent_destroy(a);
-        exit(0);
+    } else {
+        /* 3. VRAM -> remote pinned DRAM 1 GiB */
+        la = src;
+        ra = rh;
+        x = mkx(a, KVL_MEM_DRAM, &la, &ra, 1, GIB);
+        tk = time_x(x);
+        tr = time_ref(s, 1, 0, pinned, src, GIB);
+        kvl_xfer_get_stats(x, &st);
+        row("VRAM->pinned DRAM 1 GiB, 2 processes", GIB, tk, tr, 90, (double)st.post_ns / 1e3,
+            st.path);
+        kvl_xfer_release(x);
+
+        /* 4, 5. VRAM over tcp (loopback) and ucx, staged through pinned host
+         * buffers, next to the same bytes host to host on the same backend:
+         * what staging costs. */
+        reg(a, (uint64_t)(uintptr_t)pinned, GIB, KVL_MEM_DRAM);
+        staged_row(a, "tcp", src, rv, (uint64_t)(uintptr_t)pinned, rh);
+        staged_row(a, "ucx", src, rv, (uint64_t)(uintptr_t)pinned, rh);
     }
-
-    /* 3. VRAM -> remote pinned DRAM 1 GiB */
-    la = src;
-    ra = rh;
-    x = mkx(a, KVL_MEM_DRAM, &la, &ra, 1, GIB);
-    tk = time_x(x);
-    tr = time_ref(s, 1, 0, pinned, src, GIB);
-    kvl_xfer_get_stats(x, &st);
-    row("VRAM->pinned DRAM 1 GiB, 2 processes", GIB, tk, tr, 90, (double)st.post_ns / 1e3,
-        st.path);
-    kvl_xfer_release(x);
-
-    /* 4, 5. VRAM over tcp (loopback) and ucx, staged through pinned host
-     * buffers, next to the same bytes host to host on the same backend:
-     * what staging costs. */
-    reg(a, (uint64_t)(uintptr_t)pinned, GIB, KVL_MEM_DRAM);
-    staged_row(a, "tcp", src, rv, (uint64_t)(uintptr_t)pinned, rh);
-    staged_row(a, "ucx", src, rv, (uint64_t)(uintptr_t)pinned, rh);
 
     free(lv);
     free(rv2);

@@ -9,6 +9,7 @@
 
 #include <dlfcn.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -135,6 +136,44 @@ static inline int kt_cuda_open(kt_cuda_t *c, char *why, size_t cap)
     }
     return 0;
 }
+
+/* Device `ord`'s primary context (retained) made current, in *ctx_p when
+ * not NULL. 0 ok, -1 on a driver error. */
+static inline int kt_cuda_use_dev(kt_cuda_t *c, int ord, kt_cu_ctx_t *ctx_p)
+{
+    int dev;
+    kt_cu_ctx_t ctx;
+    if (c->DeviceGet(&dev, ord) != 0 || c->PrimaryCtxRetain(&ctx, dev) != 0 ||
+        c->CtxSetCurrent(ctx) != 0)
+        return -1;
+    if (ctx_p != NULL)
+        *ctx_p = ctx;
+    return 0;
+}
+
+#ifdef KVLTEST_H
+/* With tests/common/kvltest.h (included first): device memory filled with,
+ * and checked against, kt_fill's pattern. */
+static inline void kt_cuda_fill(kt_cuda_t *c, kt_cu_ptr d, uint64_t len, uint64_t seed)
+{
+    unsigned char *h = malloc(len);
+    KT_CHECK(h != NULL);
+    kt_fill(h, len, seed);
+    KT_CHECK(c->MemcpyHtoD(d, h, len) == 0);
+    free(h);
+}
+
+/* Offset of the first byte that differs from kt_fill(seed), or -1. */
+static inline long kt_cuda_verify(kt_cuda_t *c, kt_cu_ptr d, uint64_t len, uint64_t seed)
+{
+    unsigned char *h = malloc(len);
+    KT_CHECK(h != NULL);
+    KT_CHECK(c->MemcpyDtoH(h, d, len) == 0);
+    long bad = kt_verify(h, len, seed);
+    free(h);
+    return bad;
+}
+#endif
 
 /* VMM allocation of nchunks mappings of chunk bytes each (rounded up to the
  * granularity), mapped back to back and exportable as POSIX fds. */

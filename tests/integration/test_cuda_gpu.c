@@ -73,23 +73,6 @@ static void reg(kvl_agent_t *a, uint64_t addr, uint64_t len, kvl_mem_kind_t kind
     KT_OK(st);
 }
 
-static void dev_fill(kt_cu_ptr d, uint64_t len, uint64_t seed)
-{
-    unsigned char *h = malloc(len);
-    kt_fill(h, len, seed);
-    KT_CHECK(cu.MemcpyHtoD(d, h, len) == 0);
-    free(h);
-}
-
-static long dev_verify(kt_cu_ptr d, uint64_t len, uint64_t seed)
-{
-    unsigned char *h = malloc(len);
-    KT_CHECK(cu.MemcpyDtoH(h, d, len) == 0);
-    long bad = kt_verify(h, len, seed);
-    free(h);
-    return bad;
-}
-
 /* ---- target: owns the remote memory ---- */
 static void target(int fd)
 {
@@ -114,7 +97,7 @@ static void target(int fd)
         if (g_scn == S_CANCEL)
             KT_CHECK(cu.MemsetD8(d, 0x11, len) == 0);
         else
-            dev_fill(d, len, 1);
+            kt_cuda_fill(&cu, d, len, 1);
         reg(a, d, len, KVL_MEM_VRAM, 0);
     }
     void *blob;
@@ -146,7 +129,7 @@ static void target(int fd)
                 snprintf(res, sizeof(res), "wrong notification '%s'", (char *)nt.msg);
             kvl_notif_free(&nt);
             if (strcmp(res, "ok") == 0 && g_scn != S_SCATTER && g_scn != S_CANCEL) {
-                long bad = g_scn == S_DRAM_REMOTE ? kt_verify(host, len, 2) : dev_verify(d, len, 2);
+                long bad = g_scn == S_DRAM_REMOTE ? kt_verify(host, len, 2) : kt_cuda_verify(&cu, d, len, 2);
                 if (bad >= 0)
                     snprintf(res, sizeof(res), "data wrong at byte %ld after the notification",
                              bad);
@@ -238,7 +221,7 @@ static void initiator(int fd)
         if (g_scn == S_CANCEL)
             KT_CHECK(cu.MemsetD8(d, 0x22, len) == 0);
         else
-            dev_fill(d, len, 2);
+            kt_cuda_fill(&cu, d, len, 2);
         KT_CHECK(cu.MemsetD8(d2, 0, len) == 0);
         reg(a, d, len, KVL_MEM_VRAM, KVL_DEV_ANY);
         reg(a, d2, len, KVL_MEM_VRAM, 0);
@@ -281,7 +264,7 @@ static void initiator(int fd)
         x = mkx(a, KVL_READ, l2, r, NULL);
         run_x(x, "READ scattered back");
         kvl_xfer_release(x);
-        KT_CHECK(dev_verify(d2, len, 2) == -1);
+        KT_CHECK(kt_cuda_verify(&cu, d2, len, 2) == -1);
         free(perm);
     } else if (g_scn == S_CANCEL) {
         KT_OK(kvl_dlist_add(l, d, len, KVL_DEV_ANY));
@@ -324,7 +307,7 @@ static void initiator(int fd)
         x = mkx(a, KVL_READ, l2, r, NULL);
         run_x(x, "READ back");
         kvl_xfer_release(x);
-        KT_CHECK((host ? kt_verify(host, len, 2) : dev_verify(d2, len, 2)) == -1);
+        KT_CHECK((host ? kt_verify(host, len, 2) : kt_cuda_verify(&cu, d2, len, 2)) == -1);
         /* a second posting of a prepared transfer reuses its mappings */
         x = mkx(a, KVL_WRITE, l, r, "again");
         run_x(x, "WRITE again");
@@ -431,7 +414,7 @@ static void local_checks(void)
     KT_CHECK(cu.MemAlloc(&d2, 8 * MB) == 0);
     kt_cu_ctx_t primary;
     KT_CHECK(cu.PrimaryCtxRetain(&primary, 0) == 0);
-    dev_fill(d, 8 * MB, 42);
+    kt_cuda_fill(&cu, d, 8 * MB, 42);
     KT_CHECK(cu.CtxSetCurrent(NULL) == 0);
     reg(b, d2, 8 * MB, KVL_MEM_VRAM, 0);
     reg(a, d, 8 * MB, KVL_MEM_VRAM, 0);
@@ -449,7 +432,7 @@ static void local_checks(void)
     kvl_xfer_t *x = mkx(a, KVL_WRITE, l, r, "same-process");
     run_x(x, "WRITE same process, no current context");
     KT_CHECK(cu.CtxSetCurrent(primary) == 0);
-    KT_CHECK(dev_verify(d2, 8 * MB, 42) < 0); /* every byte arrived */
+    KT_CHECK(kt_cuda_verify(&cu, d2, 8 * MB, 42) < 0); /* every byte arrived */
     KT_CHECK(cu.MemFree(d) == 0);
     st = kvl_xfer_post(x);
     kvl_error_render(NULL, text, sizeof(text));

@@ -46,17 +46,6 @@ static kvl_agent_t *mk_agent(const char *name)
     return a;
 }
 
-/* Device `ord`'s primary context (retained), made current. */
-static kt_cu_ctx_t use_dev(int ord)
-{
-    int dev;
-    kt_cu_ctx_t ctx;
-    KT_CHECK(cu.DeviceGet(&dev, ord) == 0);
-    KT_CHECK(cu.PrimaryCtxRetain(&ctx, dev) == 0);
-    KT_CHECK(cu.CtxSetCurrent(ctx) == 0);
-    return ctx;
-}
-
 /* Register; the report must name device `want` ("on device <want>"). */
 static void reg(kvl_agent_t *a, uint64_t addr, uint64_t len, int32_t declared, int want)
 {
@@ -71,26 +60,6 @@ static void reg(kvl_agent_t *a, uint64_t addr, uint64_t len, int32_t declared, i
     snprintf(on, sizeof(on), "on device %d", want);
     KT_CHECK(strstr(text, on) != NULL);
     kvl_reg_report_free(rep);
-}
-
-static void dev_fill(kt_cu_ptr d, uint64_t len, uint64_t seed)
-{
-    unsigned char *h = malloc(len);
-    KT_CHECK(h != NULL);
-    kt_fill(h, len, seed);
-    KT_CHECK(cu.MemcpyHtoD(d, h, len) == 0);
-    free(h);
-}
-
-/* Offset of the first wrong byte of [d, d+len) against kt_fill(seed), or -1. */
-static long dev_verify(kt_cu_ptr d, uint64_t len, uint64_t seed)
-{
-    unsigned char *h = malloc(len);
-    KT_CHECK(h != NULL);
-    KT_CHECK(cu.MemcpyDtoH(h, d, len) == 0);
-    long bad = kt_verify(h, len, seed);
-    free(h);
-    return bad;
 }
 
 /* Scattered blocks: every other 16 KiB block of the source's pattern
@@ -159,14 +128,15 @@ static void one_process(void)
     int d1 = same_device ? 0 : 1;
     if (kt_cuda_open(&cu, why, sizeof(why)) != 0)
         KT_SKIP("%s", why);
-    kt_cu_ctx_t c0 = use_dev(0);
+    kt_cu_ctx_t c0, c1;
+    KT_CHECK(kt_cuda_use_dev(&cu, 0, &c0) == 0);
     kt_cu_ptr m0, m1;
     KT_CHECK(cu.MemAlloc(&m0, BIG) == 0);
-    kt_cu_ctx_t c1 = use_dev(d1);
+    KT_CHECK(kt_cuda_use_dev(&cu, d1, &c1) == 0);
     KT_CHECK(cu.MemAlloc(&m1, BIG) == 0);
-    dev_fill(m1, BIG, 1);
+    kt_cuda_fill(&cu, m1, BIG, 1);
     KT_CHECK(cu.CtxSetCurrent(c0) == 0);
-    dev_fill(m0, BIG, 2);
+    kt_cuda_fill(&cu, m0, BIG, 2);
 
     kvl_agent_t *a = mk_agent("gpu0"), *b = mk_agent("gpu1");
     /* GPU 1's memory declared as device 0: refused, naming ordinal 1 */
@@ -188,19 +158,19 @@ static void one_process(void)
     kvl_dlist_t *l = list(m0, 0, 0, BIG), *r = list(m1, d1, 0, BIG);
     KT_CHECK(cu.CtxSetCurrent(c1) == 0);
     run(a, "gpu1", KVL_WRITE, l, r, "WRITE GPU 0 -> GPU 1, 1 GiB (GPU 1 current)");
-    KT_CHECK(dev_verify(m1, BIG, 2) < 0);
+    KT_CHECK(kt_cuda_verify(&cu, m1, BIG, 2) < 0);
     KT_CHECK(cu.CtxSetCurrent(c0) == 0);
-    dev_fill(m1, BIG, 3);
+    kt_cuda_fill(&cu, m1, BIG, 3);
     KT_CHECK(cu.CtxSetCurrent(NULL) == 0);
     run(a, "gpu1", KVL_READ, l, r, "READ GPU 1 -> GPU 0, 1 GiB (none current)");
     KT_CHECK(cu.CtxSetCurrent(c0) == 0);
-    KT_CHECK(dev_verify(m0, BIG, 3) < 0);
+    KT_CHECK(kt_cuda_verify(&cu, m0, BIG, 3) < 0);
     kvl_dlist_destroy(l);
     kvl_dlist_destroy(r);
 
     /* scattered blocks, GPU 0 -> GPU 1 */
-    dev_fill(m0, BIG, 4);
-    dev_fill(m1, BIG, 5);
+    kt_cuda_fill(&cu, m0, BIG, 4);
+    kt_cuda_fill(&cu, m1, BIG, 5);
     l = list(m0, 0, 1, 0);
     r = list(m1, d1, 1, 0);
     KT_CHECK(cu.CtxSetCurrent(NULL) == 0);
@@ -226,10 +196,10 @@ static void rank1(int fd, int cvd)
     int ord = cvd || same_device ? 0 : 1;
     if (kt_cuda_open(&cu, why, sizeof(why)) != 0)
         KT_SKIP("%s", why);
-    use_dev(ord);
+    KT_CHECK(kt_cuda_use_dev(&cu, ord, NULL) == 0);
     kt_cu_ptr m;
     KT_CHECK(cu.MemAlloc(&m, 256 * MB) == 0);
-    dev_fill(m, 256 * MB, 1);
+    kt_cuda_fill(&cu, m, 256 * MB, 1);
     kvl_agent_t *a = mk_agent("rank1");
     if (cvd) {
         /* the TP rank as the device id: explained, not just refused */
@@ -259,7 +229,7 @@ static void rank1(int fd, int cvd)
     unsigned seed = 0;
     KT_CHECK(sscanf(cmd, "check %u", &seed) == 1);
     free(cmd);
-    long bad = dev_verify(m, 256 * MB, seed);
+    long bad = kt_cuda_verify(&cu, m, 256 * MB, seed);
     kt_send_msg(fd, bad < 0 ? "ok" : "bad", bad < 0 ? 2 : 3);
     kvl_agent_destroy(a);
     KT_CHECK(cu.MemFree(m) == 0);
@@ -271,10 +241,10 @@ static void rank0(int fd, int cvd)
     char why[256], nm[64];
     if (kt_cuda_open(&cu, why, sizeof(why)) != 0)
         KT_SKIP("%s", why);
-    use_dev(0);
+    KT_CHECK(kt_cuda_use_dev(&cu, 0, NULL) == 0);
     kt_cu_ptr m;
     KT_CHECK(cu.MemAlloc(&m, 256 * MB) == 0);
-    dev_fill(m, 256 * MB, 7);
+    kt_cuda_fill(&cu, m, 256 * MB, 7);
     kvl_agent_t *a = mk_agent("rank0");
     reg(a, m, 256 * MB, 0, 0);
     uint64_t bl;

@@ -92,13 +92,6 @@ static unsigned char *host_image(uint64_t len, uint64_t seed)
     return h;
 }
 
-static void dev_fill(kt_cu_ptr d, uint64_t len, uint64_t seed)
-{
-    unsigned char *h = host_image(len, seed);
-    KT_CHECK(cu.MemcpyHtoD(d, h, len) == 0);
-    free(h);
-}
-
 /* Expected content: base seed, with every other BS block from `over`
  * (the scattered pattern) when scattered, else all of `over`. */
 static long check(const unsigned char *got, uint64_t base, uint64_t over, int scattered)
@@ -132,7 +125,7 @@ static void target(int fd)
     kt_cu_ptr d;
     unsigned char *host = malloc(LEN);
     KT_CHECK(cu.MemAlloc(&d, LEN) == 0 && host != NULL);
-    dev_fill(d, LEN, 1);
+    kt_cuda_fill(&cu, d, LEN, 1);
     kt_fill(host, LEN, 1);
     reg(a, d, LEN, KVL_MEM_VRAM, 0);
     reg(a, (uint64_t)(uintptr_t)host, LEN, KVL_MEM_DRAM, KVL_DEV_ANY);
@@ -170,7 +163,7 @@ static void target(int fd)
                 snprintf(res, sizeof(res), "%s byte %ld wrong", kind == 'V' ? "VRAM" : "DRAM", bad);
         }
         if (kind == 'V')
-            dev_fill(d, LEN, 1); /* reset for the next case */
+            kt_cuda_fill(&cu, d, LEN, 1); /* reset for the next case */
         else
             kt_fill(host, LEN, 1);
         kt_send_msg(fd, res, strlen(res));
@@ -263,24 +256,24 @@ static void initiator(int fd)
     kvl_dlist_t *rd1 = list(KVL_MEM_DRAM, rd, 0);
 
     /* WRITE VRAM -> remote VRAM, with a notification */
-    dev_fill(d, LEN, 2);
+    kt_cuda_fill(&cu, d, LEN, 2);
     run(a, KVL_WRITE, lv, rv1, "w-vv", "WRITE VRAM -> remote VRAM", 1);
     ask(fd, "V 1 2 0 w-vv");
     /* READ remote VRAM -> local VRAM */
-    dev_fill(d, LEN, 3);
+    kt_cuda_fill(&cu, d, LEN, 3);
     run(a, KVL_READ, lv, rv1, NULL, "READ remote VRAM -> VRAM", 1);
     KT_CHECK(dev_check(d, 3, 1, 0) < 0);
     ask(fd, "V 1 1 0 -");
     /* scattered both ways */
-    dev_fill(d, LEN, 4);
+    kt_cuda_fill(&cu, d, LEN, 4);
     run(a, KVL_WRITE, lvs, rvs, "w-sc", "WRITE 2048 x 16 KiB scattered", 1);
     ask(fd, "V 1 4 1 w-sc");
-    dev_fill(d, LEN, 5);
+    kt_cuda_fill(&cu, d, LEN, 5);
     run(a, KVL_READ, lvs, rvs, NULL, "READ 2048 x 16 KiB scattered", 1);
     KT_CHECK(dev_check(d, 5, 1, 1) < 0);
     ask(fd, "V 1 1 0 -");
     /* VRAM -> remote plain DRAM, plain DRAM -> remote VRAM */
-    dev_fill(d, LEN, 6);
+    kt_cuda_fill(&cu, d, LEN, 6);
     run(a, KVL_WRITE, lv, rd1, "w-vd", "WRITE VRAM -> remote DRAM", 1);
     ask(fd, "D 1 6 0 w-vd");
     kt_fill(host, LEN, 7);
@@ -293,10 +286,10 @@ static void initiator(int fd)
     kvl_agent_t *a2 = mk_agent("ini2", KVL_VRAM_BK ",cuda");
     KT_OK(kvl_metadata_load(a2, blob2, bl2, name, sizeof(name)));
     reg(a2, d, LEN, KVL_MEM_VRAM, 0);
-    dev_fill(d, LEN, 8);
+    kt_cuda_fill(&cu, d, LEN, 8);
     run_bk(a2, KVL_WRITE, lv, rv1, "w-ipc", "WRITE VRAM -> VRAM, tcp+cuda", NULL, "cuda");
     ask(fd, "V 1 8 0 w-ipc");
-    dev_fill(d, LEN, 9);
+    kt_cuda_fill(&cu, d, LEN, 9);
     run_bk(a2, KVL_WRITE, lv, rv1, "w-tcp", "WRITE VRAM -> VRAM, asks " KVL_VRAM_BK, KVL_VRAM_BK,
            "staged");
     ask(fd, "V 1 9 0 w-tcp");

@@ -90,14 +90,9 @@ static void kvli_tcp_conn_flush(kvli_tcp_iface_t *iface, kvli_tcp_conn_t *c)
         size_t skip = r->sent;
         struct msghdr mh;
         ssize_t n;
-        int k = 0;
-        if (skip < r->head_len) {
-            iface->tx_iov[k].iov_base = r->head + skip;
-            iface->tx_iov[k++].iov_len = r->head_len - skip;
-            skip = 0;
-        } else {
-            skip -= r->head_len;
-        }
+        int k = kvli_tcp_iov_append(iface->tx_iov, 0, 1024,
+                                    &(struct iovec){r->head, r->head_len}, 1, skip);
+        skip = skip > r->head_len ? skip - r->head_len : 0;
         /* READ data straight from our registered memory. */
         k = kvli_tcp_iov_append(iface->tx_iov, k, 1024, r->iov, r->niov, skip);
         memset(&mh, 0, sizeof(mh));
@@ -631,18 +626,9 @@ static int kvli_tcp_conn_rx_step(kvli_tcp_iface_t *iface, kvli_tcp_conn_t *c, ui
     case KVLI_TCP_RX_PAYLOAD: {
         /* WRITE data lands straight in our registered memory. */
         struct msghdr mh;
-        uint64_t skip = c->pay_got;
         ssize_t n;
-        int k = 0;
-        for (int i = 0; i < c->niov; i++) {
-            if (skip >= c->iov[i].iov_len) {
-                skip -= c->iov[i].iov_len;
-                continue;
-            }
-            iface->tx_iov[k].iov_base = (uint8_t *)c->iov[i].iov_base + skip;
-            iface->tx_iov[k++].iov_len = c->iov[i].iov_len - skip;
-            skip = 0;
-        }
+        int k = kvli_tcp_iov_append(iface->tx_iov, 0, 1024, c->iov, c->niov,
+                                    (size_t)c->pay_got);
         memset(&mh, 0, sizeof(mh));
         mh.msg_iov = iface->tx_iov;
         mh.msg_iovlen = (size_t)k;

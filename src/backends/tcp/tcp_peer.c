@@ -552,17 +552,8 @@ void kvli_tcp_peer_rx(kvli_tcp_peer_t *peer)
             /* READ data lands straight in the transfer's memory. */
             kvli_tcp_msg_t *m = peer->wq_head;
             struct msghdr mh;
-            uint64_t skip = peer->rpay_got;
-            int k = 0;
-            for (int i = 0; i < m->niov && k < 1024; i++) {
-                if (skip >= m->iov[i].iov_len) {
-                    skip -= m->iov[i].iov_len;
-                    continue;
-                }
-                iface->tx_iov[k].iov_base = (uint8_t *)m->iov[i].iov_base + skip;
-                iface->tx_iov[k++].iov_len = m->iov[i].iov_len - skip;
-                skip = 0;
-            }
+            int k = kvli_tcp_iov_append(iface->tx_iov, 0, 1024, m->iov, m->niov,
+                                        (size_t)peer->rpay_got);
             memset(&mh, 0, sizeof(mh));
             mh.msg_iov = iface->tx_iov;
             mh.msg_iovlen = (size_t)k;
@@ -614,13 +605,9 @@ void kvli_tcp_peer_tx(kvli_tcp_peer_t *peer)
                 return;
             }
         }
-        if (skip < m->head_len) {
-            iface->tx_iov[k].iov_base = m->head + skip;
-            iface->tx_iov[k++].iov_len = m->head_len - skip;
-            skip = 0;
-        } else {
-            skip -= m->head_len;
-        }
+        k = kvli_tcp_iov_append(iface->tx_iov, k, 1024,
+                                &(struct iovec){m->head, m->head_len}, 1, skip);
+        skip = skip > m->head_len ? skip - m->head_len : 0;
         /* WRITE payload straight from the caller's registered memory. */
         if (m->type == KVLI_TCP_MSG_WRITE)
             k = kvli_tcp_iov_append(iface->tx_iov, k, 1024, m->iov, m->niov, skip);
