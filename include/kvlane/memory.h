@@ -95,6 +95,23 @@ kvl_status_t kvl_mem_register(kvl_agent_t *agent, const kvl_mem_desc_t *regions,
 kvl_status_t kvl_mem_deregister(kvl_agent_t *agent, const kvl_mem_desc_t *regions,
                                 size_t n);
 
+/* What kvl_mem_query says of a registered region. */
+typedef struct kvl_mem_info {
+    uint64_t addr, len;          /* the registered region */
+    kvl_mem_kind_t kind;
+    int32_t dev;
+    uint32_t refcount;           /* registrations of this exact range */
+    char backends[128];          /* comma-separated backends it is registered on */
+} kvl_mem_info_t;
+
+/*
+ * The registered region that contains all of [addr, addr+len): KVL_OK with
+ * info_p filled, or KVL_ERR_NOT_FOUND when no single region does (nothing
+ * registered there, or the range spans several regions).
+ */
+kvl_status_t kvl_mem_query(kvl_agent_t *agent, uint64_t addr, uint64_t len,
+                           kvl_mem_info_t *info_p);
+
 /* Render the report as a readable table. Returns the length needed. */
 size_t kvl_reg_report_render(const kvl_reg_report_t *report, char *buf, size_t len);
 void kvl_reg_report_free(kvl_reg_report_t *report);

@@ -9,12 +9,73 @@ libkvlane renders for the error (what failed, where, and what to do).
 
 from . import _kvlane
 
+# ---- NIXL's exception names ------------------------------------------------------
+#
+# NIXL's Python bindings raise one class per status (each derives from
+# Exception only). kvlane's classes derive from the matching one, so code
+# written against NIXL (``except nixlBackendError``) catches kvlane's errors,
+# and the message stays kvlane's full diagnosis.
+
+
+class nixlNotPostedError(Exception):
+    """NIXL_ERR_NOT_POSTED"""
+
+
+class nixlInvalidParamError(Exception):
+    """NIXL_ERR_INVALID_PARAM"""
+
+
+class nixlBackendError(Exception):
+    """NIXL_ERR_BACKEND"""
+
+
+class nixlNotFoundError(Exception):
+    """NIXL_ERR_NOT_FOUND"""
+
+
+class nixlMismatchError(Exception):
+    """NIXL_ERR_MISMATCH"""
+
+
+class nixlNotAllowedError(Exception):
+    """NIXL_ERR_NOT_ALLOWED"""
+
+
+class nixlRepostActiveError(Exception):
+    """NIXL_ERR_REPOST_ACTIVE"""
+
+
+class nixlUnknownError(Exception):
+    """NIXL_ERR_UNKNOWN"""
+
+
+class nixlNotSupportedError(Exception):
+    """NIXL_ERR_NOT_SUPPORTED"""
+
+
+class nixlRemoteDisconnectError(Exception):
+    """NIXL_ERR_REMOTE_DISCONNECT"""
+
+
+class nixlCancelledError(Exception):
+    """NIXL_ERR_CANCELED"""
+
+
+class nixlNoTelemetryError(Exception):
+    """NIXL_ERR_NO_TELEMETRY"""
+
+
+NIXL_ERRORS = (
+    nixlNotPostedError, nixlInvalidParamError, nixlBackendError, nixlNotFoundError,
+    nixlMismatchError, nixlNotAllowedError, nixlRepostActiveError, nixlUnknownError,
+    nixlNotSupportedError, nixlRemoteDisconnectError, nixlCancelledError, nixlNoTelemetryError)
+
 __all__ = [
     "Error", "UsageError", "OSFailure", "RemoteError", "UnsupportedError", "InternalError",
     "InvalidArgument", "NotFound", "InUse", "Exists", "OutOfBounds", "DeviceMismatch",
     "StateError", "Cancelled", "NoMemory", "PermissionDenied", "Timeout", "NoDevice",
     "Disconnected", "Refused", "Stale", "BadMetadata", "NoBackend", "error_class",
-]
+] + [c.__name__ for c in NIXL_ERRORS]
 
 
 class Error(Exception):
@@ -57,6 +118,9 @@ class Error(Exception):
         return self.text
 
     def __reduce__(self):
+        both = type(self).__dict__.get("_kvl_as")
+        if both is not None:      # made by as_nixl: rebuilt the same way
+            return (_rebuild_as, (both[0], both[1], self.text, self.__dict__))
         return (_rebuild, (type(self), self.text, self.__dict__))
 
 
@@ -67,44 +131,48 @@ def _rebuild(cls, text, state):
     return exc
 
 
-class UsageError(Error):
+def _rebuild_as(cls, nixl_cls, text, state):
+    return as_nixl(_rebuild(cls, text, state), nixl_cls)
+
+
+class UsageError(Error, nixlInvalidParamError):
     """The call was wrong (-1xx): fix the caller."""
     code = -100
 
 
-class OSFailure(Error):
+class OSFailure(Error, nixlBackendError):
     """The kernel or a limit refused (-2xx)."""
     code = -200
 
 
-class RemoteError(Error):
+class RemoteError(Error, nixlBackendError):
     """The peer failed or sent something unacceptable (-3xx)."""
     code = -300
 
 
-class UnsupportedError(Error):
+class UnsupportedError(Error, nixlNotSupportedError):
     """Not possible with this build, backend or hardware (-4xx)."""
     code = -400
 
 
-class InternalError(Error):
+class InternalError(Error, nixlUnknownError):
     """A kvlane bug (-5xx): please report it."""
     code = -500
 
 
-class InvalidArgument(UsageError):
+class InvalidArgument(UsageError, ValueError):
     code = -100
 
 
-class NotFound(UsageError):
+class NotFound(UsageError, nixlNotFoundError):
     code = -101
 
 
-class InUse(UsageError):
+class InUse(UsageError, nixlNotAllowedError):
     code = -102
 
 
-class Exists(UsageError):
+class Exists(UsageError, nixlNotAllowedError):
     code = -103
 
 
@@ -112,15 +180,15 @@ class OutOfBounds(UsageError):
     code = -104
 
 
-class DeviceMismatch(UsageError):
+class DeviceMismatch(UsageError, nixlMismatchError):
     code = -105
 
 
-class StateError(UsageError):
+class StateError(UsageError, nixlNotAllowedError):
     code = -106
 
 
-class Cancelled(UsageError):
+class Cancelled(UsageError, nixlCancelledError):
     code = -107
 
 
@@ -140,7 +208,7 @@ class NoDevice(OSFailure):
     code = -204
 
 
-class Disconnected(RemoteError):
+class Disconnected(RemoteError, nixlRemoteDisconnectError):
     code = -301
 
 
@@ -166,6 +234,27 @@ _BY_CODE = {cls.code: cls for cls in (
     BadMetadata, NoBackend)}
 _BY_GROUP = {1: UsageError, 2: OSFailure, 3: RemoteError, 4: UnsupportedError,
              5: InternalError}
+
+
+_AS = {}
+
+
+def as_nixl(exc, nixl_cls):
+    """Make exc also an instance of NIXL's nixl_cls (in place; returns exc):
+    a failed registration is a nixlBackendError in NIXL whatever kvlane's
+    class says, and engines catch it as such."""
+    cls = type(exc)
+    if isinstance(exc, nixl_cls) or not isinstance(exc, Error):
+        return exc
+    key = (cls, nixl_cls)
+    both = _AS.get(key)
+    if both is None:
+        both = type(cls.__name__, (cls, nixl_cls), {"__module__": cls.__module__,
+                                                    "__doc__": cls.__doc__,
+                                                    "_kvl_as": (cls, nixl_cls)})
+        _AS[key] = both
+    exc.__class__ = both
+    return exc
 
 
 def error_class(code):

@@ -1,139 +1,406 @@
-"""NIXL-compatible agent on kvlane: change the import, keep the connector.
+"""NIXL's Python agent on kvlane: engines written against NIXL run unchanged.
 
-    # from nixl._api import nixl_agent, nixl_agent_config
-    from kvlane.nixl import nixl_agent, nixl_agent_config
+    from nixl._api import nixl_agent, nixl_agent_config    # with build/python-nixl on PYTHONPATH
+    from kvlane.nixl import nixl_agent, nixl_agent_config  # or, with an import change
 
-Method names, argument orders and return conventions follow NIXL's Python
-agent (nixl._api) for what vLLM's and SGLang's KV connectors use. Every
-difference is listed in docs/python.md ("kvlane.nixl: differences from
-NIXL").
+Signatures, return values and exceptions follow NIXL 1.4+ (``nixl._api``),
+checked against the calls of vLLM's NixlConnector, SGLang's NIXL KV manager,
+Dynamo's nixl_connect and LMCache's NIXL channel. NIXL's network transport
+names (``UCX`` and the like) create kvlane's whole transport set for this
+host, so every transfer takes the fastest path that reaches both sides.
+docs/python.md ("kvlane.nixl") has the mapping table and every difference.
 """
 
+import enum
+import itertools
 import logging
+import os
 import pickle
 import sys
 import time
-import warnings
 
 from . import _kvlane
 from ._agent import Agent, DList, RegistrationReport, memory_of
-from .errors import Error, UsageError, UnsupportedError, InvalidArgument
+from .errors import (Error, UsageError, UnsupportedError, InvalidArgument, NotFound, StateError,
+                     as_nixl, nixlBackendError, nixlNotPostedError, nixlRepostActiveError,
+                     nixlNoTelemetryError, nixlNotFoundError)
 
 __all__ = ["nixl_agent", "nixl_agent_config", "nixl_reg_dlist", "nixl_xfer_dlist",
            "nixl_prepped_dlist_handle", "nixl_xfer_handle", "nixl_xfer_telemetry",
-           "nixlRegDList", "nixlXferDList", "DEFAULT_COMM_PORT", "NIXL_INIT_AGENT"]
+           "nixlRegDList", "nixlXferDList", "nixlXferTelemetry", "nixl_mem_t", "nixl_xfer_op_t",
+           "nixl_thread_sync_t", "DEFAULT_COMM_PORT", "NIXL_INIT_AGENT", "transport_set",
+           "TRANSPORT_NAMES", "STORAGE_NAMES"]
 
 log = logging.getLogger("kvlane.nixl")
 
 DEFAULT_COMM_PORT = 8888
 NIXL_INIT_AGENT = "NIXL_INIT_AGENT"
 
-_MEM = {"DRAM": "DRAM", "VRAM": "VRAM", "FILE": "FILE", "cpu": "DRAM", "cuda": "VRAM",
-        "dram": "DRAM", "vram": "VRAM", "file": "FILE"}
 
-# Memory kinds each kvlane backend serves (for get_plugin_mem_types).
-_BACKEND_MEMS = {"shm": ["DRAM"], "tcp": ["DRAM", "VRAM"], "ucx": ["DRAM", "VRAM"],
-                 "cuda": ["VRAM", "DRAM"], "file": ["FILE", "DRAM", "VRAM"]}
+# ---- enums (NIXL's values) ------------------------------------------------------------
+
+class nixl_mem_t(enum.IntEnum):
+    DRAM_SEG = 0
+    VRAM_SEG = 1
+    BLK_SEG = 2
+    OBJ_SEG = 3
+    FILE_SEG = 4
+
+
+class nixl_xfer_op_t(enum.IntEnum):
+    NIXL_READ = 0
+    NIXL_WRITE = 1
+
+
+class nixl_thread_sync_t(enum.Enum):
+    """NIXL's thread-safety modes. kvlane agents are always safe to call from
+    any thread (what NIXL calls STRICT); the value is accepted and kept."""
+    NIXL_THREAD_SYNC_NONE = 0
+    NIXL_THREAD_SYNC_STRICT = 1
+    NIXL_THREAD_SYNC_RW = 2
+    NIXL_THREAD_SYNC_DEFAULT = 3
+
+
+# NIXL memory type names (and nixl_mem_t values) -> kvlane kinds.
+_MEM = {"DRAM": "DRAM", "VRAM": "VRAM", "cpu": "DRAM", "cuda": "VRAM",
+        nixl_mem_t.DRAM_SEG: "DRAM", nixl_mem_t.VRAM_SEG: "VRAM"}
+_MEM_LATER = {"FILE": "FILE memory (KV offload to files) is not in this kvlane version",
+              "BLOCK": "BLOCK memory (raw block devices) is not served by kvlane",
+              "OBJ": "OBJ memory (object stores) is not served by kvlane",
+              nixl_mem_t.FILE_SEG: "FILE memory (KV offload to files) is not in this kvlane "
+                                   "version",
+              nixl_mem_t.BLK_SEG: "BLOCK memory (raw block devices) is not served by kvlane",
+              nixl_mem_t.OBJ_SEG: "OBJ memory (object stores) is not served by kvlane"}
+_SEG = {"DRAM": nixl_mem_t.DRAM_SEG, "VRAM": nixl_mem_t.VRAM_SEG}
 
 
 def _mem(mem_type):
+    """kvlane kind for a NIXL memory type; None stays None."""
     if mem_type is None:
         return None
     try:
         return _MEM[mem_type]
     except (KeyError, TypeError):
-        raise UnsupportedError(f"memory type {mem_type!r}: kvlane serves DRAM, VRAM and FILE "
-                               "('cpu' and 'cuda' are accepted as in NIXL)") from None
+        pass
+    try:
+        why = _MEM_LATER.get(mem_type)
+    except TypeError:
+        why = None
+    if why is not None:
+        raise UnsupportedError(f"memory type {mem_type!r}: {why}",
+                               hint="kvlane moves DRAM and VRAM ('cpu' and 'cuda' as in NIXL)")
+    raise InvalidArgument(f"memory type {mem_type!r} is not one of NIXL's: 'DRAM', 'VRAM', "
+                          "'FILE', 'BLOCK', 'OBJ' (or 'cpu', 'cuda', or a nixl_mem_t)")
 
 
-def _name(name):
-    """Agent names arrive as str or as the bytes add_remote_agent returned."""
-    if isinstance(name, (bytes, bytearray, memoryview)):
-        return bytes(name).decode()
-    return name
+# ---- backend names ------------------------------------------------------------------------
+
+# NIXL plugins that mean "a network transport": each creates kvlane's whole
+# transport set for this host (see transport_set()).
+TRANSPORT_NAMES = ("UCX", "UCCL", "LIBFABRIC", "MOONCAKE", "GPUNETIO", "TCPXO", "UCX_MO")
+# NIXL storage plugins: known names, not served by this kvlane version.
+STORAGE_NAMES = ("POSIX", "GDS", "GDS_MT", "OBJ", "HF3FS", "3FS", "AZURE_BLOB", "GUSLI",
+                 "INFINIA")
+# kvlane's own backends: an explicit name forces that one backend.
+_KVLANE_NAMES = ("shm", "tcp", "ucx", "cuda")
+_FORCED = {"SHM": "shm", "TCP": "tcp", "CUDA": "cuda", "shm": "shm", "tcp": "tcp", "ucx": "ucx",
+           "cuda": "cuda"}
+_BACKEND_MEMS = {"shm": ["DRAM"], "tcp": ["DRAM", "VRAM"], "ucx": ["DRAM", "VRAM"],
+                 "cuda": ["DRAM", "VRAM"]}
+# What NIXL's UCX plugin reports as its parameters (get_plugin_params("UCX")).
+_UCX_DEFAULTS = {"ucx_devices": "", "num_workers": "1", "ucx_error_handling_mode": "peer"}
+_NO_EFFECT_SEEN = set()
 
 
-def _msg(msg):
-    if msg is None:
-        return None
-    if isinstance(msg, str):
-        msg = msg.encode()
-    return msg if len(msg) else None
+def _rdma_usable():
+    """Whether this host has an RDMA device whose node opens and whose port is
+    ACTIVE (the case where UCX's RDMA beats kvlane's tcp)."""
+    root = os.environ.get("KVL_SYSFS_ROOT", "/sys") + "/class/infiniband"
+    dev_root = os.environ.get("KVL_DEV_ROOT", "/dev") + "/infiniband"
+    try:
+        devs = os.listdir(root)
+    except OSError:
+        return False
+    for dev in devs:
+        try:
+            nodes = os.listdir(f"{root}/{dev}/device/infiniband_verbs")
+            ports = os.listdir(f"{root}/{dev}/ports")
+        except OSError:
+            continue
+        active = False
+        for p in ports:
+            try:
+                with open(f"{root}/{dev}/ports/{p}/state") as f:
+                    active |= "ACTIVE" in f.read()
+            except OSError:
+                pass
+        for n in nodes:
+            try:
+                os.close(os.open(f"{dev_root}/{n}", os.O_RDWR))
+            except OSError:
+                continue
+            if active:
+                return True
+    return False
 
 
-def _is_tensor(x):
-    return callable(getattr(x, "data_ptr", None)) and hasattr(x, "device")
+_SET = None
 
 
-def _is_ndarray2d(x):
-    ai = getattr(x, "__array_interface__", None)
-    return ai is not None and len(ai.get("shape", ())) == 2
+def transport_set():
+    """kvlane backends that a NIXL transport name creates on this host, fastest
+    first: shm (same host, DRAM), cuda (when a CUDA driver and GPU are
+    present: GPU memory on this host), ucx (when its module loads and an RDMA
+    device is usable), tcp (any host). KVLANE_NIXL_TRANSPORTS (comma list of
+    kvlane backends) overrides it."""
+    global _SET
+    if _SET is not None:
+        return list(_SET)
+    env = os.environ.get("KVLANE_NIXL_TRANSPORTS")
+    if env is not None:
+        names = [n.strip() for n in env.split(",") if n.strip()]
+        bad = [n for n in names if n not in _KVLANE_NAMES]
+        if bad or not names:
+            raise InvalidArgument(f"KVLANE_NIXL_TRANSPORTS={env!r}: {bad or 'empty'} is not a "
+                                  f"comma list of kvlane backends ({', '.join(_KVLANE_NAMES)})")
+        out = names
+    else:
+        out = ["shm"]
+        if _kvlane.backend_available("cuda")[0]:
+            out.append("cuda")
+        if _kvlane.backend_available("ucx")[0] and _rdma_usable():
+            out.append("ucx")
+        if _kvlane.backend_available("tcp")[0]:
+            out.append("tcp")
+    _SET = list(out)
+    return list(out)
 
+
+def _no_effect(backend, key, value, why):
+    if (backend, key) in _NO_EFFECT_SEEN:
+        return
+    _NO_EFFECT_SEEN.add((backend, key))
+    log.info("kvlane.nixl: %s parameter %s=%r has no effect on kvlane (%s)", backend, key,
+             value, why)
+
+
+def _str_params(params, backend):
+    if params is None:
+        return {}
+    if not isinstance(params, dict):
+        raise InvalidArgument(f"create_backend({backend!r}, initParams): initParams must be a "
+                              f"dict of str to str, got {type(params).__name__}")
+    return {str(k): str(v) for k, v in params.items()}
+
+
+def _ucx_set_params(name, params, members, workers):
+    """NIXL UCX plugin parameters -> {kvlane backend: {key: value}}."""
+    out = {m: {} for m in members}
+    have_ucx = "ucx" in members
+    for k, v in params.items():
+        if "." in k and k.split(".", 1)[0] in _KVLANE_NAMES:
+            bk, key = k.split(".", 1)
+            if bk not in members:
+                raise InvalidArgument(f"create_backend({name!r}): parameter {k!r} is for kvlane's "
+                                      f"{bk} backend, which is not in this host's set "
+                                      f"({', '.join(members)})")
+            out[bk][key] = v
+        elif k in ("ucx_devices", "device_list"):
+            if have_ucx:
+                out["ucx"]["net_devices"] = v.replace(" ", "")
+            elif v:
+                _no_effect(name, k, v, "kvlane's ucx backend is not in this host's set: "
+                           f"{', '.join(members)}")
+        elif k == "ucx_error_handling_mode":
+            if v not in ("peer", "none"):
+                raise InvalidArgument(f"create_backend({name!r}): ucx_error_handling_mode={v!r} "
+                                      "is neither 'peer' nor 'none'")
+            if have_ucx:
+                out["ucx"]["error_handling"] = v
+            else:
+                _no_effect(name, k, v, "kvlane's shm, cuda and tcp always detect dead peers")
+        elif k in ("num_threads", "num_workers", "num_cpus"):
+            try:
+                n = int(v)
+            except ValueError:
+                raise InvalidArgument(f"create_backend({name!r}): {k}={v!r} is not an "
+                                      "integer") from None
+            if n < 0:
+                raise InvalidArgument(f"create_backend({name!r}): {k}={v!r} is negative")
+            if k == "num_threads" and n and n != workers:
+                _no_effect(name, k, v, "kvlane's copy threads are set when the agent is made: "
+                           "nixl_agent_config(num_threads=N)")
+            elif k != "num_threads":
+                _no_effect(name, k, v, "kvlane's progress threads are per backend, not "
+                           "configurable")
+        elif k == "engine_config":
+            for item in filter(None, (s.strip() for s in v.replace(";", ",").split(","))):
+                key, _, val = item.partition("=")
+                key = key.strip().upper()
+                if key.startswith("UCX_"):
+                    key = key[4:]
+                if have_ucx and key in ("TLS", "NET_DEVICES"):
+                    out["ucx"][key.lower()] = val.strip()
+                else:
+                    _no_effect(name, f"engine_config {key}", val,
+                               "only TLS and NET_DEVICES map to kvlane's ucx backend"
+                               if have_ucx else "kvlane's ucx backend is not in this host's set")
+        elif k in ("split_batch_size", "ucx_num_device_channels", "device_proxy",
+                   "sync_mode") or k.startswith("proxy_"):
+            _no_effect(name, k, v, "kvlane sizes its batches and channels itself")
+        elif name != "UCX":
+            # Other NIXL transports' own parameters: kvlane knows no meaning for them.
+            _no_effect(name, k, v, f"kvlane serves {name} with its own transports")
+        else:
+            raise InvalidArgument(
+                f"create_backend({name!r}): unknown parameter {k!r}",
+                hint="NIXL's UCX parameters: ucx_devices, device_list, num_workers, num_threads, "
+                     "ucx_error_handling_mode, engine_config, split_batch_size, "
+                     "ucx_num_device_channels; kvlane's own as '<backend>.<key>' (e.g. "
+                     "'tcp.port')")
+    return out
+
+
+# ---- configuration ----------------------------------------------------------------------
 
 class nixl_agent_config:
-    """NIXL's agent configuration. Accepted in NIXL's orders
-    (enable_prog_thread, enable_listen_thread, listen_port, capture_telemetry,
-    num_threads, backends) and the older (..., listen_port, backends).
-    kvlane additions (keyword only): listen_host, timeout_ms, secret."""
+    """NIXL's agent configuration, NIXL 1.4's signature (positional and
+    keyword); the older (enable_prog_thread, enable_listen_thread,
+    listen_port, backends) order is also recognised. kvlane additions,
+    keyword only: listen_host, timeout_ms, secret. Unknown keywords raise
+    TypeError, as in NIXL."""
 
-    def __init__(self, enable_prog_thread=True, enable_listen_thread=False, listen_port=0,
-                 capture_telemetry=False, num_threads=0, backends=None, *,
-                 listen_host="0.0.0.0", timeout_ms=None, secret=None, **_ignored):
+    def __init__(self, enable_prog_thread=True, enable_listen_thread=False,
+                 listen_port=DEFAULT_COMM_PORT, capture_telemetry=False, num_threads=0,
+                 backends=None, sync_mode=None, *, listen_host="0.0.0.0", timeout_ms=None,
+                 secret=None):
         if isinstance(capture_telemetry, (list, tuple)):   # older positional order
             backends, capture_telemetry = capture_telemetry, False
-        self.backends = list(backends) if backends is not None else ["UCX"]
+        if sync_mode is not None and not isinstance(sync_mode, nixl_thread_sync_t):
+            raise TypeError(f"sync_mode must be a nixl_thread_sync_t (got "
+                            f"{type(sync_mode).__name__!r})")
+        if backends is None:
+            backends = ["UCX"]
+        if isinstance(backends, str) or not all(isinstance(b, str) for b in backends):
+            raise TypeError(f"backends must be a list of backend names, got {backends!r}")
+        if not isinstance(num_threads, int) or num_threads < 0:
+            raise TypeError(f"num_threads must be a non-negative int, got {num_threads!r}")
+        self.backends = list(backends)
         self.enable_pthread = enable_prog_thread
         self.enable_listen = enable_listen_thread
         self.port = listen_port
         self.capture_telemetry = capture_telemetry
         self.num_threads = num_threads
+        self.sync_mode = sync_mode
         self.listen_host = listen_host
         self.timeout_ms = timeout_ms
         self.secret = secret
 
 
+# ---- descriptor lists ---------------------------------------------------------------------
+
 class _DescList:
-    __slots__ = ("mem_type", "_descs", "report")
+    __slots__ = ()
 
     def __len__(self):
         return self.descCount()
 
+    def __bool__(self):
+        # As NIXL's bound objects: a list is always truthy (NIXL signals bad
+        # input with None; kvlane raises instead).
+        return True
+
+    def __iter__(self):
+        return iter(self.descs())
+
     def getType(self):
-        return self.mem_type
+        return _SEG[self.mem_type]
 
     def isEmpty(self):
         return self.descCount() == 0
 
+    def print(self):
+        print(repr(self))
+        for d in self.descs():
+            print("   ", d)
 
-class nixl_reg_dlist(_DescList):
-    """Registration descriptors: what register_memory returns. Falsy when
-    empty. ``report`` is kvlane's RegistrationReport once registered."""
 
-    def __init__(self, mem_type, regions):
-        self.mem_type = mem_type
-        self._descs = regions          # list of (addr, len, dev) or an (N, 3) array
+class nixlRegDList(_DescList):
+    """Registration descriptors: (addr, len, dev, meta) entries; what
+    register_memory returns. ``report`` is kvlane's RegistrationReport once
+    registered. NIXL's constructors: (mem_type[, init_size]),
+    (mem_type, (N, 3) array), (mem_type, [(addr, len, dev, meta), ...])."""
+
+    __slots__ = ("mem_type", "_descs", "report", "__weakref__")
+
+    def __init__(self, mem_type, descs=0):
+        self.mem_type = _mem(mem_type)
         self.report = None
+        if isinstance(descs, int):
+            self._descs = []
+        else:
+            self._descs = _reg_rows(descs)
 
     def descCount(self):
         return len(self._descs)
 
     def descs(self):
-        return [tuple(int(v) for v in d[:3]) for d in self._descs]
+        return [(int(d[0]), int(d[1]), int(d[2])) for d in self._descs]
+
+    def __getitem__(self, i):
+        d = self._descs[i]
+        meta = d[3] if len(d) > 3 else b""
+        return (int(d[0]), int(d[1]), int(d[2]),
+                meta.encode() if isinstance(meta, str) else bytes(meta))
+
+    def __iter__(self):
+        return (self[i] for i in range(len(self._descs)))
+
+    def __eq__(self, other):
+        return (isinstance(other, nixlRegDList) and self.mem_type == other.mem_type and
+                self.descs() == other.descs())
+
+    __hash__ = None
+
+    def addDesc(self, desc):
+        _check_width([desc], 4, "registration")
+        if not isinstance(self._descs, list):
+            self._descs = [tuple(int(v) for v in d[:3]) + ("",) for d in self._descs]
+        self._descs.append(tuple(desc))
+
+    append = addDesc
+
+    def clear(self):
+        self._descs = []
+
+    def trim(self):
+        """The transfer list of the same ranges (NIXL's trim())."""
+        return _xfer_dlist(self.mem_type, self.descs())
 
     def __reduce__(self):
-        return (nixl_reg_dlist, (self.mem_type, self.descs()))
+        return (nixlRegDList, (self.mem_type, [self[i] for i in range(len(self._descs))]))
 
     def __repr__(self):
-        return f"<nixl_reg_dlist {self.mem_type}: {len(self)} descs>"
+        return f"<nixlRegDList {self.mem_type}: {len(self)} descs>"
 
 
-class nixl_xfer_dlist(_DescList):
-    """Transfer descriptors: a kvlane DList built in C. Falsy when empty."""
+class nixlXferDList(_DescList):
+    """Transfer descriptors: (addr, len, dev) entries in a kvlane DList built
+    in C. NIXL's constructors: (mem_type[, init_size]), (mem_type, (N, 3)
+    array), (mem_type, [(addr, len, dev), ...])."""
 
-    def __init__(self, mem_type, dlist):
-        self.mem_type = mem_type
-        self._descs = dlist
+    __slots__ = ("mem_type", "_descs", "report", "__weakref__")
+
+    def __init__(self, mem_type, descs=0):
+        self.mem_type = _mem(mem_type)
         self.report = None
+        if isinstance(descs, DList):
+            self._descs = descs
+            return
+        n = descs if isinstance(descs, int) else 0
+        self._descs = DList(self.mem_type, n)
+        if not isinstance(descs, int):
+            _add_xfer_rows(self._descs, descs, self.mem_type)
 
     @property
     def dlist(self):
@@ -148,31 +415,202 @@ class nixl_xfer_dlist(_DescList):
             out.extend((addr + i * stride, length, dev) for i in range(count))
         return out
 
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return self.descs()[i]
+        n = len(self._descs)
+        if i < 0:
+            i += n
+        if not 0 <= i < n:
+            raise IndexError("nixlXferDList index out of range")
+        addr, _stride, count, length, dev = self._descs.get(i)
+        if count != 1:          # only kvlane-built strided lists have these
+            return self.descs()[i]
+        return (addr, length, dev)
+
+    def __eq__(self, other):
+        return (isinstance(other, nixlXferDList) and self.mem_type == other.mem_type and
+                self.descs() == other.descs())
+
+    __hash__ = None
+
+    def addDesc(self, desc):
+        _check_width([desc], 3, "transfer")
+        self._descs.add(int(desc[0]), int(desc[1]), _dev(self.mem_type, int(desc[2])))
+
+    append = addDesc
+
+    def clear(self):
+        self._descs.clear()
+
     def __reduce__(self):
-        return (_xfer_dlist_from, (self.mem_type, self.descs()))
+        return (_xfer_dlist, (self.mem_type, self.descs()))
 
     def __repr__(self):
-        return f"<nixl_xfer_dlist {self.mem_type}: {len(self)} descs>"
+        return f"<nixlXferDList {self.mem_type}: {len(self)} descs>"
 
 
-def _xfer_dlist_from(mem_type, descs):
-    dl = DList(mem_type, len(descs))
-    dl.add_descs(descs, -1 if mem_type == "DRAM" else None)
-    return nixl_xfer_dlist(mem_type, dl)
+nixl_reg_dlist = nixlRegDList
+nixl_xfer_dlist = nixlXferDList
 
 
-nixlRegDList = nixl_reg_dlist
-nixlXferDList = nixl_xfer_dlist
+def _dev(kind, dev):
+    """DRAM device ids in NIXL descriptors are arbitrary (vLLM passes its TP
+    rank, SGLang its GPU id); kvlane checks a DRAM device as a NUMA node, so
+    they are replaced by "any"."""
+    return -1 if kind == "DRAM" else dev
+
+
+def _xfer_dlist(mem_type, descs):
+    return nixlXferDList(mem_type, list(descs))
+
+
+def _check_width(rows, width, what):
+    """NIXL's tuple shapes: 3-tuples for transfers, 4-tuples for
+    registrations (kvlane also takes 3-tuples there: the meta is empty)."""
+    ok = (3, 4) if width == 4 else (3,)
+    for i, t in enumerate(rows):
+        if not isinstance(t, tuple):
+            raise as_nixl(InvalidArgument(
+                f"{what} descriptor {i}: a tuple is needed, got {type(t).__name__} {t!r}",
+                hint="pass (addr, len, dev) tuples for transfers, (addr, len, dev, meta) for "
+                     "registrations"), TypeError)
+        if len(t) not in ok:
+            raise InvalidArgument(
+                f"{what} descriptor {i}: {len(t)}-tuple {t!r}; NIXL's {what} descriptors are "
+                + ("(addr, len, dev, meta) 4-tuples" if width == 4 else
+                   "(addr, len, dev) 3-tuples"))
+
+
+def _array_rows(arr, what):
+    """An (N, 3) integer array, checked as NIXL checks it."""
+    import numpy as np
+    a = np.asarray(arr)
+    if a.ndim != 2 or a.shape[1] != 3:
+        raise InvalidArgument(
+            f"{what} descriptors from a NumPy array of shape {a.shape}: an (N, 3) array of "
+            "(addr, len, dev) rows is needed",
+            hint="a 1-D array is memory, not descriptors: register it as "
+                 "[(a.ctypes.data, a.nbytes, 0, '')], or build rows with np.column_stack")
+    if a.dtype not in (np.int64, np.uint64):
+        raise InvalidArgument(f"{what} descriptors from a NumPy array of dtype {a.dtype}: "
+                              "int64 or uint64 is needed (addresses do not fit in less)")
+    return np.ascontiguousarray(a)
+
+
+def _add_xfer_rows(dl, descs, kind):
+    if _is_ndarray(descs):
+        dl.add_descs(_array_rows(descs, "transfer"), -1 if kind == "DRAM" else None)
+        return
+    if not isinstance(descs, (list, tuple)):
+        raise InvalidArgument(f"transfer descriptors: a list of (addr, len, dev) tuples or an "
+                              f"(N, 3) array is needed, got {type(descs).__name__}")
+    _check_width(descs, 3, "transfer")
+    dl.add_descs(descs, -1 if kind == "DRAM" else None)
+
+
+def _reg_rows(descs):
+    if _is_ndarray(descs):
+        return _array_rows(descs, "registration")
+    if not isinstance(descs, (list, tuple)):
+        raise InvalidArgument(f"registration descriptors: a list of (addr, len, dev, meta) "
+                              f"tuples or an (N, 3) array is needed, got {type(descs).__name__}")
+    _check_width(descs, 4, "registration")
+    return list(descs)
+
+
+def _is_tensor(x):
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(x, torch.Tensor):
+        return True
+    return callable(getattr(x, "data_ptr", None)) and hasattr(getattr(x, "device", None), "type")
+
+
+def _is_ndarray(x):
+    np = sys.modules.get("numpy")
+    return np is not None and isinstance(x, np.ndarray)
+
+
+def _tensor_rows(tensors, mem_type, what):
+    """Rows and kind of one tensor or a list of tensors (one device)."""
+    rows, device = [], None
+    for i, t in enumerate(tensors):
+        if not _is_tensor(t):
+            raise InvalidArgument(f"{what}: item {i} is a {type(t).__name__}, not a tensor; a "
+                                  "list must hold only tensors or only tuples")
+        dev = t.device
+        if device is None:
+            device = dev
+        elif dev != device:
+            raise InvalidArgument(f"{what}: tensors on two devices ({device} and {dev} at item "
+                                  f"{i}); one list describes one device",
+                                  hint="make one descriptor list per device")
+        addr, n, d, kind = memory_of(t)     # refuses non-contiguous tensors
+        rows.append((addr, n, 0 if d < 0 else d))
+    kind = "VRAM" if device is not None and device.type == "cuda" else "DRAM"
+    if device is not None and device.type not in ("cuda", "cpu"):
+        raise UnsupportedError(f"{what}: tensors on device type {device.type!r}: kvlane moves "
+                               "cpu and cuda memory")
+    want = _mem(mem_type)
+    if want is not None and want != kind:
+        raise InvalidArgument(f"{what}: mem_type {mem_type!r} but the tensors are on {device} "
+                              f"({kind})", hint="omit mem_type for tensors, or pass the "
+                              "matching one")
+    return rows, kind
+
+
+def _to_reg(descs, mem_type):
+    if isinstance(descs, nixlRegDList):
+        return descs
+    if isinstance(descs, nixlXferDList):
+        return nixlRegDList(descs.mem_type, descs.descs())
+    if _is_tensor(descs):
+        descs = [descs]
+    if isinstance(descs, (list, tuple)) and descs and _is_tensor(descs[0]):
+        rows, kind = _tensor_rows(descs, mem_type, "get_reg_descs")
+        return nixlRegDList(kind, [r + ("",) for r in rows])
+    if mem_type is None and not (isinstance(descs, (list, tuple)) and not descs):
+        raise InvalidArgument("get_reg_descs: mem_type is needed for tuple or array "
+                              "descriptors (NIXL needs it too)",
+                              hint="pass 'DRAM' or 'VRAM' (or 'cpu' / 'cuda')")
+    return nixlRegDList(mem_type or "DRAM", descs)
+
+
+def _to_xfer(descs, mem_type):
+    if isinstance(descs, nixlXferDList):
+        return descs
+    if isinstance(descs, nixlRegDList):
+        return descs.trim()
+    if _is_tensor(descs):
+        descs = [descs]
+    if isinstance(descs, (list, tuple)) and descs and _is_tensor(descs[0]):
+        rows, kind = _tensor_rows(descs, mem_type, "get_xfer_descs")
+        return nixlXferDList(kind, rows)
+    if mem_type is None and not (isinstance(descs, (list, tuple)) and not descs):
+        raise InvalidArgument("get_xfer_descs: mem_type is needed for tuple or array "
+                              "descriptors (NIXL needs it too)",
+                              hint="pass 'DRAM' or 'VRAM' (or 'cpu' / 'cuda')")
+    return nixlXferDList(mem_type or "DRAM", descs)
+
+
+# ---- handles and telemetry ------------------------------------------------------------------
+
+_IDS = itertools.count(1)
 
 
 class nixl_prepped_dlist_handle:
-    """What prep_xfer_dlist returns; truthy until released."""
+    """What prep_xfer_dlist returns; ``release()`` frees it (also on garbage
+    collection). Truthy until released."""
 
-    __slots__ = ("prep", "agent_name", "__weakref__")
+    __slots__ = ("prep", "agent_name", "_handle", "__weakref__")
 
     def __init__(self, prep, agent_name):
         self.prep = prep
         self.agent_name = agent_name
+        self._handle = next(_IDS)
+
+    def release(self):
+        self.prep.release()
 
     def __bool__(self):
         return bool(self.prep)
@@ -181,31 +619,36 @@ class nixl_prepped_dlist_handle:
         return len(self.prep)
 
     def __repr__(self):
-        return f"<nixl_prepped_dlist_handle {self.agent_name or 'local'}: {len(self)} descs>"
+        return (f"nixl_prepped_dlist_handle(0x{self._handle:x}, released={not self.prep}, "
+                f"agent={self.agent_name or 'local'!r})")
 
 
-class nixl_xfer_telemetry:
-    """Telemetry of a transfer's last posting, with NIXL's field names:
-    startTime (µs since the epoch), postDuration and xferDuration (µs),
-    totalBytes, descCount; kvlane adds backend, path and segments."""
+class nixlXferTelemetry:
+    """Telemetry of a transfer's last posting, NIXL's fields: startTime (µs
+    since the epoch), postDuration and xferDuration (µs), totalBytes,
+    descCount; kvlane adds backend, path and segments."""
 
     __slots__ = ("startTime", "postDuration", "xferDuration", "totalBytes", "descCount",
                  "backend", "path", "segments")
 
     def __init__(self, **kw):
         for k in self.__slots__:
-            setattr(self, k, kw.get(k, 0))
+            setattr(self, k, kw.get(k, "" if k in ("backend", "path") else 0))
 
     def __repr__(self):
-        return ("nixl_xfer_telemetry(" +
+        return ("nixlXferTelemetry(" +
                 ", ".join(f"{k}={getattr(self, k)!r}" for k in self.__slots__) + ")")
 
 
-class nixl_xfer_handle:
-    """What make_prepped_xfer and initialize_xfer return; truthy until
-    released. ``error`` holds the kvlane exception when a state was "ERR"."""
+nixl_xfer_telemetry = nixlXferTelemetry
 
-    __slots__ = ("xfer", "_make", "notif", "start_us", "error", "__weakref__")
+
+class nixl_xfer_handle:
+    """What make_prepped_xfer and initialize_xfer return; ``release()``
+    frees it (also on garbage collection). Truthy until released.
+    ``error`` keeps the kvlane exception of a failed transfer."""
+
+    __slots__ = ("xfer", "_make", "notif", "start_us", "error", "_handle", "__weakref__")
 
     def __init__(self, xfer, make, notif):
         self.xfer = xfer
@@ -213,12 +656,21 @@ class nixl_xfer_handle:
         self.notif = notif
         self.start_us = 0
         self.error = None
+        self._handle = next(_IDS)
+
+    def release(self):
+        self.xfer.release()
 
     def __bool__(self):
         return bool(self.xfer)
 
     def __repr__(self):
-        return f"<nixl_xfer_handle {self.xfer!r}>"
+        return f"nixl_xfer_handle(0x{self._handle:x}, released={not self.xfer})"
+
+
+# ---- the agent ------------------------------------------------------------------------------
+
+_EMPTY = ()
 
 
 class nixl_agent:
@@ -226,145 +678,218 @@ class nixl_agent:
 
     def __init__(self, agent_name, nixl_conf=None, instantiate_all=False):
         if nixl_conf is not None and instantiate_all:
+            log.warning("Ignoring instantiate_all based on the provided config in agent "
+                        "creation.")
             instantiate_all = False
         if nixl_conf is None:
             nixl_conf = nixl_agent_config()
+        if not isinstance(nixl_conf, nixl_agent_config):
+            raise TypeError(f"nixl_conf must be a nixl_agent_config, got "
+                            f"{type(nixl_conf).__name__}")
         self.name = agent_name
         self.conf = nixl_conf
         self.notifs = {}
-        self.backends = {}
+        self.backends = {}           # NIXL name -> tuple of kvlane backends
         self.backend_options = {}
         self.backend_mems = {}
-        self.plugin_list = [n.upper() for n in _kvlane.backend_names()
-                            if _kvlane.backend_available(n)[0]]
+        self._telemetry = bool(nixl_conf.capture_telemetry) or \
+            os.environ.get("NIXL_TELEMETRY_ENABLE", "").lower() in ("y", "yes", "1", "true",
+                                                                    "on")
+        self.plugin_list = self._plugins()
         self.plugin_b_options = {}
         self.plugin_mem_types = {}
         for p in self.plugin_list:
-            try:
-                self.plugin_b_options[p] = _kvlane.backend_params(p.lower())
-            except Error:
-                self.plugin_b_options[p] = {}
-            self.plugin_mem_types[p] = list(_BACKEND_MEMS.get(p.lower(), ["DRAM"]))
+            self.plugin_b_options[p] = self._plugin_params(p)
+            self.plugin_mem_types[p] = self._plugin_mems(p)
+        workers = nixl_conf.num_threads or None
+        if workers:
+            workers = min(workers, os.cpu_count() or 1)
+        self._workers = workers or 1
         self.agent = Agent(agent_name, backends=(), timeout_ms=nixl_conf.timeout_ms,
-                           secret=nixl_conf.secret)
+                           secret=nixl_conf.secret, workers=workers)
         self.listen_address = None
         try:
-            wanted = self.plugin_list if instantiate_all else self._wanted(nixl_conf.backends)
+            wanted = self.plugin_list if instantiate_all else list(nixl_conf.backends)
             for b in wanted:
-                try:
-                    self.create_backend(b)
-                except Error as e:
-                    log.warning("kvlane.nixl: backend %s not created:\n%s", b, e)
-            if not self.backends:
-                raise UnsupportedError(
-                    "no backend could be created for agent " + agent_name,
-                    hint="run `kvlane doctor` to see why each backend is unavailable")
+                self._check_name(b)
+                if b in STORAGE_NAMES:
+                    log.warning("Skipping backend registration %s due to the missing plugin: "
+                                "%s", b, _storage_why(b))
+                    continue
+                init = {}
+                if nixl_conf.num_threads > 0 and b in TRANSPORT_NAMES:
+                    init["num_cpus" if b == "UCCL" else "num_threads"] = str(nixl_conf.num_threads)
+                self.create_backend(b, init)
             if nixl_conf.enable_listen:
                 self.listen_address = self.agent.listen(nixl_conf.listen_host,
                                                         int(nixl_conf.port))
         except BaseException:
             self.agent.close()
             raise
-
-    def _wanted(self, requested):
-        """kvlane backends for NIXL's backend list: each known one, plus shm
-        (same host) always and tcp (any host) when a requested one is missing."""
-        out = ["SHM"]
-        missing = False
-        for b in requested:
-            u = str(b).upper()
-            if u in self.plugin_list:
-                if u not in out:
-                    out.append(u)
-            else:
-                missing = True
-                log.info("kvlane.nixl: backend %s is not available in kvlane; using "
-                         "kvlane's own backends instead", b)
-        if missing and "TCP" in self.plugin_list and "TCP" not in out:
-            out.append("TCP")
-        return out
-
-    def _bk(self, backends):
-        """kvlane backend names for a NIXL backends argument (created ones only)."""
-        if not backends:
-            return None
-        if isinstance(backends, str):
-            backends = [backends]
-        names = [str(b).lower() for b in backends if str(b).upper() in self.backends]
-        return names or None
+        log.info("Initialized NIXL agent: %s (kvlane backends: %s)", agent_name,
+                 ", ".join(self._members) or "none")
 
     # ---- plugins and backends ----
+    @property
+    def _members(self):
+        """kvlane backends created on the agent, in order (read from the
+        agent: code may replace nixl_agent.agent, as SGLang's HiCache does)."""
+        return list(self.agent.backends())
+
+    @staticmethod
+    def _plugins():
+        out = list(TRANSPORT_NAMES)
+        for n in ("shm", "tcp", "cuda"):
+            if _kvlane.backend_available(n)[0]:
+                out.append(n.upper())
+        if _kvlane.backend_available("ucx")[0]:
+            out.append("ucx")
+        return out
+
+    @staticmethod
+    def _plugin_params(p):
+        if p == "UCX":
+            return dict(_UCX_DEFAULTS)
+        if p in TRANSPORT_NAMES:
+            return {}
+        try:
+            return dict(_kvlane.backend_params(_FORCED[p]))
+        except (Error, KeyError):
+            return {}
+
+    @staticmethod
+    def _plugin_mems(p):
+        if p in TRANSPORT_NAMES:
+            return ["DRAM", "VRAM"]
+        return list(_BACKEND_MEMS.get(_FORCED.get(p, ""), []))
+
+    def _check_name(self, b):
+        if not isinstance(b, str):
+            raise InvalidArgument(f"backend names are strings, got {b!r}")
+        if b in TRANSPORT_NAMES or b in STORAGE_NAMES or b in _FORCED:
+            return
+        raise InvalidArgument(
+            f"unknown backend {b!r}",
+            hint="NIXL transport names (" + ", ".join(TRANSPORT_NAMES) + ") create kvlane's "
+                 "transport set; kvlane's own names (shm, tcp, ucx, cuda; SHM, TCP, CUDA) force "
+                 "one backend; available here: " + ", ".join(self.plugin_list))
+
     def get_plugin_list(self):
         return list(self.plugin_list)
 
     def get_plugin_mem_types(self, backend):
-        return list(self.plugin_mem_types.get(str(backend).upper(), []))
+        if backend not in self.plugin_mem_types:
+            log.warning("Plugin %s is not available to get its supported mem types.", backend)
+            return []
+        return list(self.plugin_mem_types[backend])
 
     def get_plugin_params(self, backend):
-        return dict(self.plugin_b_options.get(str(backend).upper(), {}))
+        if backend not in self.plugin_b_options:
+            log.warning("Plugin %s is not available to get its parameters.", backend)
+            return {}
+        return dict(self.plugin_b_options[backend])
 
     def get_backend_mem_types(self, backend):
-        return list(self.backend_mems.get(str(backend).upper(), []))
+        if backend not in self.backend_mems:
+            log.warning("Backend %s not instantiated to get its supported mem types.", backend)
+            return []
+        return list(self.backend_mems[backend])
 
     def get_backend_params(self, backend):
-        return dict(self.backend_options.get(str(backend).upper(), {}))
+        if backend not in self.backend_options:
+            log.warning("Backend %s not instantiated to get its parameters.", backend)
+            return {}
+        return dict(self.backend_options[backend])
 
-    def create_backend(self, backend, initParams=None):
-        u = str(backend).upper()
-        params = dict(initParams or {})
-        self.agent.create_backend(u.lower(), params)
-        self.backends[u] = u.lower()
-        opts = dict(self.plugin_b_options.get(u, {}))
-        opts.update({str(k): str(v) for k, v in params.items()})
-        self.backend_options[u] = opts
-        self.backend_mems[u] = list(self.plugin_mem_types.get(u, ["DRAM"]))
+    def create_backend(self, backend, initParams=None):  # noqa: N803 (NIXL's name)
+        self._check_name(backend)
+        params = _str_params(initParams, backend)
+        if backend in STORAGE_NAMES:
+            raise UnsupportedError(f"backend {backend!r}: {_storage_why(backend)}",
+                                   hint="kvlane moves DRAM and VRAM between agents; keep a NIXL "
+                                        "install for file and object storage for now")
+        if backend in TRANSPORT_NAMES:
+            members = transport_set()
+            per = _ucx_set_params(backend, params, members, self._workers)
+            created = []
+            for m in members:
+                if m in self._members:
+                    if per[m]:
+                        log.warning("kvlane.nixl: %s: kvlane's %s backend already exists on "
+                                    "this agent; parameters %s not applied", backend, m, per[m])
+                    created.append(m)
+                    continue
+                try:
+                    self.agent.create_backend(m, per[m])
+                except Error as e:
+                    if m == "shm" or per[m]:
+                        raise      # same-host path, or a parameter the user asked for
+                    log.warning("kvlane.nixl: %s: kvlane's %s backend not created (transfers "
+                                "use the others):\n%s", backend, m, e)
+                    continue
+                created.append(m)
+            self.backends[backend] = tuple(created)
+            opts = dict(self._plugin_params(backend))
+            opts.update(params)
+            self.backend_options[backend] = opts
+            self.backend_mems[backend] = ["DRAM", "VRAM"]
+            log.info("Backend %s was instantiated (kvlane: %s)", backend, ", ".join(created))
+            return
+        m = _FORCED[backend]
+        if m not in self._members:
+            self.agent.create_backend(m, params)
+        elif params:
+            log.warning("kvlane.nixl: kvlane's %s backend already exists on this agent; "
+                        "parameters %s not applied", m, params)
+        self.backends[backend] = (m,)
+        opts = dict(self._plugin_params(backend))
+        opts.update(params)
+        self.backend_options[backend] = opts
+        self.backend_mems[backend] = list(_BACKEND_MEMS[m])
+
+    def _bk(self, backends, what):
+        """kvlane backends for a NIXL backends argument: None for "any that
+        fits" (nothing named, or every created backend named)."""
+        if backends is None or (isinstance(backends, (list, tuple)) and not backends):
+            return None
+        if isinstance(backends, str):
+            backends = [backends]
+        if not isinstance(backends, (list, tuple)):
+            raise InvalidArgument(
+                f"{what}: backends must be a list of backend names, got {backends!r}",
+                hint="NIXL 1.x removed is_sorted: pass (list, mem_type, backends) or "
+                     "backends=[...]")
+        out = []
+        for b in backends:
+            if b in self.backends:
+                names = self.backends[b]
+            elif _FORCED.get(b) in self._members:
+                names = (_FORCED[b],)
+            else:
+                raise as_nixl(InvalidArgument(
+                    f"{what}: backend {b!r} is not created on agent {self.name!r}",
+                    hint="created: " + (", ".join(self.backends) or "none") +
+                         "; create_backend(name) first"), KeyError)
+            out.extend(n for n in names if n not in out)
+        return None if set(out) >= set(self._members) else out
+
+    def _one_bk(self, backends, what):
+        bk = self._bk(backends, what)
+        if bk is None:
+            return None
+        if len(bk) == 1:
+            return bk[0]
+        raise UnsupportedError(f"{what}: backends={backends!r} names {len(bk)} of kvlane's "
+                               f"backends ({', '.join(bk)}) but not all of them",
+                               hint="name one backend to force it, or none to let kvlane pick "
+                                    "the fastest that reaches both sides")
 
     # ---- descriptor lists ----
-    def get_reg_descs(self, descs, mem_type=None, is_sorted=False):
-        if isinstance(descs, nixl_reg_dlist):
-            return descs
-        if isinstance(descs, nixl_xfer_dlist):
-            return nixl_reg_dlist(descs.mem_type, descs.descs())
-        kind = _mem(mem_type)
-        if _is_tensor(descs) or (not isinstance(descs, (list, tuple)) and
-                                 not _is_ndarray2d(descs)):
-            descs = [descs]
-        if _is_ndarray2d(descs) or (len(descs) and isinstance(descs[0], tuple)):
-            regions = descs        # parsed in C: (addr, len, dev[, meta]) or (N, 3)
-        else:
-            regions, kinds = [], set()
-            for obj in descs:
-                addr, n, dev, k = memory_of(obj)
-                regions.append((addr, n, dev))
-                kinds.add(k)
-            if kind is None and len(kinds) == 1:
-                kind = kinds.pop()
-        return nixl_reg_dlist(kind or "DRAM", regions)
+    def get_reg_descs(self, descs, mem_type=None, *, is_sorted=False):
+        return _to_reg(descs, mem_type)
 
-    def get_xfer_descs(self, descs, mem_type=None, is_sorted=False):
-        if isinstance(descs, nixl_xfer_dlist):
-            return descs
-        if isinstance(descs, nixl_reg_dlist):
-            descs, mem_type = descs._descs, descs.mem_type
-        kind = _mem(mem_type)
-        if _is_tensor(descs):
-            descs = [descs]
-        if _is_ndarray2d(descs) or (isinstance(descs, (list, tuple)) and len(descs) and
-                                    isinstance(descs[0], (tuple, list))):
-            kind = kind or "DRAM"
-            dl = DList(kind, len(descs))
-            dl.add_descs(descs, -1 if kind == "DRAM" else None)
-            return nixl_xfer_dlist(kind, dl)
-        regions, kinds = [], set()
-        for obj in descs:
-            addr, n, dev, k = memory_of(obj)
-            regions.append((addr, n, dev))
-            kinds.add(k)
-        if kind is None:
-            kind = kinds.pop() if len(kinds) == 1 else "DRAM"
-        dl = DList(kind, len(regions))
-        dl.add_descs(regions, -1 if kind == "DRAM" else None)
-        return nixl_xfer_dlist(kind, dl)
+    def get_xfer_descs(self, descs, mem_type=None, *, is_sorted=False):
+        return _to_xfer(descs, mem_type)
 
     def get_serialized_descs(self, descs):
         return pickle.dumps(descs)
@@ -373,26 +898,57 @@ class nixl_agent:
         return pickle.loads(serialized_descs)
 
     # ---- memory ----
-    def register_memory(self, reg_list, mem_type=None, is_sorted=False, backends=None):
-        descs = self.get_reg_descs(reg_list, mem_type, is_sorted)
+    def register_memory(self, reg_list, mem_type=None, backends=_EMPTY, *, is_sorted=False):
+        descs = self.get_reg_descs(reg_list, mem_type)
+        bk = self._bk(backends, "register_memory")
         if descs.descCount() == 0:
             return descs
-        rep = self.agent._register(descs._descs, descs.mem_type, self._bk(backends), False,
-                                   _dram_dev(descs))
+        try:
+            rep = self.agent._register(descs._descs, descs.mem_type, bk, False,
+                                       -1 if descs.mem_type == "DRAM" else None)
+        except Error as e:
+            raise as_nixl(e, nixlBackendError) from None
         descs.report = RegistrationReport._from_tuple(rep)
         return descs
 
-    def deregister_memory(self, dereg_list, backends=None):
+    def deregister_memory(self, dereg_list, backends=_EMPTY):
         descs = self.get_reg_descs(dereg_list)
+        self._bk(backends, "deregister_memory")
         if descs.descCount() == 0:
             return
-        self.agent._deregister(descs._descs, _dram_dev(descs))
+        try:
+            self.agent._deregister(descs._descs, -1 if descs.mem_type == "DRAM" else None)
+        except Error as e:
+            raise as_nixl(e, nixlBackendError) from None
+
+    def query_memory(self, reg_list, backend, mem_type=None):
+        """For each range: None unless one registered region holds all of it
+        on one of the backend's kvlane backends, else a dict of str: kind,
+        dev, backends, region_addr, region_len."""
+        descs = self.get_reg_descs(reg_list, mem_type)
+        if backend not in self.backends:
+            raise ValueError(f"Backend '{backend}' not found. Available backends: "
+                             f"{list(self.backends.keys())}")
+        members = set(self.backends[backend])
+        out = []
+        for addr, length, _dev in descs.descs():
+            found = self.agent.query_range(addr, length) if length else None
+            if found is None:
+                out.append(None)
+                continue
+            kind, dev, raddr, rlen, names = found
+            names = [n for n in names if n in members]
+            out.append(None if not names else {
+                "kind": kind, "dev": str(dev), "backends": ",".join(names),
+                "region_addr": str(raddr), "region_len": str(rlen)})
+        return out
 
     # ---- metadata ----
     def get_agent_metadata(self):
         return self.agent.get_metadata()
 
-    def get_partial_agent_metadata(self, descs=None, inc_conn_info=False, backends=None):
+    def get_partial_agent_metadata(self, descs=None, inc_conn_info=False, backends=_EMPTY):
+        self._bk(backends, "get_partial_agent_metadata")
         return self.agent.get_metadata()
 
     def add_remote_agent(self, metadata):
@@ -402,9 +958,22 @@ class nixl_agent:
         self.agent.remove_remote(_name(agent))
 
     def check_remote_metadata(self, agent, descs=None):
-        return self.agent.check_remote(_name(agent))
+        name = _name(agent)
+        if not self.agent.check_remote(name):
+            return False
+        if descs is None:
+            return True
+        d = self.get_xfer_descs(descs)
+        if d.descCount() == 0:
+            return True
+        try:
+            self.agent.prep_remote(name, d.dlist).release()
+        except Error:
+            return False
+        return True
 
-    def make_connection(self, remote_agent, backends=None):
+    def make_connection(self, remote_agent, backends=_EMPTY):
+        self._bk(backends, "make_connection")
         name = _name(remote_agent)
         if not self.agent.check_remote(name):
             raise _not_loaded(name)
@@ -414,40 +983,46 @@ class nixl_agent:
             raise _no_central_store()
         self.agent.push_metadata(f"{ip_addr}:{port}")
 
-    def send_partial_agent_metadata(self, descs=None, inc_conn_info=False, backends=None,
-                                    ip_addr="", port=DEFAULT_COMM_PORT):
+    def send_partial_agent_metadata(self, descs=None, inc_conn_info=False, backends=_EMPTY,
+                                    ip_addr="", port=DEFAULT_COMM_PORT, label=""):
+        self._bk(backends, "send_partial_agent_metadata")
+        if label and not ip_addr:
+            raise _no_central_store()
         self.send_local_metadata(ip_addr, port)
 
-    def fetch_remote_metadata(self, remote_agent, ip_addr="", port=DEFAULT_COMM_PORT):
+    def fetch_remote_metadata(self, remote_agent, ip_addr="", port=DEFAULT_COMM_PORT, label=""):
         if not ip_addr:
             raise _no_central_store()
         got = self.agent.fetch_metadata(f"{ip_addr}:{port}")
         want = _name(remote_agent)
         if want and got != want:
-            warnings.warn(f"kvlane.nixl: {ip_addr}:{port} serves agent {got!r}, not {want!r}; "
-                          f"loaded {got!r}", stacklevel=2)
+            self.agent.remove_remote(got)
+            raise as_nixl(NotFound(f"{ip_addr}:{port} serves agent {got!r}, not {want!r}; "
+                                   "nothing was loaded",
+                                   hint="check the address, or pass the name it serves"),
+                          nixlNotFoundError)
         return got
 
     def invalidate_local_metadata(self, ip_addr="", port=DEFAULT_COMM_PORT):
         self.agent.invalidate_metadata(f"{ip_addr}:{port}" if ip_addr else None)
 
     # ---- transfers ----
-    def prep_xfer_dlist(self, agent_name, xfer_list, mem_type=None, is_sorted=False,
-                        backends=None):
-        descs = self.get_xfer_descs(xfer_list, mem_type, is_sorted)
+    def prep_xfer_dlist(self, agent_name, xfer_list, mem_type=None, backends=_EMPTY, *,
+                        is_sorted=False):
+        descs = self.get_xfer_descs(xfer_list, mem_type)
+        self._bk(backends, "prep_xfer_dlist")
         name = _name(agent_name)
-        if name in ("", NIXL_INIT_AGENT, None):
+        if name in ("", NIXL_INIT_AGENT):
             return nixl_prepped_dlist_handle(self.agent.prep_local(descs.dlist), None)
         if name == self.name and not self.agent.check_remote(name):
             self.agent.load_metadata(self.agent.get_metadata())   # loopback
         return nixl_prepped_dlist_handle(self.agent.prep_remote(name, descs.dlist), name)
 
     def make_prepped_xfer(self, operation, local_xfer_side, local_indices, remote_xfer_side,
-                          remote_indices, notif_msg=b"", backends=None, skip_desc_merge=False):
+                          remote_indices, notif_msg=b"", backends=_EMPTY, skip_desc_merge=False):
         op = _op(operation)
         lp, rp = _prep(local_xfer_side), _prep(remote_xfer_side)
-        bk = self._bk(backends)
-        backend = bk[0] if bk else None
+        backend = self._one_bk(backends, "make_prepped_xfer")
 
         def make(notif):
             return self.agent.create_xfer_prepped(op, lp, local_indices, rp, remote_indices,
@@ -456,86 +1031,107 @@ class nixl_agent:
         return nixl_xfer_handle(make(notif), make, notif)
 
     def initialize_xfer(self, operation, local_descs, remote_descs, remote_agent,
-                        notif_msg=b"", backends=None):
+                        notif_msg=b"", backends=_EMPTY):
         op = _op(operation)
         local = self.get_xfer_descs(local_descs)
         remote = self.get_xfer_descs(remote_descs)
         name = _name(remote_agent)
         if name == self.name and not self.agent.check_remote(name):
             self.agent.load_metadata(self.agent.get_metadata())   # loopback
-        bk = self._bk(backends)
-        backend = bk[0] if bk else None
+        backend = self._one_bk(backends, "initialize_xfer")
 
         def make(notif):
             return self.agent.create_xfer(op, local.dlist, name, remote.dlist, notif, backend)
         notif = _msg(notif_msg)
         return nixl_xfer_handle(make(notif), make, notif)
 
+    def estimate_xfer_cost(self, req_handle):
+        _xh(req_handle)
+        raise UnsupportedError("estimate_xfer_cost: kvlane does not estimate transfer costs",
+                               hint="time transfers with get_xfer_telemetry, or `kvlane bench`")
+
     def transfer(self, handle, notif_msg=b""):
         h = _xh(handle)
         notif = _msg(notif_msg)
+        if notif is not None and notif != h.notif:
+            if h.xfer and h.xfer.state == "POSTED":
+                raise as_nixl(StateError("transfer: the handle is still in progress; a new "
+                                         "notification cannot replace its message now",
+                                         hint="wait for DONE, then post again"),
+                              nixlRepostActiveError)
+            # NIXL lets a posting replace the message: rebuild with it.
+            old = h.xfer
+            h.xfer = h._make(notif)
+            h.notif = notif
+            old.release()
+        h.start_us = time.time_ns() // 1000
+        h.error = None
         try:
-            if notif is not None and notif != h.notif:
-                # NIXL lets a posting replace the message: rebuild with it.
-                old = h.xfer
-                h.xfer = h._make(notif)
-                h.notif = notif
-                old.release()
-            h.start_us = time.time_ns() // 1000
-            h.error = None
             return "DONE" if h.xfer.post() else "PROC"
-        except UsageError:
+        except StateError as e:
+            if h.xfer and h.xfer.state == "POSTED":
+                raise as_nixl(e, nixlRepostActiveError) from None
             raise
         except Error as e:
-            return _err(h, e)
+            h.error = e
+            raise
 
     def check_xfer_state(self, handle):
         h = _xh(handle)
         try:
             return "DONE" if h.xfer.test() else "PROC"
-        except UsageError as e:
-            if e.code == -107 or not h.xfer:   # cancelled, or agent closed
-                return _err(h, e)
+        except StateError as e:
+            if h.xfer and h.xfer.state == "IDLE":
+                raise as_nixl(e, nixlNotPostedError) from None
             raise
         except Error as e:
-            return _err(h, e)
+            h.error = e
+            raise
 
     def query_xfer_backend(self, handle):
+        """The kvlane backend that moved (or moves) the transfer, upper case
+        ("SHM", "CUDA", "TCP", "UCX")."""
         return _xh(handle).xfer.stats()["backend"].upper()
 
     def get_xfer_telemetry(self, handle):
         h = _xh(handle)
+        if not self._telemetry:
+            raise as_nixl(StateError(
+                "get_xfer_telemetry: telemetry is off for this agent",
+                hint="nixl_agent_config(capture_telemetry=True) or NIXL_TELEMETRY_ENABLE=y, as "
+                     "in NIXL"), nixlNoTelemetryError)
         s = h.xfer.stats()
-        return nixl_xfer_telemetry(
+        return nixlXferTelemetry(
             startTime=h.start_us, postDuration=s["post_ns"] // 1000,
             xferDuration=s["duration_ns"] // 1000, totalBytes=s["bytes"],
             descCount=s["blocks"], backend=s["backend"].upper(), path=s["path"],
             segments=s["segments"])
 
     def release_xfer_handle(self, handle):
-        h = _xh(handle)
-        h.xfer.release()
+        _xh(handle).release()
 
     def release_dlist_handle(self, handle):
         _prep(handle).release()
 
     # ---- notifications ----
     def send_notif(self, remote_agent_name, notif_msg, backend=None):
+        if backend is not None:
+            self._bk([backend], "send_notif")
         msg = notif_msg.encode() if isinstance(notif_msg, str) else notif_msg
         self.agent.send_notif(_name(remote_agent_name), msg)
 
-    def get_new_notifs(self, backends=None):
+    def get_new_notifs(self, backends=_EMPTY):
         out = {}
         for sender, msg in self.agent.poll_notifs():
             out.setdefault(sender, []).append(msg)
         return out
 
-    def update_notifs(self, backends=None):
+    def update_notifs(self, backends=_EMPTY):
         for sender, msgs in self.get_new_notifs().items():
             self.notifs.setdefault(sender, []).extend(msgs)
         return self.notifs
 
-    def check_remote_xfer_done(self, remote_agent_name, lookup_tag, backends=None,
+    def check_remote_xfer_done(self, remote_agent_name, lookup_tag, backends=_EMPTY,
                                tag_is_prefix=True):
         self.update_notifs()
         name = _name(remote_agent_name)
@@ -553,16 +1149,31 @@ class nixl_agent:
         self.agent.close()
 
 
-def _dram_dev(descs):
-    """DRAM device ids in NIXL descriptors are arbitrary (vLLM passes its TP
-    rank); kvlane checks a DRAM device as a NUMA node, so they are replaced
-    by "any"."""
-    return -1 if descs.mem_type == "DRAM" else None
+def _storage_why(b):
+    return (f"NIXL's {b} storage plugin has no kvlane counterpart in this version (FILE and "
+            "OBJ memory are not served)")
+
+
+def _name(name):
+    """Agent names arrive as str or as the bytes add_remote_agent returned."""
+    if isinstance(name, (bytes, bytearray, memoryview)):
+        return bytes(name).decode()
+    return name
+
+
+def _msg(msg):
+    if msg is None:
+        return None
+    if isinstance(msg, str):
+        msg = msg.encode()
+    return msg if len(msg) else None
 
 
 def _op(operation):
-    if operation not in ("READ", "WRITE"):
+    if operation not in ("READ", "WRITE", nixl_xfer_op_t.NIXL_READ, nixl_xfer_op_t.NIXL_WRITE):
         raise InvalidArgument(f"operation must be \"READ\" or \"WRITE\", got {operation!r}")
+    if isinstance(operation, nixl_xfer_op_t):
+        return "READ" if operation == nixl_xfer_op_t.NIXL_READ else "WRITE"
     return operation
 
 
@@ -581,25 +1192,16 @@ def _xh(h):
                           f"got {h!r}")
 
 
-def _err(h, e):
-    h.error = e
-    log.warning("kvlane.nixl: transfer failed:\n%s", e)
-    return "ERR"
-
-
 def _not_loaded(name):
-    from .errors import NotFound
     return NotFound(f"remote agent {name!r} is not loaded",
                     hint="add_remote_agent(metadata) or fetch_remote_metadata(name, ip, port) "
                          "first")
 
 
 def _no_central_store():
-    return UnsupportedError(
-        "kvlane.nixl has no central metadata server: ip_addr is required",
-        hint="pass the peer listener's ip_addr and port, or exchange get_agent_metadata() "
-             "bytes yourself")
-
-
-if sys.version_info < (3, 8):   # pragma: no cover
-    raise ImportError("kvlane.nixl needs Python 3.8 or newer")
+    etcd = os.environ.get("NIXL_ETCD_ENDPOINTS")
+    what = ("kvlane.nixl has no central metadata store yet: ip_addr is required" +
+            (f" (NIXL_ETCD_ENDPOINTS={etcd} is set, but etcd is not supported in this "
+             "version)" if etcd else ""))
+    return UnsupportedError(what, hint="pass the peer listener's ip_addr and port, or exchange "
+                                       "get_agent_metadata() bytes yourself")

@@ -496,6 +496,38 @@ static PyObject *kvlpy_agent_deregister(kvlpy_agent_t *self, PyObject *args, PyO
     Py_RETURN_NONE;
 }
 
+/* query_range(addr, len) -> None, or (kind, dev, addr, len, [backends]) of the
+ * registered region containing the range. */
+static PyObject *kvlpy_agent_query_range(kvlpy_agent_t *self, PyObject *args)
+{
+    unsigned long long addr, len;
+    if (!PyArg_ParseTuple(args, "KK:query_range", &addr, &len))
+        return NULL;
+    if (kvlpy_agent_enter(self) < 0)
+        return NULL;
+    kvl_mem_info_t info;
+    kvl_error_clear();
+    kvl_status_t st = kvl_mem_query(self->agent, addr, len, &info);
+    kvlpy_agent_leave(self);
+    if (st == KVL_ERR_NOT_FOUND)
+        Py_RETURN_NONE;
+    if (st != KVL_OK)
+        return kvlpy_raise(st, NULL);
+    PyObject *list;
+    if (info.backends[0]) {
+        PyObject *names = PyUnicode_FromString(info.backends), *sep = PyUnicode_FromString(",");
+        list = (names && sep) ? PyUnicode_Split(names, sep, -1) : NULL;
+        Py_XDECREF(names);
+        Py_XDECREF(sep);
+    } else {
+        list = PyList_New(0);
+    }
+    if (list == NULL)
+        return NULL;
+    return Py_BuildValue("(siKKN)", kvl_mem_kind_name(info.kind), (int)info.dev,
+                         (unsigned long long)info.addr, (unsigned long long)info.len, list);
+}
+
 /* ---- metadata ------------------------------------------------------------------ */
 
 static PyObject *kvlpy_agent_get_metadata(kvlpy_agent_t *self, PyObject *unused)
@@ -882,6 +914,8 @@ static PyMethodDef kvlpy_agent_methods[] = {
      "_register(regions, kind=None, backends=None, strict=False, dev=None) -> (text, entries)"},
     {"_deregister", KVLPY_FN(kvlpy_agent_deregister), METH_VARARGS | METH_KEYWORDS,
      "_deregister(regions, dev=None)"},
+    {"query_range", (PyCFunction)kvlpy_agent_query_range, METH_VARARGS,
+     "query_range(addr, len) -> None or (kind, dev, addr, len, [backends])"},
     {"get_metadata", (PyCFunction)kvlpy_agent_get_metadata, METH_NOARGS,
      "This agent's metadata blob (bytes)."},
     {"load_metadata", (PyCFunction)kvlpy_agent_load_metadata, METH_O,

@@ -683,6 +683,40 @@ size_t kvl_reg_report_render(const kvl_reg_report_t *rep, char *buf, size_t len)
     return need;
 }
 
+kvl_status_t kvl_mem_query(kvl_agent_t *a, uint64_t addr, uint64_t len, kvl_mem_info_t *info)
+{
+    if (a == NULL || info == NULL || len == 0 || addr + len < addr)
+        return kvli_fail_simple(a, KVL_ERR_INVALID_ARG, NULL, "kvl_mem_query: NULL agent or "
+                                "info, or an empty or wrapping range [0x%llx, +%llu)",
+                                (unsigned long long)addr, (unsigned long long)len);
+    memset(info, 0, sizeof(*info));
+    pthread_mutex_lock(&a->lock);
+    kvli_region_t *r = kvli_registry_find(a, addr, len);
+    if (r != NULL) {
+        size_t off = 0;
+        info->addr = r->addr;
+        info->len = r->len;
+        info->kind = r->kind;
+        info->dev = r->dev;
+        info->refcount = r->refcount;
+        for (unsigned b = 0; b < a->nbks; b++) {
+            if (!(r->bk_mask & (1u << b)))
+                continue;
+            int w = snprintf(info->backends + off, sizeof(info->backends) - off, "%s%s",
+                             off ? "," : "", a->bks[b]->ops->name);
+            if (w < 0 || (size_t)w >= sizeof(info->backends) - off)
+                break;
+            off += (size_t)w;
+        }
+    }
+    pthread_mutex_unlock(&a->lock);
+    if (r == NULL)
+        return kvli_fail_simple(a, KVL_ERR_NOT_FOUND, NULL, "kvl_mem_query: no registered region "
+                                "of agent '%s' contains [0x%llx, +%llu)", a->name,
+                                (unsigned long long)addr, (unsigned long long)len);
+    return KVL_OK;
+}
+
 void kvl_reg_report_free(kvl_reg_report_t *rep)
 {
     if (rep == NULL)

@@ -387,6 +387,19 @@ typedef struct kvli_cuda_slot {
     size_t *bsize;
 } kvli_cuda_slot_t;
 
+/* A descriptor table's memory: pinned host copy and device copy of the
+ * same capacity, reused across transfers (allocating pinned memory costs
+ * about a millisecond, more than moving a request's blocks). */
+typedef struct kvli_cuda_tab {
+    struct kvli_cuda_tab *next;
+    kvli_cuda_blk_t *host;           /* pinned */
+    CUdeviceptr dev;
+    size_t cap;                      /* bytes, a power of two */
+} kvli_cuda_tab_t;
+
+#define KVLI_CUDA_TABS_KEPT 16       /* free tables kept per device */
+#define KVLI_CUDA_TAB_WARM (2u << 20) /* made at VRAM registration: 87381 blocks */
+
 typedef struct kvli_cuda_devres {
     int ready;                       /* 1 ok, -1 failed (text says why) */
     char text[256];
@@ -395,6 +408,8 @@ typedef struct kvli_cuda_devres {
     CUmodule mod;
     CUfunction fn;                   /* NULL: batched copies */
     kvli_cuda_slot_t *free_slots;    /* under iface->lock */
+    kvli_cuda_tab_t *free_tabs;      /* under iface->lock */
+    unsigned n_free_tabs;
 } kvli_cuda_devres_t;
 
 typedef struct kvli_cuda_unit {
@@ -413,9 +428,7 @@ typedef struct kvli_cuda_xcache {
     uint32_t nl, nr;                 /* regions the segments use */
     int dev, all_gpu;
     int ready;                       /* table uploaded (or being uploaded) */
-    CUdeviceptr tab;                 /* npieces descriptors */
-    int tab_async;                   /* from cuMemAllocAsync */
-    kvli_cuda_blk_t *stage;          /* pinned host copy, freed once uploaded */
+    kvli_cuda_tab_t *tab;            /* npieces descriptors, host and device */
     uint64_t npieces;
     uint64_t *unit_end;              /* unit u covers pieces [end[u-1], end[u]) */
     uint64_t *unit_bytes;
@@ -478,6 +491,7 @@ void kvli_cuda_xfer_release(void *bk, kvl_bk_xfer_t *x);
 /* Progress thread: advance transfers; returns how many are in flight. */
 unsigned kvli_cuda_xfer_progress(kvli_cuda_iface_t *iface);
 void kvli_cuda_xfer_cancel_peer(kvli_cuda_iface_t *iface, kvli_cuda_peer_t *peer);
+void kvli_cuda_xfer_warm(kvli_cuda_iface_t *iface, int dev);
 void kvli_cuda_xfer_devres_fini(kvli_cuda_iface_t *iface);
 
 /* ---- cuda_stage.c: staging for host-only backends (no backend handle) ---- */

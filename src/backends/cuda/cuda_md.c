@@ -376,6 +376,7 @@ kvl_status_t kvli_cuda_md_reg(void *bk, const kvl_region_info_t *r, void **mh_p,
             free(mh);
             return st;
         }
+        kvli_cuda_xfer_warm(iface, mh->dev);
     } else {
         unsigned t = kvli_cuda_memtype(d, r->addr, NULL);
         mh->kind = KVLI_CUDA_MEM_HOST;

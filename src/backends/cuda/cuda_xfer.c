@@ -152,12 +152,120 @@ static kvli_cuda_slot_t *kvli_cuda_slot_get(kvli_cuda_iface_t *iface, int dev, i
     return s;
 }
 
+/* A table of at least bytes from the device's free list, else a new one
+ * (context pushed). NULL with text. */
+static kvli_cuda_tab_t *kvli_cuda_tab_get(kvli_cuda_iface_t *iface, int dev, size_t bytes,
+                                          char *text, size_t cap)
+{
+    const kvli_cuda_drv_t *d = iface->drv;
+    kvli_cuda_devres_t *r = &iface->dres[dev];
+    kvli_cuda_tab_t *t, **pp, **best = NULL;
+    void *h = NULL;
+    CUresult cr;
+    char eb[160];
+
+    pthread_mutex_lock(&iface->lock);
+    for (pp = &r->free_tabs; *pp != NULL; pp = &(*pp)->next)
+        if ((*pp)->cap >= bytes && (best == NULL || (*pp)->cap < (*best)->cap))
+            best = pp;
+    if (best != NULL) {
+        t = *best;
+        *best = t->next;
+        r->n_free_tabs--;
+        pthread_mutex_unlock(&iface->lock);
+        return t;
+    }
+    pthread_mutex_unlock(&iface->lock);
+    t = calloc(1, sizeof(*t));
+    if (t == NULL) {
+        snprintf(text, cap, "out of memory");
+        return NULL;
+    }
+    t->cap = 64u << 10;
+    while (t->cap < bytes)
+        t->cap <<= 1;
+    cr = d->cuMemHostAlloc(&h, t->cap, KVLI_CU_HOSTREG_PORTABLE);
+    if (cr != KVLI_CUDA_SUCCESS) {
+        snprintf(text, cap, "cuMemHostAlloc(%zu) for the descriptor table = %.150s", t->cap,
+                 kvli_cuda_drv_errstr(cr, eb, sizeof(eb)));
+        free(t);
+        return NULL;
+    }
+    t->host = h;
+    cr = d->cuMemAlloc(&t->dev, t->cap);
+    if (cr != KVLI_CUDA_SUCCESS) {
+        snprintf(text, cap, "allocating the %zu-byte descriptor table on device %d = %.150s",
+                 t->cap, dev, kvli_cuda_drv_errstr(cr, eb, sizeof(eb)));
+        d->cuMemFreeHost(t->host);
+        free(t);
+        return NULL;
+    }
+    return t;
+}
+
+static void kvli_cuda_tab_destroy(const kvli_cuda_drv_t *d, kvli_cuda_tab_t *t)
+{
+    d->cuMemFreeHost(t->host);
+    d->cuMemFree(t->dev);
+    free(t);
+}
+
+/* Give a table back; nothing may still read it. Beyond KVLI_CUDA_TABS_KEPT
+ * free tables the smallest goes. */
+static void kvli_cuda_tab_put(kvli_cuda_iface_t *iface, int dev, kvli_cuda_tab_t *t)
+{
+    kvli_cuda_devres_t *r = &iface->dres[dev];
+    kvli_cuda_tab_t *drop = NULL, **pp, **small;
+
+    pthread_mutex_lock(&iface->lock);
+    t->next = r->free_tabs;
+    r->free_tabs = t;
+    if (++r->n_free_tabs > KVLI_CUDA_TABS_KEPT) {
+        small = &r->free_tabs;
+        for (pp = &r->free_tabs; *pp != NULL; pp = &(*pp)->next)
+            if ((*pp)->cap < (*small)->cap)
+                small = pp;
+        drop = *small;
+        *small = drop->next;
+        r->n_free_tabs--;
+    }
+    pthread_mutex_unlock(&iface->lock);
+    if (drop != NULL && kvli_cuda_drv_push(dev) == KVLI_CUDA_SUCCESS) {
+        kvli_cuda_tab_destroy(iface->drv, drop);
+        kvli_cuda_drv_pop();
+    }
+}
+
 static void kvli_cuda_slot_put(kvli_cuda_iface_t *iface, int dev, kvli_cuda_slot_t *s)
 {
     pthread_mutex_lock(&iface->lock);
     s->next = iface->dres[dev].free_slots;
     iface->dres[dev].free_slots = s;
     pthread_mutex_unlock(&iface->lock);
+}
+
+/*
+ * At VRAM registration: make the device's streams and kernel and one free
+ * descriptor table now, so that the first transfer on it pays for none of
+ * them. Failures are left for the first transfer to report.
+ */
+void kvli_cuda_xfer_warm(kvli_cuda_iface_t *iface, int dev)
+{
+    kvl_error_t e;
+    char text[256];
+    kvli_cuda_tab_t *t;
+
+    if (dev < 0 || dev >= iface->drv->ndev || kvli_cuda_devres_get(iface, dev, &e) == NULL)
+        return;
+    pthread_mutex_lock(&iface->lock);
+    int have = iface->dres[dev].free_tabs != NULL || iface->dres[dev].fn == NULL;
+    pthread_mutex_unlock(&iface->lock);
+    if (have || kvli_cuda_drv_push(dev) != KVLI_CUDA_SUCCESS)
+        return;
+    t = kvli_cuda_tab_get(iface, dev, KVLI_CUDA_TAB_WARM, text, sizeof(text));
+    kvli_cuda_drv_pop();
+    if (t != NULL)
+        kvli_cuda_tab_put(iface, dev, t);
 }
 
 void kvli_cuda_xfer_devres_fini(kvli_cuda_iface_t *iface)
@@ -186,6 +294,11 @@ void kvli_cuda_xfer_devres_fini(kvli_cuda_iface_t *iface)
             free(s->bdst);
             free(s->bsize);
             free(s);
+        }
+        while (r->free_tabs != NULL) {
+            kvli_cuda_tab_t *t = r->free_tabs;
+            r->free_tabs = t->next;
+            kvli_cuda_tab_destroy(d, t);
         }
         if (r->mod != NULL)
             d->cuModuleUnload(r->mod);
@@ -235,7 +348,7 @@ static int kvli_cuda_unit_launch(kvli_cuda_iface_t *iface, kvli_cuda_xpriv_t *xp
     uint32_t u = xp->unit;
     uint64_t first = u > 0 ? xc->unit_end[u - 1] : 0;
     unsigned long long nb = xc->unit_end[u] - first;
-    CUdeviceptr tab = xc->tab + first * sizeof(kvli_cuda_blk_t);
+    CUdeviceptr tab = xc->tab->dev + first * sizeof(kvli_cuda_blk_t);
     void *args[2] = {&tab, &nb};
     unsigned grid = nb < KVLI_CUDA_GRID_MAX ? (unsigned)nb : KVLI_CUDA_GRID_MAX;
     kvli_cuda_slot_t *s;
@@ -262,21 +375,12 @@ static int kvli_cuda_unit_launch(kvli_cuda_iface_t *iface, kvli_cuda_xpriv_t *xp
     return 0;
 }
 
-/* Free a transfer's cached table. Nothing that reads it may be pending. */
+/* Free a transfer's cached table (back to the device's free list). Nothing
+ * that reads it may be pending. */
 static void kvli_cuda_xc_free(kvli_cuda_iface_t *iface, kvli_cuda_xcache_t *xc)
 {
-    const kvli_cuda_drv_t *d = iface->drv;
-    if ((xc->tab != 0 || xc->stage != NULL) && kvli_cuda_drv_push(xc->dev) == KVLI_CUDA_SUCCESS) {
-        if (xc->tab != 0) {
-            /* Stream-ordered free when it was allocated so: no device-wide sync. */
-            if (!xc->tab_async || d->cuMemFreeAsync == NULL ||
-                d->cuMemFreeAsync(xc->tab, iface->dres[xc->dev].streams[0]) != KVLI_CUDA_SUCCESS)
-                d->cuMemFree(xc->tab);
-        }
-        if (xc->stage != NULL)
-            d->cuMemFreeHost(xc->stage);
-        kvli_cuda_drv_pop();
-    }
+    if (xc->tab != NULL)
+        kvli_cuda_tab_put(iface, xc->dev, xc->tab);
     free(xc->unit_end);
     free(xc->unit_bytes);
     free(xc);
@@ -296,7 +400,7 @@ static int kvli_cuda_xc_build(kvli_cuda_iface_t *iface, kvli_cuda_xpriv_t *xp,
     const kvl_bk_xfer_t *x = xp->x;
     uint64_t np = 0, bytes = 0, ucap = 4;
     size_t tb;
-    void *h = NULL;
+    kvli_cuda_blk_t *h;
     CUresult cr;
     char eb[160];
 
@@ -315,13 +419,10 @@ static int kvli_cuda_xc_build(kvli_cuda_iface_t *iface, kvli_cuda_xpriv_t *xp,
         snprintf(text, cap, "out of memory for the unit list");
         return -1;
     }
-    cr = d->cuMemHostAlloc(&h, tb, KVLI_CU_HOSTREG_PORTABLE);
-    if (cr != KVLI_CUDA_SUCCESS) {
-        snprintf(text, cap, "cuMemHostAlloc(%zu) for the descriptor table = %.150s", tb,
-                 kvli_cuda_drv_errstr(cr, eb, sizeof(eb)));
+    xc->tab = kvli_cuda_tab_get(iface, xp->dev, tb, text, cap);
+    if (xc->tab == NULL)
         return -1;
-    }
-    xc->stage = h;
+    h = xc->tab->host;
     xc->npieces = np;
     np = 0;
     for (size_t i = 0; i < x->nsegs; i++) {
@@ -350,31 +451,16 @@ static int kvli_cuda_xc_build(kvli_cuda_iface_t *iface, kvli_cuda_xpriv_t *xp,
                     xc->unit_bytes[xc->nunits++] = bytes;
                     bytes = 0;
                 }
-                xc->stage[np].src = x->op == KVL_WRITE ? la + off : ra + off;
-                xc->stage[np].dst = x->op == KVL_WRITE ? ra + off : la + off;
-                xc->stage[np++].len = take;
+                h[np].src = x->op == KVL_WRITE ? la + off : ra + off;
+                h[np].dst = x->op == KVL_WRITE ? ra + off : la + off;
+                h[np++].len = take;
                 bytes += take;
             }
         }
     }
     xc->unit_end[xc->nunits] = np;
     xc->unit_bytes[xc->nunits++] = bytes;
-    cr = -1;
-    if (d->cuMemAllocAsync != NULL && d->cuMemFreeAsync != NULL) {
-        cr = d->cuMemAllocAsync(&xc->tab, tb, xp->stream);
-        xc->tab_async = cr == KVLI_CUDA_SUCCESS;
-    }
-    if (cr != KVLI_CUDA_SUCCESS) {
-        xc->tab = 0;
-        cr = d->cuMemAlloc(&xc->tab, tb);
-    }
-    if (cr != KVLI_CUDA_SUCCESS) {
-        xc->tab = 0;
-        snprintf(text, cap, "allocating the %zu-byte descriptor table on device %d = %.150s", tb,
-                 xp->dev, kvli_cuda_drv_errstr(cr, eb, sizeof(eb)));
-        return -1;
-    }
-    cr = d->cuMemcpyHtoDAsync(xc->tab, xc->stage, tb, xp->stream);
+    cr = d->cuMemcpyHtoDAsync(xc->tab->dev, h, tb, xp->stream);
     if (cr != KVLI_CUDA_SUCCESS) {
         snprintf(text, cap, "uploading the descriptor table on device %d = %.150s", xp->dev,
                  kvli_cuda_drv_errstr(cr, eb, sizeof(eb)));
@@ -617,8 +703,6 @@ kvl_status_t kvli_cuda_xfer_post(void *bk, kvl_bk_xfer_t *x, kvl_error_t *err)
             iface->ctx->log(iface->ctx, KVL_LOG_DEBUG, "no GPU-resident table for a transfer "
                             "to '%s' (%.200s); building tables per unit", peer->name, text);
             text[0] = '\0';
-            if (xc->tab != 0)
-                iface->drv->cuStreamSynchronize(xp->stream); /* its allocation */
             x->bk_priv = NULL;
             kvli_cuda_xc_free(iface, xc);
             xc = NULL;
@@ -634,12 +718,8 @@ kvl_status_t kvli_cuda_xfer_post(void *bk, kvl_bk_xfer_t *x, kvl_error_t *err)
            kvli_cuda_xp_more(xp)) {
         if (kvli_cuda_unit_enqueue(iface, xp, text, sizeof(text)) != 0) {
             if (xp->u_count == 0) {
-                if (xp->staged) {
-                    /* The upload may be pending: the table stays, the stage goes. */
+                if (xp->staged) /* the upload may be pending: the table stays */
                     iface->drv->cuStreamSynchronize(xp->stream);
-                    iface->drv->cuMemFreeHost(xc->stage);
-                    xc->stage = NULL;
-                }
                 kvli_cuda_drv_pop();
                 free(xp);
                 kvl_bk_error_set(err, KVL_ERR_SYSTEM, 0, KVLI_CUDA_NAME, dev,
@@ -669,14 +749,6 @@ static void kvli_cuda_xp_finish(kvli_cuda_iface_t *iface, kvli_cuda_xpriv_t *xp)
     kvl_error_t e;
     kvli_cuda_xpriv_t **pp;
 
-    if (xp->staged && xp->xc->stage != NULL &&
-        kvli_cuda_drv_push(xp->dev) == KVLI_CUDA_SUCCESS) {
-        /* Every unit's event completed, so did the upload before them. Done
-         * before xfer_done: the caller may re-post or release at once. */
-        iface->drv->cuMemFreeHost(xp->xc->stage);
-        xp->xc->stage = NULL;
-        kvli_cuda_drv_pop();
-    }
     memset(&e, 0, sizeof(e));
     e.device = -1;
     if (xp->failed) {
