@@ -856,9 +856,9 @@ class nixl_agent:
             backends = [backends]
         if not isinstance(backends, (list, tuple)):
             raise InvalidArgument(
-                f"{what}: backends must be a list of backend names, got {backends!r}",
-                hint="NIXL 1.x removed is_sorted: pass (list, mem_type, backends) or "
-                     "backends=[...]")
+                f"{what}: backends must be a list of backend names, got {backends!r} (NIXL 1.x "
+                "removed is_sorted, which came before backends in older releases)",
+                hint="pass (list, mem_type, backends) or backends=[...]")
         out = []
         for b in backends:
             if b in self.backends:

@@ -1,0 +1,396 @@
+"""kvlane.nixl as a drop-in for NIXL 1.4: the nixl package, NIXL's backend
+names and parameters, signatures, exceptions, and refusals of what NIXL
+would turn into garbage."""
+
+import logging
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import kvlane
+import kvlane.nixl as kn
+from kvlane.errors import (nixlBackendError, nixlInvalidParamError, nixlNotFoundError,
+                           nixlNotPostedError, nixlNoTelemetryError, nixlNotSupportedError)
+from kvlane.nixl import nixl_agent, nixl_agent_config
+
+NIXL_PATH = os.environ.get("KVL_NIXL_PATH") or os.path.join(
+    os.environ.get("KVL_BUILD", os.path.join(os.path.dirname(__file__), "..", "..", "build")),
+    "python-nixl")
+
+
+@pytest.fixture
+def agent(uniq):
+    a = nixl_agent(uniq, nixl_agent_config(capture_telemetry=True))
+    yield a
+    a.close()
+
+
+@pytest.fixture
+def fresh_set(monkeypatch):
+    """transport_set() computed again (it is cached per process)."""
+    monkeypatch.setattr(kn, "_SET", None)
+    yield
+    kn._SET = None
+
+
+class FakeDevice:
+    def __init__(self, type_, index=None):
+        self.type, self.index = type_, index
+
+    def __eq__(self, other):
+        return (self.type, self.index) == (other.type, other.index)
+
+    def __str__(self):
+        return self.type if self.index is None else f"{self.type}:{self.index}"
+
+
+class FakeTensor:
+    """Duck-typed like a torch tensor (torch is not needed in CI)."""
+
+    def __init__(self, arr, device):
+        self.arr, self.device = arr, device
+        self.nbytes = arr.nbytes
+
+    def data_ptr(self):
+        return self.arr.ctypes.data
+
+    def is_contiguous(self):
+        return True
+
+
+# ---- 1. the nixl package ---------------------------------------------------------------
+
+def _py(code, pythonpath):
+    env = dict(os.environ)
+    env.pop("PYTHONPATH", None)
+    if pythonpath:
+        env["PYTHONPATH"] = pythonpath
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                          timeout=60)
+
+
+def test_nixl_package_names():
+    code = (
+        "import nixl, nixl._api as api, nixl._bindings as b, kvlane\n"
+        "from nixl._bindings import nixlXferTelemetry, nixlBackendError, nixlCancelledError, "
+        "nixlRemoteDisconnectError, nixl_thread_sync_t\n"
+        "from nixl._api import nixl_agent, nixl_agent_config, nixlBind, nixl_xfer_handle, "
+        "nixl_prepped_dlist_handle, nixl_thread_sync_t as ts\n"
+        "from nixl._utils import malloc_passthru, free_passthru, ba_buf, verify_transfer\n"
+        "from nixl.logging import get_logger\n"
+        "assert nixl.__kvlane__ == kvlane.__version__\n"
+        "assert nixlBind is b and api.DEFAULT_COMM_PORT == 8888\n"
+        "assert issubclass(kvlane.Disconnected, nixlRemoteDisconnectError)\n"
+        "assert issubclass(kvlane.Cancelled, nixlCancelledError)\n"
+        "assert nixl.nixl_agent is nixl_agent and nixl.DRAM_SEG == 0 and nixl.NIXL_WRITE == 1\n"
+        "assert ts.NIXL_THREAD_SYNC_STRICT.value == b.NIXL_THREAD_SYNC_STRICT\n"
+        "p = malloc_passthru(8192); q = malloc_passthru(8192); ba_buf(p, 8192); ba_buf(q, 8192)\n"
+        "verify_transfer(p, q, 8192); free_passthru(p); free_passthru(q)\n"
+        "assert get_logger('_api').name == 'nixl.api'\n"
+        "print('ok')\n")
+    r = _py(code, NIXL_PATH)          # the nixl folder alone on the path
+    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr
+
+
+def test_nixl_package_not_on_default_path():
+    r = _py("import nixl; print(getattr(nixl, '__kvlane__', 'real NIXL'))", "")
+    assert r.returncode != 0 or "real NIXL" in r.stdout, (r.stdout, r.stderr)
+
+
+# ---- 2. NIXL names create kvlane's transport set --------------------------------------
+
+def test_ucx_creates_the_transport_set(agent):
+    members = kn.transport_set()
+    assert members[0] == "shm" and "tcp" in members
+    assert agent.agent.backends() == members
+    assert agent.backends == {"UCX": tuple(members)}
+    assert agent.get_backend_mem_types("UCX") == ["DRAM", "VRAM"]
+    names = agent.get_plugin_list()
+    for n in ("UCX", "UCCL", "LIBFABRIC", "MOONCAKE", "GPUNETIO", "SHM", "TCP"):
+        assert n in names
+    assert "POSIX" not in names            # storage plugins are not served
+
+
+def test_same_host_transfer_takes_shm_and_explicit_name_forces(uniq):
+    a = nixl_agent(uniq + "-a", nixl_agent_config(capture_telemetry=True))
+    b = nixl_agent(uniq + "-b", nixl_agent_config())
+    try:
+        src = np.arange(1 << 20, dtype=np.uint8)
+        dst = np.zeros(1 << 20, np.uint8)
+        ra = a.register_memory([(src.ctypes.data, src.nbytes, 0, "")], "DRAM", ["UCX"])
+        b.register_memory([(dst.ctypes.data, dst.nbytes, 0, "")], "DRAM")
+        ok = {o.backend for o in ra.report.entries[0].outcomes if o.ok}
+        assert ok >= {"shm", "tcp"}, str(ra.report)
+        name = a.add_remote_agent(b.get_agent_metadata())
+        for backends, want in (([], "SHM"), (["UCX"], "SHM"), (["TCP"], "TCP")):
+            dst[:] = 0
+            h = a.initialize_xfer("WRITE", a.get_xfer_descs([(src.ctypes.data, 65536, 0)], "DRAM"),
+                                  a.get_xfer_descs([(dst.ctypes.data, 65536, 0)], "DRAM"), name,
+                                  b"", backends)
+            st = a.transfer(h)
+            while st != "DONE":
+                st = a.check_xfer_state(h)
+            assert a.query_xfer_backend(h) == want
+            assert a.get_xfer_telemetry(h).backend == want
+            assert np.array_equal(dst[:65536], src[:65536])
+            a.release_xfer_handle(h)
+    finally:
+        a.close()
+        b.close()
+
+
+def test_transport_set_env(fresh_set, monkeypatch):
+    monkeypatch.setenv("KVLANE_NIXL_TRANSPORTS", "shm,tcp")
+    assert kn.transport_set() == ["shm", "tcp"]
+    kn._SET = None
+    monkeypatch.setenv("KVLANE_NIXL_TRANSPORTS", "shm,rdma")
+    with pytest.raises(kvlane.InvalidArgument, match="rdma"):
+        kn.transport_set()
+
+
+# ---- 3. NIXL's UCX parameters ------------------------------------------------------------
+
+def test_ucx_params_accepted(uniq, caplog):
+    a = nixl_agent(uniq, nixl_agent_config(backends=[]))
+    try:
+        assert a.get_plugin_params("UCX") == {"ucx_devices": "", "num_workers": "1",
+                                              "ucx_error_handling_mode": "peer"}
+        assert a.get_plugin_mem_types("UCX") == ["DRAM", "VRAM"]
+        with caplog.at_level(logging.INFO, logger="kvlane.nixl"):
+            a.create_backend("UCX", {"num_threads": "8", "num_workers": "2", "device_list": "",
+                                     "ucx_devices": "", "ucx_error_handling_mode": "none",
+                                     "split_batch_size": "1024", "engine_config": "RNDV_THRESH=8192",
+                                     "ucx_num_device_channels": "4"})
+        assert "split_batch_size" in caplog.text and "no effect" in caplog.text
+        assert a.get_backend_params("UCX")["num_threads"] == "8"
+        a.create_backend("LIBFABRIC", a.get_plugin_params("LIBFABRIC"))   # same set, aliased
+        assert a.backends["LIBFABRIC"] == a.backends["UCX"]
+    finally:
+        a.close()
+    # NIXL's documented pattern: read the defaults, pass them back.
+    a = nixl_agent(uniq, nixl_agent_config(backends=[]))
+    try:
+        a.create_backend("UCX", a.get_plugin_params("UCX"))
+        assert a.agent.backends() == kn.transport_set()
+    finally:
+        a.close()
+
+
+def test_ucx_params_refused(uniq):
+    a = nixl_agent(uniq, nixl_agent_config(backends=[]))
+    try:
+        with pytest.raises(kvlane.InvalidArgument, match="num_thread"):
+            a.create_backend("UCX", {"num_thread": "8"})
+        with pytest.raises(kvlane.InvalidArgument, match="ucx_error_handling_mode"):
+            a.create_backend("UCX", {"ucx_error_handling_mode": "maybe"})
+        with pytest.raises(kvlane.InvalidArgument, match="not an integer"):
+            a.create_backend("UCX", {"num_threads": "many"})
+        with pytest.raises(nixlInvalidParamError):
+            a.create_backend("UXC")
+        with pytest.raises(nixlNotSupportedError, match="GDS"):
+            a.create_backend("GDS")
+        if "ucx" not in kn.transport_set():
+            with pytest.raises(kvlane.InvalidArgument, match="not in this host's set"):
+                a.create_backend("UCX", {"ucx.tls": "tcp"})
+        assert a.agent.backends() == []
+    finally:
+        a.close()
+
+
+def test_kvlane_params_through_the_set(uniq):
+    a = nixl_agent(uniq, nixl_agent_config(backends=[]))
+    try:
+        a.create_backend("UCX", {"tcp.chunk_kib": "1024"})
+        assert "tcp" in a.agent.backends()
+        with pytest.raises(kvlane.InvalidArgument):
+            b = nixl_agent(uniq + "-b", nixl_agent_config(backends=[]))
+            try:
+                b.create_backend("UCX", {"tcp.chunk_kib": "lots"})
+            finally:
+                b.close()
+    finally:
+        a.close()
+
+
+@pytest.mark.skipif(not kvlane.backend_available("ucx")[0], reason="ucx module not built")
+def test_ucx_params_reach_kvlane_ucx(uniq, fresh_set, monkeypatch):
+    monkeypatch.setenv("KVLANE_NIXL_TRANSPORTS", "shm,ucx,tcp")
+    a = nixl_agent(uniq, nixl_agent_config(backends=[]))
+    try:
+        a.create_backend("UCX", {"ucx_error_handling_mode": "peer", "engine_config": "TLS=tcp"})
+        assert a.agent.backends() == ["shm", "ucx", "tcp"]
+    finally:
+        a.close()
+    a = nixl_agent(uniq, nixl_agent_config(backends=[]))
+    try:
+        # A device the user names goes to kvlane's ucx: its diagnosis comes
+        # back when memory is registered on it.
+        a.create_backend("UCX", {"ucx_devices": "nosuchdev9:1"})
+        buf = np.zeros(4096, np.uint8)
+        with pytest.raises(nixlBackendError, match="nosuchdev9"):
+            a.register_memory([(buf.ctypes.data, 4096, 0, "")], "DRAM", ["ucx"])
+    finally:
+        a.close()
+
+
+# ---- 4. signatures ------------------------------------------------------------------------
+
+def test_positional_signatures(agent, uniq):
+    buf = np.zeros(1 << 16, np.uint8)
+    reg = agent.register_memory([(buf.ctypes.data, buf.nbytes, 0, "")], "DRAM", ["UCX"])
+    lh = agent.prep_xfer_dlist("", [(buf.ctypes.data, 4096, 0)], "DRAM", ["UCX"])
+    assert lh and len(lh) == 1
+    agent.release_dlist_handle(lh)
+    # NIXL < 1.0 had is_sorted before backends: a bool there is refused, not lost.
+    with pytest.raises(kvlane.InvalidArgument, match="is_sorted"):
+        agent.register_memory([(buf.ctypes.data, 4096, 0, "")], "DRAM", True)
+    with pytest.raises(kvlane.InvalidArgument, match="is_sorted"):
+        agent.prep_xfer_dlist("", [(buf.ctypes.data, 4096, 0)], "DRAM", False)
+    agent.get_xfer_descs([(buf.ctypes.data, 4096, 0)], "DRAM", is_sorted=True)
+    with pytest.raises(TypeError):
+        agent.register_memory([(buf.ctypes.data, 4096, 0, "")], mem_typ="DRAM")
+    with pytest.raises(TypeError):
+        nixl_agent_config(backend=["UCX"])
+    with pytest.raises(TypeError):
+        nixl_agent_config(sync_mode="strict")
+    c = nixl_agent_config(True, True, 1234, True, 2, ["UCX"], kn.nixl_thread_sync_t.NIXL_THREAD_SYNC_RW)
+    assert (c.port, c.capture_telemetry, c.num_threads, c.backends) == (1234, True, 2, ["UCX"])
+    assert nixl_agent_config().port == kn.DEFAULT_COMM_PORT
+    with pytest.raises(kvlane.UnsupportedError):
+        agent.fetch_remote_metadata("peer", label="kv")       # no store without ip_addr
+    agent.deregister_memory(reg, ["UCX"])
+
+
+def test_unknown_backend_names(uniq, agent):
+    with pytest.raises(kvlane.InvalidArgument, match="UXC"):
+        nixl_agent(uniq + "-x", nixl_agent_config(backends=["UXC"]))
+    buf = np.zeros(4096, np.uint8)
+    with pytest.raises(KeyError):
+        agent.register_memory([(buf.ctypes.data, 4096, 0, "")], "DRAM", ["SHMM"])
+    with pytest.raises(kvlane.InvalidArgument, match="not created"):
+        agent.register_memory([(buf.ctypes.data, 4096, 0, "")], "DRAM", ["GDS"])
+
+
+# ---- 5. exceptions ------------------------------------------------------------------------
+
+def test_exceptions_are_nixl_classes(agent):
+    buf = np.zeros(1 << 16, np.uint8)
+    # A registration failure is a nixlBackendError, whatever kvlane's class.
+    with pytest.raises(nixlBackendError) as ei:
+        agent.register_memory([(0, 4096, 0, "")], "DRAM")
+    assert isinstance(ei.value, kvlane.Error) and "0x0" in str(ei.value)
+    import pickle
+    e2 = pickle.loads(pickle.dumps(ei.value))
+    assert isinstance(e2, nixlBackendError) and type(e2).__name__ == type(ei.value).__name__
+    with pytest.raises(nixlNotFoundError):
+        agent.prep_xfer_dlist("nobody", [(buf.ctypes.data, 4096, 0)], "DRAM")
+    agent.register_memory([(buf.ctypes.data, buf.nbytes, 0, "")], "DRAM")
+    lh = agent.prep_xfer_dlist("", [(buf.ctypes.data, 4096, 0)], "DRAM")
+    rh = agent.prep_xfer_dlist(agent.name, [(buf.ctypes.data + 8192, 4096, 0)], "DRAM")
+    h = agent.make_prepped_xfer("WRITE", lh, [0], rh, [0])
+    with pytest.raises(nixlNotPostedError):
+        agent.check_xfer_state(h)
+    st = agent.transfer(h)
+    while st != "DONE":
+        st = agent.check_xfer_state(h)
+    quiet = nixl_agent(agent.name + "-q", nixl_agent_config())
+    try:
+        quiet.register_memory([(buf.ctypes.data, buf.nbytes, 0, "")], "DRAM")
+        ql = quiet.prep_xfer_dlist("", [(buf.ctypes.data, 4096, 0)], "DRAM")
+        qr = quiet.prep_xfer_dlist(quiet.name, [(buf.ctypes.data + 8192, 4096, 0)], "DRAM")
+        qh = quiet.make_prepped_xfer("READ", ql, [0], qr, [0])
+        with pytest.raises(nixlNoTelemetryError):
+            quiet.get_xfer_telemetry(qh)
+    finally:
+        quiet.close()
+    with pytest.raises(nixlNotSupportedError):
+        agent.estimate_xfer_cost(h)
+
+
+# ---- 6. refusals ----------------------------------------------------------------------------
+
+def test_garbage_refused(agent):
+    a1 = np.arange(12, dtype=np.int64)
+    with pytest.raises(kvlane.InvalidArgument, match="1-D|shape"):
+        agent.get_xfer_descs(a1, "DRAM")
+    with pytest.raises(kvlane.InvalidArgument, match="shape"):
+        agent.get_reg_descs(a1.astype(np.uint8), "DRAM")
+    with pytest.raises(kvlane.InvalidArgument, match="int32"):
+        agent.get_xfer_descs(np.zeros((4, 3), np.int32), "DRAM")
+    with pytest.raises(kvlane.InvalidArgument, match="mem_type is needed"):
+        agent.get_xfer_descs([(1, 2, 0)])
+    with pytest.raises(kvlane.InvalidArgument, match="3-tuples"):
+        agent.get_xfer_descs([(1, 2, 0, "")], "DRAM")
+    with pytest.raises(kvlane.InvalidArgument, match="3-tuples"):
+        agent.get_xfer_descs([(1, 2, 0), (3, 4)], "DRAM")
+    with pytest.raises(TypeError):
+        agent.get_xfer_descs([[1, 2, 0]], "DRAM")
+    with pytest.raises(kvlane.InvalidArgument, match="memory type"):
+        agent.get_xfer_descs([(1, 2, 0)], "GPU")
+    a, b = np.zeros(4096, np.uint8), np.zeros(4096, np.uint8)
+    mixed = [FakeTensor(a, FakeDevice("cpu")), FakeTensor(b, FakeDevice("cuda", 0))]
+    with pytest.raises(kvlane.InvalidArgument, match="two devices"):
+        agent.get_xfer_descs(mixed)
+    with pytest.raises(kvlane.InvalidArgument, match="two devices"):
+        agent.register_memory(mixed)
+    with pytest.raises(kvlane.InvalidArgument, match="mem_type 'VRAM'"):
+        agent.get_xfer_descs([FakeTensor(a, FakeDevice("cpu"))], "VRAM")
+    t = agent.get_xfer_descs([FakeTensor(a, FakeDevice("cpu")), FakeTensor(b, FakeDevice("cpu"))])
+    assert t.mem_type == "DRAM" and t[1] == (b.ctypes.data, 4096, -1)
+
+
+# ---- 7. query_memory, lists, pickling -----------------------------------------------------
+
+def test_query_memory_and_dlists(agent):
+    buf = np.zeros(1 << 16, np.uint8)
+    other = np.zeros(4096, np.uint8)
+    agent.register_memory([(buf.ctypes.data, buf.nbytes, 0, "")], "DRAM")
+    got = agent.query_memory([(buf.ctypes.data + 4096, 4096, 0, ""),
+                              (other.ctypes.data, 4096, 0, "")], "UCX", "DRAM")
+    assert got[1] is None and got[0]["kind"] == "DRAM"
+    assert "shm" in got[0]["backends"].split(",")
+    assert got[0]["region_len"] == str(buf.nbytes)
+    with pytest.raises(ValueError, match="not found"):
+        agent.query_memory([(buf.ctypes.data, 4096, 0, "")], "POSIX", "DRAM")
+    rows = [(buf.ctypes.data + i * 4096, 4096, 0) for i in range(4)]
+    x = agent.get_xfer_descs(rows, "DRAM")
+    assert len(x) == 4 and x.descCount() == 4 and x[2] == (rows[2][0], 4096, -1)
+    assert [d[0] for d in x] == [r[0] for r in rows]
+    assert x.getType() == kn.nixl_mem_t.DRAM_SEG and not x.isEmpty() and x
+    assert agent.deserialize_descs(agent.get_serialized_descs(x)) == x
+    with pytest.raises(IndexError):
+        x[4]
+    r = agent.get_reg_descs([r + ("meta",) for r in rows], "DRAM")
+    assert r[0][3] == b"meta" and len(r.trim()) == 4
+    empty = agent.get_xfer_descs([], "DRAM")
+    assert empty and len(empty) == 0 and empty.isEmpty()     # truthy, as NIXL's lists
+    built = kn.nixlXferDList(kn.nixl_mem_t.DRAM_SEG, np.array(rows, np.uint64))
+    built.append((buf.ctypes.data, 8, 0))
+    assert len(built) == 5
+
+
+def test_hicache_replaces_the_inner_agent(uniq):
+    sys.path.insert(0, NIXL_PATH)
+    try:
+        from nixl._api import nixl_agent as na, nixl_agent_config as nc, nixlBind
+    finally:
+        sys.path.remove(NIXL_PATH)
+    sync_mode = getattr(nixlBind, "NIXL_THREAD_SYNC_RW", nixlBind.NIXL_THREAD_SYNC_STRICT)
+    conf = nc(backends=[])
+    a = na(uniq, conf)
+    old = a.agent
+    try:
+        cfg = nixlBind.nixlAgentConfig()
+        cfg.useProgThread = conf.enable_pthread
+        cfg.syncMode = sync_mode
+        a.agent = nixlBind.nixlAgent(uniq, cfg)
+        a.plugin_list = a.agent.getAvailPlugins()
+        assert "UCX" in a.plugin_list
+        a.create_backend("UCX")
+        assert a.agent.backends() == kn.transport_set()
+    finally:
+        a.close()
+        old.close()
