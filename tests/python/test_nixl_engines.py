@@ -94,3 +94,21 @@ def test_engine_vram(engine):
     res = run_pair(engine, "VRAM")
     if "backend" in res:
         assert res["backend"] == "CUDA", res  # VRAM on one host: CUDA IPC, not staging
+
+
+if __name__ == "__main__":
+    # Without pytest (the GPU machine): python3 test_nixl_engines.py [DRAM|VRAM]...
+    kinds = sys.argv[1:] or ["DRAM", "VRAM"]
+    failed = 0
+    for kind in kinds:
+        for engine in sorted(INITIATOR):
+            try:
+                res = run_pair(engine, kind)
+                want = "SHM" if kind == "DRAM" else "CUDA"
+                ok = res.get("backend", want) == want
+                print(f"{engine:<16}{kind:<6}{'ok' if ok else 'WRONG BACKEND'} {res}")
+                failed += not ok
+            except Exception as e:  # noqa: BLE001
+                print(f"{engine:<16}{kind:<6}FAILED {e}")
+                failed += 1
+    sys.exit(1 if failed else 0)
