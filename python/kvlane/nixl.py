@@ -397,7 +397,7 @@ class nixlXferDList(_DescList):
         if isinstance(descs, DList):
             self._descs = descs
             return
-        n = descs if isinstance(descs, int) else 0
+        n = descs if isinstance(descs, int) else len(descs)
         self._descs = DList(self.mem_type, n)
         if not isinstance(descs, int):
             _add_xfer_rows(self._descs, descs, self.mem_type)

@@ -18,7 +18,9 @@ kvl_status_t kvl_dlist_create(kvl_mem_kind_t kind, size_t capacity_hint, kvl_dli
         return kvli_fail_simple(NULL, KVL_ERR_NO_MEMORY, NULL, "kvl_dlist_create: out of memory");
     dl->kind = kind;
     if (capacity_hint > 0) {
-        dl->ents = malloc(capacity_hint * sizeof(*dl->ents));
+        /* Big lists come from the buffer cache: a list made per request
+         * reuses the pages of the last one instead of faulting in new ones. */
+        dl->ents = kvli_buf_alloc(capacity_hint * sizeof(*dl->ents));
         if (dl->ents == NULL) {
             free(dl);
             return kvli_fail_simple(NULL, KVL_ERR_NO_MEMORY, NULL,
@@ -34,7 +36,7 @@ void kvl_dlist_destroy(kvl_dlist_t *dl)
 {
     if (dl == NULL)
         return;
-    free(dl->ents);
+    kvli_buf_free(dl->ents, dl->cap * sizeof(*dl->ents));
     free(dl);
 }
 
@@ -45,10 +47,13 @@ static kvl_status_t kvli_dlist_reserve(kvl_dlist_t *dl, size_t more)
     size_t cap = dl->cap ? dl->cap : 16;
     while (cap < dl->n + more)
         cap *= 2;
-    kvli_dent_t *e = realloc(dl->ents, cap * sizeof(*e));
+    kvli_dent_t *e = kvli_buf_alloc(cap * sizeof(*e));
     if (e == NULL)
         return kvli_fail_simple(NULL, KVL_ERR_NO_MEMORY, NULL,
                                 "descriptor list: cannot grow to %zu entries", cap);
+    if (dl->n)
+        memcpy(e, dl->ents, dl->n * sizeof(*e));
+    kvli_buf_free(dl->ents, dl->cap * sizeof(*e));
     dl->ents = e;
     dl->cap = cap;
     return KVL_OK;
