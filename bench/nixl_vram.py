@@ -99,6 +99,8 @@ def repost(agent, lp, rp, nreq, li, ri, nbytes):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--reps", type=int, default=10)
+    ap.add_argument("--identity", action="store_true",
+                    help="block i to block i (default: a new shuffled table per request)")
     ap.add_argument("--decode", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.decode:
@@ -131,7 +133,7 @@ def main():
     ident = np.arange(NBLK, dtype=np.int64)
 
     def shuffled():
-        return ident, rng.permutation(NBLK)
+        return ident, (ident if args.identity else rng.permutation(NBLK))
 
     first_gbs, first_t = run_requests(agent, ls, rs, 1, shuffled, NBLK * BLK)
     bulk_gbs, _ = run_requests(agent, lb, rb, args.reps, lambda: ([0], [0]), BULK)
