@@ -37,7 +37,10 @@ enum {
     KVL_BK_CAP_SAME_HOST = 1u << 1,   /* reaches peers on this host only */
     /* VRAM in mem_local/mem_remote is staged through host memory: transfers
      * touching VRAM pick it only when no backend reaches VRAM directly */
-    KVL_BK_CAP_STAGED_VRAM = 1u << 2
+    KVL_BK_CAP_STAGED_VRAM = 1u << 2,
+    /* takes indexed transfers (kvl_bk_xfer_t.nidx > 0, see kvl_bk_ptab_t):
+     * it moves them from the index arrays, or calls ctx->xfer_expand first */
+    KVL_BK_CAP_INDEXED = 1u << 3
 };
 
 /* A registered range as the core sees it. */
@@ -76,6 +79,25 @@ typedef struct kvl_stage_piece {
     int32_t dev;                  /* the device's ordinal in this process */
 } kvl_stage_piece_t;
 
+/*
+ * A prepared list as an indexed transfer sees it: n entries, each one block
+ * of len bytes; entry i is at addrs[i] inside region regs[i], an index into
+ * the transfer's lmh (local list) or rmh (remote list), which then hold
+ * every region of the list in its order (nregs of them). The same list
+ * serves many transfers: its id is unique in the agent, and a backend may
+ * keep data derived from it (device copies of the addresses) in the slot the
+ * transfer points to (ltab_cache / rtab_cache); the core hands that back to
+ * ptab_release when the list is freed.
+ */
+typedef struct kvl_bk_ptab {
+    uint64_t id;
+    size_t n;
+    uint64_t len;
+    const uint64_t *addrs;
+    const uint32_t *regs;
+    size_t nregs;
+} kvl_bk_ptab_t;
+
 typedef struct kvl_bk_xfer kvl_bk_xfer_t;
 struct kvl_bk_xfer {
     kvl_xfer_op_t op;
@@ -91,6 +113,18 @@ struct kvl_bk_xfer {
     void *core;                   /* the core's, do not touch */
     void *bk_priv;                /* the backend's */
     char path[64];                /* backend writes the path it used */
+    /*
+     * Indexed transfers (KVL_BK_CAP_INDEXED backends only): nidx > 0 and
+     * nsegs == 0 until ctx->xfer_expand fills segs. Pair k moves entry
+     * lidx[k] of ltab with entry ridx[k] of rtab (equal lengths; indices
+     * checked against n). *ltab_cache / *rtab_cache: the backend's slots for
+     * the two lists (NULL until it sets them; set each at most once, under
+     * its own lock: lists are shared by transfers on several threads).
+     */
+    const kvl_bk_ptab_t *ltab, *rtab;
+    const uint32_t *lidx, *ridx;
+    size_t nidx;
+    void **ltab_cache, **rtab_cache;
 };
 
 typedef struct kvl_bk_ctx kvl_bk_ctx_t;
@@ -147,6 +181,13 @@ struct kvl_bk_ctx {
     /* 1: the copies are done; 0: pending (only when wait is 0); -1: failed,
      * err says why. After 1 or -1 the ticket is gone. */
     int (*stage_test)(kvl_bk_ctx_t *ctx, void *ticket, int wait, kvl_error_t *err);
+    /*
+     * Indexed transfers: pair x's indices into segments now (x->segs and
+     * x->nsegs are filled, owned by the core, kept across postings), for a
+     * backend that cannot move this one from indices. Not while x is being
+     * moved. KVL_OK, or KVL_ERR_NO_MEMORY / KVL_ERR_INVALID_ARG in err.
+     */
+    kvl_status_t (*xfer_expand)(kvl_bk_ctx_t *ctx, kvl_bk_xfer_t *x, kvl_error_t *err);
 };
 
 typedef struct kvl_backend_ops {
@@ -258,6 +299,13 @@ typedef struct kvl_backend_ops {
     /* Free what mem_alloc returned. The core calls it only when no
      * registered region lies in the allocation, and always before close. */
     void (*mem_free)(void *bk, void *ah);
+
+    /*
+     * Optional (KVL_BK_CAP_INDEXED backends): a prepared list is being freed;
+     * cache is what the backend stored in its slot for it (never NULL here).
+     * No transfer using the list is alive any more.
+     */
+    void (*ptab_release)(void *bk, void *cache);
 } kvl_backend_ops_t;
 
 /* ---- helpers for backends to fill errors (header-only, no symbols) ---- */

@@ -147,6 +147,7 @@ kvl_status_t kvl_backend_create(kvl_agent_t *a, const char *name, const kvl_para
         .stage_host_free = kvli_ctx_stage_host_free,
         .stage_copy = kvli_ctx_stage_copy,
         .stage_test = kvli_ctx_stage_test,
+        .xfer_expand = kvli_xfer_ctx_expand,
     };
     memset(&err, 0, offsetof(kvl_error_t, causes));
     err.device = -1;

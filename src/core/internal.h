@@ -10,6 +10,10 @@
 #include <kvlane/backend.h>
 
 #define KVLI_MAX_BACKENDS 8
+/* Does a backend's ops table (built against some ABI size) have this slot, set? */
+#define KVLI_OPS_HAS(ops, slot) \
+    ((ops)->size >= offsetof(kvl_backend_ops_t, slot) + sizeof((ops)->slot) && \
+     (ops)->slot != NULL)
 
 /* ---- errors (error.c) ---- */
 void kvli_err(kvl_error_t *err, kvl_status_t code, int sys_errno, const char *fmt, ...)
@@ -142,6 +146,15 @@ struct kvl_prep {
     void **regs;                      /* kvli_region_t* (local, referenced) or
                                          const kvli_rregion_t* (remote) */
     struct kvl_prep *prev, *next;     /* agent's list */
+    /* Indexed transfers (xfer.c): every entry one block of ulen bytes. */
+    bool uniform;
+    uint64_t ulen;
+    atomic_uint refs;                 /* the owner + indexed transfers using it */
+    pthread_mutex_t tab_lock;
+    kvl_bk_ptab_t tab;                /* addrs/regs made at first indexed use */
+    uint64_t *tab_addrs;
+    uint32_t *tab_regs;
+    void *bk_cache[KVLI_MAX_BACKENDS];
 };
 
 struct kvl_xfer {
@@ -165,6 +178,10 @@ struct kvl_xfer {
     kvl_error_t err;
     uint64_t t_post, post_ns, duration_ns;
     bool posted_once;                 /* backend may hold state in bx.bk_priv */
+    /* Indexed (bx.nidx > 0): the lists it indexes (referenced) and the
+     * indices; segs stays NULL until a backend asks for xfer_expand. */
+    kvl_prep_t *lprep, *rprep;
+    uint32_t *lidx, *ridx;
     char path[64];
     struct kvl_xfer *prev, *next;     /* agent's list */
 };
@@ -240,6 +257,12 @@ kvl_status_t kvli_xfer_build(kvl_agent_t *a, kvl_xfer_op_t op, const kvl_prep_t 
 kvl_status_t kvli_prep_build(kvl_agent_t *a, kvli_remote_t *rem, const kvl_dlist_t *dl,
                              kvl_prep_t **prep_p, kvl_error_t *err);
 void kvli_prep_free(kvl_prep_t *p);
+/* A reference for an indexed transfer; kvli_prep_unref frees at the last. */
+void kvli_prep_ref(kvl_prep_t *p);
+void kvli_prep_unref(kvl_prep_t *p);
+/* The list's table for indexed transfers (made once). NULL: out of memory. */
+const kvl_bk_ptab_t *kvli_prep_tab(kvl_prep_t *p);
+kvl_status_t kvli_xfer_ctx_expand(kvl_bk_ctx_t *ctx, kvl_bk_xfer_t *bx, kvl_error_t *err);
 void kvli_xfer_free(kvl_xfer_t *x);
 /* Cancel (if posted) and wait; used by destroy and remote removal. */
 void kvli_xfer_quiesce(kvl_xfer_t *x);

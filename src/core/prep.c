@@ -118,6 +118,10 @@ kvl_status_t kvli_prep_build(kvl_agent_t *a, kvli_remote_t *rem, const kvl_dlist
     p->rem = rem;
     p->kind = dl->kind;
     p->n = dl->n;
+    atomic_init(&p->refs, 1);
+    pthread_mutex_init(&p->tab_lock, NULL);
+    p->uniform = dl->n > 0;
+    p->ulen = dl->n > 0 ? dl->ents[0].len : 0;
     if (rem)
         snprintf(whose, sizeof(whose), "remote agent '%s'", rem->name);
     else
@@ -210,6 +214,8 @@ kvl_status_t kvli_prep_build(kvl_agent_t *a, kvli_remote_t *rem, const kvl_dlist
             last_hi = raddr + rlen;
         }
         p->ents[i] = (kvli_pent_t){e->addr, e->count > 1 ? e->stride : 0, e->count, e->len, last_idx};
+        if (e->count != 1 || e->len != p->ulen)
+            p->uniform = false;
         /* The fast path skips the device check: recheck it cheaply. */
         if (reg == last && e->dev != KVL_DEV_ANY) {
             int32_t rdev = rem ? ((const kvli_rregion_t *)reg)->dev : ((kvli_region_t *)reg)->dev;
@@ -239,10 +245,57 @@ kvl_status_t kvli_prep_build(kvl_agent_t *a, kvli_remote_t *rem, const kvl_dlist
     return KVL_OK;
 }
 
+void kvli_prep_ref(kvl_prep_t *p)
+{
+    atomic_fetch_add(&p->refs, 1);
+}
+
+void kvli_prep_unref(kvl_prep_t *p)
+{
+    if (p != NULL && atomic_fetch_sub(&p->refs, 1) == 1)
+        kvli_prep_free(p);
+}
+
+const kvl_bk_ptab_t *kvli_prep_tab(kvl_prep_t *p)
+{
+    static atomic_uint_fast64_t ids;
+    pthread_mutex_lock(&p->tab_lock);
+    if (p->tab_addrs == NULL) {
+        uint64_t *ad = kvli_buf_alloc(p->n * sizeof(*ad));
+        uint32_t *rg = kvli_buf_alloc(p->n * sizeof(*rg));
+        if (ad == NULL || rg == NULL) {
+            kvli_buf_free(ad, p->n * sizeof(*ad));
+            kvli_buf_free(rg, p->n * sizeof(*rg));
+            pthread_mutex_unlock(&p->tab_lock);
+            return NULL;
+        }
+        for (size_t i = 0; i < p->n; i++) {
+            ad[i] = p->ents[i].addr;
+            rg[i] = p->ents[i].reg;
+        }
+        p->tab = (kvl_bk_ptab_t){atomic_fetch_add(&ids, 1) + 1, p->n, p->ulen, ad, rg, p->nregs};
+        p->tab_regs = rg;
+        p->tab_addrs = ad;
+    }
+    pthread_mutex_unlock(&p->tab_lock);
+    return &p->tab;
+}
+
+/* Only through kvli_prep_unref or at agent destroy (no transfer left). */
 void kvli_prep_free(kvl_prep_t *p)
 {
     if (p == NULL)
         return;
+    for (unsigned b = 0; b < KVLI_MAX_BACKENDS; b++) {
+        if (p->bk_cache[b] == NULL || b >= p->agent->nbks)
+            continue;
+        struct kvl_backend *bk = p->agent->bks[b];
+        if (KVLI_OPS_HAS(bk->ops, ptab_release))
+            bk->ops->ptab_release(bk->bk, p->bk_cache[b]);
+    }
+    kvli_buf_free(p->tab_addrs, p->n * sizeof(*p->tab_addrs));
+    kvli_buf_free(p->tab_regs, p->n * sizeof(*p->tab_regs));
+    pthread_mutex_destroy(&p->tab_lock);
     if (!p->remote)
         for (size_t i = 0; i < p->nregs; i++)
             kvli_region_put(p->regs[i]);
@@ -304,7 +357,7 @@ void kvl_prep_release(kvl_prep_t *p)
     if (p->next)
         p->next->prev = p->prev;
     pthread_mutex_unlock(&a->lock);
-    kvli_prep_free(p);
+    kvli_prep_unref(p);
 }
 
 size_t kvl_prep_entries(const kvl_prep_t *p)

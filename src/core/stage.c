@@ -7,9 +7,6 @@
 #include <stddef.h>
 #include "internal.h"
 
-#define KVLI_STAGE_HAS(ops, slot) \
-    ((ops)->size >= offsetof(kvl_backend_ops_t, slot) + sizeof((ops)->slot) && (ops)->slot != NULL)
-
 static const kvl_backend_ops_t *kvli_stager_ops;
 static pthread_once_t kvli_stager_once = PTHREAD_ONCE_INIT;
 
@@ -17,9 +14,9 @@ static void kvli_stager_find(void)
 {
     const kvl_backend_ops_t *ops;
     for (size_t i = 0; (ops = kvli_backend_builtin(i)) != NULL; i++)
-        if (KVLI_STAGE_HAS(ops, stage_check) && KVLI_STAGE_HAS(ops, stage_host_alloc) &&
-            KVLI_STAGE_HAS(ops, stage_host_free) && KVLI_STAGE_HAS(ops, stage_copy) &&
-            KVLI_STAGE_HAS(ops, stage_test)) {
+        if (KVLI_OPS_HAS(ops, stage_check) && KVLI_OPS_HAS(ops, stage_host_alloc) &&
+            KVLI_OPS_HAS(ops, stage_host_free) && KVLI_OPS_HAS(ops, stage_copy) &&
+            KVLI_OPS_HAS(ops, stage_test)) {
             kvli_stager_ops = ops;
             return;
         }

@@ -7,6 +7,9 @@
 #include <time.h>
 #include "internal.h"
 
+/* Fewer pairs than this go through segments even when indices could do. */
+#define KVLI_IDX_MIN 256
+
 typedef struct {
     kvl_seg_t *segs;
     size_t n, cap;
@@ -95,6 +98,215 @@ static kvl_status_t kvli_pick_backend(kvl_agent_t *a, kvl_xfer_t *x, const kvl_p
     return KVL_ERR_NO_BACKEND;
 }
 
+/* Common end of building a transfer (x has its backend, regions and
+ * segments or indices): the notification, the backend's view, the agent's
+ * list. Only fails for memory. */
+static kvl_status_t kvli_xfer_finish(kvl_agent_t *a, kvl_xfer_t *x, kvl_xfer_op_t op,
+                                     const void *notif, size_t notif_len,
+                                     const kvl_xfer_params_t *params, uint64_t bytes)
+{
+    unsigned b = x->bk->index;
+    if (notif_len > 0 || notif != NULL) {
+        x->notif = malloc(notif_len + 1);
+        if (x->notif == NULL)
+            return KVL_ERR_NO_MEMORY;
+        memcpy(x->notif, notif, notif_len);
+        x->notif_len = notif_len;
+    }
+    x->bx = (kvl_bk_xfer_t){
+        .op = op,
+        .peer = x->rem->peer[b],
+        .segs = x->segs,
+        .nsegs = x->nsegs,
+        .total_bytes = bytes,
+        .lmh = x->lmh,
+        .rmh = x->rmh,
+        .notif = x->notif,
+        .notif_len = x->notif_len,
+        .timeout_ms = (params && (params->field_mask & KVL_XFER_PARAM_TIMEOUT) && params->timeout_ms)
+                          ? params->timeout_ms : a->timeout_ms,
+        .core = x,
+    };
+    if (x->lidx != NULL) {
+        x->bx.ltab = &x->lprep->tab;
+        x->bx.rtab = &x->rprep->tab;
+        x->bx.lidx = x->lidx;
+        x->bx.ridx = x->ridx;
+        x->bx.nidx = x->blocks;
+        x->bx.ltab_cache = &x->lprep->bk_cache[b];
+        x->bx.rtab_cache = &x->rprep->bk_cache[b];
+    }
+    atomic_init(&x->state, KVL_XFER_IDLE);
+    pthread_mutex_lock(&a->lock);
+    x->next = a->xfers;
+    if (a->xfers)
+        a->xfers->prev = x;
+    a->xfers = x;
+    pthread_mutex_unlock(&a->lock);
+    return KVL_OK;
+}
+
+/* Check n indices against a list of len entries; the first bad one named. */
+static kvl_status_t kvli_idx_copy(const int64_t *idx, size_t n, size_t len, uint32_t *out,
+                                  const char *side, kvl_error_t *err)
+{
+    int64_t lo = 0, hi = 0;
+    for (size_t i = 0; i < n; i++) {
+        int64_t k = idx[i];
+        lo = k < lo ? k : lo;
+        hi = k > hi ? k : hi;
+        out[i] = (uint32_t)k;
+    }
+    if (lo >= 0 && (uint64_t)hi < len)
+        return KVL_OK;
+    for (size_t i = 0; i < n; i++)
+        if (idx[i] < 0 || (uint64_t)idx[i] >= len) {
+            kvli_err(err, KVL_ERR_INVALID_ARG, 0, "%s index %zu is %lld; the prepared list has "
+                     "%zu entries", side, i, (long long)idx[i], len);
+            break;
+        }
+    return KVL_ERR_INVALID_ARG;
+}
+
+/*
+ * Indexed transfer: when both lists are uniform (every entry one block of
+ * the same length) and the backend moves indices itself, pairing is left to
+ * it (a GPU gathers from the index arrays): creation costs a bounds check and
+ * a copy of the indices, whatever the order of the blocks. *done_p false:
+ * not applicable (the caller pairs segments as usual).
+ */
+static kvl_status_t kvli_xfer_build_indexed(kvl_agent_t *a, kvl_xfer_op_t op, kvl_prep_t *lp,
+                                            const int64_t *lidx, kvl_prep_t *rp,
+                                            const int64_t *ridx, size_t n, const void *notif,
+                                            size_t notif_len, const kvl_xfer_params_t *params,
+                                            kvl_xfer_t **xfer_p, bool *done_p, kvl_error_t *err)
+{
+    bool *lused = NULL, *rused = NULL;
+    kvl_xfer_t *x = NULL;
+    kvl_status_t st;
+
+    *done_p = false;
+    if (!lp->uniform || !rp->uniform || lp->ulen != rp->ulen || n < KVLI_IDX_MIN ||
+        lp->n > UINT32_MAX || rp->n > UINT32_MAX)
+        return KVL_OK;
+    lused = malloc(lp->nregs + 1);
+    rused = malloc(rp->nregs + 1);
+    x = calloc(1, sizeof(*x));
+    if (lused == NULL || rused == NULL || x == NULL)
+        goto oom;
+    memset(lused, 1, lp->nregs + 1);
+    memset(rused, 1, rp->nregs + 1);
+    x->agent = a;
+    x->op = op;
+    pthread_mutex_init(&x->lock, NULL);
+    pthread_cond_init(&x->cond, NULL);
+    pthread_mutex_lock(&a->lock);
+    st = kvli_pick_backend(a, x, lp, rp, lused, rused,
+                           (params && (params->field_mask & KVL_XFER_PARAM_BACKEND)) ? params->backend
+                                                                                    : NULL, err);
+    if (st != KVL_OK || !(x->bk->ops->caps & KVL_BK_CAP_INDEXED)) {
+        /* Not with every region of both lists: the usual path decides on
+         * the regions this transfer really uses. */
+        pthread_mutex_unlock(&a->lock);
+        memset(err, 0, offsetof(kvl_error_t, causes));
+        err->device = -1;
+        pthread_mutex_destroy(&x->lock);
+        pthread_cond_destroy(&x->cond);
+        free(x);
+        free(lused);
+        free(rused);
+        return KVL_OK;
+    }
+    unsigned b = x->bk->index;
+    x->lregs = malloc((lp->nregs + 1) * sizeof(*x->lregs));
+    x->lmh = malloc((lp->nregs + 1) * sizeof(*x->lmh));
+    x->rmh = malloc((rp->nregs + 1) * sizeof(*x->rmh));
+    if (!x->lregs || !x->lmh || !x->rmh) {
+        pthread_mutex_unlock(&a->lock);
+        goto oom_x;
+    }
+    for (size_t i = 0; i < lp->nregs; i++) {
+        kvli_region_t *r = lp->regs[i];
+        x->lregs[x->nlregs] = r;
+        x->lmh[x->nlregs++] = r->mh[b];
+        kvli_region_get(r);
+    }
+    for (size_t i = 0; i < rp->nregs; i++) {
+        const kvli_rregion_t *g = rp->regs[i];
+        x->rmh[x->nrregs++] = g->rh[b];
+    }
+    x->rem = rp->rem;
+    kvli_remote_get(x->rem);
+    pthread_mutex_unlock(&a->lock);
+    free(lused);
+    free(rused);
+    lused = rused = NULL;
+    *done_p = true;
+    x->lidx = malloc(n * sizeof(*x->lidx));
+    x->ridx = malloc(n * sizeof(*x->ridx));
+    if (x->lidx == NULL || x->ridx == NULL || kvli_prep_tab(lp) == NULL ||
+        kvli_prep_tab(rp) == NULL)
+        goto oom_x;
+    st = kvli_idx_copy(lidx, n, lp->n, x->lidx, "local", err);
+    if (st == KVL_OK)
+        st = kvli_idx_copy(ridx, n, rp->n, x->ridx, "remote", err);
+    if (st != KVL_OK) {
+        kvli_xfer_free(x);
+        return st;
+    }
+    kvli_prep_ref(lp);
+    kvli_prep_ref(rp);
+    x->lprep = lp;
+    x->rprep = rp;
+    x->blocks = n;
+    if (kvli_xfer_finish(a, x, op, notif, notif_len, params, n * lp->ulen) != KVL_OK)
+        goto oom_x;
+    *xfer_p = x;
+    return KVL_OK;
+
+oom:
+    free(x);
+    x = NULL;
+oom_x:
+    free(lused);
+    free(rused);
+    if (x != NULL)
+        kvli_xfer_free(x);
+    *done_p = true;
+    kvli_err(err, KVL_ERR_NO_MEMORY, ENOMEM, "out of memory building a transfer of %zu pairs", n);
+    return KVL_ERR_NO_MEMORY;
+}
+
+/* ctx->xfer_expand: segments from an indexed transfer's pairs, once. */
+kvl_status_t kvli_xfer_ctx_expand(kvl_bk_ctx_t *ctx, kvl_bk_xfer_t *bx, kvl_error_t *err)
+{
+    kvl_xfer_t *x = bx->core;
+    kvli_segv_t v = {0};
+    (void)ctx;
+    if (x->lidx == NULL || x->segs != NULL)
+        return KVL_OK;
+    v.cap = x->blocks;
+    v.segs = kvli_buf_alloc(v.cap * sizeof(*v.segs));
+    if (v.segs == NULL) {
+        kvli_err(err, KVL_ERR_NO_MEMORY, ENOMEM, "out of memory pairing a transfer of %llu blocks",
+                 (unsigned long long)x->blocks);
+        return KVL_ERR_NO_MEMORY;
+    }
+    const kvli_pent_t *le = x->lprep->ents, *re = x->rprep->ents;
+    uint64_t len = x->lprep->ulen;
+    for (size_t i = 0; i < x->blocks; i++) {
+        const kvli_pent_t *l = &le[x->lidx[i]], *r = &re[x->ridx[i]];
+        kvl_seg_t sg = {l->addr, r->addr, len, 1, 0, 0, l->reg, r->reg};
+        kvli_segv_push(&v, &sg); /* never grows: at most one segment per pair */
+    }
+    x->segs = v.segs;
+    x->nsegs = v.n;
+    x->segs_cap = v.cap;
+    bx->segs = x->segs;
+    bx->nsegs = x->nsegs;
+    return KVL_OK;
+}
+
 kvl_status_t kvli_xfer_build(kvl_agent_t *a, kvl_xfer_op_t op, const kvl_prep_t *lp,
                              const int64_t *lidx, size_t nl, const kvl_prep_t *rp,
                              const int64_t *ridx, size_t nr, const kvl_xfer_params_t *params,
@@ -127,6 +339,15 @@ kvl_status_t kvli_xfer_build(kvl_agent_t *a, kvl_xfer_op_t op, const kvl_prep_t 
                      "than KVL_NOTIF_MAX (%d)", notif_len, KVL_NOTIF_MAX);
             return KVL_ERR_INVALID_ARG;
         }
+    }
+    if (lidx != NULL && ridx != NULL && nl == nr) {
+        /* The lists are the caller's (const in the API); an indexed transfer
+         * takes a reference on them and makes their tables once. */
+        bool done;
+        st = kvli_xfer_build_indexed(a, op, (kvl_prep_t *)lp, lidx, (kvl_prep_t *)rp, ridx, nl,
+                                     notif, notif_len, params, xfer_p, &done, err);
+        if (done)
+            return st;
     }
     /* Pairing yields at most one segment per entry of either side. */
     v.cap = nl + nr;
@@ -267,42 +488,16 @@ kvl_status_t kvli_xfer_build(kvl_agent_t *a, kvl_xfer_op_t op, const kvl_prep_t 
         v.segs[i].lreg = lmap[v.segs[i].lreg];
         v.segs[i].rreg = rmap[v.segs[i].rreg];
     }
-    if (notif_len > 0 || notif != NULL) {
-        x->notif = malloc(notif_len + 1);
-        if (x->notif == NULL)
-            goto oom;
-        memcpy(x->notif, notif, notif_len);
-        x->notif_len = notif_len;
-    }
     x->segs = v.segs;
     x->nsegs = v.n;
     x->segs_cap = v.cap;
     x->blocks = blocks;
-    x->bx = (kvl_bk_xfer_t){
-        .op = op,
-        .peer = x->rem->peer[b],
-        .segs = x->segs,
-        .nsegs = x->nsegs,
-        .total_bytes = bytes,
-        .lmh = x->lmh,
-        .rmh = x->rmh,
-        .notif = x->notif,
-        .notif_len = x->notif_len,
-        .timeout_ms = (params && (params->field_mask & KVL_XFER_PARAM_TIMEOUT) && params->timeout_ms)
-                          ? params->timeout_ms : a->timeout_ms,
-        .core = x,
-    };
-    atomic_init(&x->state, KVL_XFER_IDLE);
+    if (kvli_xfer_finish(a, x, op, notif, notif_len, params, bytes) != KVL_OK)
+        goto oom;
     free(lused);
     free(rused);
     free(lmap);
     free(rmap);
-    pthread_mutex_lock(&a->lock);
-    x->next = a->xfers;
-    if (a->xfers)
-        a->xfers->prev = x;
-    a->xfers = x;
-    pthread_mutex_unlock(&a->lock);
     *xfer_p = x;
     return KVL_OK;
 
@@ -344,6 +539,10 @@ void kvli_xfer_free(kvl_xfer_t *x)
     free(x->lmh);
     free(x->rmh);
     kvli_buf_free(x->segs, x->segs_cap * sizeof(*x->segs));
+    free(x->lidx);
+    free(x->ridx);
+    kvli_prep_unref(x->lprep);
+    kvli_prep_unref(x->rprep);
     free(x->notif);
     free(x);
 }

@@ -398,6 +398,14 @@ typedef struct kvli_cuda_tab {
 } kvli_cuda_tab_t;
 
 #define KVLI_CUDA_TABS_KEPT 16       /* free tables kept per device */
+
+/* A prepared list's addresses on one GPU (remote ones translated to their
+ * mappings here), kept in the list's backend slot until ptab_release. */
+typedef struct kvli_cuda_ptab {
+    int dev;
+    size_t n;
+    CUdeviceptr addrs;
+} kvli_cuda_ptab_t;
 #define KVLI_CUDA_TAB_WARM (2u << 20) /* made at VRAM registration: 87381 blocks */
 
 typedef struct kvli_cuda_devres {
@@ -407,6 +415,7 @@ typedef struct kvli_cuda_devres {
     unsigned next_stream;
     CUmodule mod;
     CUfunction fn;                   /* NULL: batched copies */
+    CUfunction fn_idx;               /* kvl_gather_idx; NULL: indexed transfers expand */
     kvli_cuda_slot_t *free_slots;    /* under iface->lock */
     kvli_cuda_tab_t *free_tabs;      /* under iface->lock */
     unsigned n_free_tabs;
@@ -428,6 +437,10 @@ typedef struct kvli_cuda_xcache {
     uint32_t nl, nr;                 /* regions the segments use */
     int dev, all_gpu;
     int ready;                       /* table uploaded (or being uploaded) */
+    /* Indexed (x->nidx > 0): tab holds the two index arrays (pairs u32 each);
+     * the address tables are the lists' (kvli_cuda_ptab_t); units count pairs. */
+    int indexed;
+    CUdeviceptr stab, dtab;          /* source / destination address tables */
     kvli_cuda_tab_t *tab;            /* npieces descriptors, host and device */
     uint64_t npieces;
     uint64_t *unit_end;              /* unit u covers pieces [end[u-1], end[u]) */
@@ -492,6 +505,7 @@ void kvli_cuda_xfer_release(void *bk, kvl_bk_xfer_t *x);
 unsigned kvli_cuda_xfer_progress(kvli_cuda_iface_t *iface);
 void kvli_cuda_xfer_cancel_peer(kvli_cuda_iface_t *iface, kvli_cuda_peer_t *peer);
 void kvli_cuda_xfer_warm(kvli_cuda_iface_t *iface, int dev);
+void kvli_cuda_ptab_release(void *bk, void *cache);
 void kvli_cuda_xfer_devres_fini(kvli_cuda_iface_t *iface);
 
 /* ---- cuda_stage.c: staging for host-only backends (no backend handle) ---- */

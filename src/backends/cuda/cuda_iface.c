@@ -350,7 +350,7 @@ const kvl_backend_ops_t kvli_cuda_ops = {
                    "time",
     .mem_local = KVL_MEM_BIT(KVL_MEM_VRAM) | KVL_MEM_BIT(KVL_MEM_DRAM),
     .mem_remote = KVL_MEM_BIT(KVL_MEM_VRAM) | KVL_MEM_BIT(KVL_MEM_DRAM),
-    .caps = KVL_BK_CAP_NOTIF | KVL_BK_CAP_SAME_HOST,
+    .caps = KVL_BK_CAP_NOTIF | KVL_BK_CAP_SAME_HOST | KVL_BK_CAP_INDEXED,
     .params = kvli_cuda_params,
     .available = kvli_cuda_available,
     .open = kvli_cuda_open,
@@ -374,5 +374,6 @@ const kvl_backend_ops_t kvli_cuda_ops = {
     .stage_host_alloc = kvli_cuda_stage_host_alloc,
     .stage_host_free = kvli_cuda_stage_host_free,
     .stage_copy = kvli_cuda_stage_copy,
-    .stage_test = kvli_cuda_stage_test
+    .stage_test = kvli_cuda_stage_test,
+    .ptab_release = kvli_cuda_ptab_release
 };

@@ -73,6 +73,9 @@ static kvli_cuda_devres_t *kvli_cuda_devres_get(kvli_cuda_iface_t *iface, int de
         cr = d->cuModuleLoadData(&r->mod, kvli_cuda_drv_kernel_image());
         if (cr == KVLI_CUDA_SUCCESS)
             cr = d->cuModuleGetFunction(&r->fn, r->mod, "kvl_gather");
+        if (cr == KVLI_CUDA_SUCCESS &&
+            d->cuModuleGetFunction(&r->fn_idx, r->mod, "kvl_gather_idx") != KVLI_CUDA_SUCCESS)
+            r->fn_idx = NULL;
         if (cr != KVLI_CUDA_SUCCESS) {
             r->fn = NULL;
             iface->ctx->log(iface->ctx, KVL_LOG_WARN,
@@ -349,7 +352,12 @@ static int kvli_cuda_unit_launch(kvli_cuda_iface_t *iface, kvli_cuda_xpriv_t *xp
     uint64_t first = u > 0 ? xc->unit_end[u - 1] : 0;
     unsigned long long nb = xc->unit_end[u] - first;
     CUdeviceptr tab = xc->tab->dev + first * sizeof(kvli_cuda_blk_t);
+    /* Indexed: the tab holds the source indices, then the destination ones. */
+    CUdeviceptr sidx = xc->tab->dev + first * sizeof(uint32_t);
+    CUdeviceptr didx = xc->tab->dev + (xc->npieces + first) * sizeof(uint32_t);
+    unsigned long long len = xp->x->ltab != NULL ? xp->x->ltab->len : 0;
     void *args[2] = {&tab, &nb};
+    void *iargs[6] = {(void *)&xc->stab, (void *)&xc->dtab, &sidx, &didx, &nb, &len};
     unsigned grid = nb < KVLI_CUDA_GRID_MAX ? (unsigned)nb : KVLI_CUDA_GRID_MAX;
     kvli_cuda_slot_t *s;
     CUresult cr;
@@ -358,8 +366,12 @@ static int kvli_cuda_unit_launch(kvli_cuda_iface_t *iface, kvli_cuda_xpriv_t *xp
     s = kvli_cuda_slot_get(iface, xp->dev, 0, 0, text, cap);
     if (s == NULL)
         return -1;
-    cr = d->cuLaunchKernel(iface->dres[xp->dev].fn, grid, 1, 1, 256, 1, 1, 0, xp->stream, args,
-                           NULL);
+    if (xc->indexed)
+        cr = d->cuLaunchKernel(iface->dres[xp->dev].fn_idx, grid, 1, 1, 256, 1, 1, 0, xp->stream,
+                               iargs, NULL);
+    else
+        cr = d->cuLaunchKernel(iface->dres[xp->dev].fn, grid, 1, 1, 256, 1, 1, 0, xp->stream,
+                               args, NULL);
     if (cr == KVLI_CUDA_SUCCESS)
         cr = d->cuEventRecord(s->ev, xp->stream);
     if (cr != KVLI_CUDA_SUCCESS) {
@@ -466,6 +478,147 @@ static int kvli_cuda_xc_build(kvli_cuda_iface_t *iface, kvli_cuda_xpriv_t *xp,
                  kvli_cuda_drv_errstr(cr, eb, sizeof(eb)));
         return -1;
     }
+    xc->ready = 1;
+    xp->staged = 1;
+    return 0;
+}
+
+/*
+ * A prepared list's address table on the GPU, made at its first indexed
+ * transfer on this backend and kept in its slot (context pushed; the upload
+ * is finished before the table is published, so transfers on other streams
+ * may use it at once). NULL with text.
+ */
+static kvli_cuda_ptab_t *kvli_cuda_ptab_get(kvli_cuda_iface_t *iface, kvli_cuda_xpriv_t *xp,
+                                            const kvl_bk_ptab_t *t, void **slot, int remote,
+                                            char *text, size_t cap)
+{
+    const kvli_cuda_drv_t *d = iface->drv;
+    const kvl_bk_xfer_t *x = xp->x;
+    kvli_cuda_ptab_t *pt;
+    kvli_cuda_tab_t *stage;
+    CUresult cr;
+    char eb[160];
+
+    pthread_mutex_lock(&iface->lock);
+    pt = *slot;
+    pthread_mutex_unlock(&iface->lock);
+    if (pt != NULL)
+        return pt->dev == xp->dev ? pt : NULL;
+    pt = calloc(1, sizeof(*pt));
+    stage = kvli_cuda_tab_get(iface, xp->dev, t->n * sizeof(uint64_t), text, cap);
+    if (pt == NULL || stage == NULL) {
+        if (stage != NULL)
+            kvli_cuda_tab_put(iface, xp->dev, stage);
+        free(pt);
+        if (text[0] == '\0')
+            snprintf(text, cap, "out of memory");
+        return NULL;
+    }
+    uint64_t *h = (uint64_t *)(void *)stage->host;
+    for (size_t i = 0; i < t->n; i++) {
+        if (remote) {
+            const kvli_cuda_rh_t *rh = x->rmh[t->regs[i]];
+            h[i] = (uint64_t)(uintptr_t)rh->local + (t->addrs[i] - rh->addr);
+        } else {
+            h[i] = t->addrs[i];
+        }
+    }
+    pt->dev = xp->dev;
+    pt->n = t->n;
+    cr = d->cuMemAlloc(&pt->addrs, t->n * sizeof(uint64_t));
+    if (cr == KVLI_CUDA_SUCCESS)
+        cr = d->cuMemcpyHtoDAsync(pt->addrs, h, t->n * sizeof(uint64_t), xp->stream);
+    if (cr == KVLI_CUDA_SUCCESS)
+        cr = d->cuStreamSynchronize(xp->stream);
+    kvli_cuda_tab_put(iface, xp->dev, stage);
+    if (cr != KVLI_CUDA_SUCCESS) {
+        snprintf(text, cap, "uploading the %zu-entry address table of a prepared list on device "
+                 "%d = %.150s", t->n, xp->dev, kvli_cuda_drv_errstr(cr, eb, sizeof(eb)));
+        if (pt->addrs != 0)
+            d->cuMemFree(pt->addrs);
+        free(pt);
+        return NULL;
+    }
+    pthread_mutex_lock(&iface->lock);
+    if (*slot == NULL) {
+        *slot = pt;
+        pt = NULL;
+    }
+    kvli_cuda_ptab_t *won = *slot;
+    pthread_mutex_unlock(&iface->lock);
+    if (pt != NULL) { /* another thread published one first */
+        d->cuMemFree(pt->addrs);
+        free(pt);
+    }
+    return won->dev == xp->dev ? won : NULL;
+}
+
+void kvli_cuda_ptab_release(void *bk, void *cache)
+{
+    kvli_cuda_iface_t *iface = bk;
+    kvli_cuda_ptab_t *pt = cache;
+    if (kvli_cuda_drv_push(pt->dev) == KVLI_CUDA_SUCCESS) {
+        iface->drv->cuMemFree(pt->addrs);
+        kvli_cuda_drv_pop();
+    }
+    free(pt);
+}
+
+/*
+ * First posting of an indexed transfer (context pushed): the lists' address
+ * tables (made once per list), this transfer's two index arrays uploaded
+ * behind them on the posting's stream, units of at most
+ * KVLI_CUDA_UNIT_BYTES. 0; 1: not here (a list lives on another device:
+ * expand); -1 with text.
+ */
+static int kvli_cuda_xc_build_indexed(kvli_cuda_iface_t *iface, kvli_cuda_xpriv_t *xp,
+                                      kvli_cuda_xcache_t *xc, char *text, size_t cap)
+{
+    const kvli_cuda_drv_t *d = iface->drv;
+    const kvl_bk_xfer_t *x = xp->x;
+    size_t n = x->nidx;
+    uint64_t len = x->ltab->len, per = KVLI_CUDA_UNIT_BYTES / len;
+    kvli_cuda_ptab_t *lt, *rt;
+    CUresult cr;
+    char eb[160];
+
+    lt = kvli_cuda_ptab_get(iface, xp, x->ltab, x->ltab_cache, 0, text, cap);
+    if (lt == NULL)
+        return text[0] ? -1 : 1;
+    rt = kvli_cuda_ptab_get(iface, xp, x->rtab, x->rtab_cache, 1, text, cap);
+    if (rt == NULL)
+        return text[0] ? -1 : 1;
+    xc->stab = x->op == KVL_WRITE ? lt->addrs : rt->addrs;
+    xc->dtab = x->op == KVL_WRITE ? rt->addrs : lt->addrs;
+    if (per == 0)
+        per = 1;
+    xc->nunits = 0;
+    xc->unit_end = malloc(((n + per - 1) / per) * sizeof(*xc->unit_end));
+    xc->unit_bytes = malloc(((n + per - 1) / per) * sizeof(*xc->unit_bytes));
+    if (xc->unit_end == NULL || xc->unit_bytes == NULL) {
+        snprintf(text, cap, "out of memory for the unit list");
+        return -1;
+    }
+    for (size_t k = 0; k < n; k += per) {
+        size_t e = n - k < per ? n : k + per;
+        xc->unit_end[xc->nunits] = e;
+        xc->unit_bytes[xc->nunits++] = (e - k) * len;
+    }
+    xc->tab = kvli_cuda_tab_get(iface, xp->dev, 2 * n * sizeof(uint32_t), text, cap);
+    if (xc->tab == NULL)
+        return -1;
+    uint32_t *h = (uint32_t *)(void *)xc->tab->host;
+    memcpy(h, x->op == KVL_WRITE ? x->lidx : x->ridx, n * sizeof(uint32_t));
+    memcpy(h + n, x->op == KVL_WRITE ? x->ridx : x->lidx, n * sizeof(uint32_t));
+    xc->npieces = n;
+    cr = d->cuMemcpyHtoDAsync(xc->tab->dev, h, 2 * n * sizeof(uint32_t), xp->stream);
+    if (cr != KVLI_CUDA_SUCCESS) {
+        snprintf(text, cap, "uploading the %zu pair indices on device %d = %.150s", n, xp->dev,
+                 kvli_cuda_drv_errstr(cr, eb, sizeof(eb)));
+        return -1;
+    }
+    xc->indexed = 1;
     xc->ready = 1;
     xp->staged = 1;
     return 0;
@@ -613,6 +766,10 @@ kvl_status_t kvli_cuda_xfer_post(void *bk, kvl_bk_xfer_t *x, kvl_error_t *err)
         /* Posted before: the regions the segments use are known. */
         nl = xc->nl;
         nr = xc->nr;
+    } else if (x->nidx > 0 && x->nsegs == 0) {
+        /* Indexed: the transfer's region arrays are the lists' regions. */
+        nl = (uint32_t)x->ltab->nregs;
+        nr = (uint32_t)x->rtab->nregs;
     } else {
         for (size_t i = 0; i < x->nsegs; i++) {
             if (x->segs[i].lreg + 1 > nl)
@@ -695,10 +852,44 @@ kvl_status_t kvli_cuda_xfer_post(void *bk, kvl_bk_xfer_t *x, kvl_error_t *err)
                          "cuCtxPushCurrent(device %d) failed", dev);
         return KVL_ERR_NO_DEVICE;
     }
+    /* Indexed: from the index arrays on the GPU when the kernel can, else
+     * paired into segments by the core once, and on as below. */
+    if (x->nidx > 0 && x->nsegs == 0) {
+        int r = 1;
+        if (kernel_ok && dr->fn_idx != NULL && x->ltab->len <= KVLI_CUDA_PIECE && xc != NULL &&
+            xc->dev == dev)
+            r = xc->ready ? 0 : kvli_cuda_xc_build_indexed(iface, xp, xc, text, sizeof(text));
+        if (r == 0) {
+            xp->xc = xc;
+            snprintf(x->path, sizeof(x->path), "cuda gather kernel, indexed%s",
+                     all_gpu ? " (ipc)" : " (host)");
+        } else {
+            if (r < 0)
+                iface->ctx->log(iface->ctx, KVL_LOG_DEBUG, "indexed transfer to '%s' not moved "
+                                "from its indices (%.200s); pairing it", peer->name, text);
+            text[0] = '\0';
+            if (xc != NULL && xc->tab != NULL) {
+                iface->drv->cuStreamSynchronize(xp->stream); /* a pending upload */
+                x->bk_priv = NULL;
+                kvli_cuda_xc_free(iface, xc);
+                xc = NULL;
+            }
+            kvl_status_t est = iface->ctx->xfer_expand(iface->ctx, x, err);
+            if (est != KVL_OK) {
+                kvli_cuda_drv_pop();
+                free(xp);
+                return est;
+            }
+            single = x->nsegs == 1 && x->segs[0].count == 1;
+            snprintf(x->path, sizeof(x->path), "%s%s", single ? "cuda copy"
+                     : kernel_ok ? "cuda gather kernel" : "cuda batched copies",
+                     all_gpu ? " (ipc)" : " (host)");
+        }
+    }
     /* Many blocks through the kernel: the table on the GPU, built at the
      * first posting (if that fails, this posting builds host tables unit by
      * unit as below, and the next one tries again). */
-    if (kernel_ok && !single && xc != NULL && xc->dev == dev) {
+    if (xp->xc == NULL && kernel_ok && !single && xc != NULL && xc->dev == dev && !xc->indexed) {
         if (!xc->ready && kvli_cuda_xc_build(iface, xp, xc, text, sizeof(text)) != 0) {
             iface->ctx->log(iface->ctx, KVL_LOG_DEBUG, "no GPU-resident table for a transfer "
                             "to '%s' (%.200s); building tables per unit", peer->name, text);

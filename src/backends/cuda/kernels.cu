@@ -10,6 +10,7 @@
  * Compiled to a fatbin (sm_XX code + PTX) at build time by
  * cmake/KvlCudaKernels.cmake, embedded in libkvlane and loaded with
  * cuModuleLoadData; the table layout matches kvli_cuda_blk_t (cuda.h).
+ * kvl_gather_idx is the same copy driven by index arrays (see below).
  */
 struct kvl_blk {
     unsigned long long src, dst, len;
@@ -17,39 +18,59 @@ struct kvl_blk {
 
 #define KVL_UNROLL 8
 
+/* One CTA copies one block. */
+static __device__ __forceinline__ void kvl_copy_block(unsigned long long src,
+                                                      unsigned long long dst,
+                                                      unsigned long long len)
+{
+    const unsigned bd = blockDim.x;
+    unsigned long long i = threadIdx.x;
+    if (((src | dst | len) & 15ull) == 0) {
+        const uint4 *s = (const uint4 *)src;
+        uint4 *t = (uint4 *)dst;
+        const unsigned long long n4 = len >> 4;
+        for (; i + (KVL_UNROLL - 1ull) * bd < n4; i += (unsigned long long)KVL_UNROLL * bd) {
+            uint4 r[KVL_UNROLL];
+#pragma unroll
+            for (int k = 0; k < KVL_UNROLL; k++)
+                r[k] = __ldcs(s + i + (unsigned long long)k * bd);
+#pragma unroll
+            for (int k = 0; k < KVL_UNROLL; k++)
+                __stcs(t + i + (unsigned long long)k * bd, r[k]);
+        }
+        for (; i < n4; i += bd)
+            __stcs(t + i, __ldcs(s + i));
+    } else if (((src | dst | len) & 7ull) == 0) {
+        const unsigned long long *s = (const unsigned long long *)src;
+        unsigned long long *t = (unsigned long long *)dst;
+        for (; i < (len >> 3); i += bd)
+            t[i] = s[i];
+    } else {
+        const unsigned char *s = (const unsigned char *)src;
+        unsigned char *t = (unsigned char *)dst;
+        for (; i < len; i += bd)
+            t[i] = s[i];
+    }
+}
+
 extern "C" __global__ void __launch_bounds__(256)
 kvl_gather(const kvl_blk *__restrict__ tab, unsigned long long n)
 {
-    const unsigned bd = blockDim.x;
-    for (unsigned long long b = blockIdx.x; b < n; b += gridDim.x) {
-        const unsigned long long src = __ldg(&tab[b].src), dst = __ldg(&tab[b].dst),
-                                 len = __ldg(&tab[b].len);
-        unsigned long long i = threadIdx.x;
-        if (((src | dst | len) & 15ull) == 0) {
-            const uint4 *s = (const uint4 *)src;
-            uint4 *t = (uint4 *)dst;
-            const unsigned long long n4 = len >> 4;
-            for (; i + (KVL_UNROLL - 1ull) * bd < n4; i += (unsigned long long)KVL_UNROLL * bd) {
-                uint4 r[KVL_UNROLL];
-#pragma unroll
-                for (int k = 0; k < KVL_UNROLL; k++)
-                    r[k] = __ldcs(s + i + (unsigned long long)k * bd);
-#pragma unroll
-                for (int k = 0; k < KVL_UNROLL; k++)
-                    __stcs(t + i + (unsigned long long)k * bd, r[k]);
-            }
-            for (; i < n4; i += bd)
-                __stcs(t + i, __ldcs(s + i));
-        } else if (((src | dst | len) & 7ull) == 0) {
-            const unsigned long long *s = (const unsigned long long *)src;
-            unsigned long long *t = (unsigned long long *)dst;
-            for (; i < (len >> 3); i += bd)
-                t[i] = s[i];
-        } else {
-            const unsigned char *s = (const unsigned char *)src;
-            unsigned char *t = (unsigned char *)dst;
-            for (; i < len; i += bd)
-                t[i] = s[i];
-        }
-    }
+    for (unsigned long long b = blockIdx.x; b < n; b += gridDim.x)
+        kvl_copy_block(__ldg(&tab[b].src), __ldg(&tab[b].dst), __ldg(&tab[b].len));
+}
+
+/*
+ * Indexed form (a transfer made from two prepared lists and index arrays):
+ * pair b copies len bytes from stab[sidx[b]] to dtab[didx[b]]. The address
+ * tables belong to the prepared lists and stay on the GPU; only the index
+ * arrays are uploaded per transfer, so the host never pairs blocks.
+ */
+extern "C" __global__ void __launch_bounds__(256)
+kvl_gather_idx(const unsigned long long *__restrict__ stab,
+               const unsigned long long *__restrict__ dtab, const unsigned *__restrict__ sidx,
+               const unsigned *__restrict__ didx, unsigned long long n, unsigned long long len)
+{
+    for (unsigned long long b = blockIdx.x; b < n; b += gridDim.x)
+        kvl_copy_block(__ldg(&stab[__ldg(&sidx[b])]), __ldg(&dtab[__ldg(&didx[b])]), len);
 }

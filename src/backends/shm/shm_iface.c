@@ -1060,7 +1060,7 @@ const kvl_backend_ops_t kvli_shm_ops = {
                    "(process_vm_readv/writev) or Unix socket copies",
     .mem_local = KVL_MEM_BIT(KVL_MEM_DRAM),
     .mem_remote = KVL_MEM_BIT(KVL_MEM_DRAM),
-    .caps = KVL_BK_CAP_NOTIF | KVL_BK_CAP_SAME_HOST,
+    .caps = KVL_BK_CAP_NOTIF | KVL_BK_CAP_SAME_HOST | KVL_BK_CAP_INDEXED,
     .params = kvli_shm_params,
     .available = kvli_shm_available,
     .open = kvli_shm_open,

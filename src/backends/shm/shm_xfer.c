@@ -569,6 +569,13 @@ kvl_status_t kvli_shm_xfer_post(void *bk, kvl_bk_xfer_t *x, kvl_error_t *err)
     kvli_shm_peer_t *peer;
     kvli_shm_xpriv_t *xp;
 
+    /* An indexed transfer (made cheaply from two prepared lists and index
+     * arrays): its pairs become segments at the first posting. */
+    if (x != NULL && x->nidx > 0 && x->nsegs == 0) {
+        kvl_status_t st = iface->ctx->xfer_expand(iface->ctx, x, err);
+        if (st != KVL_OK)
+            return st;
+    }
     if (x == NULL || x->peer == NULL || (x->op != KVL_READ && x->op != KVL_WRITE) ||
         (x->nsegs > 0 && (x->segs == NULL || x->lmh == NULL || x->rmh == NULL))) {
         kvl_bk_error_set(err, KVL_ERR_INVALID_ARG, 0, KVLI_SHM_NAME, -1,
