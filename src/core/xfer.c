@@ -242,8 +242,11 @@ static kvl_status_t kvli_xfer_build_indexed(kvl_agent_t *a, kvl_xfer_op_t op, kv
     free(rused);
     lused = rused = NULL;
     *done_p = true;
-    x->lidx = malloc(n * sizeof(*x->lidx));
-    x->ridx = malloc(n * sizeof(*x->ridx));
+    /* From the buffer cache: a request's arrays reuse the last one's pages
+     * (x->blocks sizes them for kvli_xfer_free). */
+    x->blocks = n;
+    x->lidx = kvli_buf_alloc(n * sizeof(*x->lidx));
+    x->ridx = kvli_buf_alloc(n * sizeof(*x->ridx));
     if (x->lidx == NULL || x->ridx == NULL || kvli_prep_tab(lp) == NULL ||
         kvli_prep_tab(rp) == NULL)
         goto oom_x;
@@ -258,7 +261,6 @@ static kvl_status_t kvli_xfer_build_indexed(kvl_agent_t *a, kvl_xfer_op_t op, kv
     kvli_prep_ref(rp);
     x->lprep = lp;
     x->rprep = rp;
-    x->blocks = n;
     if (kvli_xfer_finish(a, x, op, notif, notif_len, params, n * lp->ulen) != KVL_OK)
         goto oom_x;
     *xfer_p = x;
@@ -539,8 +541,8 @@ void kvli_xfer_free(kvl_xfer_t *x)
     free(x->lmh);
     free(x->rmh);
     kvli_buf_free(x->segs, x->segs_cap * sizeof(*x->segs));
-    free(x->lidx);
-    free(x->ridx);
+    kvli_buf_free(x->lidx, x->blocks * sizeof(*x->lidx));
+    kvli_buf_free(x->ridx, x->blocks * sizeof(*x->ridx));
     kvli_prep_unref(x->lprep);
     kvli_prep_unref(x->rprep);
     free(x->notif);
