@@ -117,7 +117,8 @@ struct kvl_bk_xfer {
      * Indexed transfers (KVL_BK_CAP_INDEXED backends only): nidx > 0 and
      * nsegs == 0 until ctx->xfer_expand fills segs. Pair k moves entry
      * lidx[k] of ltab with entry ridx[k] of rtab (equal lengths; indices
-     * checked against n). *ltab_cache / *rtab_cache: the backend's slots for
+     * checked against n; ridx == lidx + nidx, one array). *ltab_cache /
+     * *rtab_cache: the backend's slots for
      * the two lists (NULL until it sets them; set each at most once, under
      * its own lock: lists are shared by transfers on several threads).
      */

@@ -95,11 +95,12 @@ void kvli_scopy(char *dst, size_t cap, const char *src)
 /*
  * Large scratch arrays (prepared entries, segments). Fresh pages cost a
  * fault each, which on virtual machines dwarfs the work per descriptor, so
- * arrays of 1 MiB and more are kept in a small process-wide cache and
- * reused: an engine that prepares transfer after transfer touches warm
- * memory. Smaller arrays use malloc.
+ * arrays of 128 KiB and more (where malloc would map fresh pages each time)
+ * are kept in a small process-wide cache and reused: an engine that
+ * prepares transfer after transfer touches warm memory. Smaller arrays use
+ * malloc.
  */
-#define KVLI_BUF_BIG (1u << 20)
+#define KVLI_BUF_BIG (128u << 10)
 #define KVLI_BUF_SLOTS 8
 #define KVLI_BUF_CACHE_MAX (512ull << 20)
 

@@ -245,10 +245,9 @@ static kvl_status_t kvli_xfer_build_indexed(kvl_agent_t *a, kvl_xfer_op_t op, kv
     /* From the buffer cache: a request's arrays reuse the last one's pages
      * (x->blocks sizes them for kvli_xfer_free). */
     x->blocks = n;
-    x->lidx = kvli_buf_alloc(n * sizeof(*x->lidx));
-    x->ridx = kvli_buf_alloc(n * sizeof(*x->ridx));
-    if (x->lidx == NULL || x->ridx == NULL || kvli_prep_tab(lp) == NULL ||
-        kvli_prep_tab(rp) == NULL)
+    x->lidx = kvli_buf_alloc(2 * n * sizeof(*x->lidx)); /* ridx follows lidx */
+    x->ridx = x->lidx != NULL ? x->lidx + n : NULL;
+    if (x->lidx == NULL || kvli_prep_tab(lp) == NULL || kvli_prep_tab(rp) == NULL)
         goto oom_x;
     st = kvli_idx_copy(lidx, n, lp->n, x->lidx, "local", err);
     if (st == KVL_OK)
@@ -541,8 +540,7 @@ void kvli_xfer_free(kvl_xfer_t *x)
     free(x->lmh);
     free(x->rmh);
     kvli_buf_free(x->segs, x->segs_cap * sizeof(*x->segs));
-    kvli_buf_free(x->lidx, x->blocks * sizeof(*x->lidx));
-    kvli_buf_free(x->ridx, x->blocks * sizeof(*x->ridx));
+    kvli_buf_free(x->lidx, 2 * x->blocks * sizeof(*x->lidx));
     kvli_prep_unref(x->lprep);
     kvli_prep_unref(x->rprep);
     free(x->notif);

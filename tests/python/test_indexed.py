@@ -121,3 +121,57 @@ def test_mixed_lengths_still_pair(pair):
     x.wait(10000)
     assert np.array_equal(dst[0][BS:], src[0][BS:]) and not dst[0][:BS].any()
     x.release()
+
+
+def _torch_cuda():
+    try:
+        import torch
+    except ImportError:
+        return None
+    return torch if torch.cuda.is_available() else None
+
+
+@pytest.mark.parametrize("op", ["WRITE", "READ"])
+def test_indexed_vram(uniq, op):
+    """On the GPU machine: the cuda backend gathers from the index arrays."""
+    torch = _torch_cuda()
+    if torch is None:
+        pytest.skip("needs torch with a CUDA GPU (runs on the GPU machine)")
+    a = kvlane.Agent(uniq + "-a", backends=("cuda",))
+    b = kvlane.Agent(uniq + "-b", backends=("cuda",))
+    try:
+        n_blk = LAYERS * BLOCKS
+        src = torch.randint(0, 255, (n_blk * BS,), dtype=torch.uint8, device="cuda")
+        dst = torch.zeros(n_blk * BS, dtype=torch.uint8, device="cuda")
+        local, remote = (src, dst) if op == "WRITE" else (dst, src)
+        a.register_memory(local)
+        b.register_memory(remote)
+        name = a.load_metadata(b.get_metadata())
+
+        def table(t):
+            return kvlane.DList.from_arrays(
+                t.data_ptr() + np.arange(n_blk, dtype=np.int64) * BS, len=BS, kind="VRAM")
+        lp = a.prep(table(local))
+        rp = a.prep(table(remote), name)
+        rng = np.random.default_rng(5)
+        for rnd in range(3):      # a new table per request, as engines do
+            n = 1000 + rnd
+            li = rng.choice(n_blk, n, replace=False)
+            ri = rng.choice(n_blk, n, replace=False)
+            x = a.xfer_prepped(op, lp, li, rp, ri)
+            x.post()
+            x.wait(10000)
+            assert "indexed" in x.stats()["path"], x.stats()
+            x.release()
+            torch.cuda.synchronize()
+            s2 = src.view(n_blk, BS)
+            d2 = dst.view(n_blk, BS)
+            si, di = (li, ri) if op == "WRITE" else (ri, li)
+            assert torch.equal(d2[torch.as_tensor(di, device="cuda")],
+                               s2[torch.as_tensor(si, device="cuda")])
+            dst.zero_()
+        lp.release()
+        rp.release()
+    finally:
+        a.close()
+        b.close()

@@ -353,8 +353,10 @@ static int kvli_cuda_unit_launch(kvli_cuda_iface_t *iface, kvli_cuda_xpriv_t *xp
     unsigned long long nb = xc->unit_end[u] - first;
     CUdeviceptr tab = xc->tab->dev + first * sizeof(kvli_cuda_blk_t);
     /* Indexed: the tab holds the source indices, then the destination ones. */
-    CUdeviceptr sidx = xc->tab->dev + first * sizeof(uint32_t);
-    CUdeviceptr didx = xc->tab->dev + (xc->npieces + first) * sizeof(uint32_t);
+    CUdeviceptr lidx = xc->tab->dev + first * sizeof(uint32_t);
+    CUdeviceptr ridx = xc->tab->dev + (xc->npieces + first) * sizeof(uint32_t);
+    CUdeviceptr sidx = xp->x->op == KVL_WRITE ? lidx : ridx;
+    CUdeviceptr didx = xp->x->op == KVL_WRITE ? ridx : lidx;
     unsigned long long len = xp->x->ltab != NULL ? xp->x->ltab->len : 0;
     void *args[2] = {&tab, &nb};
     void *iargs[6] = {(void *)&xc->stab, (void *)&xc->dtab, &sidx, &didx, &nb, &len};
@@ -567,8 +569,8 @@ void kvli_cuda_ptab_release(void *bk, void *cache)
 
 /*
  * First posting of an indexed transfer (context pushed): the lists' address
- * tables (made once per list), this transfer's two index arrays uploaded
- * behind them on the posting's stream, units of at most
+ * tables (made once per list), this transfer's index arrays (local, then
+ * remote) uploaded behind them on the posting's stream, units of at most
  * KVLI_CUDA_UNIT_BYTES. 0; 1: not here (a list lives on another device:
  * expand); -1 with text.
  */
@@ -608,9 +610,10 @@ static int kvli_cuda_xc_build_indexed(kvli_cuda_iface_t *iface, kvli_cuda_xpriv_
     xc->tab = kvli_cuda_tab_get(iface, xp->dev, 2 * n * sizeof(uint32_t), text, cap);
     if (xc->tab == NULL)
         return -1;
+    /* The core keeps ridx right after lidx: one copy, and a READ swaps the
+     * halves' roles at launch instead. */
     uint32_t *h = (uint32_t *)(void *)xc->tab->host;
-    memcpy(h, x->op == KVL_WRITE ? x->lidx : x->ridx, n * sizeof(uint32_t));
-    memcpy(h + n, x->op == KVL_WRITE ? x->ridx : x->lidx, n * sizeof(uint32_t));
+    memcpy(h, x->lidx, 2 * n * sizeof(uint32_t));
     xc->npieces = n;
     cr = d->cuMemcpyHtoDAsync(xc->tab->dev, h, 2 * n * sizeof(uint32_t), xp->stream);
     if (cr != KVLI_CUDA_SUCCESS) {
