@@ -150,14 +150,15 @@ static kvl_status_t kvli_xfer_finish(kvl_agent_t *a, kvl_xfer_t *x, kvl_xfer_op_
 static kvl_status_t kvli_idx_copy(const int64_t *idx, size_t n, size_t len, uint32_t *out,
                                   const char *side, kvl_error_t *err)
 {
-    int64_t lo = 0, hi = 0;
+    /* A negative index is a huge unsigned one: one maximum checks both
+     * bounds, in a loop the compiler vectorizes. */
+    uint64_t hi = 0;
     for (size_t i = 0; i < n; i++) {
-        int64_t k = idx[i];
-        lo = k < lo ? k : lo;
+        uint64_t k = (uint64_t)idx[i];
         hi = k > hi ? k : hi;
         out[i] = (uint32_t)k;
     }
-    if (lo >= 0 && (uint64_t)hi < len)
+    if (hi < len)
         return KVL_OK;
     for (size_t i = 0; i < n; i++)
         if (idx[i] < 0 || (uint64_t)idx[i] >= len) {

@@ -440,6 +440,7 @@ typedef struct kvli_cuda_xcache {
     /* Indexed (x->nidx > 0): tab holds the two index arrays (pairs u32 each);
      * the address tables are the lists' (kvli_cuda_ptab_t); units count pairs. */
     int indexed;
+    uint32_t up_units;               /* units whose indices are on the GPU */
     CUdeviceptr stab, dtab;          /* source / destination address tables */
     kvli_cuda_tab_t *tab;            /* npieces descriptors, host and device */
     uint64_t npieces;

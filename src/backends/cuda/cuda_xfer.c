@@ -347,7 +347,7 @@ static int kvli_cuda_unit_launch(kvli_cuda_iface_t *iface, kvli_cuda_xpriv_t *xp
                                  size_t cap)
 {
     const kvli_cuda_drv_t *d = iface->drv;
-    const kvli_cuda_xcache_t *xc = xp->xc;
+    kvli_cuda_xcache_t *xc = xp->xc;
     uint32_t u = xp->unit;
     uint64_t first = u > 0 ? xc->unit_end[u - 1] : 0;
     unsigned long long nb = xc->unit_end[u] - first;
@@ -368,6 +368,23 @@ static int kvli_cuda_unit_launch(kvli_cuda_iface_t *iface, kvli_cuda_xpriv_t *xp
     s = kvli_cuda_slot_get(iface, xp->dev, 0, 0, text, cap);
     if (s == NULL)
         return -1;
+    if (xc->indexed && u >= xc->up_units) {
+        /* This unit's indices (local, then remote: ridx follows lidx). */
+        uint32_t *h = (uint32_t *)(void *)xc->tab->host;
+        size_t bytes = (size_t)nb * sizeof(uint32_t);
+        memcpy(h + first, xp->x->lidx + first, bytes);
+        memcpy(h + xc->npieces + first, xp->x->ridx + first, bytes);
+        cr = d->cuMemcpyHtoDAsync(lidx, h + first, bytes, xp->stream);
+        if (cr == KVLI_CUDA_SUCCESS)
+            cr = d->cuMemcpyHtoDAsync(ridx, h + xc->npieces + first, bytes, xp->stream);
+        if (cr != KVLI_CUDA_SUCCESS) {
+            snprintf(text, cap, "uploading the indices of unit %u of %u (%llu pairs) on device "
+                     "%d = %.150s", u + 1, xc->nunits, nb, xp->dev,
+                     kvli_cuda_drv_errstr(cr, eb, sizeof(eb)));
+            return kvli_cuda_unit_failed(iface, xp, s);
+        }
+        xc->up_units = u + 1;
+    }
     if (xc->indexed)
         cr = d->cuLaunchKernel(iface->dres[xp->dev].fn_idx, grid, 1, 1, 256, 1, 1, 0, xp->stream,
                                iargs, NULL);
@@ -577,13 +594,10 @@ void kvli_cuda_ptab_release(void *bk, void *cache)
 static int kvli_cuda_xc_build_indexed(kvli_cuda_iface_t *iface, kvli_cuda_xpriv_t *xp,
                                       kvli_cuda_xcache_t *xc, char *text, size_t cap)
 {
-    const kvli_cuda_drv_t *d = iface->drv;
     const kvl_bk_xfer_t *x = xp->x;
     size_t n = x->nidx;
     uint64_t len = x->ltab->len, per = KVLI_CUDA_UNIT_BYTES / len;
     kvli_cuda_ptab_t *lt, *rt;
-    CUresult cr;
-    char eb[160];
 
     lt = kvli_cuda_ptab_get(iface, xp, x->ltab, x->ltab_cache, 0, text, cap);
     if (lt == NULL)
@@ -610,17 +624,11 @@ static int kvli_cuda_xc_build_indexed(kvli_cuda_iface_t *iface, kvli_cuda_xpriv_
     xc->tab = kvli_cuda_tab_get(iface, xp->dev, 2 * n * sizeof(uint32_t), text, cap);
     if (xc->tab == NULL)
         return -1;
-    /* The core keeps ridx right after lidx: one copy, and a READ swaps the
-     * halves' roles at launch instead. */
-    uint32_t *h = (uint32_t *)(void *)xc->tab->host;
-    memcpy(h, x->lidx, 2 * n * sizeof(uint32_t));
+    /* The indices go up unit by unit, each just before its launch
+     * (kvli_cuda_unit_launch): the GPU starts on the first unit while the
+     * host copies the next one's. */
     xc->npieces = n;
-    cr = d->cuMemcpyHtoDAsync(xc->tab->dev, h, 2 * n * sizeof(uint32_t), xp->stream);
-    if (cr != KVLI_CUDA_SUCCESS) {
-        snprintf(text, cap, "uploading the %zu pair indices on device %d = %.150s", n, xp->dev,
-                 kvli_cuda_drv_errstr(cr, eb, sizeof(eb)));
-        return -1;
-    }
+    xc->up_units = 0;
     xc->indexed = 1;
     xc->ready = 1;
     xp->staged = 1;
@@ -908,8 +916,12 @@ kvl_status_t kvli_cuda_xfer_post(void *bk, kvl_bk_xfer_t *x, kvl_error_t *err)
      * Many blocks otherwise: the first table only; the progress thread
      * builds the rest while the GPU works, so the caller's thread returns
      * after one table's worth of work. */
-    while (xp->u_count < (single || xp->xc != NULL ? KVLI_CUDA_WINDOW : 1u) &&
-           kvli_cuda_xp_more(xp)) {
+    /* An indexed transfer whose indices are not all up yet: the first unit
+     * here, the rest from the progress thread (each copies its indices). */
+    unsigned now = single || xp->xc != NULL ? KVLI_CUDA_WINDOW : 1u;
+    if (xp->xc != NULL && xp->xc->indexed && xp->xc->up_units < xp->xc->nunits)
+        now = 1;
+    while (xp->u_count < now && kvli_cuda_xp_more(xp)) {
         if (kvli_cuda_unit_enqueue(iface, xp, text, sizeof(text)) != 0) {
             if (xp->u_count == 0) {
                 if (xp->staged) /* the upload may be pending: the table stays */
