@@ -90,7 +90,10 @@ int main(void)
     /* 1. WRITE, contiguous, with a notification delivered after the data */
     kt_fill(buf, 16 * MIB, 1);
     kvl_xfer_t *x = mk(a, KVL_WRITE, d.addr, p.base, 16 * MIB, "tgt", "req-1");
-    KT_STATUS(kvl_xfer_post(x), KVL_IN_PROGRESS);
+    /* KVL_OK (already done) or KVL_IN_PROGRESS: which one depends on how
+     * fast the peer drains the socket, never asserted (issue 16 item 9). */
+    kvl_status_t pst = kvl_xfer_post(x);
+    KT_CHECK(pst == KVL_OK || pst == KVL_IN_PROGRESS);
     KT_OK(kvl_xfer_wait(x, 20000));
     kvl_xfer_stats_t st;
     KT_OK(kvl_xfer_get_stats(x, &st));
