@@ -21,6 +21,9 @@
 #ifndef KVL_BUILD_MODULE_DIR
 #define KVL_BUILD_MODULE_DIR ""
 #endif
+#ifndef KVL_LIBDIR_NAME
+#define KVL_LIBDIR_NAME "lib"
+#endif
 
 extern const kvl_backend_ops_t kvli_shm_ops;
 #ifdef KVL_HAVE_TCP
@@ -122,10 +125,33 @@ static const kvl_backend_ops_t *kvli_module_load(size_t m)
             for (char *d = strtok_r(buf, ":", &save); d && !found; d = strtok_r(NULL, ":", &save))
                 found = kvli_module_try(m, d, tried, sizeof(tried));
         }
-        if (!found && sizeof(KVL_BUILD_MODULE_DIR) > 1)
-            found = kvli_module_try(m, KVL_BUILD_MODULE_DIR, tried, sizeof(tried));
+        /* Next to the code that runs: <dir>/kvlane is where an installed
+         * libkvlane.so keeps its modules, <dir>/../<libdir>/kvlane where an
+         * installed program linked statically finds them, <dir>/modules the
+         * build tree's layout. Then the configured install folder and, last,
+         * this build tree (for the Python module, linked statically). */
+        Dl_info info;
+        char here[2048] = "";
+        if (dladdr((void *)&kvli_module_load, &info) != 0 && info.dli_fname != NULL) {
+            snprintf(here, sizeof(here), "%s", info.dli_fname);
+            char *slash = strrchr(here, '/');
+            if (slash != NULL)
+                *slash = '\0';
+            else
+                snprintf(here, sizeof(here), ".");
+        }
+        if (here[0]) {
+            char d[2100];
+            const char *rel[] = {"kvlane", "../" KVL_LIBDIR_NAME "/kvlane", "modules"};
+            for (size_t i = 0; i < sizeof(rel) / sizeof(rel[0]) && !found; i++) {
+                snprintf(d, sizeof(d), "%s/%s", here, rel[i]);
+                found = kvli_module_try(m, d, tried, sizeof(tried));
+            }
+        }
         if (!found)
             found = kvli_module_try(m, KVL_MODULE_DIR, tried, sizeof(tried));
+        if (!found && sizeof(KVL_BUILD_MODULE_DIR) > 1)
+            found = kvli_module_try(m, KVL_BUILD_MODULE_DIR, tried, sizeof(tried));
         if (!found)
             snprintf(kvli_modules[m].reason, sizeof(kvli_modules[m].reason),
                      "module libkvlane-%s.so not found (looked in: %.300s); this build has no %s "
