@@ -515,7 +515,6 @@ static kvli_cuda_ptab_t *kvli_cuda_ptab_get(kvli_cuda_iface_t *iface, kvli_cuda_
     const kvli_cuda_drv_t *d = iface->drv;
     const kvl_bk_xfer_t *x = xp->x;
     kvli_cuda_ptab_t *pt;
-    kvli_cuda_tab_t *stage;
     CUresult cr;
     char eb[160];
 
@@ -524,17 +523,16 @@ static kvli_cuda_ptab_t *kvli_cuda_ptab_get(kvli_cuda_iface_t *iface, kvli_cuda_
     pthread_mutex_unlock(&iface->lock);
     if (pt != NULL)
         return pt->dev == xp->dev ? pt : NULL;
+    /* Once per list: pageable memory and a synchronous upload (pinning
+     * staging memory would cost more than the copy). */
     pt = calloc(1, sizeof(*pt));
-    stage = kvli_cuda_tab_get(iface, xp->dev, t->n * sizeof(uint64_t), text, cap);
-    if (pt == NULL || stage == NULL) {
-        if (stage != NULL)
-            kvli_cuda_tab_put(iface, xp->dev, stage);
+    uint64_t *h = malloc(t->n * sizeof(uint64_t));
+    if (pt == NULL || h == NULL) {
         free(pt);
-        if (text[0] == '\0')
-            snprintf(text, cap, "out of memory");
+        free(h);
+        snprintf(text, cap, "out of memory");
         return NULL;
     }
-    uint64_t *h = (uint64_t *)(void *)stage->host;
     for (size_t i = 0; i < t->n; i++) {
         if (remote) {
             const kvli_cuda_rh_t *rh = x->rmh[t->regs[i]];
@@ -550,7 +548,7 @@ static kvli_cuda_ptab_t *kvli_cuda_ptab_get(kvli_cuda_iface_t *iface, kvli_cuda_
         cr = d->cuMemcpyHtoDAsync(pt->addrs, h, t->n * sizeof(uint64_t), xp->stream);
     if (cr == KVLI_CUDA_SUCCESS)
         cr = d->cuStreamSynchronize(xp->stream);
-    kvli_cuda_tab_put(iface, xp->dev, stage);
+    free(h);
     if (cr != KVLI_CUDA_SUCCESS) {
         snprintf(text, cap, "uploading the %zu-entry address table of a prepared list on device "
                  "%d = %.150s", t->n, xp->dev, kvli_cuda_drv_errstr(cr, eb, sizeof(eb)));
