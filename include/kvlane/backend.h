@@ -154,7 +154,9 @@ struct kvl_bk_ctx {
                                void **mh_p, void **pin_p, kvl_error_t *err);
     void (*region_unpin)(kvl_bk_ctx_t *ctx, void *pin);
     /* Shareable allocation containing addr (kvl_mem_alloc), matched by the id
-     * the region key carries. KVL_ERR_NOT_FOUND when none. */
+     * the region key carries. KVL_ERR_NOT_FOUND when none, or when no memory
+     * inside it is registered on this backend (only what the user registered
+     * is handed to peers). */
     kvl_status_t (*alloc_lookup)(kvl_bk_ctx_t *ctx, uint64_t alloc_id, int *fd_p,
                                  uint64_t *size_p);
 
@@ -189,6 +191,10 @@ struct kvl_bk_ctx {
      * moved. KVL_OK, or KVL_ERR_NO_MEMORY / KVL_ERR_INVALID_ARG in err.
      */
     kvl_status_t (*xfer_expand)(kvl_bk_ctx_t *ctx, kvl_bk_xfer_t *x, kvl_error_t *err);
+    /* The agent's shared secret (kvl_agent_config_t.secret), NULL / 0 when
+     * none: peers that connect must prove it, as must those we connect to. */
+    const uint8_t *secret;
+    size_t secret_len;
 };
 
 typedef struct kvl_backend_ops {

@@ -148,6 +148,8 @@ kvl_status_t kvl_backend_create(kvl_agent_t *a, const char *name, const kvl_para
         .stage_copy = kvli_ctx_stage_copy,
         .stage_test = kvli_ctx_stage_test,
         .xfer_expand = kvli_xfer_ctx_expand,
+        .secret = a->secret,
+        .secret_len = a->secret_len,
     };
     memset(&err, 0, offsetof(kvl_error_t, causes));
     err.device = -1;
@@ -320,9 +322,3 @@ void kvl_agent_destroy(kvl_agent_t *a)
     free(a);
 }
 
-void kvli_ctx_secret(const kvl_bk_ctx_t *ctx, const uint8_t **secret_p, size_t *len_p)
-{
-    const struct kvl_backend *bk = ctx->core;
-    *secret_p = bk->agent->secret;
-    *len_p = bk->agent->secret_len;
-}

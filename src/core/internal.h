@@ -245,8 +245,6 @@ struct kvl_agent {
 void kvli_listener_agent_destroy(kvl_agent_t *a);
 /* After a deregistration: listeners we pushed to get the new metadata. */
 void kvli_listener_regions_changed(kvl_agent_t *a);
-/* The agent's shared secret for a backend (NULL/0 when none). */
-void kvli_ctx_secret(const kvl_bk_ctx_t *ctx, const uint8_t **secret_p, size_t *len_p);
 
 /* Build the xfer from two prepared lists (xfer.c). */
 kvl_status_t kvli_xfer_build(kvl_agent_t *a, kvl_xfer_op_t op, const kvl_prep_t *lp,

@@ -977,8 +977,14 @@ kvl_status_t kvli_ctx_alloc_lookup(kvl_bk_ctx_t *ctx, uint64_t id, int *fd_p, ui
     struct kvl_backend *bk = ctx->core;
     kvl_agent_t *a = bk->agent;
     kvl_status_t st = KVL_ERR_NOT_FOUND;
+    bool registered = false;
     pthread_mutex_lock(&a->lock);
-    for (size_t i = 0; i < a->nallocs; i++) {
+    /* Only an allocation in which memory is registered on this backend is
+     * handed out: ids are sequential, and an unregistered allocation is not
+     * the user's to share. */
+    for (size_t i = 0; i < a->nregs && !registered; i++)
+        registered = a->regs[i]->shm_id == id && (a->regs[i]->bk_mask & (1u << bk->index));
+    for (size_t i = 0; i < a->nallocs && registered; i++) {
         if (a->allocs[i].id == id && a->allocs[i].fd >= 0) {
             *fd_p = a->allocs[i].fd;
             *size_p = a->allocs[i].len;

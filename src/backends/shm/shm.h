@@ -178,6 +178,10 @@ struct kvli_shm_iface {
     kvl_bk_ctx_t *ctx;
     uint64_t timeout_ms;
     int cma_off;
+    /* Who may connect (allow_uids): our own uid, plus these, or anyone. */
+    int uid_any;
+    unsigned nuids;
+    uid_t uids[16];
     char boot_id[40];
     uint64_t netns_ino, pidns_ino;
     int abstract;
@@ -208,6 +212,11 @@ struct kvli_shm_iface {
 /* shm_iface.c */
 void kvli_shm_iface_wake(kvli_shm_iface_t *iface);
 uint64_t kvli_shm_now_ms(void);
+/* Proofs of the shared secret in HELLO (ack 0) and HELLO_ACK (ack 1). */
+void kvli_shm_hello_mac(const kvl_bk_ctx_t *ctx, int ack, uint64_t first_inc,
+                        uint64_t second_inc, const char *name, size_t name_len, uint8_t *out);
+/* Is this uid allowed to talk to us (allow_uids)? */
+int kvli_shm_uid_allowed(const kvli_shm_iface_t *iface, uid_t uid);
 void kvli_shm_deadline(struct timespec *ts, uint64_t ms);
 int kvli_shm_sock_set_timeouts(int fd, uint64_t ms);
 

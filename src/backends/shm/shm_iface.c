@@ -16,6 +16,7 @@
 #include <sys/stat.h>
 #include "common/errname.h"
 #include "shm.h"
+#include "common/mac.h"
 #include "shm_proto.h"
 
 /* Progress scratch: the largest body read into it is a NOTIF (64 KiB) */
@@ -24,6 +25,7 @@
 static const kvl_param_t kvli_shm_params[] = {
     { "cma", "auto" },
     { "socket_dir", "" },
+    { "allow_uids", "self" },     /* self | any | comma-separated uids besides ours */
     { NULL, NULL }
 };
 
@@ -34,6 +36,30 @@ uint64_t kvli_shm_now_ms(void)
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
+
+void kvli_shm_hello_mac(const kvl_bk_ctx_t *ctx, int ack, uint64_t first_inc,
+                        uint64_t second_inc, const char *name, size_t name_len, uint8_t *out)
+{
+    static const char lh[] = "kvlane-shm-v2 hello", la[] = "kvlane-shm-v2 ack";
+    uint8_t a[8], b[8];
+    for (int k = 0; k < 8; k++) {
+        a[k] = (uint8_t)(first_inc >> (8 * k));
+        b[k] = (uint8_t)(second_inc >> (8 * k));
+    }
+    kvli_mac_part_t parts[4] = {{ack ? la : lh, ack ? sizeof(la) - 1 : sizeof(lh) - 1},
+                                {a, 8}, {b, 8}, {name, name_len}};
+    kvli_mac(ctx->secret, ctx->secret_len, parts, 4, out);
+}
+
+int kvli_shm_uid_allowed(const kvli_shm_iface_t *iface, uid_t uid)
+{
+    if (iface->uid_any || uid == geteuid())
+        return 1;
+    for (unsigned i = 0; i < iface->nuids; i++)
+        if (iface->uids[i] == uid)
+            return 1;
+    return 0;
 }
 
 void kvli_shm_deadline(struct timespec *ts, uint64_t ms)
@@ -300,7 +326,9 @@ static void kvli_shm_conn_hello(kvli_shm_iface_t *iface, kvli_shm_conn_t *c,
                                   m.version);
         return;
     }
-    if (m.name_len == 0 || m.name_len != h->len - sizeof(m)) {
+    size_t maclen = (m.flags & KVLI_SHM_HELLO_MAC) ? KVLI_MAC_LEN : 0;
+    if (m.name_len == 0 || h->len < sizeof(m) + maclen ||
+        m.name_len != h->len - sizeof(m) - maclen) {
         kvli_shm_conn_proto_error(iface, c, "HELLO name length mismatch", m.name_len);
         return;
     }
@@ -314,6 +342,22 @@ static void kvli_shm_conn_hello(kvli_shm_iface_t *iface, kvli_shm_conn_t *c,
     }
     memcpy(c->name, iface->scratch + sizeof(m), m.name_len);
     c->name[m.name_len] = '\0';
+    if (iface->ctx->secret_len > 0) {
+        uint8_t want[KVLI_MAC_LEN];
+        kvli_shm_hello_mac(iface->ctx, 0, iface->ctx->incarnation, m.incarnation, c->name,
+                           m.name_len, want);
+        if (maclen == 0 || !kvli_mac_equal(want, iface->scratch + sizeof(m) + m.name_len,
+                                           KVLI_MAC_LEN)) {
+            iface->ctx->log(iface->ctx, KVL_LOG_WARN,
+                            "refused agent '%s' (pid %d, uid %u): %s", c->name,
+                            (int)c->cred_pid, (unsigned)c->cred_uid,
+                            maclen ? "its proof of the shared secret is wrong (another "
+                                     "secret)" : "it sent no proof of the shared secret "
+                                     "(none set there)");
+            c->closing = 1;
+            return;
+        }
+    }
     c->incarnation = m.incarnation;
     c->hello = 1;
     iface->ctx->log(iface->ctx, KVL_LOG_DEBUG,
@@ -327,16 +371,21 @@ static void kvli_shm_conn_hello(kvli_shm_iface_t *iface, kvli_shm_conn_t *c,
         rh.magic = KVLI_SHM_MSG_MAGIC;
         rh.type = KVLI_SHM_MSG_HELLO_ACK;
         rh.id = h->id;
-        rh.len = sizeof(m) + nl;
+        size_t ml = iface->ctx->secret_len > 0 ? KVLI_MAC_LEN : 0;
+        uint64_t peer_inc = m.incarnation;
+        rh.len = sizeof(m) + nl + ml;
         m.version = KVLI_SHM_PROTO_VERSION;
         m.name_len = (uint32_t)nl;
         m.incarnation = iface->ctx->incarnation;
         m.pid = (uint32_t)getpid();
-        m.reserved = 0;
+        m.flags = ml ? KVLI_SHM_HELLO_MAC : 0;
         memcpy(q->hdr, &rh, sizeof(rh));
         memcpy(q->hdr + sizeof(rh), &m, sizeof(m));
         memcpy(q->hdr + sizeof(rh) + sizeof(m), iface->ctx->agent_name, nl);
-        q->hdr_len = q->total = sizeof(rh) + sizeof(m) + nl;
+        if (ml)
+            kvli_shm_hello_mac(iface->ctx, 1, peer_inc, iface->ctx->incarnation,
+                               iface->ctx->agent_name, nl, q->hdr + sizeof(rh) + sizeof(m) + nl);
+        q->hdr_len = q->total = sizeof(rh) + sizeof(m) + nl + ml;
         q->fd = -1;
     }
     kvli_shm_conn_push(iface, c, q);
@@ -596,10 +645,25 @@ static void kvli_shm_accept(kvli_shm_iface_t *iface)
         c->fd = fd;
         snprintf(c->name, sizeof(c->name), "?");
         memset(&cred, 0, sizeof(cred));
-        if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &cl) == 0) {
-            c->cred_pid = cred.pid;
-            c->cred_uid = cred.uid;
+        if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &cl) != 0 ||
+            !kvli_shm_uid_allowed(iface, cred.uid)) {
+            int e = errno;
+            if (cl == sizeof(cred) && cred.pid != 0)
+                iface->ctx->log(iface->ctx, KVL_LOG_WARN,
+                                "refused a connection from pid %d uid %u on %s: only uid %u "
+                                "(ours) may connect (shm parameter allow_uids)",
+                                (int)cred.pid, (unsigned)cred.uid, iface->sock_name,
+                                (unsigned)geteuid());
+            else
+                iface->ctx->log(iface->ctx, KVL_LOG_WARN,
+                                "refused a connection on %s: getsockopt(SO_PEERCRED) = -1 %s "
+                                "(%s)", iface->sock_name, kvli_errno_name(e), strerror(e));
+            close(fd);
+            free(c);
+            continue;
         }
+        c->cred_pid = cred.pid;
+        c->cred_uid = cred.uid;
         /* Bound the blocking reads of a request's body and payload. */
         kvli_shm_sock_set_timeouts(fd, iface->timeout_ms);
         c->next = iface->conns;
@@ -761,10 +825,32 @@ static kvl_status_t kvli_shm_parse_params(kvli_shm_iface_t *iface,
             }
         } else if (strcmp(k, "socket_dir") == 0) {
             *dir_p = v;
+        } else if (strcmp(k, "allow_uids") == 0) {
+            iface->uid_any = strcmp(v, "any") == 0;
+            iface->nuids = 0;
+            if (!iface->uid_any && strcmp(v, "self") != 0) {
+                const char *p = v;
+                while (*p) {
+                    char *end;
+                    errno = 0;
+                    unsigned long u = strtoul(p, &end, 10);
+                    if (end == p || errno != 0 || u > UINT32_MAX - 1 || (*end && *end != ',') ||
+                        iface->nuids == sizeof(iface->uids) / sizeof(iface->uids[0])) {
+                        kvl_bk_error_set(err, KVL_ERR_INVALID_ARG, 0, KVLI_SHM_NAME, -1,
+                                         "parameter allow_uids=\"%.100s\" is not self, any or "
+                                         "a comma-separated list of at most 16 uids", v);
+                        kvl_bk_error_hint(err, "e.g. allow_uids=1001,1002 lets those users' "
+                                          "agents in besides our own uid");
+                        return KVL_ERR_INVALID_ARG;
+                    }
+                    iface->uids[iface->nuids++] = (uid_t)u;
+                    p = *end ? end + 1 : end;
+                }
+            }
         } else {
             kvl_bk_error_set(err, KVL_ERR_INVALID_ARG, 0, KVLI_SHM_NAME, -1,
                              "unknown parameter \"%s\" (the shm backend knows: cma, "
-                             "socket_dir)", k);
+                             "socket_dir, allow_uids)", k);
             kvl_bk_error_hint(err, "remove it or fix its spelling");
             return KVL_ERR_INVALID_ARG;
         }

@@ -16,6 +16,7 @@
 #include <sys/uio.h>
 #include "common/errname.h"
 #include "shm.h"
+#include "common/mac.h"
 #include "shm_proto.h"
 
 
@@ -613,32 +614,53 @@ static kvl_status_t kvli_shm_peer_hello(kvli_shm_peer_t *peer, kvl_error_t *err)
     size_t nl = strlen(me);
     kvli_shm_msg_hdr_t h;
     kvli_shm_msg_hello_t m;
-    struct iovec iov[3];
-    uint8_t body[sizeof(kvli_shm_msg_hello_t) + KVL_NAME_MAX];
+    struct iovec iov[4];
+    uint8_t body[sizeof(kvli_shm_msg_hello_t) + KVL_NAME_MAX + KVLI_MAC_LEN];
+    uint8_t mac[KVLI_MAC_LEN];
+    size_t ml = iface->ctx->secret_len > 0 ? KVLI_MAC_LEN : 0;
+    struct ucred cred;
+    socklen_t cl = sizeof(cred);
     int rc;
 
+    /* Who serves the socket: our uid, or one allow_uids lets in. */
+    memset(&cred, 0, sizeof(cred));
+    if (getsockopt(peer->fd, SOL_SOCKET, SO_PEERCRED, &cred, &cl) != 0 ||
+        !kvli_shm_uid_allowed(iface, cred.uid)) {
+        kvl_bk_error_set(err, KVL_ERR_PERMISSION, 0, KVLI_SHM_NAME, -1,
+                         "%s (agent '%s') is served by pid %d of uid %u; only uid %u (ours) "
+                         "is trusted", peer->sock_desc, peer->name, (int)cred.pid,
+                         (unsigned)cred.uid, (unsigned)geteuid());
+        kvl_bk_error_hint(err, "run both agents as the same user, or list the other uid in "
+                          "the shm parameter allow_uids on both sides");
+        return KVL_ERR_PERMISSION;
+    }
     if (nl > KVL_NAME_MAX - 1)
         nl = KVL_NAME_MAX - 1;
     h.magic = KVLI_SHM_MSG_MAGIC;
     h.type = KVLI_SHM_MSG_HELLO;
     h.id = 0;
-    h.len = sizeof(m) + nl;
+    h.len = sizeof(m) + nl + ml;
     m.version = KVLI_SHM_PROTO_VERSION;
     m.name_len = (uint32_t)nl;
     m.incarnation = iface->ctx->incarnation;
     m.pid = (uint32_t)getpid();
-    m.reserved = 0;
+    m.flags = ml ? KVLI_SHM_HELLO_MAC : 0;
+    if (ml)
+        kvli_shm_hello_mac(iface->ctx, 0, peer->incarnation, iface->ctx->incarnation, me, nl,
+                           mac);
     iov[0].iov_base = &h;
     iov[0].iov_len = sizeof(h);
     iov[1].iov_base = &m;
     iov[1].iov_len = sizeof(m);
     iov[2].iov_base = (void *)(uintptr_t)me;
     iov[2].iov_len = nl;
-    rc = kvli_shm_proto_sendv(peer->fd, iov, 3);
+    iov[3].iov_base = mac;
+    iov[3].iov_len = ml;
+    rc = kvli_shm_proto_sendv(peer->fd, iov, ml ? 4 : 3);
     if (rc == 0)
         rc = kvli_shm_proto_recv(peer->fd, &h, sizeof(h), NULL);
     if (rc == 0 && (h.magic != KVLI_SHM_MSG_MAGIC || h.type != KVLI_SHM_MSG_HELLO_ACK ||
-                    h.len < sizeof(m) || h.len > sizeof(m) + KVL_NAME_MAX)) {
+                    h.len < sizeof(m) || h.len > sizeof(m) + KVL_NAME_MAX + KVLI_MAC_LEN)) {
         kvl_bk_error_set(err, KVL_ERR_REMOTE, EPROTO, KVLI_SHM_NAME, -1,
                          "%s answered HELLO with magic 0x%08x type %u length %" PRIu64
                          ", not a kvlane shm HELLO_ACK", peer->sock_desc, h.magic, h.type,
@@ -656,11 +678,36 @@ static kvl_status_t kvli_shm_peer_hello(kvli_shm_peer_t *peer, kvl_error_t *err)
                          rc == KVLI_SHM_EOF ? "recvmsg() = 0 (connection closed)"
                          : rc == EAGAIN ? "no answer within the timeout"
                          : strerror(rc));
-        kvl_bk_error_hint(err, "the peer process is exiting or stuck; check it and load "
-                          "its metadata again");
+        kvl_bk_error_hint(err, "the peer closed the connection: it requires a proof of its "
+                          "shared secret (set the same secret on both agents) or it is "
+                          "exiting or stuck; its log (WARN) says which");
         return KVL_ERR_REMOTE_DISCONNECT;
     }
     memcpy(&m, body, sizeof(m));
+    if (m.name_len > KVL_NAME_MAX - 1 ||
+        h.len != sizeof(m) + m.name_len + ((m.flags & KVLI_SHM_HELLO_MAC) ? KVLI_MAC_LEN : 0)) {
+        kvl_bk_error_set(err, KVL_ERR_REMOTE, EPROTO, KVLI_SHM_NAME, -1,
+                         "%s answered HELLO with a malformed HELLO_ACK (name length %u, "
+                         "body %" PRIu64 " bytes)", peer->sock_desc, m.name_len, h.len);
+        kvl_bk_error_hint(err, "another program or an incompatible kvlane build owns "
+                          "that socket; check the peer's version");
+        return KVL_ERR_REMOTE;
+    }
+    if (ml) {
+        kvli_shm_hello_mac(iface->ctx, 1, iface->ctx->incarnation, m.incarnation,
+                           (const char *)body + sizeof(m), m.name_len, mac);
+        if (!(m.flags & KVLI_SHM_HELLO_MAC) ||
+            !kvli_mac_equal(mac, body + sizeof(m) + m.name_len, KVLI_MAC_LEN)) {
+            kvl_bk_error_set(err, KVL_ERR_PERMISSION, 0, KVLI_SHM_NAME, -1,
+                             "agent '%s' on %s %s", peer->name, peer->sock_desc,
+                             (m.flags & KVLI_SHM_HELLO_MAC)
+                             ? "proved another shared secret than ours"
+                             : "did not prove our shared secret (it has none set)");
+            kvl_bk_error_hint(err, "set the same secret on both agents "
+                              "(kvl_agent_config_t.secret, Agent(secret=...))");
+            return KVL_ERR_PERMISSION;
+        }
+    }
     if (m.incarnation != peer->incarnation || (pid_t)m.pid != peer->pid) {
         kvl_bk_error_set(err, KVL_ERR_STALE, 0, KVLI_SHM_NAME, -1,
                          "%s is served by pid %u incarnation 0x%016" PRIx64 "; the metadata "

@@ -18,7 +18,7 @@
 #include <sys/uio.h>
 
 #define KVLI_SHM_MSG_MAGIC 0x4b4c534du     /* "KLSM" */
-#define KVLI_SHM_PROTO_VERSION 1u
+#define KVLI_SHM_PROTO_VERSION 2u
 /* Upper bound of a data request's payload; we send at most KVLI_SHM_CHUNK. */
 #define KVLI_SHM_PAYLOAD_MAX (64ull << 20)
 
@@ -41,14 +41,26 @@ typedef struct kvli_shm_msg_hdr {
     uint64_t len;               /* body bytes after the header */
 } kvli_shm_msg_hdr_t;
 
-/* HELLO and HELLO_ACK; the agent name follows (name_len bytes, no NUL). */
+/*
+ * HELLO and HELLO_ACK; the agent name follows (name_len bytes, no NUL), then,
+ * with KVLI_SHM_HELLO_MAC in flags, a proof of the agent's shared secret
+ * (KVLI_MAC_LEN bytes):
+ *   HELLO:     HMAC-SHA256(secret, "kvlane-shm-v2 hello" | target incarnation |
+ *              initiator incarnation | initiator name)
+ *   HELLO_ACK: HMAC-SHA256(secret, "kvlane-shm-v2 ack" | initiator incarnation |
+ *              target incarnation | target name)
+ * (incarnations as 8 little-endian bytes). The target's incarnation is new
+ * at every start, so a proof is good for one target process only.
+ */
 typedef struct kvli_shm_msg_hello {
     uint32_t version;
     uint32_t name_len;
     uint64_t incarnation;
     uint32_t pid;
-    uint32_t reserved;
+    uint32_t flags;             /* KVLI_SHM_HELLO_* */
 } kvli_shm_msg_hello_t;
+
+#define KVLI_SHM_HELLO_MAC 1u
 
 /* Every reply: then text_len bytes of refusal text, then payload bytes. */
 typedef struct kvli_shm_msg_reply {

@@ -55,8 +55,6 @@ typedef struct kvli_tcp_msg kvli_tcp_msg_t;
 typedef struct kvli_tcp_reply kvli_tcp_reply_t;
 typedef struct kvli_tcp_xpriv kvli_tcp_xpriv_t;
 
-/* Defined by the core (agent.c): the agent's shared secret, NULL/0 if none. */
-void kvli_ctx_secret(const kvl_bk_ctx_t *ctx, const uint8_t **secret_p, size_t *len_p);
 
 typedef struct kvli_tcp_mh {
     uint64_t addr, len;

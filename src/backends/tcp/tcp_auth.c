@@ -5,12 +5,11 @@
 #include <string.h>
 #include <sys/random.h>
 #include "tcp_auth.h"
+#include "common/mac.h"
 #include "tcp_proto.h"
 #include "tcp_sock.h"
 
 #include <openssl/crypto.h>
-#include <openssl/evp.h>
-#include <openssl/hmac.h>
 #include <openssl/rand.h>
 
 #define KVLI_AUTH1_MAGIC 0x3141564bu   /* "KVA1" */
@@ -26,13 +25,12 @@ static int kvli_tcp_auth_random(uint8_t *b, size_t n)
 static void kvli_tcp_auth_hmac(const uint8_t *key, size_t klen, const uint8_t *msg, size_t mlen,
                                uint8_t *out)
 {
-    unsigned int ol = KVLI_AUTH_MAC;
-    if (HMAC(EVP_sha256(), key, (int)klen, msg, mlen, out, &ol) == NULL)
-        memset(out, 0, KVLI_AUTH_MAC); /* cannot match a real MAC of the peer */
+    kvli_mac_part_t part = {msg, mlen};
+    kvli_mac(key, klen, &part, 1, out);
 }
 static int kvli_tcp_auth_equal(const uint8_t *a, const uint8_t *b, size_t n)
 {
-    return CRYPTO_memcmp(a, b, n) == 0;
+    return kvli_mac_equal(a, b, n);
 }
 
 static void kvli_tcp_auth_mac(const kvli_tcp_auth_t *a, int server, uint8_t *out)

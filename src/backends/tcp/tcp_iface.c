@@ -388,7 +388,8 @@ static kvl_status_t kvli_tcp_open(kvl_bk_ctx_t *ctx, const kvl_param_t *params, 
     iface->timeout_ms = ctx->timeout_ms ? ctx->timeout_ms : KVLI_TCP_DEFAULT_TIMEOUT_MS;
     iface->listen_fd = -1;
     iface->wake_fd = -1;
-    kvli_ctx_secret(ctx, &iface->secret, &iface->secret_len);
+    iface->secret = ctx->secret;
+    iface->secret_len = ctx->secret_len;
     pthread_mutex_init(&iface->lock, NULL);
     pthread_mutex_init(&iface->pool_lock, NULL);
     pthread_condattr_init(&ca);
