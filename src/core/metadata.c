@@ -360,7 +360,8 @@ kvl_status_t kvl_metadata_load(kvl_agent_t *a, const void *blob, size_t len, cha
         if (r->regions[i].len > r->max_len)
             r->max_len = r->regions[i].len;
     }
-    qsort(r->regions, r->n_regions, sizeof(*r->regions), kvli_rregion_cmp);
+    if (r->n_regions > 1) /* none: regions is NULL, which qsort must not get */
+        qsort(r->regions, r->n_regions, sizeof(*r->regions), kvli_rregion_cmp);
     kvli_md_release(&md);
 
     /* Swap in, re-checking: another thread may have loaded meanwhile. */
