@@ -34,6 +34,11 @@
 #define KVLI_CUDA_MAX_DEVICES 64
 #define KVLI_CUDA_STREAMS 4                /* streams per device per iface */
 #define KVLI_CUDA_UNIT_BYTES (512ull << 20) /* cancel is checked between units */
+/* Units of indexed transfers: one launch for up to 2 GiB (the window of 4
+ * units of 512 MiB that a re-post enqueues at once anyway), no tail of a
+ * launch between them. */
+#define KVLI_CUDA_IDX_UNIT_BYTES (2048ull << 20)
+#define KVLI_CUDA_IDX_THREADS 512u
 #define KVLI_CUDA_UNIT_BLOCKS 8192u        /* blocks per batch / uncached kernel launch at most */
 #define KVLI_CUDA_WINDOW 4                 /* units in flight per transfer */
 #define KVLI_CUDA_PIECE (1ull << 20)       /* kernel splits blocks above this */

@@ -386,8 +386,8 @@ static int kvli_cuda_unit_launch(kvli_cuda_iface_t *iface, kvli_cuda_xpriv_t *xp
         xc->up_units = u + 1;
     }
     if (xc->indexed)
-        cr = d->cuLaunchKernel(iface->dres[xp->dev].fn_idx, grid, 1, 1, 256, 1, 1, 0, xp->stream,
-                               iargs, NULL);
+        cr = d->cuLaunchKernel(iface->dres[xp->dev].fn_idx, grid, 1, 1, KVLI_CUDA_IDX_THREADS, 1,
+                               1, 0, xp->stream, iargs, NULL);
     else
         cr = d->cuLaunchKernel(iface->dres[xp->dev].fn, grid, 1, 1, 256, 1, 1, 0, xp->stream,
                                args, NULL);
@@ -594,7 +594,7 @@ static int kvli_cuda_xc_build_indexed(kvli_cuda_iface_t *iface, kvli_cuda_xpriv_
 {
     const kvl_bk_xfer_t *x = xp->x;
     size_t n = x->nidx;
-    uint64_t len = x->ltab->len, per = KVLI_CUDA_UNIT_BYTES / len;
+    uint64_t len = x->ltab->len, per = KVLI_CUDA_IDX_UNIT_BYTES / len;
     kvli_cuda_ptab_t *lt, *rt;
 
     lt = kvli_cuda_ptab_get(iface, xp, x->ltab, x->ltab_cache, 0, text, cap);
@@ -914,12 +914,8 @@ kvl_status_t kvli_cuda_xfer_post(void *bk, kvl_bk_xfer_t *x, kvl_error_t *err)
      * Many blocks otherwise: the first table only; the progress thread
      * builds the rest while the GPU works, so the caller's thread returns
      * after one table's worth of work. */
-    /* An indexed transfer whose indices are not all up yet: the first unit
-     * here, the rest from the progress thread (each copies its indices). */
-    unsigned now = single || xp->xc != NULL ? KVLI_CUDA_WINDOW : 1u;
-    if (xp->xc != NULL && xp->xc->indexed && xp->xc->up_units < xp->xc->nunits)
-        now = 1;
-    while (xp->u_count < now && kvli_cuda_xp_more(xp)) {
+    while (xp->u_count < (single || xp->xc != NULL ? KVLI_CUDA_WINDOW : 1u) &&
+           kvli_cuda_xp_more(xp)) {
         if (kvli_cuda_unit_enqueue(iface, xp, text, sizeof(text)) != 0) {
             if (xp->u_count == 0) {
                 if (xp->staged) /* the upload may be pending: the table stays */

