@@ -98,6 +98,24 @@ static kvl_status_t kvli_pick_backend(kvl_agent_t *a, kvl_xfer_t *x, const kvl_p
     return KVL_ERR_NO_BACKEND;
 }
 
+/* A transfer object before its backend is picked (NULL: out of memory). */
+static kvl_xfer_t *kvli_xfer_new(kvl_agent_t *a, kvl_xfer_op_t op)
+{
+    kvl_xfer_t *x = calloc(1, sizeof(*x));
+    if (x == NULL)
+        return NULL;
+    x->agent = a;
+    x->op = op;
+    pthread_mutex_init(&x->lock, NULL);
+    pthread_cond_init(&x->cond, NULL);
+    return x;
+}
+
+static const char *kvli_xfer_want(const kvl_xfer_params_t *params)
+{
+    return params && (params->field_mask & KVL_XFER_PARAM_BACKEND) ? params->backend : NULL;
+}
+
 /* Common end of building a transfer (x has its backend, regions and
  * segments or indices): the notification, the backend's view, the agent's
  * list. Only fails for memory. */
@@ -192,19 +210,12 @@ static kvl_status_t kvli_xfer_build_indexed(kvl_agent_t *a, kvl_xfer_op_t op, kv
         return KVL_OK;
     lused = malloc(lp->nregs + 1);
     rused = malloc(rp->nregs + 1);
-    x = calloc(1, sizeof(*x));
-    if (lused == NULL || rused == NULL || x == NULL)
+    if (lused == NULL || rused == NULL || (x = kvli_xfer_new(a, op)) == NULL)
         goto oom;
     memset(lused, 1, lp->nregs + 1);
     memset(rused, 1, rp->nregs + 1);
-    x->agent = a;
-    x->op = op;
-    pthread_mutex_init(&x->lock, NULL);
-    pthread_cond_init(&x->cond, NULL);
     pthread_mutex_lock(&a->lock);
-    st = kvli_pick_backend(a, x, lp, rp, lused, rused,
-                           (params && (params->field_mask & KVL_XFER_PARAM_BACKEND)) ? params->backend
-                                                                                    : NULL, err);
+    st = kvli_pick_backend(a, x, lp, rp, lused, rused, kvli_xfer_want(params), err);
     if (st != KVL_OK || !(x->bk->ops->caps & KVL_BK_CAP_INDEXED)) {
         /* Not with every region of both lists: the usual path decides on
          * the regions this transfer really uses. */
@@ -267,8 +278,12 @@ static kvl_status_t kvli_xfer_build_indexed(kvl_agent_t *a, kvl_xfer_op_t op, kv
     return KVL_OK;
 
 oom:
-    free(x);
-    x = NULL;
+    if (x != NULL) {
+        pthread_mutex_destroy(&x->lock);
+        pthread_cond_destroy(&x->cond);
+        free(x);
+        x = NULL;
+    }
 oom_x:
     free(lused);
     free(rused);
@@ -440,18 +455,12 @@ kvl_status_t kvli_xfer_build(kvl_agent_t *a, kvl_xfer_op_t op, const kvl_prep_t 
         goto fail;
     }
 
-    x = calloc(1, sizeof(*x));
+    x = kvli_xfer_new(a, op);
     if (x == NULL)
         goto oom;
-    x->agent = a;
-    x->op = op;
-    pthread_mutex_init(&x->lock, NULL);
-    pthread_cond_init(&x->cond, NULL);
 
     pthread_mutex_lock(&a->lock);
-    st = kvli_pick_backend(a, x, lp, rp, lused, rused,
-                           (params && (params->field_mask & KVL_XFER_PARAM_BACKEND)) ? params->backend
-                                                                                    : NULL, err);
+    st = kvli_pick_backend(a, x, lp, rp, lused, rused, kvli_xfer_want(params), err);
     if (st != KVL_OK) {
         pthread_mutex_unlock(&a->lock);
         goto fail;
