@@ -586,7 +586,7 @@ void kvli_cuda_ptab_release(void *bk, void *cache)
  * First posting of an indexed transfer (context pushed): the lists' address
  * tables (made once per list), this transfer's index arrays (local, then
  * remote) uploaded behind them on the posting's stream, units of at most
- * KVLI_CUDA_UNIT_BYTES. 0; 1: not here (a list lives on another device:
+ * KVLI_CUDA_IDX_UNIT_BYTES. 0; 1: not here (a list lives on another device:
  * expand); -1 with text.
  */
 static int kvli_cuda_xc_build_indexed(kvli_cuda_iface_t *iface, kvli_cuda_xpriv_t *xp,
@@ -623,8 +623,7 @@ static int kvli_cuda_xc_build_indexed(kvli_cuda_iface_t *iface, kvli_cuda_xpriv_
     if (xc->tab == NULL)
         return -1;
     /* The indices go up unit by unit, each just before its launch
-     * (kvli_cuda_unit_launch): the GPU starts on the first unit while the
-     * host copies the next one's. */
+     * (kvli_cuda_unit_launch); a re-post uploads none. */
     xc->npieces = n;
     xc->up_units = 0;
     xc->indexed = 1;
@@ -877,8 +876,11 @@ kvl_status_t kvli_cuda_xfer_post(void *bk, kvl_bk_xfer_t *x, kvl_error_t *err)
                 iface->ctx->log(iface->ctx, KVL_LOG_DEBUG, "indexed transfer to '%s' not moved "
                                 "from its indices (%.200s); pairing it", peer->name, text);
             text[0] = '\0';
-            if (xc != NULL && xc->tab != NULL) {
-                iface->drv->cuStreamSynchronize(xp->stream); /* a pending upload */
+            if (xc != NULL && (xc->tab != NULL || xc->unit_end != NULL)) {
+                /* A half-built indexed cache goes; the next posting makes a
+                 * cache for the segments. */
+                if (xc->tab != NULL)
+                    iface->drv->cuStreamSynchronize(xp->stream); /* a pending upload */
                 x->bk_priv = NULL;
                 kvli_cuda_xc_free(iface, xc);
                 xc = NULL;
