@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <string.h>
 #include "internal.h"
+#include "common/errname.h"
 
 static _Thread_local kvl_error_t kvli_tls_err;
 
@@ -132,11 +133,17 @@ static void kvli_sbuf_printf(kvli_sbuf_t *s, const char *fmt, ...)
         s->need += (size_t)n;
 }
 
-static void kvli_render_errno(kvli_sbuf_t *s, int e)
+/* " (errno N: text)" after a message, unless the message already quotes the
+ * errno (its name, "ENOENT", or its text): errno is formatted once. */
+static void kvli_render_errno(kvli_sbuf_t *s, int e, const char *what)
 {
     if (e != 0) {
         char eb[128];
         const char *msg = strerror_r(e, eb, sizeof(eb));
+        const char *name = kvli_errno_name(e);
+        if ((name != NULL && name[0] && strstr(what, name) != NULL) ||
+            (msg != NULL && msg[0] && strstr(what, msg) != NULL))
+            return;
         kvli_sbuf_printf(s, " (errno %d: %s)", e, msg);
     }
 }
@@ -150,7 +157,7 @@ size_t kvl_error_render(const kvl_error_t *err, char *buf, size_t len)
         err = &kvli_tls_err;
     kvli_sbuf_printf(&s, "%s: %s", kvl_status_name(err->code),
                      err->what[0] ? err->what : kvl_status_str(err->code));
-    kvli_render_errno(&s, err->sys_errno);
+    kvli_render_errno(&s, err->sys_errno, err->what);
     if (err->backend[0] || err->device >= 0 || err->agent[0] || err->region[0]) {
         const char *sep = "";
         kvli_sbuf_printf(&s, "\n  where: ");
@@ -177,7 +184,7 @@ size_t kvl_error_render(const kvl_error_t *err, char *buf, size_t len)
         if (c->device >= 0)
             kvli_sbuf_printf(&s, "[device %d] ", c->device);
         kvli_sbuf_printf(&s, "%s: %s", kvl_status_name(c->code), c->what);
-        kvli_render_errno(&s, c->sys_errno);
+        kvli_render_errno(&s, c->sys_errno, c->what);
         if (c->hint[0])
             kvli_sbuf_printf(&s, "\n    fix: %s", c->hint);
     }

@@ -109,8 +109,7 @@ kvl_status_t kvli_shm_peer_disconnect_error(kvli_shm_peer_t *peer, uint64_t move
 static void kvli_shm_peer_io_dead(kvli_shm_peer_t *peer, const char *call, int rc)
 {
     if (rc == KVLI_SHM_EOF)
-        kvli_shm_peer_mark_dead(peer, ECONNRESET, "%s = 0 (connection closed by the peer)",
-                                call);
+        kvli_shm_peer_mark_dead(peer, 0, "%s = 0 (connection closed by the peer)", call);
     else if (rc == EAGAIN || rc == EWOULDBLOCK)
         kvli_shm_peer_mark_dead(peer, ETIMEDOUT, "%s = -1 EAGAIN: no data for %" PRIu64
                                 " ms in the middle of a message", call,

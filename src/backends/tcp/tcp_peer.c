@@ -437,7 +437,7 @@ void kvli_tcp_peer_describe(void *bk, void *peer_h, char *buf, size_t len)
 static void kvli_tcp_peer_io_dead(kvli_tcp_peer_t *peer, const char *call, ssize_t n, int e)
 {
     if (n == 0)
-        kvli_tcp_peer_mark_dead(peer, ECONNRESET, "%s = 0 (connection closed by the peer)", call);
+        kvli_tcp_peer_mark_dead(peer, 0, "%s = 0 (connection closed by the peer)", call);
     else
         kvli_tcp_peer_mark_dead(peer, e, "%s = -1 %s (%s)", call, kvli_errno_name(e),
                                 strerror(e));
