@@ -22,7 +22,7 @@ static void probe_cb(void *arg, const char *check, int status, const char *obser
 {
     (void)arg;
     printf("  probe %-20s %d %s | %s\n", check, status, observed, hint);
-    if (strcmp(check, "cuda driver") == 0 && status == 2) {
+    if (strcmp(check, "driver") == 0 && status == 2) {
         probe_fail = 1;
         snprintf(probe_text, sizeof(probe_text), "%s", observed);
     }

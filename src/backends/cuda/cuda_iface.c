@@ -147,14 +147,14 @@ static void kvli_cuda_probe(void (*report)(void *arg, const char *check, int sta
     (void)planned_bytes;
     if (d == NULL) {
         /* A failure only when GPU memory is planned; a warning otherwise. */
-        report(arg, "cuda driver", mem == KVL_MEM_VRAM ? 2 : 1, kvli_cuda_drv_reason(),
+        report(arg, "driver", mem == KVL_MEM_VRAM ? 2 : 1, kvli_cuda_drv_reason(),
                "install the NVIDIA driver or expose it to the container (NVIDIA container "
                "toolkit); set KVL_CUDA_DRIVER to a libcuda.so.1 path to use another one");
         return;
     }
     snprintf(obs, sizeof(obs), "CUDA driver %d.%d at %.300s", d->version / 1000,
              (d->version % 1000) / 10, d->path);
-    report(arg, "cuda driver", 0, obs, "");
+    report(arg, "driver", 0, obs, "");
     for (int i = 0; i < d->ndev; i++) {
         char check[48];
         snprintf(check, sizeof(check), "cuda device %d", i);

@@ -746,8 +746,22 @@ static void kvli_cuda_xp_fail(kvli_cuda_xpriv_t *xp, kvl_status_t st, const char
         kvl_bk_error_set(xp->fail_err, st, 0, KVLI_CUDA_NAME, xp->dev,
                          "transfer to agent '%s' (%" PRIu64 " bytes) failed on CUDA device %d: "
                          "%.300s", xp->peer->name, xp->x->total_bytes, xp->dev, text);
-        kvl_bk_error_hint(xp->fail_err, "a CUDA error in the copy usually means a region was "
-                          "freed while registered; the GPU context may now be unusable");
+        /* The fix follows what failed, not one guess for every failure. */
+        if (strstr(text, "ILLEGAL_ADDRESS") != NULL || strstr(text, "INVALID_ADDRESS") != NULL)
+            kvl_bk_error_hint(xp->fail_err, "the GPU met an address it cannot reach: a registered "
+                              "region was probably freed (or reallocated) while registered; "
+                              "deregister GPU memory before freeing it. The GPU context is now "
+                              "unusable in this process: restart it");
+        else if (strstr(text, "OUT_OF_MEMORY") != NULL)
+            kvl_bk_error_hint(xp->fail_err, "the GPU has no memory left for the transfer's "
+                              "descriptor tables or copies; free GPU memory or move fewer blocks "
+                              "per transfer");
+        else if (strstr(text, "out of memory") != NULL)
+            kvl_bk_error_hint(xp->fail_err, "the process is out of host memory");
+        else
+            kvl_bk_error_hint(xp->fail_err, "see the CUDA call and its error above; check "
+                              "nvidia-smi and the log (after a failed launch the GPU context "
+                              "may be unusable)");
         snprintf(xp->fail_err->agent, sizeof(xp->fail_err->agent), "%s", xp->peer->name);
     }
 }

@@ -859,10 +859,15 @@ void kvli_shm_peer_describe(void *bk, void *peer_h, char *buf, size_t len)
     int mapped;
     if (buf == NULL || len == 0)
         return;
+    char dead[200] = "";
     pthread_mutex_lock(&iface->lock);
     mapped = peer->maps != NULL;
+    if (atomic_load(&peer->dead))
+        snprintf(dead, sizeof(dead), "%s", peer->dead_what);
     pthread_mutex_unlock(&iface->lock);
-    if (peer->cma_ok)
+    if (dead[0])
+        snprintf(buf, len, "disconnected (%s); load its metadata again once it is back", dead);
+    else if (peer->cma_ok)
         snprintf(buf, len, "%scma", mapped ? "mmap+" : "");
     else if (iface->cma_off)
         snprintf(buf, len, "%ssocket (cma=off)", mapped ? "mmap+" : "");
