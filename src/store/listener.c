@@ -16,6 +16,7 @@
 #include "common/errname.h"
 #include "backends/tcp/tcp_auth.h"
 #include "backends/tcp/tcp_sock.h"
+#include "core/md_codec.h"
 #include "listener.h"
 #include "listener_proto.h"
 
@@ -80,8 +81,12 @@ static void kvli_listener_serve(kvli_listener_t *l, int fd, const char *addr)
     uint8_t *body = NULL;
     int rc;
 
-    if (kvli_tcp_auth_server(fd, KVLI_AUTH_PURPOSE_LISTENER, a->secret, a->secret_len, deadline,
-                             a->name, why, sizeof(why)) != 0) {
+    /* A connection that does not authenticate promptly gives its slot back:
+     * idle sockets cannot hold the listener. */
+    uint64_t auth_ms = a->timeout_ms < KVLI_LSN_AUTH_MS ? a->timeout_ms : KVLI_LSN_AUTH_MS;
+    if (kvli_tcp_auth_server(fd, KVLI_AUTH_PURPOSE_LISTENER, a->secret, a->secret_len,
+                             kvli_tcp_now_ns() + auth_ms * 1000000u, a->name, why,
+                             sizeof(why)) != 0) {
         kvli_log(KVL_LOG_WARN, "listener", "agent '%s': refused a connection from %s: %s",
                  a->name, addr, why);
         return;
@@ -124,8 +129,26 @@ static void kvli_listener_serve(kvli_listener_t *l, int fd, const char *addr)
         }
         kvli_log(KVL_LOG_DEBUG, "listener", "agent '%s': served FETCH from %s", a->name, addr);
     } else if (type == KVLI_LSN_PUSH) {
-        kvl_status_t st = kvl_metadata_load(a, body, (size_t)len, name, sizeof(name));
-        if (st != KVL_OK) {
+        kvl_status_t st;
+        kvli_md_t md;
+        kvl_error_t derr;
+        int own = 0;
+        /* Our own metadata would make this agent a peer of itself. */
+        if (kvli_md_decode(body, (size_t)len, &md, &derr) == KVL_OK) {
+            own = strcmp(md.name, a->name) == 0;
+            kvli_md_release(&md);
+        }
+        if (own) {
+            st = KVL_ERR_INVALID_ARG;
+            snprintf(text, sizeof(text), "agent '%s' refuses metadata that names itself (pushed "
+                     "from %s): an agent is not its own peer", a->name, addr);
+        } else {
+            st = kvl_metadata_load(a, body, (size_t)len, name, sizeof(name));
+        }
+        if (own) {
+            kvli_log(KVL_LOG_WARN, "listener", "agent '%s': metadata pushed from %s refused: %s",
+                     a->name, addr, text);
+        } else if (st != KVL_OK) {
             kvli_listener_error_text(text, sizeof(text));
             kvli_log(KVL_LOG_WARN, "listener", "agent '%s': metadata pushed from %s refused: %s",
                      a->name, addr, text);
@@ -213,7 +236,24 @@ static void *kvli_listener_accept_main(void *arg)
         job->l = l;
         job->fd = fd;
         kvli_tcp_addr_str((struct sockaddr *)&ss, job->addr, sizeof(job->addr));
+        char host[64];
+        snprintf(host, sizeof(host), "%s", job->addr);
+        char *colon = strrchr(host, ':');
+        if (colon != NULL)
+            *colon = '\0';
+        unsigned same = 0;
         pthread_mutex_lock(&l->lock);
+        for (unsigned i = 0; i < KVLI_LSN_WORKERS; i++)
+            same += l->worker_fd[i] >= 0 && strcmp(l->worker_host[i], host) == 0;
+        if (same >= KVLI_LSN_PER_HOST) {
+            pthread_mutex_unlock(&l->lock);
+            kvli_log(KVL_LOG_WARN, "listener", "agent '%s': %u connections from %s are being "
+                     "served; refusing another (at most %u per address)", l->agent->name, same,
+                     host, KVLI_LSN_PER_HOST);
+            close(fd);
+            free(job);
+            continue;
+        }
         for (slot = 0; slot < KVLI_LSN_WORKERS && l->worker_fd[slot] >= 0; slot++)
             ;
         if (slot == KVLI_LSN_WORKERS) {
@@ -226,6 +266,7 @@ static void *kvli_listener_accept_main(void *arg)
         }
         job->slot = slot;
         l->worker_fd[slot] = fd;
+        snprintf(l->worker_host[slot], sizeof(l->worker_host[slot]), "%s", host);
         l->nworkers++;
         pthread_mutex_unlock(&l->lock);
         pthread_attr_init(&attr);

@@ -19,6 +19,8 @@
 #include "core/internal.h"
 
 #define KVLI_LSN_WORKERS 32u
+#define KVLI_LSN_PER_HOST 16u         /* connections served at once per peer address */
+#define KVLI_LSN_AUTH_MS 2000u        /* bound for a connection to authenticate */
 #define KVLI_LSN_HP_MAX 280u
 
 typedef struct kvli_listener_target {
@@ -38,6 +40,7 @@ typedef struct kvli_listener {
     int accept_started;
     unsigned nworkers;
     int worker_fd[KVLI_LSN_WORKERS];
+    char worker_host[KVLI_LSN_WORKERS][64]; /* peer address of each slot, no port */
     /* pushing */
     kvli_listener_target_t *targets;
     pthread_t updater;

@@ -328,6 +328,38 @@ int main(void)
         printf("5. 200 garbage connections + 8 idle ones: alpha still serves\n");
     }
 
+    /* 5b. a flood of idle connections from one address holds at most
+     * KVLI_LSN_PER_HOST slots: a client from another address is served */
+    {
+        char lh[128];
+        unsigned lp = 0;
+        snprintf(lh, sizeof(lh), "%s", la);
+        char *colon = strrchr(lh, ':');
+        KT_CHECK(colon != NULL);
+        *colon = '\0';
+        lp = (unsigned)atoi(colon + 1);
+        struct sockaddr_in dst = {.sin_family = AF_INET, .sin_port = htons((uint16_t)lp)};
+        inet_pton(AF_INET, lh, &dst.sin_addr);
+        int flood[40], held = 0;
+        for (int i = 0; i < 40; i++) {
+            flood[i] = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+            struct sockaddr_in src = {.sin_family = AF_INET};
+            inet_pton(AF_INET, "127.0.0.2", &src.sin_addr);
+            KT_CHECK(bind(flood[i], (struct sockaddr *)&src, sizeof(src)) == 0);
+            held += connect(flood[i], (struct sockaddr *)&dst, sizeof(dst)) == 0;
+        }
+        KT_CHECK(held == 40); /* accepted by the kernel; the listener decides */
+        KT_OK(kvl_metadata_fetch(b, la, NULL, 0)); /* from 127.0.0.1 */
+        for (int i = 0; i < 40; i++)
+            close(flood[i]);
+        printf("5b. 40 idle connections from 127.0.0.2: a client from 127.0.0.1 is served\n");
+    }
+
+    /* 5c. an agent's own metadata pushed to it is refused */
+    KT_STATUS(kvl_metadata_push(a, la), KVL_ERR_REMOTE_REFUSED);
+    KT_ERROR_HAS("refuses metadata that names itself");
+    printf("5c. alpha's own metadata pushed to alpha: refused\n");
+
     /* 6. destroy sends INVALIDATE to every listener we pushed to */
     KT_OK(kvl_remote_check(a, "beta"));
     kvl_agent_destroy(b);
