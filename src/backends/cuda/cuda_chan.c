@@ -476,8 +476,17 @@ void kvli_cuda_chan_accept(kvli_cuda_iface_t *iface)
         c->fd = fd;
         snprintf(c->name, sizeof(c->name), "?");
         memset(&cred, 0, sizeof(cred));
-        if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &cl) == 0)
-            c->cred_pid = cred.pid;
+        /* GPU memory handles go only to processes of our own user. */
+        if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &cl) != 0 || cred.uid != geteuid()) {
+            iface->ctx->log(iface->ctx, KVL_LOG_WARN,
+                            "refused a cuda connection from pid %d uid %u on @%s: only uid %u "
+                            "(ours) may map this agent's GPU memory", (int)cred.pid,
+                            (unsigned)cred.uid, iface->sock_name, (unsigned)geteuid());
+            close(fd);
+            free(c);
+            continue;
+        }
+        c->cred_pid = cred.pid;
         kvli_cuda_sock_timeouts(fd, iface->timeout_ms);
         c->next = iface->conns;
         iface->conns = c;
