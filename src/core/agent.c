@@ -259,6 +259,14 @@ uint64_t kvl_agent_incarnation(const kvl_agent_t *a)
     return a ? a->incarnation : 0;
 }
 
+const kvli_agent_hooks_t *kvli_agent_hooks(kvl_agent_t *a)
+{
+    pthread_mutex_lock(&a->lock);
+    const kvli_agent_hooks_t *h = a->hooks;
+    pthread_mutex_unlock(&a->lock);
+    return h;
+}
+
 void kvl_agent_destroy(kvl_agent_t *a)
 {
     if (a == NULL)
@@ -272,8 +280,11 @@ void kvl_agent_destroy(kvl_agent_t *a)
     }
     pthread_mutex_unlock(&kvli_live_lock);
 
-    /* 0. the listener: peers we pushed to drop our metadata; stop serving */
-    kvli_listener_agent_destroy(a);
+    /* 0. what attached above the core (the listener: peers we pushed to drop
+     *    our metadata; stop serving) */
+    const kvli_agent_hooks_t *hooks = kvli_agent_hooks(a);
+    if (hooks != NULL && hooks->destroy != NULL)
+        hooks->destroy(a);
     /* 1. transfers: cancel what moves, then free (the lock is not held while
      *    waiting, completion callbacks need it) */
     for (;;) {

@@ -235,16 +235,24 @@ struct kvl_agent {
     uint8_t *secret;                  /* shared secret (copy), NULL if none */
     size_t secret_len;
     struct kvli_listener *listener;   /* src/store/listener.c, created on first use */
+    const struct kvli_agent_hooks *hooks; /* set by what attaches (under lock) */
 
     struct kvl_agent *next_live;      /* global list of live agents */
 };
 
-/* ---- the agent listener (src/store/) ---- */
-/* At kvl_agent_destroy, first: invalidate our metadata at every listener we
- * pushed to, stop listening. */
-void kvli_listener_agent_destroy(kvl_agent_t *a);
-/* After a deregistration: listeners we pushed to get the new metadata. */
-void kvli_listener_regions_changed(kvl_agent_t *a);
+/* ---- hooks for what is built above the core (the listener in src/store/) ----
+ * The core knows no store: a component that attaches to an agent sets
+ * agent->hooks (under agent->lock) and the core calls what is set. */
+typedef struct kvli_agent_hooks {
+    /* First in kvl_agent_destroy (the listener: invalidate our metadata at
+     * every listener we pushed to, stop listening). */
+    void (*destroy)(kvl_agent_t *a);
+    /* After a deregistration (the listener: those we pushed to get the new
+     * metadata). */
+    void (*regions_changed)(kvl_agent_t *a);
+} kvli_agent_hooks_t;
+/* The hooks set on an agent, or NULL. */
+const kvli_agent_hooks_t *kvli_agent_hooks(kvl_agent_t *a);
 
 /* Build the xfer from two prepared lists (xfer.c). */
 kvl_status_t kvli_xfer_build(kvl_agent_t *a, kvl_xfer_op_t op, const kvl_prep_t *lp,

@@ -626,8 +626,10 @@ kvl_status_t kvl_mem_deregister(kvl_agent_t *a, const kvl_mem_desc_t *regions, s
     for (size_t i = 0; i < n; i++)
         kvli_region_drop(a, kvli_registry_exact(a, regions[i].addr, regions[i].len));
     atomic_fetch_add(&a->generation, 1);
+    const kvli_agent_hooks_t *hooks = a->hooks;
     pthread_mutex_unlock(&a->lock);
-    kvli_listener_regions_changed(a);
+    if (hooks != NULL && hooks->regions_changed != NULL)
+        hooks->regions_changed(a);
     return KVL_OK;
 fail:
     pthread_mutex_unlock(&a->lock);

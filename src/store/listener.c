@@ -20,6 +20,15 @@
 #include "listener.h"
 #include "listener_proto.h"
 
+static void kvli_listener_regions_changed(kvl_agent_t *a);
+static void kvli_listener_agent_destroy(kvl_agent_t *a);
+
+/* How the listener follows its agent (the core calls these; it knows no store). */
+static const kvli_agent_hooks_t kvli_listener_hooks = {
+    .destroy = kvli_listener_agent_destroy,
+    .regions_changed = kvli_listener_regions_changed,
+};
+
 kvli_listener_t *kvli_listener_get(kvl_agent_t *a, bool create)
 {
     kvli_listener_t *l;
@@ -35,6 +44,7 @@ kvli_listener_t *kvli_listener_get(kvl_agent_t *a, bool create)
             pthread_mutex_init(&l->lock, NULL);
             pthread_cond_init(&l->cond, NULL);
             a->listener = l;
+            a->hooks = &kvli_listener_hooks;
         }
     }
     pthread_mutex_unlock(&a->lock);
@@ -407,7 +417,7 @@ static void *kvli_listener_updater_main(void *arg)
     return NULL;
 }
 
-void kvli_listener_regions_changed(kvl_agent_t *a)
+static void kvli_listener_regions_changed(kvl_agent_t *a)
 {
     kvli_listener_t *l = kvli_listener_get(a, false);
     if (l == NULL)
@@ -423,7 +433,7 @@ void kvli_listener_regions_changed(kvl_agent_t *a)
     pthread_mutex_unlock(&l->lock);
 }
 
-void kvli_listener_agent_destroy(kvl_agent_t *a)
+static void kvli_listener_agent_destroy(kvl_agent_t *a)
 {
     kvli_listener_t *l = kvli_listener_get(a, false);
     if (l == NULL)
