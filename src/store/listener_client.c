@@ -10,8 +10,8 @@
 #include <string.h>
 #include <unistd.h>
 #include "common/errname.h"
-#include "backends/tcp/tcp_auth.h"
-#include "backends/tcp/tcp_sock.h"
+#include "common/auth.h"
+#include "common/inet.h"
 #include "listener.h"
 #include "listener_proto.h"
 

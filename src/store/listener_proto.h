@@ -3,7 +3,7 @@
  * functions that are fuzzed (tests/fuzz/fuzz_tcp_proto.c).
  *
  * A connection carries the authentication exchange of the tcp backend
- * (backends/tcp/tcp_auth.h, purpose "listener"), then one request and one
+ * (common/auth.h, purpose "listener"), then one request and one
  * reply, then it closes.
  *   request  0 magic u32 ("KVLQ") | 4 type u32 | 8 body length u64 | body
  *   reply    0 magic u32 ("KVLR") | 4 status i32 | 8 text length u32 |

@@ -6,7 +6,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
-#include "backends/tcp/tcp_auth.h"
+#include "common/auth.h"
 #include "backends/tcp/tcp_proto.h"
 #include "store/listener_proto.h"
 

@@ -18,9 +18,9 @@
 #include <time.h>
 #include <unistd.h>
 #include "common/kvltest.h"
-#include "backends/tcp/tcp_auth.h"
+#include "common/auth.h"
 #include "backends/tcp/tcp_proto.h"
-#include "backends/tcp/tcp_sock.h"
+#include "common/inet.h"
 
 static pthread_mutex_t log_lock = PTHREAD_MUTEX_INITIALIZER;
 static char logbuf[1 << 16];
@@ -151,8 +151,8 @@ static int32_t evil_request(int fd, uint16_t type, uint64_t id, uint64_t addr, u
     kvli_tcp_hdr_t h;
     char why[128];
     kvli_tcp_proto_hdr_build(hdr, type, id, 16 + (type == KVLI_TCP_MSG_WRITE ? len : 0), len);
-    kvli_tcp_put64(rng, addr);
-    kvli_tcp_put64(rng + 8, len);
+    kvli_put64(rng, addr);
+    kvli_put64(rng + 8, len);
     KT_CHECK(kvli_tcp_io_write(fd, hdr, sizeof(hdr), deadline()) == 0);
     KT_CHECK(kvli_tcp_io_write(fd, rng, sizeof(rng), deadline()) == 0);
     if (type == KVLI_TCP_MSG_WRITE) {

@@ -32,9 +32,9 @@
 #include <sys/socket.h>
 #include <sys/uio.h>
 #include <kvlane/backend.h>
-#include "tcp_auth.h"
+#include "common/auth.h"
 #include "tcp_proto.h"
-#include "tcp_sock.h"
+#include "common/inet.h"
 
 #define KVLI_TCP_NAME "tcp"
 #define KVLI_TCP_DEFAULT_TIMEOUT_MS 5000u

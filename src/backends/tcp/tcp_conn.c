@@ -319,7 +319,7 @@ static void kvli_tcp_conn_hello(kvli_tcp_iface_t *iface, kvli_tcp_conn_t *c)
     }
     snprintf(c->name, sizeof(c->name), "%s", h.name);
     c->incarnation = h.incarnation;
-    kvli_tcp_put64(tail, ctx->incarnation);
+    kvli_put64(tail, ctx->incarnation);
     memcpy(tail + 8, ctx->agent_name, nl);
     kvli_tcp_conn_push(iface, c, kvli_tcp_reply_new(KVLI_TCP_MSG_HELLO_ACK, c->h.id, KVL_OK, NULL,
                                                     0, tail, 8 + nl));

@@ -5,12 +5,12 @@
 
 void kvli_tcp_proto_hdr_build(uint8_t *b, uint16_t type, uint64_t id, uint64_t len, uint64_t aux)
 {
-    kvli_tcp_put32(b, KVLI_TCP_MAGIC);
-    kvli_tcp_put16(b + 4, type);
-    kvli_tcp_put16(b + 6, 0);
-    kvli_tcp_put64(b + 8, id);
-    kvli_tcp_put64(b + 16, len);
-    kvli_tcp_put64(b + 24, aux);
+    kvli_put32(b, KVLI_TCP_MAGIC);
+    kvli_put16(b + 4, type);
+    kvli_put16(b + 6, 0);
+    kvli_put64(b + 8, id);
+    kvli_put64(b + 16, len);
+    kvli_put64(b + 24, aux);
 }
 
 uint64_t kvli_tcp_proto_reply_aux(int32_t status, uint32_t text_len)
@@ -28,16 +28,16 @@ static int kvli_tcp_proto_bad(char *why, size_t cap, const char *fmt, uint64_t v
 int kvli_tcp_proto_hdr_parse(const uint8_t *b, int dir, kvli_tcp_hdr_t *h, char *why,
                              size_t why_cap)
 {
-    uint32_t magic = kvli_tcp_get32(b);
+    uint32_t magic = kvli_get32(b);
     memset(h, 0, sizeof(*h));
-    h->type = kvli_tcp_get16(b + 4);
-    h->id = kvli_tcp_get64(b + 8);
-    h->len = kvli_tcp_get64(b + 16);
-    h->aux = kvli_tcp_get64(b + 24);
+    h->type = kvli_get16(b + 4);
+    h->id = kvli_get64(b + 8);
+    h->len = kvli_get64(b + 16);
+    h->aux = kvli_get64(b + 24);
     if (magic != KVLI_TCP_MAGIC)
         return kvli_tcp_proto_bad(why, why_cap, "bad message magic", magic);
-    if (kvli_tcp_get16(b + 6) != 0)
-        return kvli_tcp_proto_bad(why, why_cap, "unknown message flags", kvli_tcp_get16(b + 6));
+    if (kvli_get16(b + 6) != 0)
+        return kvli_tcp_proto_bad(why, why_cap, "unknown message flags", kvli_get16(b + 6));
     if (dir == KVLI_TCP_DIR_REQUEST) {
         switch (h->type) {
         case KVLI_TCP_MSG_HELLO:
@@ -105,7 +105,7 @@ int kvli_tcp_proto_ranges_parse(const uint8_t *b, uint32_t n, uint64_t payload, 
 {
     uint64_t sum = 0;
     for (uint32_t i = 0; i < n; i++) {
-        uint64_t a = kvli_tcp_get64(b + 16u * i), l = kvli_tcp_get64(b + 16u * i + 8);
+        uint64_t a = kvli_get64(b + 16u * i), l = kvli_get64(b + 16u * i + 8);
         if (l == 0 || a + l < a || sum + l < sum)
             return kvli_tcp_proto_bad(why, why_cap, "empty or wrapping range at address", a);
         sum += l;
@@ -119,12 +119,7 @@ int kvli_tcp_proto_ranges_parse(const uint8_t *b, uint32_t n, uint64_t payload, 
 
 int kvli_tcp_proto_name_ok(const uint8_t *b, size_t len)
 {
-    if (len == 0 || len > KVLI_TCP_NAME_MAX)
-        return 0;
-    for (size_t i = 0; i < len; i++)
-        if (b[i] <= 0x20 || b[i] >= 0x7f)
-            return 0;
-    return 1;
+    return kvli_wire_name_ok(b, len, KVLI_TCP_NAME_MAX);
 }
 
 size_t kvli_tcp_proto_hello_build(uint8_t *b, const char *name, uint64_t incarnation,
@@ -135,12 +130,12 @@ size_t kvli_tcp_proto_hello_build(uint8_t *b, const char *name, uint64_t incarna
         nl = KVLI_TCP_NAME_MAX;
     if (tl > KVLI_TCP_NAME_MAX)
         tl = KVLI_TCP_NAME_MAX;
-    kvli_tcp_put32(b, KVLI_TCP_PROTO_VERSION);
-    kvli_tcp_put32(b + 4, 0);
-    kvli_tcp_put64(b + 8, incarnation);
-    kvli_tcp_put64(b + 16, expect_incarnation);
-    kvli_tcp_put16(b + 24, (uint16_t)nl);
-    kvli_tcp_put16(b + 26, (uint16_t)tl);
+    kvli_put32(b, KVLI_TCP_PROTO_VERSION);
+    kvli_put32(b + 4, 0);
+    kvli_put64(b + 8, incarnation);
+    kvli_put64(b + 16, expect_incarnation);
+    kvli_put16(b + 24, (uint16_t)nl);
+    kvli_put16(b + 26, (uint16_t)tl);
     memcpy(b + KVLI_TCP_HELLO_FIXED, name, nl);
     memcpy(b + KVLI_TCP_HELLO_FIXED + nl, target, tl);
     return KVLI_TCP_HELLO_FIXED + nl + tl;
@@ -153,12 +148,12 @@ int kvli_tcp_proto_hello_parse(const uint8_t *b, size_t len, kvli_tcp_hello_t *h
     memset(h, 0, sizeof(*h));
     if (len < KVLI_TCP_HELLO_FIXED)
         return kvli_tcp_proto_bad(why, why_cap, "HELLO too short", len);
-    h->version = kvli_tcp_get32(b);
-    h->flags = kvli_tcp_get32(b + 4);
-    h->incarnation = kvli_tcp_get64(b + 8);
-    h->expect_incarnation = kvli_tcp_get64(b + 16);
-    nl = kvli_tcp_get16(b + 24);
-    tl = kvli_tcp_get16(b + 26);
+    h->version = kvli_get32(b);
+    h->flags = kvli_get32(b + 4);
+    h->incarnation = kvli_get64(b + 8);
+    h->expect_incarnation = kvli_get64(b + 16);
+    nl = kvli_get16(b + 24);
+    tl = kvli_get16(b + 26);
     if (h->version != KVLI_TCP_PROTO_VERSION)
         return kvli_tcp_proto_bad(why, why_cap, "HELLO protocol version not supported", h->version);
     if (h->flags != 0)
@@ -180,7 +175,7 @@ int kvli_tcp_proto_ack_parse(const uint8_t *b, size_t len, uint64_t *incarnation
     if (len < 9 || len > 8 + KVLI_TCP_NAME_MAX || !kvli_tcp_proto_name_ok(b + 8, len - 8) ||
         name_cap < len - 8 + 1)
         return kvli_tcp_proto_bad(why, why_cap, "HELLO_ACK name is not valid", len);
-    *incarnation = kvli_tcp_get64(b);
+    *incarnation = kvli_get64(b);
     memcpy(name, b + 8, len - 8);
     name[len - 8] = '\0';
     return 0;
@@ -189,11 +184,11 @@ int kvli_tcp_proto_ack_parse(const uint8_t *b, size_t len, uint64_t *incarnation
 void kvli_tcp_proto_conn_build(uint8_t *b, const kvli_tcp_conninfo_t *ci)
 {
     memset(b, 0, KVLI_TCP_CONN_LEN);
-    kvli_tcp_put32(b, KVLI_TCP_CONN_MAGIC);
-    kvli_tcp_put16(b + 4, KVLI_TCP_CONN_VERSION);
-    kvli_tcp_put16(b + 6, (uint16_t)ci->family);
-    kvli_tcp_put16(b + 8, ci->port);
-    kvli_tcp_put64(b + 12, ci->incarnation);
+    kvli_put32(b, KVLI_TCP_CONN_MAGIC);
+    kvli_put16(b + 4, KVLI_TCP_CONN_VERSION);
+    kvli_put16(b + 6, (uint16_t)ci->family);
+    kvli_put16(b + 8, ci->port);
+    kvli_put64(b + 12, ci->incarnation);
     memcpy(b + 20, ci->addr, ci->family == 4 ? 4 : 16);
 }
 
@@ -204,17 +199,17 @@ int kvli_tcp_proto_conn_parse(const uint8_t *b, size_t len, kvli_tcp_conninfo_t 
     memset(ci, 0, sizeof(*ci));
     if (b == NULL || len != KVLI_TCP_CONN_LEN)
         return kvli_tcp_proto_bad(why, why_cap, "record length is not 36", b ? len : 0);
-    if (kvli_tcp_get32(b) != KVLI_TCP_CONN_MAGIC)
-        return kvli_tcp_proto_bad(why, why_cap, "bad record magic", kvli_tcp_get32(b));
-    if (kvli_tcp_get16(b + 4) != KVLI_TCP_CONN_VERSION)
-        return kvli_tcp_proto_bad(why, why_cap, "record version not supported", kvli_tcp_get16(b + 4));
-    ci->family = kvli_tcp_get16(b + 6);
-    ci->port = kvli_tcp_get16(b + 8);
-    ci->incarnation = kvli_tcp_get64(b + 12);
+    if (kvli_get32(b) != KVLI_TCP_CONN_MAGIC)
+        return kvli_tcp_proto_bad(why, why_cap, "bad record magic", kvli_get32(b));
+    if (kvli_get16(b + 4) != KVLI_TCP_CONN_VERSION)
+        return kvli_tcp_proto_bad(why, why_cap, "record version not supported", kvli_get16(b + 4));
+    ci->family = kvli_get16(b + 6);
+    ci->port = kvli_get16(b + 8);
+    ci->incarnation = kvli_get64(b + 12);
     if (ci->family != 4 && ci->family != 6)
         return kvli_tcp_proto_bad(why, why_cap, "address family is neither 4 nor 6",
                                   (uint64_t)ci->family);
-    if (ci->port == 0 || kvli_tcp_get16(b + 10) != 0)
+    if (ci->port == 0 || kvli_get16(b + 10) != 0)
         return kvli_tcp_proto_bad(why, why_cap, "port 0 or reserved bits set", ci->port);
     if (ci->family == 4 && memcmp(b + 24, zero, 12) != 0)
         return kvli_tcp_proto_bad(why, why_cap, "IPv4 address with trailing bytes", 0);
@@ -226,11 +221,11 @@ int kvli_tcp_proto_conn_parse(const uint8_t *b, size_t len, kvli_tcp_conninfo_t 
 
 void kvli_tcp_proto_key_build(uint8_t *b, uint64_t addr, uint64_t len)
 {
-    kvli_tcp_put32(b, KVLI_TCP_KEY_MAGIC);
-    kvli_tcp_put16(b + 4, KVLI_TCP_KEY_VERSION);
-    kvli_tcp_put16(b + 6, 0);
-    kvli_tcp_put64(b + 8, addr);
-    kvli_tcp_put64(b + 16, len);
+    kvli_put32(b, KVLI_TCP_KEY_MAGIC);
+    kvli_put16(b + 4, KVLI_TCP_KEY_VERSION);
+    kvli_put16(b + 6, 0);
+    kvli_put64(b + 8, addr);
+    kvli_put64(b + 16, len);
 }
 
 int kvli_tcp_proto_key_parse(const uint8_t *b, size_t len, uint64_t *addr, uint64_t *rlen,
@@ -238,12 +233,12 @@ int kvli_tcp_proto_key_parse(const uint8_t *b, size_t len, uint64_t *addr, uint6
 {
     if (b == NULL || len != KVLI_TCP_KEY_LEN)
         return kvli_tcp_proto_bad(why, why_cap, "key length is not 24", b ? len : 0);
-    if (kvli_tcp_get32(b) != KVLI_TCP_KEY_MAGIC)
-        return kvli_tcp_proto_bad(why, why_cap, "bad key magic", kvli_tcp_get32(b));
-    if (kvli_tcp_get16(b + 4) != KVLI_TCP_KEY_VERSION || kvli_tcp_get16(b + 6) != 0)
-        return kvli_tcp_proto_bad(why, why_cap, "key version not supported", kvli_tcp_get16(b + 4));
-    *addr = kvli_tcp_get64(b + 8);
-    *rlen = kvli_tcp_get64(b + 16);
+    if (kvli_get32(b) != KVLI_TCP_KEY_MAGIC)
+        return kvli_tcp_proto_bad(why, why_cap, "bad key magic", kvli_get32(b));
+    if (kvli_get16(b + 4) != KVLI_TCP_KEY_VERSION || kvli_get16(b + 6) != 0)
+        return kvli_tcp_proto_bad(why, why_cap, "key version not supported", kvli_get16(b + 4));
+    *addr = kvli_get64(b + 8);
+    *rlen = kvli_get64(b + 16);
     return 0;
 }
 

@@ -33,6 +33,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include "common/wire.h"
 #include <string.h>
 
 #define KVLI_TCP_MAGIC 0x4354564bu          /* "KVTC" */
@@ -103,33 +104,6 @@ typedef struct kvli_tcp_conninfo {
 #define KVLI_TCP_KEY_MAGIC 0x5254564bu      /* "KVTR" */
 #define KVLI_TCP_KEY_VERSION 1u
 #define KVLI_TCP_KEY_LEN 24u
-
-static inline void kvli_tcp_put16(uint8_t *b, uint16_t v) { b[0] = (uint8_t)v; b[1] = (uint8_t)(v >> 8); }
-static inline void kvli_tcp_put32(uint8_t *b, uint32_t v)
-{
-    for (int i = 0; i < 4; i++)
-        b[i] = (uint8_t)(v >> (8 * i));
-}
-static inline void kvli_tcp_put64(uint8_t *b, uint64_t v)
-{
-    for (int i = 0; i < 8; i++)
-        b[i] = (uint8_t)(v >> (8 * i));
-}
-static inline uint16_t kvli_tcp_get16(const uint8_t *b) { return (uint16_t)(b[0] | (b[1] << 8)); }
-static inline uint32_t kvli_tcp_get32(const uint8_t *b)
-{
-    uint32_t v = 0;
-    for (int i = 3; i >= 0; i--)
-        v = (v << 8) | b[i];
-    return v;
-}
-static inline uint64_t kvli_tcp_get64(const uint8_t *b)
-{
-    uint64_t v = 0;
-    for (int i = 7; i >= 0; i--)
-        v = (v << 8) | b[i];
-    return v;
-}
 
 /* Build a header into b (KVLI_TCP_HDR_LEN bytes). */
 void kvli_tcp_proto_hdr_build(uint8_t *b, uint16_t type, uint64_t id, uint64_t len, uint64_t aux);

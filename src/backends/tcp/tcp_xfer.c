@@ -96,8 +96,8 @@ static int kvli_tcp_walk(kvli_tcp_xpriv_t *xp, uint64_t chunk, size_t *seg_p, ui
                 m->sp[m->nsp++] = (kvl_stage_piece_t){la, m->iov[n].iov_base, piece, lh->dev};
             }
             m->iov[n].iov_len = (size_t)piece;
-            kvli_tcp_put64(m->head + KVLI_TCP_HDR_LEN + 16u * (unsigned)n, ra);
-            kvli_tcp_put64(m->head + KVLI_TCP_HDR_LEN + 16u * (unsigned)n + 8, piece);
+            kvli_put64(m->head + KVLI_TCP_HDR_LEN + 16u * (unsigned)n, ra);
+            kvli_put64(m->head + KVLI_TCP_HDR_LEN + 16u * (unsigned)n + 8, piece);
         }
         n++;
         bytes += piece;

@@ -1,9 +1,10 @@
 /*
- * kvlane tcp backend: socket helpers shared with the agent listener
- * (src/store/): addresses, bounded connect, reads and writes with a deadline.
+ * Inet socket helpers of the shared layer, used by the tcp backend and the
+ * agent listener (src/store/): addresses, bounded connect, reads and writes
+ * with a deadline.
  */
-#ifndef KVLI_TCP_SOCK_H
-#define KVLI_TCP_SOCK_H
+#ifndef KVLI_INET_H
+#define KVLI_INET_H
 
 #include <sys/uio.h>
 #include <stddef.h>

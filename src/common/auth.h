@@ -1,6 +1,6 @@
 /*
- * kvlane tcp backend: mutual challenge-response on a fresh connection, shared
- * by the data connections and the agent listener (src/store/).
+ * Mutual challenge-response on a fresh connection (shared layer), used by the
+ * tcp backend's data connections and the agent listener (src/store/).
  *
  *   client -> AUTH1  magic "KVA1" u32 | version u16 | purpose u16 | flags u32
  *                    (bit 0: client has a secret) | nonce_c[32]          44 B
@@ -19,8 +19,8 @@
  * client refuses a server that cannot prove (verdict), the server refuses a
  * client that cannot (status); each side logs or returns the exact reason.
  */
-#ifndef KVLI_TCP_AUTH_H
-#define KVLI_TCP_AUTH_H
+#ifndef KVLI_AUTH_H
+#define KVLI_AUTH_H
 
 #include <stddef.h>
 #include <stdint.h>

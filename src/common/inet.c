@@ -1,4 +1,4 @@
-/* kvlane tcp backend: socket helpers (addresses, bounded connect and I/O). */
+/* Inet socket helpers (addresses, bounded connect and I/O); see inet.h. */
 #include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -13,7 +13,7 @@
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
-#include "tcp_sock.h"
+#include "inet.h"
 
 uint64_t kvli_tcp_now_ns(void)
 {

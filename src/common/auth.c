@@ -1,13 +1,13 @@
-/* kvlane tcp backend: HMAC-SHA256 challenge-response (see tcp_auth.h). */
+/* HMAC-SHA256 challenge-response over a socket, shared by the tcp backend and the listener (see auth.h). */
 #include <errno.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/random.h>
-#include "tcp_auth.h"
-#include "common/mac.h"
-#include "tcp_proto.h"
-#include "tcp_sock.h"
+#include "auth.h"
+#include "mac.h"
+#include "wire.h"
+#include "inet.h"
 
 #include <openssl/crypto.h>
 #include <openssl/rand.h>
@@ -39,7 +39,7 @@ static void kvli_tcp_auth_mac(const kvli_tcp_auth_t *a, int server, uint8_t *out
     uint8_t msg[sizeof(ls) + 2 + 2 * KVLI_AUTH_NONCE];
     size_t o = sizeof(ls) - 1;
     memcpy(msg, server ? ls : lc, o);
-    kvli_tcp_put16(msg + o, a->purpose);
+    kvli_put16(msg + o, a->purpose);
     o += 2;
     memcpy(msg + o, server ? a->nonce_c : a->nonce_s, KVLI_AUTH_NONCE);
     o += KVLI_AUTH_NONCE;
@@ -56,10 +56,10 @@ int kvli_tcp_auth_step1(kvli_tcp_auth_t *a, uint8_t *out)
 {
     if (kvli_tcp_auth_random(a->nonce_c, KVLI_AUTH_NONCE) != 0)
         return -1;
-    kvli_tcp_put32(out, KVLI_AUTH1_MAGIC);
-    kvli_tcp_put16(out + 4, KVLI_AUTH_VERSION);
-    kvli_tcp_put16(out + 6, a->purpose);
-    kvli_tcp_put32(out + 8, a->secret_len > 0 ? 1u : 0u);
+    kvli_put32(out, KVLI_AUTH1_MAGIC);
+    kvli_put16(out + 4, KVLI_AUTH_VERSION);
+    kvli_put16(out + 6, a->purpose);
+    kvli_put32(out + 8, a->secret_len > 0 ? 1u : 0u);
     memcpy(out + 12, a->nonce_c, KVLI_AUTH_NONCE);
     return 0;
 }
@@ -67,15 +67,15 @@ int kvli_tcp_auth_step1(kvli_tcp_auth_t *a, uint8_t *out)
 int kvli_tcp_auth_step2(kvli_tcp_auth_t *a, const uint8_t *in1, uint8_t *out, char *why,
                         size_t why_cap)
 {
-    uint32_t magic = kvli_tcp_get32(in1), flags = kvli_tcp_get32(in1 + 8);
-    if (magic != KVLI_AUTH1_MAGIC || kvli_tcp_get16(in1 + 4) != KVLI_AUTH_VERSION) {
+    uint32_t magic = kvli_get32(in1), flags = kvli_get32(in1 + 8);
+    if (magic != KVLI_AUTH1_MAGIC || kvli_get16(in1 + 4) != KVLI_AUTH_VERSION) {
         snprintf(why, why_cap, "its first 8 bytes are not a kvlane AUTH1 (magic 0x%08" PRIx32
-                 ", version %u)", magic, (unsigned)kvli_tcp_get16(in1 + 4));
+                 ", version %u)", magic, (unsigned)kvli_get16(in1 + 4));
         return -1;
     }
-    if (kvli_tcp_get16(in1 + 6) != a->purpose || flags > 1) {
+    if (kvli_get16(in1 + 6) != a->purpose || flags > 1) {
         snprintf(why, why_cap, "AUTH1 for purpose %u flags 0x%" PRIx32 " (this port serves "
-                 "purpose %u: %s)", (unsigned)kvli_tcp_get16(in1 + 6), flags, (unsigned)a->purpose,
+                 "purpose %u: %s)", (unsigned)kvli_get16(in1 + 6), flags, (unsigned)a->purpose,
                  a->purpose == KVLI_AUTH_PURPOSE_DATA ? "tcp data" : "agent listener");
         return -1;
     }
@@ -85,10 +85,10 @@ int kvli_tcp_auth_step2(kvli_tcp_auth_t *a, const uint8_t *in1, uint8_t *out, ch
         snprintf(why, why_cap, "RAND_bytes() failed to draw a nonce");
         return -1;
     }
-    kvli_tcp_put32(out, KVLI_AUTH2_MAGIC);
-    kvli_tcp_put16(out + 4, KVLI_AUTH_VERSION);
-    kvli_tcp_put16(out + 6, a->purpose);
-    kvli_tcp_put32(out + 8, a->secret_len > 0 ? 1u : 0u);
+    kvli_put32(out, KVLI_AUTH2_MAGIC);
+    kvli_put16(out + 4, KVLI_AUTH_VERSION);
+    kvli_put16(out + 6, a->purpose);
+    kvli_put32(out + 8, a->secret_len > 0 ? 1u : 0u);
     memcpy(out + 12, a->nonce_s, KVLI_AUTH_NONCE);
     kvli_tcp_auth_mac(a, 1, out + 12 + KVLI_AUTH_NONCE);
     return 0;
@@ -98,13 +98,13 @@ int kvli_tcp_auth_step3(kvli_tcp_auth_t *a, const uint8_t *in2, uint8_t *out, ch
                         size_t why_cap)
 {
     uint8_t mac[KVLI_AUTH_MAC];
-    uint32_t magic = kvli_tcp_get32(in2), flags = kvli_tcp_get32(in2 + 8);
+    uint32_t magic = kvli_get32(in2), flags = kvli_get32(in2 + 8);
     int verdict = KVLI_AUTH_OK;
-    if (magic != KVLI_AUTH2_MAGIC || kvli_tcp_get16(in2 + 4) != KVLI_AUTH_VERSION ||
-        kvli_tcp_get16(in2 + 6) != a->purpose || flags > 1) {
+    if (magic != KVLI_AUTH2_MAGIC || kvli_get16(in2 + 4) != KVLI_AUTH_VERSION ||
+        kvli_get16(in2 + 6) != a->purpose || flags > 1) {
         snprintf(why, why_cap, "it answered with magic 0x%08" PRIx32 " version %u purpose %u, "
-                 "not a kvlane AUTH2", magic, (unsigned)kvli_tcp_get16(in2 + 4),
-                 (unsigned)kvli_tcp_get16(in2 + 6));
+                 "not a kvlane AUTH2", magic, (unsigned)kvli_get16(in2 + 4),
+                 (unsigned)kvli_get16(in2 + 6));
         return -1;
     }
     a->peer_has_secret = (int)(flags & 1u);
@@ -124,8 +124,8 @@ int kvli_tcp_auth_step3(kvli_tcp_auth_t *a, const uint8_t *in2, uint8_t *out, ch
                      "mismatch): the two agents have different secrets");
         }
     }
-    kvli_tcp_put32(out, KVLI_AUTH3_MAGIC);
-    kvli_tcp_put32(out + 4, (uint32_t)verdict);
+    kvli_put32(out, KVLI_AUTH3_MAGIC);
+    kvli_put32(out + 4, (uint32_t)verdict);
     if (verdict == KVLI_AUTH_OK)
         kvli_tcp_auth_mac(a, 0, out + 8);
     else
@@ -138,12 +138,12 @@ int kvli_tcp_auth_step4(kvli_tcp_auth_t *a, const uint8_t *in3, uint8_t *out, si
 {
     char text[KVLI_AUTH_TEXT_MAX + 1];
     uint8_t mac[KVLI_AUTH_MAC];
-    uint32_t verdict = kvli_tcp_get32(in3 + 4);
+    uint32_t verdict = kvli_get32(in3 + 4);
     int32_t status = 0;
     size_t tl;
     text[0] = '\0';
-    if (kvli_tcp_get32(in3) != KVLI_AUTH3_MAGIC) {
-        snprintf(why, why_cap, "AUTH3 magic 0x%08" PRIx32 " is not valid", kvli_tcp_get32(in3));
+    if (kvli_get32(in3) != KVLI_AUTH3_MAGIC) {
+        snprintf(why, why_cap, "AUTH3 magic 0x%08" PRIx32 " is not valid", kvli_get32(in3));
         snprintf(text, sizeof(text), "malformed AUTH3");
         status = KVL_ERR_REMOTE_REFUSED;
     } else if (verdict == KVLI_AUTH_CLIENT_NO_SECRET) {
@@ -173,9 +173,9 @@ int kvli_tcp_auth_step4(kvli_tcp_auth_t *a, const uint8_t *in3, uint8_t *out, si
         }
     }
     tl = strlen(text);
-    kvli_tcp_put32(out, KVLI_AUTH4_MAGIC);
-    kvli_tcp_put32(out + 4, (uint32_t)status);
-    kvli_tcp_put32(out + 8, (uint32_t)tl);
+    kvli_put32(out, KVLI_AUTH4_MAGIC);
+    kvli_put32(out + 4, (uint32_t)status);
+    kvli_put32(out + 8, (uint32_t)tl);
     memcpy(out + KVLI_AUTH4_FIXED, text, tl);
     *out_len = KVLI_AUTH4_FIXED + tl;
     return status == 0 ? 0 : -1;
@@ -234,8 +234,8 @@ kvl_status_t kvli_tcp_auth_client(int fd, uint16_t purpose, const uint8_t *secre
     if (rc == 0)
         rc = kvli_tcp_io_read(fd, m4, KVLI_AUTH4_FIXED, deadline_ns);
     if (rc == 0) {
-        tl = kvli_tcp_get32(m4 + 8);
-        if (kvli_tcp_get32(m4) != KVLI_AUTH4_MAGIC || tl > KVLI_AUTH_TEXT_MAX)
+        tl = kvli_get32(m4 + 8);
+        if (kvli_get32(m4) != KVLI_AUTH4_MAGIC || tl > KVLI_AUTH_TEXT_MAX)
             rc = EPROTO;
         else
             rc = kvli_tcp_io_read(fd, m4 + KVLI_AUTH4_FIXED, tl, deadline_ns);
@@ -249,7 +249,7 @@ kvl_status_t kvli_tcp_auth_client(int fd, uint16_t purpose, const uint8_t *secre
                           "the address is a kvlane agent and that the peer is alive");
         return rc == ETIMEDOUT ? KVL_ERR_TIMEOUT : KVL_ERR_REMOTE_DISCONNECT;
     }
-    status = (int32_t)kvli_tcp_get32(m4 + 4);
+    status = (int32_t)kvli_get32(m4 + 4);
     m4[KVLI_AUTH4_FIXED + tl] = '\0';
     if (status != 0) {
         kvl_bk_error_set(err, KVL_ERR_PERMISSION, 0, component, -1,
