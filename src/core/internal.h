@@ -90,6 +90,15 @@ typedef struct kvli_alloc {
 
 void kvli_region_get(kvli_region_t *r);
 void kvli_region_put(kvli_region_t *r);
+/* Under the agent lock (registry.c): insert (sorted), remove, exact match. */
+kvl_status_t kvli_registry_insert(kvl_agent_t *a, kvli_region_t *r, kvl_error_t *err);
+void kvli_registry_remove(kvl_agent_t *a, kvli_region_t *r);
+kvli_region_t *kvli_registry_exact(kvl_agent_t *a, uint64_t addr, uint64_t len);
+/* Under the agent lock (alloc.c): the allocation holding a range, or NULL. */
+const struct kvli_alloc *kvli_alloc_containing(const kvl_agent_t *a, uint64_t addr,
+                                               uint64_t len);
+/* Release a region's handle on every backend (registration.c). */
+void kvli_region_unregister_backends(kvl_agent_t *a, kvli_region_t *r);
 /* Lookup under the agent lock: region containing [addr, addr+len). */
 kvli_region_t *kvli_registry_find(kvl_agent_t *a, uint64_t addr, uint64_t len);
 /* Nearest region to addr, for messages; NULL when none. */

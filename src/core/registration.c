@@ -1,0 +1,562 @@
+/*
+ * Registering memory: kind and device checks, per-backend outcomes and the
+ * report, all-or-nothing lists, deregistration guards.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+#include "internal.h"
+
+void kvli_region_unregister_backends(kvl_agent_t *a, kvli_region_t *r)
+{
+    for (int b = (int)a->nbks - 1; b >= 0; b--) {
+        if (r->bk_mask & (1u << b)) {
+            a->bks[b]->ops->mem_dereg(a->bks[b]->bk, r->mh[b]);
+            r->mh[b] = NULL;
+        }
+    }
+    r->bk_mask = 0;
+}
+
+static bool kvli_numa_node_exists(int32_t node)
+{
+    char path[64];
+    if (node == 0)
+        return true;
+    snprintf(path, sizeof(path), "/sys/devices/system/node/node%d", node);
+    return access(path, F_OK) == 0;
+}
+
+/* Decide kind and device of one range: ask backends that know special
+ * memory (CUDA), else it must be mapped host memory. */
+static kvl_status_t kvli_mem_classify(kvl_agent_t *a, const kvl_mem_desc_t *d,
+                                      kvl_mem_kind_t declared, kvl_mem_kind_t *kind_p,
+                                      int32_t *dev_p, kvl_error_t *err)
+{
+    const kvl_backend_ops_t *ops;
+    kvl_error_t qerr, why; /* why: a backend's reason for not claiming declared memory */
+    bool have_why = false;
+    for (size_t i = 0; (ops = kvli_backend_builtin(i)) != NULL; i++) {
+        kvl_mem_kind_t k;
+        int32_t dev;
+        char info[256] = "";
+        if (ops->size < offsetof(kvl_backend_ops_t, mem_query) + sizeof(ops->mem_query) ||
+            ops->mem_query == NULL)
+            continue;
+        memset(&qerr, 0, offsetof(kvl_error_t, causes));
+        qerr.device = -1;
+        kvl_status_t st = ops->mem_query(d->addr, d->len, d->dev, &k, &dev, info, sizeof(info),
+                                         &qerr);
+        if (st == KVL_ERR_NOT_FOUND) {
+            /* A backend may say why it does not claim the memory (no CUDA
+             * driver, freed GPU memory): keep the first such reason from a
+             * backend serving the declared kind. */
+            if (!have_why && qerr.code != KVL_OK && declared != KVL_MEM_AUTO &&
+                declared != KVL_MEM_DRAM && (ops->mem_local & KVL_MEM_BIT(declared))) {
+                memcpy(&why, &qerr, offsetof(kvl_error_t, causes));
+                why.n_causes = why.n_causes_dropped = 0;
+                if (!why.backend[0])
+                    kvli_scopy(why.backend, sizeof(why.backend), ops->name);
+                have_why = true;
+            }
+            continue;
+        }
+        if (st != KVL_OK) {
+            memcpy(err, &qerr, offsetof(kvl_error_t, causes));
+            err->n_causes = err->n_causes_dropped = 0;
+            if (err->code == KVL_OK)
+                kvli_err(err, st, 0, "backend %s refused this memory", ops->name);
+            return err->code;
+        }
+        if (declared != KVL_MEM_AUTO && declared != k) {
+            kvli_err(err, KVL_ERR_DEVICE_MISMATCH, 0,
+                     "declared %s, but the %s backend says this memory is %s%s%.200s",
+                     kvl_mem_kind_name(declared), ops->name, kvl_mem_kind_name(k),
+                     info[0] ? ": " : "", info);
+            kvli_hint(err, "declare %s (or KVL_MEM_AUTO and let kvlane detect it)",
+                      kvl_mem_kind_name(k));
+            return KVL_ERR_DEVICE_MISMATCH;
+        }
+        if (d->dev != KVL_DEV_ANY && d->dev != dev) {
+            /* the backend should have said so itself; keep a generic net */
+            kvli_err(err, KVL_ERR_DEVICE_MISMATCH, 0,
+                     "declared device %d, but this %s lives on device %d%s%.200s",
+                     d->dev, kvl_mem_kind_name(k), dev, info[0] ? " " : "", info);
+            kvli_hint(err, "pass the device the memory lives on as this process numbers it "
+                           "(or KVL_DEV_ANY to detect it)");
+            err->device = d->dev;
+            return KVL_ERR_DEVICE_MISMATCH;
+        }
+        *kind_p = k;
+        *dev_p = dev;
+        return KVL_OK;
+    }
+    if (declared != KVL_MEM_AUTO && declared != KVL_MEM_DRAM) {
+        char names[256] = "";
+        size_t off = 0;
+        for (unsigned b = 0; b < a->nbks && off < sizeof(names); b++)
+            off += (size_t)snprintf(names + off, sizeof(names) - off, "%s%s", b ? ", " : "",
+                                    a->bks[b]->ops->name);
+        kvli_err(err, KVL_ERR_NO_BACKEND, 0,
+                 "%s memory declared, but no backend created on this agent can recognise it "
+                 "(created: %s)", kvl_mem_kind_name(declared), a->nbks ? names : "none");
+        kvli_hint(err, "%s", declared == KVL_MEM_VRAM
+                                 ? "create the cuda backend (kvlane doctor says whether a CUDA "
+                                   "driver and GPU are present)"
+                                 : "create a backend that serves this memory kind");
+        if (have_why) {
+            /* e.g. "no CUDA driver found: dlopen(...)": the actual reason */
+            kvli_err_add_cause(err, &why);
+            if (why.hint[0])
+                kvli_hint(err, "%.500s", why.hint);
+        }
+        return KVL_ERR_NO_BACKEND;
+    }
+    /* Host memory: the range must be mapped in this process. msync checks
+     * the whole range with one call and fails with ENOMEM on any hole. */
+    long pg = sysconf(_SC_PAGESIZE);
+    uint64_t start = d->addr & ~((uint64_t)pg - 1);
+    if (msync((void *)(uintptr_t)start, d->addr + d->len - start, MS_ASYNC) != 0) {
+        int e = errno;
+        kvli_err(err, KVL_ERR_INVALID_ARG, e,
+                 "msync(0x%llx, %llu, MS_ASYNC) failed: the range is not (fully) mapped in "
+                 "this process",
+                 (unsigned long long)start, (unsigned long long)(d->addr + d->len - start));
+        kvli_hint(err, "pass the address and length of memory this process allocated; a GPU "
+                       "pointer needs the cuda backend");
+        return KVL_ERR_INVALID_ARG;
+    }
+    if (d->dev != KVL_DEV_ANY && (d->dev < 0 || !kvli_numa_node_exists(d->dev))) {
+        kvli_err(err, KVL_ERR_DEVICE_MISMATCH, 0,
+                 "declared device %d for DRAM, but this host has no NUMA node %d", d->dev,
+                 d->dev);
+        kvli_hint(err, "for DRAM pass 0 (or the NUMA node the memory is on) or KVL_DEV_ANY; "
+                       "a GPU ordinal or TP rank does not belong here");
+        err->device = d->dev;
+        return KVL_ERR_DEVICE_MISMATCH;
+    }
+    *kind_p = KVL_MEM_DRAM;
+    *dev_p = d->dev == KVL_DEV_ANY ? 0 : d->dev;
+    return KVL_OK;
+}
+
+static void kvli_outcome(kvl_reg_entry_t *e, const char *backend, kvl_status_t st,
+                         const char *detail)
+{
+    if (e == NULL || e->n_outcomes >= KVL_REG_MAX_OUTCOMES)
+        return;
+    kvl_reg_outcome_t *o = &e->outcomes[e->n_outcomes++];
+    kvli_scopy(o->backend, sizeof(o->backend), backend);
+    o->status = st;
+    kvli_scopy(o->detail, sizeof(o->detail), detail);
+}
+
+/* Pick candidate backends: named ones, or all that serve the kind. */
+static kvl_status_t kvli_reg_candidates(kvl_agent_t *a, const kvl_reg_params_t *p,
+                                        kvl_mem_kind_t kind, uint32_t *mask_p, kvl_error_t *err)
+{
+    uint32_t mask = 0;
+    bool named = p && (p->field_mask & KVL_REG_PARAM_BACKENDS) && p->n_backends > 0;
+    if (named) {
+        for (size_t i = 0; i < p->n_backends; i++) {
+            unsigned b;
+            for (b = 0; b < a->nbks; b++)
+                if (p->backends[i] && strcmp(p->backends[i], a->bks[b]->ops->name) == 0)
+                    break;
+            if (b == a->nbks) {
+                kvli_err(err, KVL_ERR_NOT_FOUND, 0,
+                         "backend '%s' named for registration is not created on agent '%s'",
+                         p->backends[i] ? p->backends[i] : "(null)", a->name);
+                kvli_hint(err, "create it first with kvl_backend_create()");
+                return KVL_ERR_NOT_FOUND;
+            }
+            mask |= 1u << b;
+        }
+    } else {
+        for (unsigned b = 0; b < a->nbks; b++)
+            if (a->bks[b]->ops->mem_local & KVL_MEM_BIT(kind))
+                mask |= 1u << b;
+    }
+    if (mask == 0) {
+        kvli_err(err, KVL_ERR_NO_BACKEND, 0, "no backend created on agent '%s' serves %s memory",
+                 a->name, kvl_mem_kind_name(kind));
+        for (unsigned b = 0; b < a->nbks; b++) {
+            kvl_error_t c;
+            kvl_bk_error_set(&c, KVL_ERR_UNSUPPORTED, 0, a->bks[b]->ops->name, -1,
+                             "serves %s%s%s locally", (a->bks[b]->ops->mem_local & KVL_MEM_BIT(KVL_MEM_DRAM)) ? "DRAM " : "",
+                             (a->bks[b]->ops->mem_local & KVL_MEM_BIT(KVL_MEM_VRAM)) ? "VRAM " : "",
+                             (a->bks[b]->ops->mem_local & KVL_MEM_BIT(KVL_MEM_FILE)) ? "FILE" : "");
+            c.hint[0] = '\0';
+            kvli_err_add_cause(err, &c);
+        }
+        kvli_hint(err, "create a backend that serves %s (kvl_backend_create)",
+                  kvl_mem_kind_name(kind));
+        return KVL_ERR_NO_BACKEND;
+    }
+    *mask_p = mask;
+    return KVL_OK;
+}
+
+/* Register one range; on success *r_p is the region (new or reused). */
+static kvl_status_t kvli_register_one(kvl_agent_t *a, const kvl_mem_desc_t *d,
+                                      const kvl_reg_params_t *p, kvl_reg_entry_t *e,
+                                      kvli_region_t **r_p, bool *reused_p, kvl_error_t *err)
+{
+    kvl_mem_kind_t declared = (p && (p->field_mask & KVL_REG_PARAM_KIND)) ? p->kind : KVL_MEM_AUTO;
+    kvl_reg_policy_t policy = (p && (p->field_mask & KVL_REG_PARAM_POLICY)) ? p->policy : KVL_REG_ANY;
+    kvl_mem_kind_t kind = KVL_MEM_AUTO;
+    int32_t dev = KVL_DEV_ANY;
+    kvl_status_t st;
+
+    if (e) {
+        e->addr = d->addr;
+        e->len = d->len;
+        e->kind = declared;
+        e->dev = d->dev;
+    }
+    if (d->len == 0 || d->addr == 0 || kvli_add_overflows(d->addr, d->len)) {
+        kvli_err(err, KVL_ERR_INVALID_ARG, 0, "%s",
+                 d->addr == 0 ? "address is NULL" : d->len == 0 ? "length is 0"
+                                                  : "addr + len wraps past 2^64");
+        kvli_hint(err, "pass the start address and byte length of the buffer");
+        return KVL_ERR_INVALID_ARG;
+    }
+    if ((int)declared < KVL_MEM_AUTO || declared > KVL_MEM_FILE || (policy != KVL_REG_ANY && policy != KVL_REG_ALL)) {
+        kvli_err(err, KVL_ERR_INVALID_ARG, 0, "memory kind %d or policy %d is not valid",
+                 (int)declared, (int)policy);
+        return KVL_ERR_INVALID_ARG;
+    }
+    if (declared == KVL_MEM_FILE) {
+        kvli_err(err, KVL_ERR_UNSUPPORTED, 0, "FILE memory needs the file backend, which this build "
+                                              "does not have yet");
+        return KVL_ERR_UNSUPPORTED;
+    }
+    /* The same range again is a lookup, not a registration: it was
+     * classified and checked when first registered. */
+    kvli_region_t *r = kvli_registry_exact(a, d->addr, d->len);
+    if (r != NULL && (declared == KVL_MEM_AUTO || declared == r->kind) &&
+        (d->dev == KVL_DEV_ANY || d->dev == r->dev)) {
+        kind = r->kind;
+        dev = r->dev;
+        if (e) {
+            e->kind = kind;
+            e->dev = dev;
+        }
+        r->refcount++;
+        *r_p = r;
+        *reused_p = true;
+        if (e) {
+            e->reused = 1;
+            e->status = KVL_OK;
+            for (unsigned b = 0; b < a->nbks; b++)
+                if (r->bk_mask & (1u << b)) {
+                    char det[64];
+                    snprintf(det, sizeof(det), "already registered (refcount %u)", r->refcount);
+                    kvli_outcome(e, a->bks[b]->ops->name, KVL_OK, det);
+                }
+        }
+        return KVL_OK;
+    }
+    st = kvli_mem_classify(a, d, declared, &kind, &dev, err);
+    if (st != KVL_OK)
+        return st;
+    if (e) {
+        e->kind = kind;
+        e->dev = dev;
+    }
+
+    uint32_t mask;
+    st = kvli_reg_candidates(a, p, kind, &mask, err);
+    if (st != KVL_OK)
+        return st;
+
+    r = calloc(1, sizeof(*r));
+    if (r == NULL) {
+        kvli_err(err, KVL_ERR_NO_MEMORY, ENOMEM, "cannot allocate a region record");
+        return KVL_ERR_NO_MEMORY;
+    }
+    r->addr = d->addr;
+    r->len = d->len;
+    r->kind = kind;
+    r->dev = dev;
+    r->refcount = 1;
+    atomic_init(&r->objref, 1);
+    atomic_init(&r->valid, true);
+
+    kvl_region_info_t info = {.addr = d->addr, .len = d->len, .kind = kind, .dev = dev, .shm_fd = -1};
+    const kvli_alloc_t *al = kind == KVL_MEM_DRAM ? kvli_alloc_containing(a, d->addr, d->len) : NULL;
+    if (al != NULL) {
+        info.shm_fd = al->fd;
+        info.shm_id = al->id;
+        info.shm_off = d->addr - (uint64_t)(uintptr_t)al->ptr;
+        info.shm_size = al->len;
+        r->shm_id = al->id;
+    }
+
+    kvl_error_t all;
+    kvli_err(&all, KVL_ERR_NO_BACKEND, 0, "no backend accepted %s region 0x%llx+%llu",
+             kvl_mem_kind_name(kind), (unsigned long long)d->addr, (unsigned long long)d->len);
+    unsigned ok = 0, tried = 0;
+    for (unsigned b = 0; b < a->nbks; b++) {
+        if (!(mask & (1u << b)))
+            continue;
+        struct kvl_backend *bk = a->bks[b];
+        char detail[384] = "";
+        kvl_error_t berr;
+        memset(&berr, 0, offsetof(kvl_error_t, causes));
+        berr.device = -1;
+        tried++;
+        if (!(bk->ops->mem_local & KVL_MEM_BIT(kind))) {
+            kvl_bk_error_set(&berr, KVL_ERR_UNSUPPORTED, 0, bk->ops->name, dev,
+                             "backend %s does not serve %s memory", bk->ops->name,
+                             kvl_mem_kind_name(kind));
+            kvli_outcome(e, bk->ops->name, berr.code, berr.what);
+            kvli_err_add_cause(&all, &berr);
+            continue;
+        }
+        st = bk->ops->mem_reg(bk->bk, &info, &r->mh[b], detail, sizeof(detail), &berr);
+        if (st == KVL_OK) {
+            r->bk_mask |= 1u << b;
+            ok++;
+            kvli_outcome(e, bk->ops->name, KVL_OK, detail);
+        } else {
+            if (berr.code == KVL_OK)
+                kvl_bk_error_set(&berr, st, 0, bk->ops->name, dev, "mem_reg failed");
+            if (!berr.backend[0])
+                kvli_scopy(berr.backend, sizeof(berr.backend), bk->ops->name);
+            char line[384];
+            snprintf(line, sizeof(line), "%.200s%s%.170s", berr.what, berr.hint[0] ? "; fix: " : "", berr.hint);
+            kvli_outcome(e, bk->ops->name, st, line);
+            kvli_err_add_cause(&all, &berr);
+        }
+    }
+    if (ok == 0 || (policy == KVL_REG_ALL && ok != tried)) {
+        kvli_region_unregister_backends(a, r);
+        free(r);
+        if (ok != 0)
+            snprintf(all.what, sizeof(all.what),
+                     "policy 'all': %u of %u backends refused %s region 0x%llx+%llu (the %u that "
+                     "accepted were undone)", tried - ok, tried, kvl_mem_kind_name(kind),
+                     (unsigned long long)d->addr, (unsigned long long)d->len, ok);
+        memcpy(err, &all, offsetof(kvl_error_t, causes) + all.n_causes * sizeof(all.causes[0]));
+        kvli_err_region(err, "region 0x%llx+%llu (%s)", (unsigned long long)d->addr,
+                        (unsigned long long)d->len, kvl_mem_kind_name(kind));
+        if (err->n_causes == 1) {
+            err->sys_errno = err->causes[0].sys_errno;
+            err->device = err->causes[0].device;
+            kvli_scopy(err->backend, sizeof(err->backend), err->causes[0].backend);
+        }
+        kvli_hint(err, "each backend's reason is listed as a cause");
+        return err->code;
+    }
+    st = kvli_registry_insert(a, r, err);
+    if (st != KVL_OK) {
+        kvli_region_unregister_backends(a, r);
+        free(r);
+        return st;
+    }
+    *r_p = r;
+    *reused_p = false;
+    if (e)
+        e->status = KVL_OK;
+    return KVL_OK;
+}
+
+/* Drop one registration reference; the last one unregisters everywhere. */
+static void kvli_region_drop(kvl_agent_t *a, kvli_region_t *r)
+{
+    if (--r->refcount > 0)
+        return;
+    kvli_registry_remove(a, r);
+    atomic_store(&r->valid, false);
+    kvli_region_unregister_backends(a, r);
+    kvli_region_put(r);
+}
+
+kvl_status_t kvl_mem_register(kvl_agent_t *a, const kvl_mem_desc_t *regions, size_t n,
+                              const kvl_reg_params_t *params, kvl_reg_report_t **report_p)
+{
+    kvl_error_t err;
+    kvl_reg_report_t *rep = NULL;
+    kvl_status_t st = KVL_OK;
+
+    if (report_p)
+        *report_p = NULL;
+    if (a == NULL || (regions == NULL && n > 0) || n == 0)
+        return kvli_fail_simple(a, KVL_ERR_INVALID_ARG, "pass an agent and at least one region",
+                                "kvl_mem_register: %s", a == NULL ? "agent is NULL"
+                                                        : n == 0 ? "no regions (n = 0)"
+                                                                 : "regions is NULL");
+    if (report_p) {
+        rep = calloc(1, sizeof(*rep));
+        if (rep)
+            rep->entries = calloc(n, sizeof(*rep->entries));
+        if (rep == NULL || rep->entries == NULL) {
+            free(rep);
+            return kvli_fail_simple(a, KVL_ERR_NO_MEMORY, NULL,
+                                    "kvl_mem_register: cannot allocate a report for %zu regions", n);
+        }
+        rep->n_entries = n;
+    }
+    kvli_region_t **done = malloc(n * sizeof(*done));
+    if (done == NULL) {
+        kvl_reg_report_free(rep);
+        return kvli_fail_simple(a, KVL_ERR_NO_MEMORY, NULL, "kvl_mem_register: out of memory");
+    }
+
+    pthread_mutex_lock(&a->lock);
+    size_t k;
+    for (k = 0; k < n; k++) {
+        bool reused = false;
+        st = kvli_register_one(a, &regions[k], params, rep ? &rep->entries[k] : NULL, &done[k],
+                               &reused, &err);
+        if (st != KVL_OK) {
+            if (rep)
+                rep->entries[k].status = st;
+            break;
+        }
+    }
+    if (st != KVL_OK) {
+        /* All or nothing: undo 0..k-1 in reverse order. */
+        for (size_t j = k; j-- > 0;)
+            kvli_region_drop(a, done[j]);
+        if (rep)
+            for (size_t j = k + 1; j < n; j++)
+                rep->entries[j].status = KVL_ERR_CANCELED;
+        if (n > 1) {
+            char what[sizeof(err.what)];
+            kvli_scopy(what, sizeof(what), err.what);
+            snprintf(err.what, sizeof(err.what),
+                     "region %zu of %zu (0x%llx+%llu): %.400s; regions 0..%zu were undone", k, n,
+                     (unsigned long long)regions[k].addr, (unsigned long long)regions[k].len,
+                     what, k ? k - 1 : 0);
+            if (k == 0)
+                snprintf(err.what, sizeof(err.what), "region 0 of %zu (0x%llx+%llu): %.400s", n,
+                         (unsigned long long)regions[0].addr,
+                         (unsigned long long)regions[0].len, what);
+        } else if (!err.region[0]) {
+            kvli_err_region(&err, "region 0x%llx+%llu", (unsigned long long)regions[0].addr,
+                            (unsigned long long)regions[0].len);
+        }
+    } else {
+        atomic_fetch_add(&a->generation, 1);
+    }
+    pthread_mutex_unlock(&a->lock);
+    free(done);
+    if (report_p)
+        *report_p = rep;
+    if (st != KVL_OK)
+        return kvli_fail(a, &err);
+    return KVL_OK;
+}
+
+kvl_status_t kvl_mem_deregister(kvl_agent_t *a, const kvl_mem_desc_t *regions, size_t n)
+{
+    kvl_error_t err;
+    if (a == NULL || regions == NULL || n == 0)
+        return kvli_fail_simple(a, KVL_ERR_INVALID_ARG, NULL,
+                                "kvl_mem_deregister: agent or regions is NULL, or n = 0");
+    pthread_mutex_lock(&a->lock);
+    /* Check everything first so a refused call changes nothing. Counting
+     * duplicates in the request matters: two drops of a refcount-1 range
+     * must fail. */
+    for (size_t i = 0; i < n; i++) {
+        kvli_region_t *r = kvli_registry_exact(a, regions[i].addr, regions[i].len);
+        if (r == NULL) {
+            kvli_region_t *near = kvli_registry_nearest(a, regions[i].addr);
+            kvli_err(&err, KVL_ERR_NOT_FOUND, 0,
+                     "deregister: region %zu (0x%llx+%llu) is not registered on agent '%s'", i,
+                     (unsigned long long)regions[i].addr, (unsigned long long)regions[i].len,
+                     a->name);
+            if (near)
+                kvli_hint(&err, "deregister exactly the address and length that were registered; "
+                                "nearest registered region: 0x%llx+%llu",
+                          (unsigned long long)near->addr, (unsigned long long)near->len);
+            else
+                kvli_hint(&err, "nothing is registered on this agent (already deregistered?)");
+            goto fail;
+        }
+        uint32_t drops = 0;
+        for (size_t j = 0; j <= i; j++)
+            if (regions[j].addr == r->addr && regions[j].len == r->len)
+                drops++;
+        if (drops > r->refcount) {
+            kvli_err(&err, KVL_ERR_NOT_FOUND, 0,
+                     "deregister: region 0x%llx+%llu is registered %u time(s) but this call "
+                     "drops it %u times", (unsigned long long)r->addr,
+                     (unsigned long long)r->len, r->refcount, drops);
+            goto fail;
+        }
+        if (drops == r->refcount &&
+            (atomic_load(&r->inflight) > 0 || atomic_load(&r->pins) > 0)) {
+            bool local = atomic_load(&r->inflight) > 0;
+            kvli_err(&err, KVL_ERR_IN_USE, 0,
+                     "deregister: region 0x%llx+%llu is in use by %u %s", (unsigned long long)r->addr,
+                     (unsigned long long)r->len,
+                     local ? atomic_load(&r->inflight) : atomic_load(&r->pins),
+                     local ? "in-flight transfer(s) of this agent"
+                           : "incoming request(s) from a peer being served right now");
+            kvli_hint(&err, "wait for the transfers (kvl_xfer_wait) or cancel them, then deregister");
+            goto fail;
+        }
+    }
+    for (size_t i = 0; i < n; i++)
+        kvli_region_drop(a, kvli_registry_exact(a, regions[i].addr, regions[i].len));
+    atomic_fetch_add(&a->generation, 1);
+    const kvli_agent_hooks_t *hooks = a->hooks;
+    pthread_mutex_unlock(&a->lock);
+    if (hooks != NULL && hooks->regions_changed != NULL)
+        hooks->regions_changed(a);
+    return KVL_OK;
+fail:
+    pthread_mutex_unlock(&a->lock);
+    kvli_err_region(&err, "region 0x%llx+%llu", (unsigned long long)regions[0].addr,
+                    (unsigned long long)regions[0].len);
+    return kvli_fail(a, &err);
+}
+
+
+size_t kvl_reg_report_render(const kvl_reg_report_t *rep, char *buf, size_t len)
+{
+    size_t need = 0;
+    if (buf && len)
+        buf[0] = '\0';
+    if (rep == NULL)
+        return 0;
+#define KVLI_APPEND(...)                                                              \
+    do {                                                                              \
+        size_t room = need < len ? len - need : 0;                                    \
+        int w = snprintf(room ? buf + need : NULL, room, __VA_ARGS__);                \
+        if (w > 0)                                                                    \
+            need += (size_t)w;                                                        \
+    } while (0)
+    KVLI_APPEND("registration report: %zu region(s)\n", rep->n_entries);
+    for (size_t i = 0; i < rep->n_entries; i++) {
+        const kvl_reg_entry_t *e = &rep->entries[i];
+        KVLI_APPEND("  [%zu] 0x%llx+%llu %s dev %d: %s%s\n", i, (unsigned long long)e->addr,
+                    (unsigned long long)e->len, kvl_mem_kind_name(e->kind), e->dev,
+                    e->status == KVL_OK ? "registered" : e->status == KVL_ERR_CANCELED
+                                                           ? "undone (an entry failed)"
+                                                           : kvl_status_name(e->status),
+                    e->reused ? " (reused)" : "");
+        for (unsigned j = 0; j < e->n_outcomes; j++)
+            KVLI_APPEND("      %-6s %-4s %s\n", e->outcomes[j].backend,
+                        e->outcomes[j].status == KVL_OK ? "ok" : "FAIL", e->outcomes[j].detail);
+    }
+#undef KVLI_APPEND
+    return need;
+}
+
+
+void kvl_reg_report_free(kvl_reg_report_t *rep)
+{
+    if (rep == NULL)
+        return;
+    free(rep->entries);
+    free(rep);
+}
+
