@@ -1,0 +1,418 @@
+/* Remote agents: loading their metadata (untrusted), looking up their
+ * regions, describing and removing them. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "md_codec.h"
+
+/* ---- remote agents ---- */
+
+void kvli_remote_get(kvli_remote_t *r)
+{
+    atomic_fetch_add(&r->objref, 1);
+}
+
+static void kvli_remote_free(kvl_agent_t *a, kvli_remote_t *r)
+{
+    for (unsigned b = 0; b < a->nbks; b++) {
+        struct kvl_backend *bk = a->bks[b];
+        if (r->peer[b] == NULL)
+            continue;
+        for (size_t i = 0; i < r->n_regions; i++)
+            if (r->regions[i].rh[b] != NULL)
+                bk->ops->rregion_unload(bk->bk, r->peer[b], r->regions[i].rh[b]);
+        bk->ops->peer_unload(bk->bk, r->peer[b]);
+    }
+    free(r->regions);
+    free(r);
+}
+
+void kvli_remote_put(kvl_agent_t *a, kvli_remote_t *r)
+{
+    if (atomic_fetch_sub(&r->objref, 1) == 1)
+        kvli_remote_free(a, r);
+}
+
+kvli_remote_t *kvli_remote_find(kvl_agent_t *a, const char *name)
+{
+    for (kvli_remote_t *r = a->remotes; r; r = r->next)
+        if (strcmp(r->name, name) == 0)
+            return r;
+    return NULL;
+}
+
+kvli_remote_t *kvli_remote_acquire(kvl_agent_t *a, const char *name, kvl_error_t *err)
+{
+    pthread_mutex_lock(&a->lock);
+    kvli_remote_t *r = kvli_remote_find(a, name);
+    if (r)
+        kvli_remote_get(r);
+    pthread_mutex_unlock(&a->lock);
+    if (r == NULL) {
+        kvli_err(err, KVL_ERR_NOT_FOUND, 0, "remote agent '%s' is not loaded on agent '%s'", name,
+                 a->name);
+        kvli_scopy(err->agent, sizeof(err->agent), name);
+        kvli_hint(err, "load its metadata first (kvl_metadata_load)");
+    }
+    return r;
+}
+
+static size_t kvli_rregion_upper(const kvli_remote_t *r, uint64_t addr)
+{
+    size_t lo = 0, hi = r->n_regions;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (r->regions[mid].addr <= addr)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+
+const kvli_rregion_t *kvli_rregion_find(const kvli_remote_t *r, uint64_t addr, uint64_t len)
+{
+    size_t i = kvli_rregion_upper(r, addr);
+    while (i > 0) {
+        const kvli_rregion_t *g = &r->regions[--i];
+        if (addr - g->addr > r->max_len)
+            break;
+        if (addr - g->addr <= g->len && len <= g->len - (addr - g->addr))
+            return g;
+    }
+    return NULL;
+}
+
+const kvli_rregion_t *kvli_rregion_nearest(const kvli_remote_t *r, uint64_t addr)
+{
+    size_t i = kvli_rregion_upper(r, addr);
+    const kvli_rregion_t *best = NULL;
+    uint64_t bestd = UINT64_MAX;
+    for (size_t k = (i > 0 ? i - 1 : 0); k < r->n_regions && k <= i; k++) {
+        const kvli_rregion_t *g = &r->regions[k];
+        uint64_t d = addr < g->addr ? g->addr - addr
+                   : (addr - g->addr < g->len ? 0 : addr - g->addr - g->len + 1);
+        if (d < bestd) {
+            bestd = d;
+            best = g;
+        }
+    }
+    return best;
+}
+
+static int kvli_rregion_cmp(const void *x, const void *y)
+{
+    const kvli_rregion_t *p = x, *q = y;
+    if (p->addr != q->addr)
+        return p->addr < q->addr ? -1 : 1;
+    return p->len < q->len ? -1 : p->len > q->len;
+}
+
+/* Cancel every transfer of the agent that targets r (r already invalid). */
+static void kvli_remote_quiesce(kvl_agent_t *a, kvli_remote_t *r)
+{
+    pthread_mutex_lock(&a->xfer_lock);
+    pthread_mutex_lock(&a->lock);
+    kvl_xfer_t *list = a->xfers;
+    pthread_mutex_unlock(&a->lock);
+    /* The list cannot change under xfer_lock except by creation, which
+     * prepends: walking from the head we saw is safe. */
+    for (kvl_xfer_t *x = list; x; x = x->next)
+        if (x->rem == r)
+            kvli_xfer_quiesce(x);
+    pthread_mutex_unlock(&a->xfer_lock);
+}
+
+static void kvli_remote_unlink(kvl_agent_t *a, kvli_remote_t *r)
+{
+    for (kvli_remote_t **pp = &a->remotes; *pp; pp = &(*pp)->next)
+        if (*pp == r) {
+            *pp = r->next;
+            break;
+        }
+    atomic_store(&r->valid, false);
+}
+
+kvl_status_t kvl_metadata_load(kvl_agent_t *a, const void *blob, size_t len, char *name_out,
+                               size_t name_cap)
+{
+    kvl_error_t err;
+    kvli_md_t md;
+    kvl_status_t st;
+
+    if (name_out && name_cap)
+        name_out[0] = '\0';
+    if (a == NULL)
+        return kvli_fail_simple(a, KVL_ERR_INVALID_ARG, NULL, "kvl_metadata_load: agent is NULL");
+    st = kvli_md_decode(blob, len, &md, &err);
+    if (st != KVL_OK)
+        return kvli_fail(a, &err);
+
+    /* Refuse what is stale before connecting to anything. */
+    pthread_mutex_lock(&a->lock);
+    kvli_remote_t *old = kvli_remote_find(a, md.name);
+    if (old != NULL) {
+        bool same = old->incarnation == md.incarnation;
+        if ((same && md.generation < old->generation) || (!same && md.start_ns < old->start_ns)) {
+            if (same)
+                kvli_err(&err, KVL_ERR_STALE, 0,
+                         "metadata of agent '%s' is stale: generation %llu is older than the "
+                         "loaded generation %llu of the same incarnation", md.name,
+                         (unsigned long long)md.generation, (unsigned long long)old->generation);
+            else
+                kvli_err(&err, KVL_ERR_STALE, 0,
+                         "metadata of agent '%s' is stale: incarnation %016llx started %.3f s "
+                         "before the loaded incarnation %016llx", md.name,
+                         (unsigned long long)md.incarnation,
+                         (double)(old->start_ns - md.start_ns) / 1e9,
+                         (unsigned long long)old->incarnation);
+            kvli_scopy(err.agent, sizeof(err.agent), md.name);
+            kvli_hint(&err, "fetch the agent's current metadata; the loaded one stays in use");
+            pthread_mutex_unlock(&a->lock);
+            kvli_md_release(&md);
+            return kvli_fail(a, &err);
+        }
+        if (same && md.generation == old->generation) {
+            pthread_mutex_unlock(&a->lock);
+            kvli_md_release(&md);
+            if (name_out)
+                snprintf(name_out, name_cap, "%s", md.name);
+            return KVL_OK;
+        }
+    }
+    unsigned nbks = a->nbks;
+    struct kvl_backend *bks[KVLI_MAX_BACKENDS];
+    memcpy(bks, a->bks, sizeof(bks));
+    pthread_mutex_unlock(&a->lock);
+
+    kvli_remote_t *r = calloc(1, sizeof(*r));
+    if (r == NULL || (md.n_regions && !(r->regions = calloc(md.n_regions, sizeof(*r->regions))))) {
+        free(r);
+        kvli_md_release(&md);
+        return kvli_fail_simple(a, KVL_ERR_NO_MEMORY, NULL, "kvl_metadata_load: out of memory");
+    }
+    kvli_scopy(r->name, sizeof(r->name), md.name);
+    r->incarnation = md.incarnation;
+    r->start_ns = md.start_ns;
+    r->generation = md.generation;
+    atomic_init(&r->objref, 1);
+    atomic_init(&r->valid, true);
+    r->n_regions = md.n_regions;
+
+    kvli_err(&err, KVL_ERR_NO_BACKEND, 0, "agent '%s' cannot be reached through any backend of "
+             "agent '%s'", md.name, a->name);
+    kvli_scopy(err.agent, sizeof(err.agent), md.name);
+    unsigned reachable = 0;
+    for (unsigned b = 0; b < nbks; b++) {
+        struct kvl_backend *bk = bks[b];
+        int mb = -1;
+        kvl_error_t berr;
+        for (unsigned j = 0; j < md.n_backends; j++)
+            if (strcmp(md.backends[j].name, bk->ops->name) == 0)
+                mb = (int)j;
+        memset(&berr, 0, offsetof(kvl_error_t, causes));
+        berr.device = -1;
+        if (mb < 0) {
+            kvl_bk_error_set(&berr, KVL_ERR_UNSUPPORTED, 0, bk->ops->name, -1,
+                             "the remote agent has no %s backend", bk->ops->name);
+            kvli_scopy(r->unreachable[b], sizeof(r->unreachable[b]), berr.what);
+            kvli_err_add_cause(&err, &berr);
+            continue;
+        }
+        st = bk->ops->peer_load(bk->bk, md.name, md.incarnation, md.backends[mb].conn,
+                                md.backends[mb].conn_len, &r->peer[b], &berr);
+        if (st != KVL_OK) {
+            r->peer[b] = NULL;
+            if (berr.code == KVL_OK)
+                kvl_bk_error_set(&berr, st, 0, bk->ops->name, -1, "peer_load failed");
+            if (!berr.backend[0])
+                kvli_scopy(berr.backend, sizeof(berr.backend), bk->ops->name);
+            kvli_scopy(r->unreachable[b], sizeof(r->unreachable[b]), berr.what);
+            kvli_err_add_cause(&err, &berr);
+            kvli_log(KVL_LOG_INFO, "core", "agent '%s': remote '%s' not reachable over %s: %s",
+                     a->name, md.name, bk->ops->name, berr.what);
+            continue;
+        }
+        reachable++;
+        for (uint32_t i = 0; i < md.n_regions; i++) {
+            const kvli_md_key_t *key = &md.regions[i].keys[mb];
+            if (!key->present)
+                continue;
+            kvl_region_info_t info = {.addr = md.regions[i].addr, .len = md.regions[i].len,
+                                      .kind = md.regions[i].kind, .dev = md.regions[i].dev,
+                                      .shm_fd = -1};
+            st = bk->ops->rregion_load(bk->bk, r->peer[b], &info, key->data, key->len,
+                                       &r->regions[i].rh[b], &berr);
+            if (st != KVL_OK) {
+                /* A bad key poisons the whole blob: refuse it entirely. */
+                if (!berr.backend[0])
+                    kvli_scopy(berr.backend, sizeof(berr.backend), bk->ops->name);
+                kvli_err(&err, st == KVL_ERR_BAD_METADATA ? st : KVL_ERR_BAD_METADATA, 0,
+                         "agent '%s': region %u (0x%llx+%llu) has a key backend %s refuses",
+                         md.name, i, (unsigned long long)info.addr, (unsigned long long)info.len,
+                         bk->ops->name);
+                kvli_err_add_cause(&err, &berr);
+                kvli_scopy(err.agent, sizeof(err.agent), md.name);
+                r->regions[i].rh[b] = NULL;
+                kvli_md_release(&md);
+                kvli_remote_free(a, r);
+                return kvli_fail(a, &err);
+            }
+        }
+    }
+    if (reachable == 0) {
+        kvli_hint(&err, nbks ? "each backend's reason is listed; create a backend both agents "
+                               "share and that can reach the peer"
+                             : "create a backend on this agent first");
+        kvli_md_release(&md);
+        kvli_remote_free(a, r);
+        return kvli_fail(a, &err);
+    }
+    for (uint32_t i = 0; i < md.n_regions; i++) {
+        r->regions[i].addr = md.regions[i].addr;
+        r->regions[i].len = md.regions[i].len;
+        r->regions[i].kind = md.regions[i].kind;
+        r->regions[i].dev = md.regions[i].dev;
+        if (r->regions[i].len > r->max_len)
+            r->max_len = r->regions[i].len;
+    }
+    if (r->n_regions > 1) /* none: regions is NULL, which qsort must not get */
+        qsort(r->regions, r->n_regions, sizeof(*r->regions), kvli_rregion_cmp);
+    kvli_md_release(&md);
+
+    /* Swap in, re-checking: another thread may have loaded meanwhile. */
+    pthread_mutex_lock(&a->lock);
+    old = kvli_remote_find(a, r->name);
+    if (old != NULL) {
+        bool same = old->incarnation == r->incarnation;
+        if ((same && r->generation <= old->generation) || (!same && r->start_ns < old->start_ns)) {
+            pthread_mutex_unlock(&a->lock);
+            kvli_remote_free(a, r);
+            if (name_out)
+                snprintf(name_out, name_cap, "%s", old->name);
+            return KVL_OK; /* someone loaded the same or newer meanwhile */
+        }
+        kvli_remote_unlink(a, old);
+    }
+    r->next = a->remotes;
+    a->remotes = r;
+    pthread_mutex_unlock(&a->lock);
+    if (old != NULL) {
+        kvli_log(KVL_LOG_INFO, "core", "agent '%s': remote '%s' replaced (%s)", a->name, r->name,
+                 old->incarnation == r->incarnation ? "new generation" : "new incarnation: it restarted");
+        kvli_remote_quiesce(a, old);
+        kvli_remote_put(a, old);
+    }
+    if (name_out)
+        snprintf(name_out, name_cap, "%s", r->name);
+    return KVL_OK;
+}
+
+kvl_status_t kvl_remote_remove(kvl_agent_t *a, const char *name)
+{
+    if (a == NULL || name == NULL)
+        return kvli_fail_simple(a, KVL_ERR_INVALID_ARG, NULL, "kvl_remote_remove: NULL argument");
+    pthread_mutex_lock(&a->lock);
+    kvli_remote_t *r = kvli_remote_find(a, name);
+    if (r == NULL) {
+        pthread_mutex_unlock(&a->lock);
+        return kvli_fail_simple(a, KVL_ERR_NOT_FOUND, "it was never loaded or is already removed",
+                                "remote agent '%s' is not loaded on agent '%s'", name, a->name);
+    }
+    kvli_remote_unlink(a, r);
+    pthread_mutex_unlock(&a->lock);
+    kvli_remote_quiesce(a, r);
+    kvli_remote_put(a, r);
+    return KVL_OK;
+}
+
+kvl_status_t kvl_remote_check(kvl_agent_t *a, const char *name)
+{
+    if (a == NULL || name == NULL)
+        return KVL_ERR_INVALID_ARG;
+    pthread_mutex_lock(&a->lock);
+    kvl_status_t st = kvli_remote_find(a, name) ? KVL_OK : KVL_ERR_NOT_FOUND;
+    pthread_mutex_unlock(&a->lock);
+    return st;
+}
+
+uint64_t kvl_remote_incarnation(kvl_agent_t *a, const char *name)
+{
+    uint64_t inc = 0;
+    if (a == NULL || name == NULL)
+        return 0;
+    pthread_mutex_lock(&a->lock);
+    kvli_remote_t *r = kvli_remote_find(a, name);
+    if (r)
+        inc = r->incarnation;
+    pthread_mutex_unlock(&a->lock);
+    return inc;
+}
+
+kvl_status_t kvl_remote_regions(kvl_agent_t *a, const char *name, kvl_mem_desc_t *out,
+                                kvl_mem_kind_t *kinds, size_t max, size_t *n_p)
+{
+    if (a == NULL || name == NULL || n_p == NULL || (out == NULL && max > 0))
+        return kvli_fail_simple(a, KVL_ERR_INVALID_ARG, NULL, "kvl_remote_regions: NULL argument");
+    pthread_mutex_lock(&a->lock);
+    kvli_remote_t *r = kvli_remote_find(a, name);
+    if (r == NULL) {
+        pthread_mutex_unlock(&a->lock);
+        return kvli_fail_simple(a, KVL_ERR_NOT_FOUND, "load its metadata first (kvl_metadata_load)",
+                                "remote agent '%s' is not loaded on agent '%s'", name, a->name);
+    }
+    for (size_t i = 0; i < r->n_regions && i < max; i++) {
+        out[i] = (kvl_mem_desc_t){r->regions[i].addr, r->regions[i].len, r->regions[i].dev};
+        if (kinds)
+            kinds[i] = r->regions[i].kind;
+    }
+    *n_p = r->n_regions;
+    pthread_mutex_unlock(&a->lock);
+    return KVL_OK;
+}
+
+size_t kvl_remote_describe(kvl_agent_t *a, const char *name, char *buf, size_t len)
+{
+    size_t need = 0;
+    if (buf && len)
+        buf[0] = '\0';
+    if (a == NULL || name == NULL)
+        return 0;
+    pthread_mutex_lock(&a->lock);
+    kvli_remote_t *r = kvli_remote_find(a, name);
+    for (unsigned b = 0; r && b < a->nbks; b++) {
+        char line[512];
+        struct kvl_backend *bk = a->bks[b];
+        if (r->peer[b] == NULL)
+            snprintf(line, sizeof(line), "%s: unreachable: %.400s\n", bk->ops->name,
+                     r->unreachable[b][0] ? r->unreachable[b] : "no connection info");
+        else {
+            char d[400] = "";
+            if (bk->ops->peer_describe)
+                bk->ops->peer_describe(bk->bk, r->peer[b], d, sizeof(d));
+            snprintf(line, sizeof(line), "%s: %s\n", bk->ops->name, d[0] ? d : "connected");
+        }
+        size_t room = need < len ? len - need : 0;
+        int w = snprintf(room ? buf + need : NULL, room, "%s", line);
+        if (w > 0)
+            need += (size_t)w;
+    }
+    pthread_mutex_unlock(&a->lock);
+    return need;
+}
+
+void kvli_remotes_destroy(kvl_agent_t *a)
+{
+    for (;;) {
+        pthread_mutex_lock(&a->lock);
+        kvli_remote_t *r = a->remotes;
+        if (r)
+            kvli_remote_unlink(a, r);
+        pthread_mutex_unlock(&a->lock);
+        if (r == NULL)
+            break;
+        kvli_remote_quiesce(a, r);
+        kvli_remote_put(a, r);
+    }
+}
