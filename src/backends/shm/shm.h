@@ -212,6 +212,11 @@ struct kvli_shm_iface {
 /* shm_iface.c */
 void kvli_shm_iface_wake(kvli_shm_iface_t *iface);
 uint64_t kvli_shm_now_ms(void);
+/* shm_target.c: connections peers opened to us (progress thread only). */
+void kvli_shm_accept(kvli_shm_iface_t *iface);
+void kvli_shm_conn_progress(kvli_shm_iface_t *iface, kvli_shm_conn_t *c);
+void kvli_shm_conn_flush(kvli_shm_iface_t *iface, kvli_shm_conn_t *c);
+void kvli_shm_conn_free(kvli_shm_iface_t *iface, kvli_shm_conn_t *c);
 /* Proofs of the shared secret in HELLO (ack 0) and HELLO_ACK (ack 1). */
 void kvli_shm_hello_mac(const kvl_bk_ctx_t *ctx, int ack, uint64_t first_inc,
                         uint64_t second_inc, const char *name, size_t name_len, uint8_t *out);
