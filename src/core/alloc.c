@@ -120,8 +120,7 @@ kvl_status_t kvl_mem_alloc_ex(kvl_agent_t *a, size_t len, const kvl_alloc_params
         return kvli_fail(a, &err);
     }
     const kvl_backend_ops_t *ops = bk->ops;
-    if (ops->size < offsetof(kvl_backend_ops_t, mem_free) + sizeof(ops->mem_free) ||
-        ops->mem_alloc == NULL || ops->mem_free == NULL) {
+    if (!KVLI_OPS_HAS(ops, mem_alloc) || !KVLI_OPS_HAS(ops, mem_free)) {
         kvli_err(&err, KVL_ERR_UNSUPPORTED, 0, "kvl_mem_alloc_ex: backend '%s' does not "
                  "allocate memory", name);
         kvli_scopy(err.backend, sizeof(err.backend), name);

@@ -33,7 +33,7 @@ extern const kvl_backend_ops_t kvli_tcp_ops;
 extern const kvl_backend_ops_t kvli_cuda_ops;
 #endif
 
-static const kvl_backend_ops_t *const kvli_builtin[] = {
+static const kvl_backend_ops_t *const kvli_builtin_src[] = {
     &kvli_shm_ops,
 #ifdef KVL_HAVE_TCP
     &kvli_tcp_ops,
@@ -42,7 +42,28 @@ static const kvl_backend_ops_t *const kvli_builtin[] = {
     &kvli_cuda_ops,
 #endif
 };
-#define KVLI_NBUILTIN (sizeof(kvli_builtin) / sizeof(kvli_builtin[0]))
+#define KVLI_NBUILTIN (sizeof(kvli_builtin_src) / sizeof(kvli_builtin_src[0]))
+
+/*
+ * Every ops table the core uses is a full-size copy made once, when the
+ * backend is first looked up: the slots a backend was built without (its
+ * size is smaller) are NULL there, so the core tests a slot for NULL and
+ * never does size arithmetic. size keeps what the backend was built with.
+ */
+static kvl_backend_ops_t kvli_builtin[KVLI_NBUILTIN];
+static pthread_once_t kvli_builtin_once = PTHREAD_ONCE_INIT;
+
+static void kvli_ops_fill(kvl_backend_ops_t *dst, const kvl_backend_ops_t *src)
+{
+    memset(dst, 0, sizeof(*dst));
+    memcpy(dst, src, src->size < sizeof(*dst) ? src->size : sizeof(*dst));
+}
+
+static void kvli_builtin_init(void)
+{
+    for (size_t i = 0; i < KVLI_NBUILTIN; i++)
+        kvli_ops_fill(&kvli_builtin[i], kvli_builtin_src[i]);
+}
 
 /* Modules this build knows of, loaded on first use. */
 static const char *const kvli_module_names[] = {"ucx"};
@@ -50,7 +71,8 @@ static const char *const kvli_module_names[] = {"ucx"};
 
 static struct {
     bool tried;
-    const kvl_backend_ops_t *ops;
+    const kvl_backend_ops_t *ops;   /* &filled once loaded, else NULL */
+    kvl_backend_ops_t filled;
     char reason[512];
 } kvli_modules[KVLI_NMODULES];
 static pthread_mutex_t kvli_module_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -62,7 +84,7 @@ static void kvli_names_init(void)
 {
     size_t n = 0;
     for (size_t i = 0; i < KVLI_NBUILTIN; i++)
-        kvli_names[n++] = kvli_builtin[i]->name;
+        kvli_names[n++] = kvli_builtin_src[i]->name;
     for (size_t i = 0; i < KVLI_NMODULES; i++)
         kvli_names[n++] = kvli_module_names[i];
     kvli_names[n] = NULL;
@@ -107,7 +129,8 @@ static bool kvli_module_try(size_t m, const char *dir, char *tried, size_t tcap)
     }
     /* Kept loaded for the life of the process: backends' threads may
      * outlive any one agent's use of them. */
-    kvli_modules[m].ops = ops;
+    kvli_ops_fill(&kvli_modules[m].filled, ops);
+    kvli_modules[m].ops = &kvli_modules[m].filled;
     return true;
 }
 
@@ -174,16 +197,18 @@ static int kvli_module_index(const char *name)
 
 const kvl_backend_ops_t *kvli_backend_builtin(size_t i)
 {
-    return i < KVLI_NBUILTIN ? kvli_builtin[i] : NULL;
+    pthread_once(&kvli_builtin_once, kvli_builtin_init);
+    return i < KVLI_NBUILTIN ? &kvli_builtin[i] : NULL;
 }
 
 const kvl_backend_ops_t *kvli_backend_find(const char *name)
 {
     if (name == NULL)
         return NULL;
+    pthread_once(&kvli_builtin_once, kvli_builtin_init);
     for (size_t i = 0; i < KVLI_NBUILTIN; i++)
-        if (strcasecmp(kvli_builtin[i]->name, name) == 0)
-            return kvli_builtin[i];
+        if (strcasecmp(kvli_builtin[i].name, name) == 0)
+            return &kvli_builtin[i];
     int m = kvli_module_index(name);
     return m >= 0 ? kvli_module_load((size_t)m) : NULL;
 }
@@ -234,7 +259,7 @@ kvl_status_t kvl_backend_probe(const char *name, kvl_probe_cb_t cb, void *arg, i
     const kvl_backend_ops_t *ops = kvli_backend_find(name);
     if (ops == NULL || cb == NULL)
         return KVL_ERR_NOT_FOUND;
-    if (ops->size < offsetof(kvl_backend_ops_t, probe) + sizeof(ops->probe) || ops->probe == NULL)
+    if (ops->probe == NULL)
         return KVL_ERR_UNSUPPORTED;
     ops->probe(cb, arg, (kvl_mem_kind_t)mem, dev, planned_bytes);
     return KVL_OK;

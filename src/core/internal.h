@@ -10,10 +10,9 @@
 #include <kvlane/backend.h>
 
 #define KVLI_MAX_BACKENDS 8
-/* Does a backend's ops table (built against some ABI size) have this slot, set? */
-#define KVLI_OPS_HAS(ops, slot) \
-    ((ops)->size >= offsetof(kvl_backend_ops_t, slot) + sizeof((ops)->slot) && \
-     (ops)->slot != NULL)
+/* Does a backend have this optional slot? The core's ops tables are full-size
+ * copies with the slots a backend lacks set to NULL (backend_table.c). */
+#define KVLI_OPS_HAS(ops, slot) ((ops)->slot != NULL)
 
 /* ---- errors (error.c) ---- */
 void kvli_err(kvl_error_t *err, kvl_status_t code, int sys_errno, const char *fmt, ...)

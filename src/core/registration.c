@@ -44,8 +44,7 @@ static kvl_status_t kvli_mem_classify(kvl_agent_t *a, const kvl_mem_desc_t *d,
         kvl_mem_kind_t k;
         int32_t dev;
         char info[256] = "";
-        if (ops->size < offsetof(kvl_backend_ops_t, mem_query) + sizeof(ops->mem_query) ||
-            ops->mem_query == NULL)
+        if (!KVLI_OPS_HAS(ops, mem_query))
             continue;
         memset(&qerr, 0, offsetof(kvl_error_t, causes));
         qerr.device = -1;

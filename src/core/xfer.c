@@ -536,8 +536,7 @@ void kvli_xfer_free(kvl_xfer_t *x)
     pthread_mutex_unlock(&x->lock);
     if (x->bk != NULL && x->posted_once) {
         const kvl_backend_ops_t *ops = x->bk->ops;
-        if (ops->size >= offsetof(kvl_backend_ops_t, xfer_release) + sizeof(ops->xfer_release) &&
-            ops->xfer_release != NULL)
+        if (KVLI_OPS_HAS(ops, xfer_release))
             ops->xfer_release(x->bk->bk, &x->bx);
     }
     for (size_t i = 0; i < x->nlregs; i++)
