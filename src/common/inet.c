@@ -15,12 +15,6 @@
 #include <unistd.h>
 #include "inet.h"
 
-uint64_t kvli_tcp_now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
 
 
 int kvli_tcp_hostport_split(const char *hp, char *host, size_t host_cap, uint16_t *port_p)
@@ -171,7 +165,7 @@ void kvli_tcp_sock_tune(int fd, uint64_t timeout_ms, int sndbuf, int rcvbuf)
 static int kvli_tcp_io_wait(int fd, short ev, uint64_t deadline_ns)
 {
     for (;;) {
-        uint64_t now = kvli_tcp_now_ns();
+        uint64_t now = kvli_clock_ns();
         struct pollfd p;
         int rc, ms;
         if (now >= deadline_ns)

@@ -7,6 +7,7 @@
 #define KVLI_INET_H
 
 #include <sys/uio.h>
+#include "clock.h"
 #include <stddef.h>
 #include <stdint.h>
 #include <sys/socket.h>
@@ -15,7 +16,6 @@
 #define KVLI_TCP_EOF (-1)          /* helpers: orderly close by the other side */
 #define KVLI_TCP_ADDR_STR 64
 
-uint64_t kvli_tcp_now_ns(void);
 
 /* "host:port" or "[v6]:port" -> host, port. Returns 0 or -1. */
 int kvli_tcp_hostport_split(const char *hp, char *host, size_t host_cap, uint16_t *port_p);

@@ -84,7 +84,7 @@ static void kvli_listener_error_text(char *buf, size_t cap)
 static void kvli_listener_serve(kvli_listener_t *l, int fd, const char *addr)
 {
     kvl_agent_t *a = l->agent;
-    uint64_t deadline = kvli_tcp_now_ns() + a->timeout_ms * 1000000u, len = 0;
+    uint64_t deadline = kvli_clock_ns() + a->timeout_ms * 1000000u, len = 0;
     uint8_t req[KVLI_LSN_REQ_LEN];
     char why[256] = "", text[KVLI_LSN_TEXT_MAX + 1] = "", name[KVL_NAME_MAX] = "";
     uint32_t type = 0;
@@ -95,7 +95,7 @@ static void kvli_listener_serve(kvli_listener_t *l, int fd, const char *addr)
      * idle sockets cannot hold the listener. */
     uint64_t auth_ms = a->timeout_ms < KVLI_LSN_AUTH_MS ? a->timeout_ms : KVLI_LSN_AUTH_MS;
     if (kvli_tcp_auth_server(fd, KVLI_AUTH_PURPOSE_LISTENER, a->secret, a->secret_len,
-                             kvli_tcp_now_ns() + auth_ms * 1000000u, a->name, why,
+                             kvli_clock_ns() + auth_ms * 1000000u, a->name, why,
                              sizeof(why)) != 0) {
         kvli_log(KVL_LOG_WARN, "listener", "agent '%s': refused a connection from %s: %s",
                  a->name, addr, why);

@@ -48,7 +48,7 @@ kvl_status_t kvli_listener_call(kvl_agent_t *a, const char *hp, uint32_t type, c
         return KVL_ERR_INVALID_ARG;
     }
     /* Blobs up to 64 MiB: allow for 10 MB/s on top of the timeout. */
-    deadline = kvli_tcp_now_ns() + (a->timeout_ms + len / 10000u) * 1000000u;
+    deadline = kvli_clock_ns() + (a->timeout_ms + len / 10000u) * 1000000u;
     fd = kvli_tcp_connect((struct sockaddr *)&ss, sl, a->timeout_ms, &e);
     if (fd < 0) {
         kvli_err(err, KVL_ERR_REMOTE_DISCONNECT, e, "connect(%.200s) to the agent listener = -1 "

@@ -140,7 +140,7 @@ static int raw_connect(const struct sockaddr_in *sa)
 
 static uint64_t deadline(void)
 {
-    return kvli_tcp_now_ns() + 3000000000ull;
+    return kvli_clock_ns() + 3000000000ull;
 }
 
 /* A malicious initiator: authenticated and HELLO'd like a real one, then asks
@@ -311,10 +311,10 @@ int main(void)
                 g[k] = (uint8_t)rand_r(&seed);
             if (round % 7 == 0 && n >= 4)  /* valid magic, garbage after it */
                 memcpy(g, round % 2 ? "KVA1" : "KVLQ", 4);
-            (void)kvli_tcp_io_write(fd, g, n, kvli_tcp_now_ns() + 200000000ull);
+            (void)kvli_tcp_io_write(fd, g, n, kvli_clock_ns() + 200000000ull);
             if (round % 3 == 0) {
                 uint8_t sink[256];
-                (void)kvli_tcp_io_read(fd, sink, sizeof(sink), kvli_tcp_now_ns() + 50000000ull);
+                (void)kvli_tcp_io_read(fd, sink, sizeof(sink), kvli_clock_ns() + 50000000ull);
             }
             close(fd);
         }

@@ -23,6 +23,8 @@
 #define KVLI_CUDA_H
 
 #include <pthread.h>
+#include "common/clock.h"
+#include "common/wake.h"
 #include <stdatomic.h>
 #include <stdint.h>
 #include <sys/socket.h>
@@ -524,6 +526,5 @@ kvl_status_t kvli_cuda_stage_copy(int to_host, const kvl_stage_piece_t *p, size_
 int kvli_cuda_stage_test(void *ticket, int wait, kvl_error_t *err);
 
 /* ---- cuda_iface.c ---- */
-void kvli_cuda_iface_wake(kvli_cuda_iface_t *iface);
 
 #endif

@@ -26,12 +26,6 @@ static const kvl_param_t kvli_cuda_params[] = {
 };
 
 
-void kvli_cuda_iface_wake(kvli_cuda_iface_t *iface)
-{
-    uint64_t one = 1;
-    ssize_t n = write(iface->wake_fd, &one, sizeof(one));
-    (void)n; /* a full counter already means "wake up" */
-}
 
 static int kvli_cuda_boot_id(char *buf, size_t cap)
 {
@@ -320,7 +314,7 @@ static void kvli_cuda_close(void *bk)
         return;
     atomic_store(&iface->stopping, 1);
     if (iface->wake_fd >= 0)
-        kvli_cuda_iface_wake(iface);
+        kvli_wake((iface)->wake_fd);
     if (iface->progress_started)
         pthread_join(iface->progress, NULL);
     /* The core released peers, regions and transfers first; guard leaks. */

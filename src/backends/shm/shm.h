@@ -18,6 +18,8 @@
 #define KVLI_SHM_H
 
 #include <pthread.h>
+#include "common/clock.h"
+#include "common/wake.h"
 #include <stdatomic.h>
 #include <sys/socket.h>
 #include <sys/types.h>
@@ -210,8 +212,6 @@ struct kvli_shm_iface {
 };
 
 /* shm_iface.c */
-void kvli_shm_iface_wake(kvli_shm_iface_t *iface);
-uint64_t kvli_shm_now_ms(void);
 /* shm_target.c: connections peers opened to us (progress thread only). */
 void kvli_shm_accept(kvli_shm_iface_t *iface);
 void kvli_shm_conn_progress(kvli_shm_iface_t *iface, kvli_shm_conn_t *c);

@@ -32,12 +32,6 @@ static const kvl_param_t kvli_shm_params[] = {
 
 /* ---- small shared helpers ---- */
 
-uint64_t kvli_shm_now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
-}
 
 void kvli_shm_hello_mac(const kvl_bk_ctx_t *ctx, int ack, uint64_t first_inc,
                         uint64_t second_inc, const char *name, size_t name_len, uint8_t *out)
@@ -87,12 +81,6 @@ int kvli_shm_sock_set_timeouts(int fd, uint64_t ms)
     return 0;
 }
 
-void kvli_shm_iface_wake(kvli_shm_iface_t *iface)
-{
-    uint64_t one = 1;
-    ssize_t n = write(iface->wake_fd, &one, sizeof(one));
-    (void)n; /* a full counter already means "wake up" */
-}
 
 static kvl_status_t kvli_shm_read_boot_id(char *buf, size_t cap, kvl_error_t *err)
 {
@@ -533,7 +521,7 @@ static void kvli_shm_close(void *bk)
     pthread_cond_broadcast(&iface->cond);
     pthread_mutex_unlock(&iface->lock);
     if (iface->wake_fd >= 0)
-        kvli_shm_iface_wake(iface);
+        kvli_wake((iface)->wake_fd);
     /* Every blocking call of these threads is bounded by timeout_ms. */
     if (iface->progress_started)
         pthread_join(iface->progress, NULL);

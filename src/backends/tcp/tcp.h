@@ -28,6 +28,8 @@
 #define KVLI_TCP_H
 
 #include <pthread.h>
+#include "common/clock.h"
+#include "common/wake.h"
 #include <stdatomic.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
@@ -248,7 +250,6 @@ struct kvli_tcp_iface {
 };
 
 /* tcp_iface.c */
-void kvli_tcp_iface_wake(kvli_tcp_iface_t *iface);
 
 /* tcp_peer.c */
 kvl_status_t kvli_tcp_peer_load(void *bk, const char *name, uint64_t incarnation,

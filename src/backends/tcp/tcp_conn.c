@@ -111,7 +111,7 @@ static void kvli_tcp_conn_flush(kvli_tcp_iface_t *iface, kvli_tcp_conn_t *c)
             kvli_tcp_conn_close(iface, c);
             return;
         }
-        c->progress_ns = kvli_tcp_now_ns();
+        c->progress_ns = kvli_clock_ns();
         r->sent += (size_t)n;
         if (r->sent < r->total)
             continue;
@@ -162,7 +162,7 @@ void kvli_tcp_conn_accept(kvli_tcp_iface_t *iface)
         c->auth.secret = iface->secret;
         c->auth.secret_len = iface->secret_len;
         c->auth.purpose = KVLI_AUTH_PURPOSE_DATA;
-        c->progress_ns = kvli_tcp_now_ns();
+        c->progress_ns = kvli_clock_ns();
         c->deadline_ns = c->progress_ns + iface->timeout_ms * 1000000u;
         kvli_tcp_sock_tune(fd, iface->timeout_ms, iface->sndbuf, iface->rcvbuf);
         c->next = iface->conns;
@@ -232,7 +232,7 @@ static int kvli_tcp_conn_recv(kvli_tcp_iface_t *iface, kvli_tcp_conn_t *c, uint8
         ssize_t n = recv(c->fd, buf + *got, want - *got, MSG_DONTWAIT);
         if (n > 0) {
             *got += (size_t)n;
-            c->progress_ns = kvli_tcp_now_ns();
+            c->progress_ns = kvli_clock_ns();
             continue;
         }
         if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
@@ -392,7 +392,7 @@ static void kvli_tcp_conn_stage_finish(kvli_tcp_iface_t *iface, kvli_tcp_conn_t 
     kvli_tcp_reply_t *r = c->stage_reply;
     c->stage_reply = NULL;
     c->rphase = KVLI_TCP_RX_HDR;
-    c->progress_ns = kvli_tcp_now_ns();
+    c->progress_ns = kvli_clock_ns();
     if (c->stage_write || c->refuse != KVL_OK) {
         kvli_tcp_bounce_put(iface, c->bounce);
         c->bounce = NULL;
@@ -644,7 +644,7 @@ static int kvli_tcp_conn_rx_step(kvli_tcp_iface_t *iface, kvli_tcp_conn_t *c, ui
             kvli_tcp_conn_close(iface, c);
             return -1;
         }
-        c->progress_ns = kvli_tcp_now_ns();
+        c->progress_ns = kvli_clock_ns();
         c->pay_got += (uint64_t)n;
         *budget = (uint64_t)n >= *budget ? 0 : *budget - (uint64_t)n;
         if (c->pay_got < c->h.payload)

@@ -25,12 +25,6 @@ static const kvl_param_t kvli_tcp_params[] = {
     { NULL, NULL }
 };
 
-void kvli_tcp_iface_wake(kvli_tcp_iface_t *iface)
-{
-    uint64_t one = 1;
-    ssize_t n = write(iface->wake_fd, &one, sizeof(one));
-    (void)n; /* a full counter already means "wake up" */
-}
 
 /* ---- the progress thread ---- */
 
@@ -72,7 +66,7 @@ static void *kvli_tcp_progress_main(void *arg)
         kvli_tcp_xpriv_t *done = NULL;
         kvli_tcp_conn_t *c, **cp;
         size_t n = 0, need = 2, npeers;
-        uint64_t now = kvli_tcp_now_ns();
+        uint64_t now = kvli_clock_ns();
         int busy = 0;
 
         if (atomic_exchange(&iface->pool_want, 0))
@@ -100,7 +94,7 @@ static void *kvli_tcp_progress_main(void *arg)
             kvli_tcp_xfer_generate(p);
             if (!p->dead)
                 kvli_tcp_peer_tx(p);
-            kvli_tcp_peer_timeouts(p, kvli_tcp_now_ns());
+            kvli_tcp_peer_timeouts(p, kvli_clock_ns());
             kvli_tcp_xfer_reap(p, &done);
             busy |= kvli_tcp_peer_busy(p);
         }
@@ -183,7 +177,7 @@ static void *kvli_tcp_progress_main(void *arg)
         }
         pthread_mutex_unlock(&iface->lock);
 
-        now = kvli_tcp_now_ns();
+        now = kvli_clock_ns();
         for (size_t i = npeers; i < n; i++) {
             c = slot[i].conn;
             if (pfd[i].revents != 0 || c->rphase == KVLI_TCP_RX_STAGE)
@@ -453,7 +447,7 @@ static void kvli_tcp_close(void *bk)
     pthread_cond_broadcast(&iface->cond);
     pthread_mutex_unlock(&iface->lock);
     if (iface->wake_fd >= 0)
-        kvli_tcp_iface_wake(iface);
+        kvli_wake((iface)->wake_fd);
     if (iface->progress_started)
         pthread_join(iface->progress, NULL);
     /* The core released everything first; this only guards against leaks. */

@@ -243,7 +243,7 @@ static kvl_status_t kvli_tcp_peer_connect(kvli_tcp_peer_t *peer, uint64_t timeou
                                           kvl_error_t *err)
 {
     kvli_tcp_iface_t *iface = peer->iface;
-    uint64_t deadline = kvli_tcp_now_ns() + timeout_ms * 1000000u;
+    uint64_t deadline = kvli_clock_ns() + timeout_ms * 1000000u;
     char desc[KVL_NAME_MAX + KVLI_TCP_ADDR_STR + 16];
     kvl_status_t st;
     int e = 0, fd;
@@ -280,10 +280,10 @@ static kvl_status_t kvli_tcp_peer_connect(kvli_tcp_peer_t *peer, uint64_t timeou
     peer->dead_what[0] = '\0';
     peer->rhdr_got = 0;
     peer->rphase = 0;
-    peer->progress_ns = kvli_tcp_now_ns();
+    peer->progress_ns = kvli_clock_ns();
     peer->connects++;
     pthread_mutex_unlock(&iface->lock);
-    kvli_tcp_iface_wake(iface);
+    kvli_wake((iface)->wake_fd);
     return KVL_OK;
 }
 
@@ -367,7 +367,7 @@ kvl_status_t kvli_tcp_peer_load(void *bk, const char *name, uint64_t incarnation
     peer->next = iface->peers;
     iface->peers = peer;
     pthread_mutex_unlock(&iface->lock);
-    kvli_tcp_iface_wake(iface);
+    kvli_wake((iface)->wake_fd);
     iface->ctx->log(iface->ctx, KVL_LOG_DEBUG, "agent '%s' loaded: tcp %s, incarnation %016" PRIx64,
                     peer->name, peer->addr, peer->incarnation);
     *peer_p = peer;
@@ -385,7 +385,7 @@ void kvli_tcp_peer_unload(void *bk, void *peer_h)
     pthread_mutex_lock(&iface->lock);
     peer->unloading = 1;
     pthread_mutex_unlock(&iface->lock);
-    kvli_tcp_iface_wake(iface);
+    kvli_wake((iface)->wake_fd);
     clock_gettime(CLOCK_MONOTONIC, &dl);
     dl.tv_sec += (time_t)(iface->timeout_ms / 1000u) + 2;
     pthread_mutex_lock(&iface->lock);
@@ -529,7 +529,7 @@ void kvli_tcp_peer_rx(kvli_tcp_peer_t *peer)
                      MSG_DONTWAIT);
             if (n <= 0)
                 goto io;
-            peer->progress_ns = kvli_tcp_now_ns();
+            peer->progress_ns = kvli_clock_ns();
             peer->rhdr_got += (size_t)n;
             if (peer->rhdr_got < KVLI_TCP_HDR_LEN)
                 continue;
@@ -542,7 +542,7 @@ void kvli_tcp_peer_rx(kvli_tcp_peer_t *peer)
                          peer->rh.text_len - peer->rtext_got, MSG_DONTWAIT);
                 if (n <= 0)
                     goto io;
-                peer->progress_ns = kvli_tcp_now_ns();
+                peer->progress_ns = kvli_clock_ns();
                 peer->rtext_got += (size_t)n;
                 continue;
             }
@@ -560,7 +560,7 @@ void kvli_tcp_peer_rx(kvli_tcp_peer_t *peer)
             n = recvmsg(peer->fd, &mh, MSG_DONTWAIT);
             if (n <= 0)
                 goto io;
-            peer->progress_ns = kvli_tcp_now_ns();
+            peer->progress_ns = kvli_clock_ns();
             peer->rpay_got += (uint64_t)n;
             budget = (uint64_t)n >= budget ? 0 : budget - (uint64_t)n;
             if (peer->rpay_got < peer->rh.payload)
@@ -624,7 +624,7 @@ void kvli_tcp_peer_tx(kvli_tcp_peer_t *peer)
             kvli_tcp_peer_io_dead(peer, "sendmsg()", n, e);
             return;
         }
-        peer->progress_ns = kvli_tcp_now_ns();
+        peer->progress_ns = kvli_clock_ns();
         if (m->sent == 0 && n > 0)
             peer->sq_unsent--;
         m->sent += (size_t)n;
@@ -688,10 +688,10 @@ kvl_status_t kvli_tcp_peer_notif_send(void *bk, void *peer_h, const void *msg, s
         return st;
     }
     if (!kvli_tcp_peer_busy(peer))
-        peer->progress_ns = kvli_tcp_now_ns();
+        peer->progress_ns = kvli_clock_ns();
     m->sent_flag = &sent;
     kvli_tcp_peer_enqueue(peer, m);
-    kvli_tcp_iface_wake(iface);
+    kvli_wake((iface)->wake_fd);
     /* Return once the kernel has the bytes (like a blocking send), so an
      * agent destroyed right after this call does not lose it. Bounded: the
      * progress thread declares the peer dead after timeout_ms without progress. */

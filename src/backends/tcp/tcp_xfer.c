@@ -394,12 +394,12 @@ kvl_status_t kvli_tcp_xfer_post(void *bk, kvl_bk_xfer_t *x, kvl_error_t *err)
         return st;
     }
     if (!kvli_tcp_peer_busy(peer))
-        peer->progress_ns = kvli_tcp_now_ns();
+        peer->progress_ns = kvli_clock_ns();
     for (pp = &peer->xfers; *pp != NULL; pp = &(*pp)->next)
         ;
     *pp = xp;
     pthread_mutex_unlock(&iface->lock);
-    kvli_tcp_iface_wake(iface);
+    kvli_wake((iface)->wake_fd);
     return KVL_OK;
 }
 
@@ -422,7 +422,7 @@ void kvli_tcp_xfer_cancel(void *bk, kvl_bk_xfer_t *x)
     atomic_store(&xp->cancel, 1);
     xp->waiters++;
     pthread_mutex_unlock(&iface->lock);
-    kvli_tcp_iface_wake(iface);
+    kvli_wake((iface)->wake_fd);
     pthread_mutex_lock(&iface->lock);
     /* The progress thread ends it once its requests on the wire are answered,
      * or the peer is declared dead after timeout_ms without an answer. */

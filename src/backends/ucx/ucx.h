@@ -28,6 +28,8 @@
 #define KVLI_UCX_H
 
 #include <pthread.h>
+#include "common/clock.h"
+#include "common/wake.h"
 #include <stdatomic.h>
 #include <ucp/api/ucp.h>
 #include <kvlane/backend.h>
@@ -204,8 +206,6 @@ void kvli_ucx_log_install(void);
 const char *kvli_ucx_log_said(const kvli_ucx_log_t *log, char *buf, size_t len);
 
 /* ucx_iface.c */
-uint64_t kvli_ucx_now_ms(void);
-void kvli_ucx_iface_wake(kvli_ucx_iface_t *iface);
 
 /* ucx_diag.c */
 void kvli_ucx_diag_resources(kvli_ucx_iface_t *iface);

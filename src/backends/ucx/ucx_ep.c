@@ -74,7 +74,7 @@ static void kvli_ucx_ep_err_cb(void *arg, ucp_ep_h ep, ucs_status_t status)
                  ucs_status_string(status));
     }
     pthread_mutex_unlock(&iface->lock);
-    kvli_ucx_iface_wake(iface);
+    kvli_wake((iface)->wake_fd);
 }
 
 static kvl_status_t kvli_ucx_conn_bad(kvl_error_t *err, const char *name, const char *why)
@@ -205,9 +205,9 @@ void kvli_ucx_ep_close(kvli_ucx_iface_t *iface, kvli_ucx_peer_t *peer, int force
                         peer->name, ucs_status_string(UCS_PTR_STATUS(req)));
         return;
     }
-    end = kvli_ucx_now_ms() + iface->timeout_ms;
+    end = kvli_clock_ms() + iface->timeout_ms;
     while (ucp_request_check_status(req) == UCS_INPROGRESS) {
-        if (kvli_ucx_now_ms() > end) {
+        if (kvli_clock_ms() > end) {
             iface->ctx->log(iface->ctx, KVL_LOG_WARN, "closing the endpoint to agent '%s' did "
                             "not finish within %llu ms; leaving it to the worker's teardown",
                             peer->name, (unsigned long long)iface->timeout_ms);

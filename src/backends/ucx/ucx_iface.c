@@ -36,19 +36,7 @@ static const kvl_param_t kvli_ucx_params[] = {
 static pthread_mutex_t kvli_ucx_live_lock = PTHREAD_MUTEX_INITIALIZER;
 static kvli_ucx_iface_t *kvli_ucx_live;
 
-uint64_t kvli_ucx_now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
-}
 
-void kvli_ucx_iface_wake(kvli_ucx_iface_t *iface)
-{
-    uint64_t one = 1;
-    ssize_t n = write(iface->wake_fd, &one, sizeof(one));
-    (void)n; /* a full counter already means "wake up" */
-}
 
 static void *kvli_ucx_progress_main(void *arg)
 {
@@ -307,7 +295,7 @@ static void kvli_ucx_iface_teardown(kvli_ucx_iface_t *iface)
     iface->closed = 1;
     atomic_store(&iface->stopping, 1);
     if (iface->wake_fd >= 0)
-        kvli_ucx_iface_wake(iface);
+        kvli_wake((iface)->wake_fd);
     if (iface->progress_started) {
         pthread_join(iface->progress, NULL);
         iface->progress_started = 0;

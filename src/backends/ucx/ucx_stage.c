@@ -131,7 +131,7 @@ static int kvli_ucx_stage_usable(const kvl_bk_ctx_t *ctx)
 
 static void kvli_ucx_stage_notify(void *arg)
 {
-    kvli_ucx_iface_wake(arg);
+    kvli_wake(((kvli_ucx_iface_t *)arg)->wake_fd);
 }
 
 static void kvli_ucx_stage_recv_cb(void *req, ucs_status_t status, size_t length, void *ud)
@@ -227,7 +227,7 @@ static int kvli_ucx_bounce_get(kvli_ucx_iface_t *iface, int initiator, kvl_error
 void kvli_ucx_stage_expect(kvli_ucx_iface_t *iface)
 {
     if (atomic_exchange(&iface->bounce_want, 1) == 0)
-        kvli_ucx_iface_wake(iface);
+        kvli_wake((iface)->wake_fd);
 }
 
 static void kvli_ucx_bounce_put(kvli_ucx_iface_t *iface, int i, int initiator)
@@ -631,7 +631,7 @@ int kvli_ucx_stage_advance(kvli_ucx_iface_t *iface, kvli_ucx_xpriv_t *xp)
         if (kvli_ucx_chunk_start(iface, c, &err) != KVL_OK)
             goto fail;
     }
-    now = kvli_ucx_now_ms();
+    now = kvli_clock_ms();
     if (moved) {
         xp->last_ms = now;
     } else if (xp->chunks != NULL && now - xp->last_ms > xp->timeout_ms) {
@@ -897,7 +897,7 @@ static void kvli_ucx_job_reply(kvli_ucx_iface_t *iface, kvli_ucx_job_t *j)
         return;
     }
     j->state = KVLI_UCX_J_SENDING;
-    j->since_ms = kvli_ucx_now_ms();
+    j->since_ms = kvli_clock_ms();
 }
 
 /* A receive or reply UCX never completes (the initiator vanished without
@@ -905,7 +905,7 @@ static void kvli_ucx_job_reply(kvli_ucx_iface_t *iface, kvli_ucx_job_t *j)
  * be in UCX's hands, so it leaves the pool and is freed at teardown. */
 static int kvli_ucx_job_stuck(kvli_ucx_iface_t *iface, kvli_ucx_job_t *j)
 {
-    uint64_t idle = kvli_ucx_now_ms() - j->since_ms;
+    uint64_t idle = kvli_clock_ms() - j->since_ms;
     if (idle <= 2 * iface->timeout_ms)
         return 0;
     iface->ctx->log(iface->ctx, KVL_LOG_WARN, "gave up on a staged %s of %llu bytes: UCX did "
@@ -996,7 +996,7 @@ static int kvli_ucx_job_step(kvli_ucx_iface_t *iface, kvli_ucx_job_t *j)
                 return 1;
             }
             j->state = KVLI_UCX_J_RECV;
-            j->since_ms = kvli_ucx_now_ms();
+            j->since_ms = kvli_clock_ms();
         }
         return 1;
     case KVLI_UCX_J_RECV:

@@ -202,7 +202,7 @@ kvl_status_t kvli_ucx_notif_send(void *bk, void *peerv, const void *msg, size_t 
         dl.tv_sec++;
         dl.tv_nsec -= 1000000000L;
     }
-    kvli_ucx_iface_wake(iface);
+    kvli_wake((iface)->wake_fd);
     pthread_mutex_lock(&iface->lock);
     while (!tok->done && !peer->dead &&
            pthread_cond_timedwait(&iface->cond, &iface->lock, &dl) != ETIMEDOUT)
@@ -273,7 +273,7 @@ kvl_status_t kvli_ucx_xfer_post(void *bk, kvl_bk_xfer_t *x, kvl_error_t *err)
     *pp = xp;
     peer->active++;
     pthread_mutex_unlock(&iface->lock);
-    kvli_ucx_iface_wake(iface);
+    kvli_wake((iface)->wake_fd);
     return KVL_OK;
 }
 
@@ -381,7 +381,7 @@ static void kvli_ucx_xfer_advance(kvli_ucx_iface_t *iface, kvli_ucx_xpriv_t *xp)
             snprintf(why, sizeof(why), "%.200s", peer->dead_what);
         pthread_mutex_unlock(&iface->lock);
         if (xp->last_ms == 0)
-            xp->last_ms = kvli_ucx_now_ms();
+            xp->last_ms = kvli_clock_ms();
 
         if (xp->state == KVLI_UCX_X_ISSUE && xp->staged) {
             if (dead) {
@@ -436,11 +436,11 @@ static void kvli_ucx_xfer_advance(kvli_ucx_iface_t *iface, kvli_ucx_xpriv_t *xp)
                     free(xp->tok);
                     xp->tok = NULL;
                     xp->confirmed = xp->issued;
-                    xp->last_ms = kvli_ucx_now_ms();
+                    xp->last_ms = kvli_clock_ms();
                     continue;
                 }
                 xp->state = KVLI_UCX_X_FLUSH;
-                xp->last_ms = kvli_ucx_now_ms();
+                xp->last_ms = kvli_clock_ms();
                 return;
             }
             /* everything in place: the notification, if any */
@@ -472,13 +472,13 @@ static void kvli_ucx_xfer_advance(kvli_ucx_iface_t *iface, kvli_ucx_xpriv_t *xp)
                 return;
             }
             xp->state = KVLI_UCX_X_NOTIF;
-            xp->last_ms = kvli_ucx_now_ms();
+            xp->last_ms = kvli_clock_ms();
             return;
         }
 
         /* FLUSH or NOTIF: wait for the token, bounded */
         if (!kvli_ucx_tok_done(iface, xp->tok, &s)) {
-            uint64_t idle = kvli_ucx_now_ms() - xp->last_ms;
+            uint64_t idle = kvli_clock_ms() - xp->last_ms;
             if (dead) {
                 kvli_ucx_xfer_fail(iface, xp, KVL_ERR_REMOTE_DISCONNECT, why);
             } else if (idle > xp->timeout_ms) {
@@ -510,7 +510,7 @@ static void kvli_ucx_xfer_advance(kvli_ucx_iface_t *iface, kvli_ucx_xpriv_t *xp)
             return;
         }
         xp->confirmed = xp->issued;
-        xp->last_ms = kvli_ucx_now_ms();
+        xp->last_ms = kvli_clock_ms();
         xp->state = KVLI_UCX_X_ISSUE;
         /* loop: next batch, cancel, or the notification */
     }
@@ -586,7 +586,7 @@ static void kvli_ucx_xfer_stop_wait(kvli_ucx_iface_t *iface, kvli_ucx_xpriv_t *x
         dl.tv_nsec -= 1000000000L;
     }
     pthread_mutex_unlock(&iface->lock);
-    kvli_ucx_iface_wake(iface);
+    kvli_wake((iface)->wake_fd);
     pthread_mutex_lock(&iface->lock);
     while (!xp->finished && !atomic_load(&iface->stopping) &&
            pthread_cond_timedwait(&iface->cond, &iface->lock, &dl) != ETIMEDOUT)
