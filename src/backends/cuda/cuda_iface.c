@@ -314,7 +314,7 @@ static void kvli_cuda_close(void *bk)
         return;
     atomic_store(&iface->stopping, 1);
     if (iface->wake_fd >= 0)
-        kvli_wake((iface)->wake_fd);
+        kvli_wake(iface->wake_fd);
     if (iface->progress_started)
         pthread_join(iface->progress, NULL);
     /* The core released peers, regions and transfers first; guard leaks. */

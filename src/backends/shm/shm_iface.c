@@ -521,7 +521,7 @@ static void kvli_shm_close(void *bk)
     pthread_cond_broadcast(&iface->cond);
     pthread_mutex_unlock(&iface->lock);
     if (iface->wake_fd >= 0)
-        kvli_wake((iface)->wake_fd);
+        kvli_wake(iface->wake_fd);
     /* Every blocking call of these threads is bounded by timeout_ms. */
     if (iface->progress_started)
         pthread_join(iface->progress, NULL);

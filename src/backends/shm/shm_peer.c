@@ -787,7 +787,7 @@ kvl_status_t kvli_shm_peer_load(void *bk, const char *name, uint64_t incarnation
     peer->next = iface->peers;
     iface->peers = peer;
     pthread_mutex_unlock(&iface->lock);
-    kvli_wake((iface)->wake_fd);
+    kvli_wake(iface->wake_fd);
     iface->ctx->log(iface->ctx, KVL_LOG_DEBUG, "agent '%s' (pid %d) loaded via %s: %s",
                     peer->name, (int)peer->pid, peer->sock_desc,
                     peer->cma_ok ? "cma" : "socket");
@@ -817,7 +817,7 @@ void kvli_shm_peer_unload(void *bk, void *peer_h)
     pthread_mutex_lock(&iface->lock);
     peer->unloading = 1;
     pthread_mutex_unlock(&iface->lock);
-    kvli_wake((iface)->wake_fd);
+    kvli_wake(iface->wake_fd);
     /* Wait for the progress thread to stop polling the socket before closing it. */
     kvli_shm_deadline(&dl, iface->timeout_ms + 1000u);
     pthread_mutex_lock(&iface->lock);

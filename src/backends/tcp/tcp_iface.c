@@ -447,7 +447,7 @@ static void kvli_tcp_close(void *bk)
     pthread_cond_broadcast(&iface->cond);
     pthread_mutex_unlock(&iface->lock);
     if (iface->wake_fd >= 0)
-        kvli_wake((iface)->wake_fd);
+        kvli_wake(iface->wake_fd);
     if (iface->progress_started)
         pthread_join(iface->progress, NULL);
     /* The core released everything first; this only guards against leaks. */

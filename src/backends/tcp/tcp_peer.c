@@ -283,7 +283,7 @@ static kvl_status_t kvli_tcp_peer_connect(kvli_tcp_peer_t *peer, uint64_t timeou
     peer->progress_ns = kvli_clock_ns();
     peer->connects++;
     pthread_mutex_unlock(&iface->lock);
-    kvli_wake((iface)->wake_fd);
+    kvli_wake(iface->wake_fd);
     return KVL_OK;
 }
 
@@ -367,7 +367,7 @@ kvl_status_t kvli_tcp_peer_load(void *bk, const char *name, uint64_t incarnation
     peer->next = iface->peers;
     iface->peers = peer;
     pthread_mutex_unlock(&iface->lock);
-    kvli_wake((iface)->wake_fd);
+    kvli_wake(iface->wake_fd);
     iface->ctx->log(iface->ctx, KVL_LOG_DEBUG, "agent '%s' loaded: tcp %s, incarnation %016" PRIx64,
                     peer->name, peer->addr, peer->incarnation);
     *peer_p = peer;
@@ -385,7 +385,7 @@ void kvli_tcp_peer_unload(void *bk, void *peer_h)
     pthread_mutex_lock(&iface->lock);
     peer->unloading = 1;
     pthread_mutex_unlock(&iface->lock);
-    kvli_wake((iface)->wake_fd);
+    kvli_wake(iface->wake_fd);
     clock_gettime(CLOCK_MONOTONIC, &dl);
     dl.tv_sec += (time_t)(iface->timeout_ms / 1000u) + 2;
     pthread_mutex_lock(&iface->lock);
@@ -691,7 +691,7 @@ kvl_status_t kvli_tcp_peer_notif_send(void *bk, void *peer_h, const void *msg, s
         peer->progress_ns = kvli_clock_ns();
     m->sent_flag = &sent;
     kvli_tcp_peer_enqueue(peer, m);
-    kvli_wake((iface)->wake_fd);
+    kvli_wake(iface->wake_fd);
     /* Return once the kernel has the bytes (like a blocking send), so an
      * agent destroyed right after this call does not lose it. Bounded: the
      * progress thread declares the peer dead after timeout_ms without progress. */

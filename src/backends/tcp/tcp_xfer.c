@@ -399,7 +399,7 @@ kvl_status_t kvli_tcp_xfer_post(void *bk, kvl_bk_xfer_t *x, kvl_error_t *err)
         ;
     *pp = xp;
     pthread_mutex_unlock(&iface->lock);
-    kvli_wake((iface)->wake_fd);
+    kvli_wake(iface->wake_fd);
     return KVL_OK;
 }
 
@@ -422,7 +422,7 @@ void kvli_tcp_xfer_cancel(void *bk, kvl_bk_xfer_t *x)
     atomic_store(&xp->cancel, 1);
     xp->waiters++;
     pthread_mutex_unlock(&iface->lock);
-    kvli_wake((iface)->wake_fd);
+    kvli_wake(iface->wake_fd);
     pthread_mutex_lock(&iface->lock);
     /* The progress thread ends it once its requests on the wire are answered,
      * or the peer is declared dead after timeout_ms without an answer. */

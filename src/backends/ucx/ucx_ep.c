@@ -74,7 +74,7 @@ static void kvli_ucx_ep_err_cb(void *arg, ucp_ep_h ep, ucs_status_t status)
                  ucs_status_string(status));
     }
     pthread_mutex_unlock(&iface->lock);
-    kvli_wake((iface)->wake_fd);
+    kvli_wake(iface->wake_fd);
 }
 
 static kvl_status_t kvli_ucx_conn_bad(kvl_error_t *err, const char *name, const char *why)

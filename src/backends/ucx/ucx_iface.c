@@ -295,7 +295,7 @@ static void kvli_ucx_iface_teardown(kvli_ucx_iface_t *iface)
     iface->closed = 1;
     atomic_store(&iface->stopping, 1);
     if (iface->wake_fd >= 0)
-        kvli_wake((iface)->wake_fd);
+        kvli_wake(iface->wake_fd);
     if (iface->progress_started) {
         pthread_join(iface->progress, NULL);
         iface->progress_started = 0;

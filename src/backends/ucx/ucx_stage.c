@@ -227,7 +227,7 @@ static int kvli_ucx_bounce_get(kvli_ucx_iface_t *iface, int initiator, kvl_error
 void kvli_ucx_stage_expect(kvli_ucx_iface_t *iface)
 {
     if (atomic_exchange(&iface->bounce_want, 1) == 0)
-        kvli_wake((iface)->wake_fd);
+        kvli_wake(iface->wake_fd);
 }
 
 static void kvli_ucx_bounce_put(kvli_ucx_iface_t *iface, int i, int initiator)

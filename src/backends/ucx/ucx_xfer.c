@@ -202,7 +202,7 @@ kvl_status_t kvli_ucx_notif_send(void *bk, void *peerv, const void *msg, size_t 
         dl.tv_sec++;
         dl.tv_nsec -= 1000000000L;
     }
-    kvli_wake((iface)->wake_fd);
+    kvli_wake(iface->wake_fd);
     pthread_mutex_lock(&iface->lock);
     while (!tok->done && !peer->dead &&
            pthread_cond_timedwait(&iface->cond, &iface->lock, &dl) != ETIMEDOUT)
@@ -273,7 +273,7 @@ kvl_status_t kvli_ucx_xfer_post(void *bk, kvl_bk_xfer_t *x, kvl_error_t *err)
     *pp = xp;
     peer->active++;
     pthread_mutex_unlock(&iface->lock);
-    kvli_wake((iface)->wake_fd);
+    kvli_wake(iface->wake_fd);
     return KVL_OK;
 }
 
@@ -586,7 +586,7 @@ static void kvli_ucx_xfer_stop_wait(kvli_ucx_iface_t *iface, kvli_ucx_xpriv_t *x
         dl.tv_nsec -= 1000000000L;
     }
     pthread_mutex_unlock(&iface->lock);
-    kvli_wake((iface)->wake_fd);
+    kvli_wake(iface->wake_fd);
     pthread_mutex_lock(&iface->lock);
     while (!xp->finished && !atomic_load(&iface->stopping) &&
            pthread_cond_timedwait(&iface->cond, &iface->lock, &dl) != ETIMEDOUT)
