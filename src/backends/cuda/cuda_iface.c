@@ -15,6 +15,7 @@
 #include <sys/prctl.h>
 #include "common/errname.h"
 #include "cuda.h"
+#include "common/host.h"
 
 #define KVLI_CUDA_SCRATCH (KVL_NOTIF_MAX + 4096)
 #define KVLI_CUDA_POLL_NS 4000L          /* event polling period while copies run */
@@ -27,19 +28,6 @@ static const kvl_param_t kvli_cuda_params[] = {
 
 
 
-static int kvli_cuda_boot_id(char *buf, size_t cap)
-{
-    int fd = open("/proc/sys/kernel/random/boot_id", O_RDONLY | O_CLOEXEC);
-    ssize_t n;
-    if (fd < 0)
-        return errno;
-    n = read(fd, buf, cap - 1);
-    close(fd);
-    if (n < 36)
-        return EIO;
-    buf[36] = '\0';
-    return 0;
-}
 
 static void *kvli_cuda_progress_main(void *arg)
 {
@@ -247,11 +235,11 @@ static kvl_status_t kvli_cuda_open(kvl_bk_ctx_t *ctx, const kvl_param_t *params,
         free(iface);
         return st;
     }
-    e = kvli_cuda_boot_id(iface->boot_id, sizeof(iface->boot_id));
+    char why[200];
+    e = kvli_host_boot_id(iface->boot_id, sizeof(iface->boot_id), why, sizeof(why));
     if (e != 0) {
-        kvl_bk_error_set(err, KVL_ERR_SYSTEM, e, KVLI_CUDA_NAME, -1,
-                         "reading /proc/sys/kernel/random/boot_id failed: %s (%s)",
-                         kvli_errno_name(e), strerror(e));
+        kvl_bk_error_set(err, KVL_ERR_SYSTEM, e == EIO ? 0 : e, KVLI_CUDA_NAME, -1,
+                         "%s: cannot tell which host this is", why);
         kvl_bk_error_hint(err, "mount /proc (the cuda backend compares boot ids to be sure "
                           "both agents share one machine)");
         free(iface);

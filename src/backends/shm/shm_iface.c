@@ -17,6 +17,7 @@
 #include <sys/stat.h>
 #include "common/errname.h"
 #include "shm.h"
+#include "common/host.h"
 #include "common/mac.h"
 #include "shm_proto.h"
 
@@ -84,28 +85,16 @@ int kvli_shm_sock_set_timeouts(int fd, uint64_t ms)
 
 static kvl_status_t kvli_shm_read_boot_id(char *buf, size_t cap, kvl_error_t *err)
 {
-    static const char path[] = "/proc/sys/kernel/random/boot_id";
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    ssize_t n;
-    if (fd < 0) {
-        int e = errno;
-        kvl_bk_error_set(err, KVL_ERR_SYSTEM, e, KVLI_SHM_NAME, -1,
-                         "open(%s) = -1 %s (%s): cannot tell which host this is",
-                         path, kvli_errno_name(e), strerror(e));
-        kvl_bk_error_hint(err, "mount /proc (the shm backend compares boot ids to "
-                          "be sure both agents share one machine)");
-        return KVL_ERR_SYSTEM;
-    }
-    n = read(fd, buf, cap - 1);
-    close(fd);
-    if (n < 36) {
-        kvl_bk_error_set(err, KVL_ERR_SYSTEM, 0, KVLI_SHM_NAME, -1,
-                         "read(%s) = %zd: expected a 36-character boot id", path, n);
-        kvl_bk_error_hint(err, "check that /proc is a real procfs mount");
-        return KVL_ERR_SYSTEM;
-    }
-    buf[36] = '\0';
-    return KVL_OK;
+    char why[200];
+    int e = kvli_host_boot_id(buf, cap, why, sizeof(why));
+    if (e == 0)
+        return KVL_OK;
+    kvl_bk_error_set(err, KVL_ERR_SYSTEM, e == EIO ? 0 : e, KVLI_SHM_NAME, -1,
+                     "%s: cannot tell which host this is", why);
+    kvl_bk_error_hint(err, e == EIO ? "check that /proc is a real procfs mount"
+                                    : "mount /proc (the shm backend compares boot ids to be "
+                                      "sure both agents share one machine)");
+    return KVL_ERR_SYSTEM;
 }
 
 static kvl_status_t kvli_shm_ns_ino(const char *path, uint64_t *ino_p, kvl_error_t *err)
