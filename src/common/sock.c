@@ -55,3 +55,55 @@ int kvli_sock_recv_fds(int fd, void *buf, size_t len, int *fds, int *nfd_p)
         *nfd_p = nfd;
     return rc;
 }
+
+int kvli_sock_send_fds(int fd, struct iovec *iov, int iovcnt, const int *fds, int nfd)
+{
+    union {
+        struct cmsghdr align;
+        char buf[CMSG_SPACE(sizeof(int) * KVLI_SOCK_FDS_MAX)];
+    } cbuf;
+    int first = 0;
+    if (nfd < 0 || nfd > KVLI_SOCK_FDS_MAX)
+        return EINVAL;
+    /* Zero-length entries would otherwise leave the loop spinning at the end. */
+    while (first < iovcnt && iov[first].iov_len == 0)
+        first++;
+    while (first < iovcnt) {
+        struct msghdr mh;
+        ssize_t n;
+        memset(&mh, 0, sizeof(mh));
+        mh.msg_iov = iov + first;
+        mh.msg_iovlen = (size_t)(iovcnt - first);
+        if (mh.msg_iovlen > 1024)
+            mh.msg_iovlen = 1024;
+        if (nfd > 0) {
+            struct cmsghdr *cm;
+            memset(&cbuf, 0, sizeof(cbuf));
+            mh.msg_control = cbuf.buf;
+            mh.msg_controllen = CMSG_SPACE(sizeof(int) * (size_t)nfd);
+            cm = CMSG_FIRSTHDR(&mh);
+            cm->cmsg_level = SOL_SOCKET;
+            cm->cmsg_type = SCM_RIGHTS;
+            cm->cmsg_len = CMSG_LEN(sizeof(int) * (size_t)nfd);
+            memcpy(CMSG_DATA(cm), fds, sizeof(int) * (size_t)nfd);
+        }
+        n = sendmsg(fd, &mh, MSG_NOSIGNAL);
+        if (n < 0) {
+            if (errno == EINTR)
+                continue;
+            return errno;
+        }
+        nfd = 0; /* the kernel took them with the first bytes */
+        while (first < iovcnt && n > 0) {
+            size_t take = (size_t)n < iov[first].iov_len ? (size_t)n : iov[first].iov_len;
+            iov[first].iov_base = (char *)iov[first].iov_base + take;
+            iov[first].iov_len -= take;
+            n -= (ssize_t)take;
+            if (iov[first].iov_len == 0)
+                first++;
+        }
+        while (first < iovcnt && iov[first].iov_len == 0)
+            first++;
+    }
+    return 0;
+}

@@ -3,6 +3,7 @@
 #define KVLI_SOCK_H
 
 #include <stddef.h>
+#include <sys/uio.h>
 
 #define KVLI_SOCK_FDS_MAX 64   /* descriptors one receive accepts */
 
@@ -15,5 +16,13 @@
  * errno (EAGAIN when SO_RCVTIMEO expired), or -1 on an orderly close.
  */
 int kvli_sock_recv_fds(int fd, void *buf, size_t len, int *fds, int *nfd_p);
+
+/*
+ * Send all of iov (at most 1024 entries per sendmsg), retrying on EINTR;
+ * nfd descriptors (at most KVLI_SOCK_FDS_MAX) go with the first bytes, as
+ * SCM_RIGHTS. iov is consumed. Returns 0 or a positive errno (EAGAIN when
+ * SO_SNDTIMEO expired).
+ */
+int kvli_sock_send_fds(int fd, struct iovec *iov, int iovcnt, const int *fds, int nfd);
 
 #endif

@@ -36,55 +36,6 @@ typedef struct kvli_cuda_hello {
 
 /* ---- framing ---- */
 
-/* Send iov fully; fds (n) go with the first bytes. 0 or errno. */
-static int kvli_cuda_sendv(int fd, struct iovec *iov, int iovcnt, const int *fds, int nfd)
-{
-    union {
-        struct cmsghdr align;
-        char buf[CMSG_SPACE(sizeof(int) * KVLI_CUDA_FDS_MAX)];
-    } cbuf;
-    int first = 0;
-    while (first < iovcnt && iov[first].iov_len == 0)
-        first++;
-    while (first < iovcnt) {
-        struct msghdr mh;
-        ssize_t n;
-        memset(&mh, 0, sizeof(mh));
-        mh.msg_iov = iov + first;
-        mh.msg_iovlen = (size_t)(iovcnt - first);
-        if (nfd > 0) {
-            struct cmsghdr *cm;
-            memset(&cbuf, 0, sizeof(cbuf));
-            mh.msg_control = cbuf.buf;
-            mh.msg_controllen = CMSG_SPACE(sizeof(int) * (size_t)nfd);
-            cm = CMSG_FIRSTHDR(&mh);
-            cm->cmsg_level = SOL_SOCKET;
-            cm->cmsg_type = SCM_RIGHTS;
-            cm->cmsg_len = CMSG_LEN(sizeof(int) * (size_t)nfd);
-            memcpy(CMSG_DATA(cm), fds, sizeof(int) * (size_t)nfd);
-        }
-        n = sendmsg(fd, &mh, MSG_NOSIGNAL);
-        if (n < 0) {
-            if (errno == EINTR)
-                continue;
-            return errno; /* EAGAIN: SO_SNDTIMEO expired */
-        }
-        nfd = 0; /* the kernel took them with the first bytes */
-        while (first < iovcnt && n > 0) {
-            size_t take = (size_t)n < iov[first].iov_len ? (size_t)n : iov[first].iov_len;
-            iov[first].iov_base = (uint8_t *)iov[first].iov_base + take;
-            iov[first].iov_len -= take;
-            n -= (ssize_t)take;
-            if (iov[first].iov_len == 0)
-                first++;
-        }
-        /* Empty entries left at the end must not cause a 0-byte send loop. */
-        while (first < iovcnt && iov[first].iov_len == 0)
-            first++;
-    }
-    return 0;
-}
-
 static const char *kvli_cuda_io_text(int rc, char *buf, size_t cap)
 {
     if (rc == -1)
@@ -265,7 +216,7 @@ kvl_status_t kvli_cuda_chan_peer_load(void *bk, const char *name, uint64_t incar
     {
         struct iovec iov[3] = {{&h, sizeof(h)}, {&m, sizeof(m)},
                                {(void *)(uintptr_t)iface->ctx->agent_name, mynl}};
-        rc = kvli_cuda_sendv(p->fd, iov, 3, NULL, 0);
+        rc = kvli_sock_send_fds(p->fd, iov, 3, NULL, 0);
     }
     if (rc == 0)
         rc = kvli_sock_recv_fds(p->fd, &h, sizeof(h), NULL, NULL);
@@ -373,7 +324,7 @@ kvl_status_t kvli_cuda_chan_notif_send(void *bk, void *peer_h, const void *msg, 
         return KVL_ERR_REMOTE_DISCONNECT;
     }
     pthread_mutex_lock(&p->io_lock);
-    rc = kvli_cuda_sendv(p->fd, iov, 2, NULL, 0);
+    rc = kvli_sock_send_fds(p->fd, iov, 2, NULL, 0);
     pthread_mutex_unlock(&p->io_lock);
     if (rc != 0)
         return kvli_cuda_peer_io_error(p, "sending a notification", rc, err);
@@ -392,7 +343,7 @@ kvl_status_t kvli_cuda_chan_fds_request(kvli_cuda_peer_t *p, uint32_t what, uint
     int rc, nfd = KVLI_CUDA_FDS_MAX;
 
     pthread_mutex_lock(&p->io_lock);
-    rc = kvli_cuda_sendv(p->fd, iov, 2, NULL, 0);
+    rc = kvli_sock_send_fds(p->fd, iov, 2, NULL, 0);
     /* The fds travel with the first bytes of the reply: the header. */
     if (rc == 0)
         rc = kvli_sock_recv_fds(p->fd, &h, sizeof(h), fds, &nfd);
@@ -535,7 +486,7 @@ static void kvli_cuda_conn_fdsreq(kvli_cuda_iface_t *iface, kvli_cuda_conn_t *c)
     {
         struct iovec iov[4] = {{&h, sizeof(h)}, {&rep, sizeof(rep)},
                                {sizes, (size_t)n * 8u}, {text, rep.text_len}};
-        rc = kvli_cuda_sendv(c->fd, iov, 4, fds, n);
+        rc = kvli_sock_send_fds(c->fd, iov, 4, fds, n);
     }
     for (int i = 0; i < n; i++)
         close(fds[i]);
@@ -598,7 +549,7 @@ void kvli_cuda_chan_conn_progress(kvli_cuda_iface_t *iface, kvli_cuda_conn_t *c)
         {
             struct iovec iov[3] = {{&h, sizeof(h)}, {&m, sizeof(m)},
                                    {(void *)(uintptr_t)iface->ctx->agent_name, nl}};
-            if (kvli_cuda_sendv(c->fd, iov, 3, NULL, 0) != 0)
+            if (kvli_sock_send_fds(c->fd, iov, 3, NULL, 0) != 0)
                 c->closing = 1;
         }
         break;

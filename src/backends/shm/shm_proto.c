@@ -22,29 +22,7 @@ int kvli_shm_proto_iov_advance(struct iovec *iov, int iovcnt, size_t n)
 
 int kvli_shm_proto_sendv(int fd, struct iovec *iov, int iovcnt)
 {
-    int first = 0;
-    /* Zero-length entries would otherwise leave the loop spinning at the end. */
-    while (first < iovcnt && iov[first].iov_len == 0)
-        first++;
-    while (first < iovcnt) {
-        struct msghdr mh;
-        ssize_t n;
-        memset(&mh, 0, sizeof(mh));
-        mh.msg_iov = iov + first;
-        mh.msg_iovlen = (size_t)(iovcnt - first);
-        if (mh.msg_iovlen > 1024)
-            mh.msg_iovlen = 1024;
-        n = sendmsg(fd, &mh, MSG_NOSIGNAL);
-        if (n < 0) {
-            if (errno == EINTR)
-                continue;
-            return errno;  /* EAGAIN here means SO_SNDTIMEO expired */
-        }
-        first += kvli_shm_proto_iov_advance(iov + first, iovcnt - first, (size_t)n);
-        while (first < iovcnt && iov[first].iov_len == 0)
-            first++;
-    }
-    return 0;
+    return kvli_sock_send_fds(fd, iov, iovcnt, NULL, 0);
 }
 
 int kvli_shm_proto_recvv(int fd, struct iovec *iov, int iovcnt)
