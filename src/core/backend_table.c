@@ -8,6 +8,7 @@
  * tree's module directory, then the installed one.
  */
 #include <dlfcn.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -20,6 +21,9 @@
 #endif
 #ifndef KVL_BUILD_MODULE_DIR
 #define KVL_BUILD_MODULE_DIR ""
+#endif
+#ifndef KVL_BUILD_DIR
+#define KVL_BUILD_DIR ""
 #endif
 #ifndef KVL_LIBDIR_NAME
 #define KVL_LIBDIR_NAME "lib"
@@ -148,33 +152,50 @@ static const kvl_backend_ops_t *kvli_module_load(size_t m)
             for (char *d = strtok_r(buf, ":", &save); d && !found; d = strtok_r(NULL, ":", &save))
                 found = kvli_module_try(m, d, tried, sizeof(tried));
         }
-        /* Next to the code that runs: <dir>/kvlane is where an installed
-         * libkvlane.so keeps its modules, <dir>/../<libdir>/kvlane where an
-         * installed program linked statically finds them, <dir>/modules the
-         * build tree's layout. Then the configured install folder and, last,
-         * this build tree (for the Python module, linked statically). */
+        /* Code that runs from this build tree (tests, the Python module in
+         * build/python) uses this build tree's modules, never installed
+         * ones. Installed code looks next to itself: <dir>/kvlane is where an
+         * installed libkvlane.so keeps its modules, <dir>/../<libdir>/kvlane
+         * where an installed program linked statically finds them; then the
+         * configured install folder. An installed library never looks in the
+         * build tree. */
         Dl_info info;
-        char here[2048] = "";
-        if (dladdr((void *)&kvli_module_load, &info) != 0 && info.dli_fname != NULL) {
-            snprintf(here, sizeof(here), "%s", info.dli_fname);
+        char here[PATH_MAX] = "";
+        char real[PATH_MAX];
+        /* The main program's own name comes as it was run ("./kvlane", or
+         * empty): resolve it, or read /proc/self/exe. */
+        if (dladdr((void *)&kvli_module_load, &info) != 0 && info.dli_fname != NULL &&
+            info.dli_fname[0] != '\0' && realpath(info.dli_fname, real) != NULL) {
+            snprintf(here, sizeof(here), "%s", real);
+        } else {
+            ssize_t rl = readlink("/proc/self/exe", real, sizeof(real) - 1);
+            if (rl > 0) {
+                real[rl] = '\0';
+                snprintf(here, sizeof(here), "%s", real);
+            }
+        }
+        if (here[0]) {
             char *slash = strrchr(here, '/');
             if (slash != NULL)
                 *slash = '\0';
             else
                 snprintf(here, sizeof(here), ".");
         }
-        if (here[0]) {
-            char d[2100];
-            const char *rel[] = {"kvlane", "../" KVL_LIBDIR_NAME "/kvlane", "modules"};
+        size_t bl = strlen(KVL_BUILD_DIR);
+        bool in_build = bl > 0 && strncmp(here, KVL_BUILD_DIR, bl) == 0 &&
+                        (here[bl] == '/' || here[bl] == '\0');
+        if (!found && in_build)
+            found = kvli_module_try(m, KVL_BUILD_MODULE_DIR, tried, sizeof(tried));
+        if (!found && !in_build && here[0]) {
+            char d[PATH_MAX + 32];
+            const char *rel[] = {"kvlane", "../" KVL_LIBDIR_NAME "/kvlane"};
             for (size_t i = 0; i < sizeof(rel) / sizeof(rel[0]) && !found; i++) {
                 snprintf(d, sizeof(d), "%s/%s", here, rel[i]);
                 found = kvli_module_try(m, d, tried, sizeof(tried));
             }
         }
-        if (!found)
+        if (!found && !in_build)
             found = kvli_module_try(m, KVL_MODULE_DIR, tried, sizeof(tried));
-        if (!found && sizeof(KVL_BUILD_MODULE_DIR) > 1)
-            found = kvli_module_try(m, KVL_BUILD_MODULE_DIR, tried, sizeof(tried));
         if (!found)
             snprintf(kvli_modules[m].reason, sizeof(kvli_modules[m].reason),
                      "module libkvlane-%s.so not found (looked in: %.300s); this build has no %s "

@@ -167,6 +167,18 @@ static void test_tls(void)
     KT_ERROR_HAS("UCX_TLS names transports this UCX does not have");
     kvl_agent_destroy(a);
 
+    printf("--- (b1') the tls parameter names the missing transport (issue 17, item 5)\n");
+    a = kt_agent("diag-b1p", "", NULL);
+    kvl_param_t tp[] = {{"tls", "rcx"}};
+    st = kvl_backend_create(a, "ucx", tp, 1, NULL);
+    KT_CHECK(st == KVL_ERR_NO_DEVICE);
+    kvl_error_render(NULL, text, sizeof(text));
+    printf("%s\n", text);
+    KT_ERROR_HAS("tls=rcx (backend parameter; UCX_TLS=(unset))");
+    KT_ERROR_HAS("the backend parameter tls names transports this UCX does not have");
+    KT_CHECK(strstr(text, "set it to transports") == NULL); /* not blamed on the variable */
+    kvl_agent_destroy(a);
+
     printf("--- (b2) this side UCX_TLS=tcp, the peer only shared memory\n");
     kt_peer_t p;
     kt_peer_opts_t o = {.name = "sm-only", .len = 1 << 20, .backend = "ucx", .params = "tls=sm"};

@@ -209,8 +209,10 @@ const char *kvli_ucx_log_said(const kvli_ucx_log_t *log, char *buf, size_t len);
 
 /* ucx_diag.c */
 void kvli_ucx_diag_resources(kvli_ucx_iface_t *iface);
+/* tls / dev: the backend parameters (tls=, net_devices=), "" when not given:
+ * the diagnosis blames the setting UCX really used, parameter or variable. */
 void kvli_ucx_diag_init_failed(kvl_error_t *err, const char *call, ucs_status_t s,
-                               const kvli_ucx_log_t *log);
+                               const kvli_ucx_log_t *log, const char *tls, const char *dev);
 void kvli_ucx_diag_net_devices(kvli_ucx_iface_t *iface, const kvli_ucx_log_t *log);
 void kvli_ucx_diag_memlock(kvli_ucx_iface_t *iface, uint64_t len, char *buf, size_t cap);
 void kvli_ucx_diag_map_failed(kvli_ucx_iface_t *iface, const kvl_region_info_t *r,

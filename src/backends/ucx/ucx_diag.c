@@ -86,25 +86,46 @@ void kvli_ucx_diag_resources(kvli_ucx_iface_t *iface)
     free(text);
 }
 
-void kvli_ucx_diag_init_failed(kvl_error_t *err, const char *call, ucs_status_t s,
-                               const kvli_ucx_log_t *log)
+/* "tls=rc (backend parameter)" or "UCX_TLS=rc" or "UCX_TLS=(unset)". */
+static void kvli_ucx_setting(char *buf, size_t cap, const char *param, const char *key,
+                             const char *env)
 {
-    char said[1100];
+    if (param != NULL && param[0])
+        snprintf(buf, cap, "%s=%.60s (backend parameter; %s=%.60s)", key, param, env,
+                 kvli_ucx_env(env));
+    else
+        snprintf(buf, cap, "%s=%.60s", env, kvli_ucx_env(env));
+}
+
+void kvli_ucx_diag_init_failed(kvl_error_t *err, const char *call, ucs_status_t s,
+                               const kvli_ucx_log_t *log, const char *tls, const char *dev)
+{
+    char said[1100], ts[160], ds[160];
+    int tls_param = tls != NULL && tls[0], dev_param = dev != NULL && dev[0];
     kvl_status_t code = s == UCS_ERR_NO_DEVICE ? KVL_ERR_NO_DEVICE
                       : s == UCS_ERR_NO_MEMORY ? KVL_ERR_NO_MEMORY
                       : s == UCS_ERR_UNSUPPORTED ? KVL_ERR_UNSUPPORTED : KVL_ERR_SYSTEM;
     kvli_ucx_log_said(log, said, sizeof(said));
-    kvl_bk_error_set(err, code, 0, KVLI_UCX_NAME, -1, "%s = %s%s (UCX_TLS=%.60s, "
-                     "UCX_NET_DEVICES=%.60s)", call, ucs_status_string(s), said,
-                     kvli_ucx_env("UCX_TLS"), kvli_ucx_env("UCX_NET_DEVICES"));
+    kvli_ucx_setting(ts, sizeof(ts), tls, "tls", "UCX_TLS");
+    kvli_ucx_setting(ds, sizeof(ds), dev, "net_devices", "UCX_NET_DEVICES");
+    kvl_bk_error_set(err, code, 0, KVLI_UCX_NAME, -1, "%s = %s%s (%s, %s)", call,
+                     ucs_status_string(s), said, ts, ds);
     if (log != NULL && strstr(log->text, "transport '") != NULL)
-        kvl_bk_error_hint(err, "UCX_TLS names transports this UCX does not have: set it to "
-                          "transports UCX lists above (ucx_info -d), e.g. UCX_TLS=tcp or "
-                          "UCX_TLS=sm,tcp, or unset it to let UCX choose");
+        kvl_bk_error_hint(err, tls_param
+                          ? "the backend parameter tls names transports this UCX does not "
+                            "have: use transports UCX lists above (ucx_info -d), e.g. tls=tcp "
+                            "or tls=sm,tcp, or leave it out to let UCX choose"
+                          : "UCX_TLS names transports this UCX does not have: set it to "
+                            "transports UCX lists above (ucx_info -d), e.g. UCX_TLS=tcp or "
+                            "UCX_TLS=sm,tcp, or unset it to let UCX choose");
     else if (log != NULL && strstr(log->text, "network device") != NULL)
-        kvl_bk_error_hint(err, "UCX_NET_DEVICES names devices UCX cannot open: set it to "
-                          "devices UCX lists above (ucx_info -d) or unset it; kvlane doctor "
-                          "compares /sys/class/infiniband with /dev/infiniband");
+        kvl_bk_error_hint(err, dev_param
+                          ? "the backend parameter net_devices names devices UCX cannot open: "
+                            "use devices UCX lists above (ucx_info -d) or leave it out; kvlane "
+                            "doctor compares /sys/class/infiniband with /dev/infiniband"
+                          : "UCX_NET_DEVICES names devices UCX cannot open: set it to "
+                            "devices UCX lists above (ucx_info -d) or unset it; kvlane doctor "
+                            "compares /sys/class/infiniband with /dev/infiniband");
     else
         kvl_bk_error_hint(err, "run ucx_info -d to see the transports and devices UCX finds, "
                           "and check UCX_* environment variables");

@@ -95,7 +95,7 @@ static kvl_status_t kvli_ucx_available(char *reason, size_t len)
     s = ucp_init(&p, NULL, &c);
     kvli_ucx_log_end();
     if (s != UCS_OK) {
-        kvli_ucx_diag_init_failed(&err, "ucp_init()", s, &log);
+        kvli_ucx_diag_init_failed(&err, "ucp_init()", s, &log, "", "");
         if (reason != NULL && len > 0)
             snprintf(reason, len, "%.300s; fix: %.200s", err.what, err.hint);
         return err.code;
@@ -190,7 +190,7 @@ static kvl_status_t kvli_ucx_context_open(kvli_ucx_iface_t *iface, const char *t
     s = ucp_config_read(NULL, NULL, &cfg);
     if (s != UCS_OK) {
         kvli_ucx_log_end();
-        kvli_ucx_diag_init_failed(err, "ucp_config_read()", s, &log);
+        kvli_ucx_diag_init_failed(err, "ucp_config_read()", s, &log, tls, dev);
         return KVL_ERR_UNSUPPORTED;
     }
     kvli_ucx_config_set(cfg, "TLS", tls, 1);
@@ -206,7 +206,7 @@ static kvl_status_t kvli_ucx_context_open(kvli_ucx_iface_t *iface, const char *t
     kvli_ucx_log_end();
     if (s != UCS_OK) {
         iface->context = NULL;
-        kvli_ucx_diag_init_failed(err, "ucp_init()", s, &log);
+        kvli_ucx_diag_init_failed(err, "ucp_init()", s, &log, tls, dev);
         return err->code;
     }
     if (ucp_context_query(iface->context, &a) != UCS_OK)
@@ -243,7 +243,8 @@ static kvl_status_t kvli_ucx_worker_open(kvli_ucx_iface_t *iface, kvl_error_t *e
     kvli_ucx_log_end();
     if (s != UCS_OK) {
         iface->worker = NULL;
-        kvli_ucx_diag_init_failed(err, "ucp_worker_create(UCS_THREAD_MODE_MULTI)", s, &log);
+        kvli_ucx_diag_init_failed(err, "ucp_worker_create(UCS_THREAD_MODE_MULTI)", s, &log, "",
+                                  "");
         return err->code;
     }
     if (ucp_worker_query(iface->worker, &wa) == UCS_OK && wa.thread_mode != UCS_THREAD_MODE_MULTI) {

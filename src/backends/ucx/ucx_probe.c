@@ -322,7 +322,7 @@ void kvli_ucx_probe(kvli_ucx_report_t report, void *arg, kvl_mem_kind_t mem, int
     kvli_ucx_log_end();
     if (s != UCS_OK) {
         iface->context = NULL;
-        kvli_ucx_diag_init_failed(&err, "ucp_init()", s, &log);
+        kvli_ucx_diag_init_failed(&err, "ucp_init()", s, &log, "", "");
         snprintf(obs, sizeof(obs), "UCX has no usable transport: %.1900s", err.what);
         report(arg, "transports", KVLI_P_FAIL, obs, err.hint);
     } else {
