@@ -200,6 +200,56 @@ static void test_tls(void)
     kt_peer_stop(&p);
 }
 
+static char g_warn[4096];
+static int g_warns;
+
+static void warn_cb(kvl_log_level_t level, const char *comp, const char *msg, void *arg)
+{
+    (void)arg;
+    if (level == KVL_LOG_WARN && strcmp(comp, "ucx") == 0 && strstr(msg, "shared memory")) {
+        snprintf(g_warn, sizeof(g_warn), "%s", msg);
+        g_warns++;
+    }
+}
+
+static char g_tls_obs[2048];
+static int g_tls_status = -1;
+
+static void probe_cb(void *arg, const char *check, int status, const char *observed,
+                     const char *hint)
+{
+    (void)arg;
+    (void)hint;
+    if (strcmp(check, "tls") == 0) {
+        g_tls_status = status;
+        snprintf(g_tls_obs, sizeof(g_tls_obs), "%s", observed);
+    }
+}
+
+/* Issue 17 item 6: tcp only on one host is a silent slow path; say it once
+ * at backend creation, and doctor's ucx.tls warns. */
+static void test_slow_tls(void)
+{
+    printf("--- (b3) tls=tcp: shared memory left out\n");
+    kvl_log_set_callback(warn_cb, NULL);
+    kvl_param_t tp[] = {{"tls", "tcp"}};
+    for (int i = 0; i < 2; i++) {
+        kvl_agent_t *a = kt_agent("diag-b3", "", NULL);
+        KT_OK(kvl_backend_create(a, "ucx", tp, 1, NULL));
+        kvl_agent_destroy(a);
+    }
+    kvl_log_set_callback(NULL, NULL);
+    printf("warned %d time(s): %s\n", g_warns, g_warn);
+    KT_CHECK(g_warns == 2); /* once per backend created */
+    KT_CHECK(strstr(g_warn, "leave out shared memory") != NULL);
+    KT_CHECK(strstr(g_warn, "tls parameter") != NULL);
+    setenv("UCX_TLS", "tcp", 1);
+    KT_OK(kvl_backend_probe("ucx", probe_cb, NULL, KVL_MEM_DRAM, -1, 0));
+    unsetenv("UCX_TLS");
+    printf("doctor ucx.tls: status %d: %s\n", g_tls_status, g_tls_obs);
+    KT_CHECK(g_tls_status == 1 && strstr(g_tls_obs, "leaves out shared memory") != NULL);
+}
+
 static void test_memlock(void)
 {
     printf("--- (c) RLIMIT_MEMLOCK 64 KiB, 64 MiB registration\n");
@@ -296,6 +346,7 @@ int main(void)
     }
     test_net_devices();
     test_tls();
+    test_slow_tls();
     test_memlock();
     test_vram();
     char cmd[300];

@@ -209,6 +209,7 @@ const char *kvli_ucx_log_said(const kvli_ucx_log_t *log, char *buf, size_t len);
 
 /* ucx_diag.c */
 void kvli_ucx_diag_resources(kvli_ucx_iface_t *iface);
+int kvli_ucx_tls_has_shm(const char *list);
 /* tls / dev: the backend parameters (tls=, net_devices=), "" when not given:
  * the diagnosis blames the setting UCX really used, parameter or variable. */
 void kvli_ucx_diag_init_failed(kvl_error_t *err, const char *call, ucs_status_t s,

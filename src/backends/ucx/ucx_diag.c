@@ -36,6 +36,21 @@ static const char *kvli_ucx_env(const char *name)
     return v && v[0] ? v : "(unset)";
 }
 
+/* Does UCX's transport list ("tcp,sysv,posix,cma,self") hold a shared-memory
+ * transport, the fast path between agents on one host? */
+int kvli_ucx_tls_has_shm(const char *list)
+{
+    static const char *const shm[] = {"sysv", "posix", "cma", "xpmem", "knem"};
+    char pat[40], cur[200];
+    snprintf(cur, sizeof(cur), ",%.190s,", list);
+    for (size_t i = 0; i < sizeof(shm) / sizeof(shm[0]); i++) {
+        snprintf(pat, sizeof(pat), ",%s,", shm[i]);
+        if (strstr(cur, pat) != NULL)
+            return 1;
+    }
+    return 0;
+}
+
 /* Transports that pin (lock) registered memory: RDMA ones. */
 static int kvli_ucx_tl_pins(const char *tl)
 {

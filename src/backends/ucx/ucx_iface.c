@@ -213,6 +213,17 @@ static kvl_status_t kvli_ucx_context_open(kvli_ucx_iface_t *iface, const char *t
         a.memory_types = 1u << UCS_MEMORY_TYPE_HOST;
     iface->mem_types = a.memory_types;
     kvli_ucx_diag_resources(iface);
+    /* A silent slow path: without a shared-memory transport, agents on this
+     * host move KV cache over whatever UCX is left with. Said once, when the
+     * backend is created. */
+    if (iface->tls_list[0] && !kvli_ucx_tls_has_shm(iface->tls_list))
+        iface->ctx->log(iface->ctx, KVL_LOG_WARN,
+                        "the transports UCX may use (%s; %s) leave out shared memory: "
+                        "agents on this host move KV cache over them, far slower than "
+                        "shared memory; add sm to %s (e.g. sm,tcp), or let kvlane's shm "
+                        "backend carry same-host transfers", iface->tls_list,
+                        tls[0] ? "tls parameter" : "UCX_TLS",
+                        tls[0] ? "the tls parameter" : "UCX_TLS");
     kvli_ucx_diag_net_devices(iface, &log);
     if (iface->config_bad && !iface->missing_refuse)
         iface->ctx->log(iface->ctx, KVL_LOG_WARN, "%.500s (missing_devices=warn: going on "

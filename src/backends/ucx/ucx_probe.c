@@ -226,6 +226,18 @@ static void kvli_ucx_probe_rdma(kvli_ucx_report_t report, void *arg,
     const char *tls = getenv("UCX_TLS");
     char devs[300] = "", obs[1200], hint[600];
     size_t off = 0;
+    /* Shared memory left out: agents on this host take the slow path. Said
+     * with the RDMA finding when there is one, alone otherwise. */
+    int no_shm = iface->tls_list[0] && !kvli_ucx_tls_has_shm(iface->tls_list);
+    if (no_shm && (scan == NULL || scan->n == 0 || kvli_ucx_probe_tls_rdma(tls))) {
+        snprintf(obs, sizeof(obs), "UCX_TLS=%.100s leaves out shared memory (UCX uses %.300s): "
+                 "agents on this host move KV cache over them, far slower",
+                 tls ? tls : "(unset)", iface->tls_list);
+        report(arg, "tls", KVLI_P_WARN, obs,
+               "add sm to UCX_TLS (e.g. UCX_TLS=sm,tcp) or unset it; kvlane's shm backend "
+               "carries same-host transfers without UCX");
+        return;
+    }
     if (scan == NULL || scan->n == 0) {
         if (tls != NULL && tls[0] != '\0')
         {
@@ -241,8 +253,9 @@ static void kvli_ucx_probe_rdma(kvli_ucx_report_t report, void *arg,
     if (!kvli_ucx_probe_tls_rdma(tls)) {
         snprintf(obs, sizeof(obs), "UCX_TLS=%.100s leaves out every RDMA transport while %u "
                  "RDMA device%s %s listed (%.200s): UCX silently moves KV cache over %.120s "
-                 "instead", tls, scan->n, scan->n == 1 ? "" : "s", scan->n == 1 ? "is" : "are",
-                 devs, iface->tls_list[0] ? iface->tls_list : "the transports it allows");
+                 "instead%s", tls, scan->n, scan->n == 1 ? "" : "s", scan->n == 1 ? "is" : "are",
+                 devs, iface->tls_list[0] ? iface->tls_list : "the transports it allows",
+                 no_shm ? "; it leaves out shared memory too (same-host agents are slow)" : "");
         report(arg, "tls", KVLI_P_WARN, obs,
                "to use RDMA, add it to UCX_TLS (e.g. UCX_TLS=rc,sm,self, or ^ud to exclude only "
                "ud) or unset UCX_TLS; ignore this if RDMA is meant to be off");
