@@ -112,38 +112,6 @@ _UCX_DEFAULTS = {"ucx_devices": "", "num_workers": "1", "ucx_error_handling_mode
 _NO_EFFECT_SEEN = set()
 
 
-def _rdma_usable():
-    """Whether this host has an RDMA device whose node opens and whose port is
-    ACTIVE (the case where UCX's RDMA beats kvlane's tcp)."""
-    root = os.environ.get("KVL_SYSFS_ROOT", "/sys") + "/class/infiniband"
-    dev_root = os.environ.get("KVL_DEV_ROOT", "/dev") + "/infiniband"
-    try:
-        devs = os.listdir(root)
-    except OSError:
-        return False
-    for dev in devs:
-        try:
-            nodes = os.listdir(f"{root}/{dev}/device/infiniband_verbs")
-            ports = os.listdir(f"{root}/{dev}/ports")
-        except OSError:
-            continue
-        active = False
-        for p in ports:
-            try:
-                with open(f"{root}/{dev}/ports/{p}/state") as f:
-                    active |= "ACTIVE" in f.read()
-            except OSError:
-                pass
-        for n in nodes:
-            try:
-                os.close(os.open(f"{dev_root}/{n}", os.O_RDWR))
-            except OSError:
-                continue
-            if active:
-                return True
-    return False
-
-
 _SET = None
 
 
@@ -168,7 +136,7 @@ def transport_set():
         out = ["shm"]
         if _kvlane.backend_available("cuda")[0]:
             out.append("cuda")
-        if _kvlane.backend_available("ucx")[0] and _rdma_usable():
+        if _kvlane.backend_available("ucx")[0] and _kvlane.rdma_usable():
             out.append("ucx")
         if _kvlane.backend_available("tcp")[0]:
             out.append("tcp")

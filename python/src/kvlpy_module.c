@@ -2,8 +2,10 @@
  * kvlane._kvlane: module setup, errors and array conversion.
  */
 #include <errno.h>
+#include <stdlib.h>
 #include <string.h>
 #include "kvlpy.h"
+#include "common/rdma_diag.h"
 
 static PyObject *kvlpy_error_factory;   /* kvlane.errors._make, set by the package */
 
@@ -531,6 +533,28 @@ static PyObject *kvlpy_status_str(PyObject *mod, PyObject *arg)
     return PyUnicode_FromString(kvl_status_str((kvl_status_t)st));
 }
 
+/* rdma_usable() -> bool: an RDMA device whose node opens and which has an
+ * ACTIVE port (the scan kvlane doctor and the ucx backend use). */
+static PyObject *kvlpy_rdma_usable(PyObject *mod, PyObject *unused)
+{
+    (void)mod;
+    (void)unused;
+    kvli_rdma_scan_t *scan = calloc(1, sizeof(*scan));
+    if (scan == NULL)
+        return PyErr_NoMemory();
+    int usable = 0;
+    Py_BEGIN_ALLOW_THREADS
+    kvli_rdma_diag_scan(scan);
+    for (unsigned i = 0; i < scan->n && !usable; i++) {
+        const kvli_rdma_dev_t *v = &scan->devs[i];
+        for (unsigned k = 0; k < v->nports && v->node_openable && !usable; k++)
+            usable = strcmp(v->ports[k].state, "ACTIVE") == 0;
+    }
+    Py_END_ALLOW_THREADS
+    free(scan);
+    return PyBool_FromLong(usable);
+}
+
 static PyObject *kvlpy_listener_built(PyObject *mod, PyObject *unused);
 
 static PyMethodDef kvlpy_module_methods[] = {
@@ -543,6 +567,8 @@ static PyMethodDef kvlpy_module_methods[] = {
      "backend_available(name) -> (ok, reason)."},
     {"backend_params", kvlpy_backend_params, METH_O,
      "backend_params(name) -> {key: default}."},
+    {"rdma_usable", kvlpy_rdma_usable, METH_NOARGS,
+     "Whether an RDMA device opens and has an ACTIVE port."},
     {"status_name", kvlpy_status_name, METH_O, "Constant name of a status code."},
     {"status_str", kvlpy_status_str, METH_O, "Short description of a status code."},
     {"listener_built", kvlpy_listener_built, METH_NOARGS,

@@ -56,6 +56,20 @@ int kvli_sock_recv_fds(int fd, void *buf, size_t len, int *fds, int *nfd_p)
     return rc;
 }
 
+int kvli_iov_advance(struct iovec *iov, int iovcnt, size_t n)
+{
+    int i = 0;
+    while (i < iovcnt && n >= iov[i].iov_len) {
+        n -= iov[i].iov_len;
+        i++;
+    }
+    if (i < iovcnt && n > 0) {
+        iov[i].iov_base = (uint8_t *)iov[i].iov_base + n;
+        iov[i].iov_len -= n;
+    }
+    return i;
+}
+
 int kvli_sock_send_fds(int fd, struct iovec *iov, int iovcnt, const int *fds, int nfd)
 {
     union {
@@ -94,14 +108,7 @@ int kvli_sock_send_fds(int fd, struct iovec *iov, int iovcnt, const int *fds, in
             return errno;
         }
         nfd = 0; /* the kernel took them with the first bytes */
-        while (first < iovcnt && n > 0) {
-            size_t take = (size_t)n < iov[first].iov_len ? (size_t)n : iov[first].iov_len;
-            iov[first].iov_base = (char *)iov[first].iov_base + take;
-            iov[first].iov_len -= take;
-            n -= (ssize_t)take;
-            if (iov[first].iov_len == 0)
-                first++;
-        }
+        first += kvli_iov_advance(iov + first, iovcnt - first, (size_t)n);
         while (first < iovcnt && iov[first].iov_len == 0)
             first++;
     }

@@ -17,6 +17,11 @@
  */
 int kvli_sock_recv_fds(int fd, void *buf, size_t len, int *fds, int *nfd_p);
 
+/* Consume n bytes from the front of iov: entries fully covered are skipped,
+ * a partly covered one is shortened. Returns the index of the first entry
+ * with bytes left (iovcnt when none). */
+int kvli_iov_advance(struct iovec *iov, int iovcnt, size_t n);
+
 /*
  * Send all of iov (at most 1024 entries per sendmsg), retrying on EINTR;
  * nfd descriptors (at most KVLI_SOCK_FDS_MAX) go with the first bytes, as

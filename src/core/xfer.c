@@ -222,9 +222,7 @@ static kvl_status_t kvli_xfer_build_indexed(kvl_agent_t *a, kvl_xfer_op_t op, kv
         pthread_mutex_unlock(&a->lock);
         memset(err, 0, offsetof(kvl_error_t, causes));
         err->device = -1;
-        pthread_mutex_destroy(&x->lock);
-        pthread_cond_destroy(&x->cond);
-        free(x);
+        kvli_xfer_free(x); /* holds nothing yet */
         free(lused);
         free(rused);
         return KVL_OK;
@@ -235,7 +233,7 @@ static kvl_status_t kvli_xfer_build_indexed(kvl_agent_t *a, kvl_xfer_op_t op, kv
     x->rmh = malloc((rp->nregs + 1) * sizeof(*x->rmh));
     if (!x->lregs || !x->lmh || !x->rmh) {
         pthread_mutex_unlock(&a->lock);
-        goto oom_x;
+        goto oom;
     }
     for (size_t i = 0; i < lp->nregs; i++) {
         kvli_region_t *r = lp->regs[i];
@@ -260,7 +258,7 @@ static kvl_status_t kvli_xfer_build_indexed(kvl_agent_t *a, kvl_xfer_op_t op, kv
     x->lidx = kvli_buf_alloc(2 * n * sizeof(*x->lidx)); /* ridx follows lidx */
     x->ridx = x->lidx != NULL ? x->lidx + n : NULL;
     if (x->lidx == NULL || kvli_prep_tab(lp) == NULL || kvli_prep_tab(rp) == NULL)
-        goto oom_x;
+        goto oom;
     st = kvli_idx_copy(lidx, n, lp->n, x->lidx, "local", err);
     if (st == KVL_OK)
         st = kvli_idx_copy(ridx, n, rp->n, x->ridx, "remote", err);
@@ -273,18 +271,11 @@ static kvl_status_t kvli_xfer_build_indexed(kvl_agent_t *a, kvl_xfer_op_t op, kv
     x->lprep = lp;
     x->rprep = rp;
     if (kvli_xfer_finish(a, x, op, notif, notif_len, params, n * lp->ulen) != KVL_OK)
-        goto oom_x;
+        goto oom;
     *xfer_p = x;
     return KVL_OK;
 
 oom:
-    if (x != NULL) {
-        pthread_mutex_destroy(&x->lock);
-        pthread_cond_destroy(&x->cond);
-        free(x);
-        x = NULL;
-    }
-oom_x:
     free(lused);
     free(rused);
     if (x != NULL)

@@ -394,3 +394,25 @@ def test_hicache_replaces_the_inner_agent(uniq):
     finally:
         a.close()
         old.close()
+
+
+def test_rdma_usable_from_the_device_scan(tmp_path, monkeypatch):
+    """The transport set takes kvlane's ucx only when an RDMA device opens and
+    has an ACTIVE port, read by the scan kvlane doctor uses."""
+    sysfs, dev = tmp_path / "sys", tmp_path / "dev"
+    monkeypatch.setenv("KVL_SYSFS_ROOT", str(sysfs))
+    monkeypatch.setenv("KVL_DEV_ROOT", str(dev))
+    assert kvlane._kvlane.rdma_usable() is False          # no device at all
+    port = sysfs / "class/infiniband/mlx5_0/ports/1"
+    port.mkdir(parents=True)
+    (port / "state").write_text("1: DOWN\n")
+    verbs = sysfs / "class/infiniband_verbs/uverbs0"
+    verbs.mkdir(parents=True)
+    (verbs / "ibdev").write_text("mlx5_0\n")
+    (dev / "infiniband").mkdir(parents=True)
+    (dev / "infiniband/uverbs0").write_text("")
+    assert kvlane._kvlane.rdma_usable() is False          # port down
+    (port / "state").write_text("4: ACTIVE\n")
+    assert kvlane._kvlane.rdma_usable() is True
+    (dev / "infiniband/uverbs0").unlink()
+    assert kvlane._kvlane.rdma_usable() is False          # listed, no node

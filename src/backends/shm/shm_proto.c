@@ -6,20 +6,6 @@
 #include "common/sock.h"
 #include "shm_proto.h"
 
-int kvli_shm_proto_iov_advance(struct iovec *iov, int iovcnt, size_t n)
-{
-    int i = 0;
-    while (i < iovcnt && n >= iov[i].iov_len) {
-        n -= iov[i].iov_len;
-        i++;
-    }
-    if (i < iovcnt && n > 0) {
-        iov[i].iov_base = (uint8_t *)iov[i].iov_base + n;
-        iov[i].iov_len -= n;
-    }
-    return i;
-}
-
 int kvli_shm_proto_sendv(int fd, struct iovec *iov, int iovcnt)
 {
     return kvli_sock_send_fds(fd, iov, iovcnt, NULL, 0);
@@ -46,7 +32,7 @@ int kvli_shm_proto_recvv(int fd, struct iovec *iov, int iovcnt)
         }
         if (n == 0)
             return KVLI_SHM_EOF;
-        first += kvli_shm_proto_iov_advance(iov + first, iovcnt - first, (size_t)n);
+        first += kvli_iov_advance(iov + first, iovcnt - first, (size_t)n);
         while (first < iovcnt && iov[first].iov_len == 0)
             first++;
     }

@@ -16,6 +16,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <sys/uio.h>
+#include "common/sock.h" /* kvli_iov_advance */
 
 #define KVLI_SHM_MSG_MAGIC 0x4b4c534du     /* "KLSM" */
 #define KVLI_SHM_PROTO_VERSION 2u
@@ -100,8 +101,6 @@ int kvli_shm_proto_recvv(int fd, struct iovec *iov, int iovcnt);
  * any other is closed. fd_p may be NULL (then every passed fd is closed). */
 int kvli_shm_proto_recv(int fd, void *buf, size_t len, int *fd_p);
 int kvli_shm_proto_drain(int fd, uint64_t len, void *scratch, size_t cap);
-/* Skip n bytes of an iovec array in place; returns the new first index. */
-int kvli_shm_proto_iov_advance(struct iovec *iov, int iovcnt, size_t n);
 const char *kvli_shm_proto_type_name(uint32_t type);
 
 #endif

@@ -69,7 +69,7 @@ void kvli_shm_conn_flush(kvli_shm_iface_t *iface, kvli_shm_conn_t *c)
         }
         for (; i < q->iovcnt && n < KVLI_SHM_IOV_MAX; i++)
             tmp[n++] = q->iov[i];
-        first = kvli_shm_proto_iov_advance(tmp, n, skip);
+        first = kvli_iov_advance(tmp, n, skip);
         memset(&mh, 0, sizeof(mh));
         mh.msg_iov = tmp + first;
         mh.msg_iovlen = (size_t)(n - first);

@@ -207,8 +207,8 @@ static kvl_status_t kvli_shm_run_cma(kvli_shm_run_t *run, kvl_error_t *err)
         int e = errno;
         if (got > 0) {
             /* Paired pieces have equal lengths, so both arrays advance alike. */
-            kvli_shm_proto_iov_advance(r + first, n - first, (size_t)got);
-            first += kvli_shm_proto_iov_advance(l + first, n - first, (size_t)got);
+            kvli_iov_advance(r + first, n - first, (size_t)got);
+            first += kvli_iov_advance(l + first, n - first, (size_t)got);
             run->moved += (uint64_t)got;
             continue;
         }
