@@ -24,7 +24,7 @@
 
 #include <pthread.h>
 #include "common/clock.h"
-#include "common/wake.h"
+#include "common/progress.h"
 #include <stdatomic.h>
 #include <stdint.h>
 #include <sys/socket.h>
@@ -492,12 +492,9 @@ struct kvli_cuda_iface {
     socklen_t addrlen;
     char sock_name[108];
     int listen_fd;
-    int wake_fd;
-    pthread_t progress;
-    int progress_started;
+    kvli_progress_t pg;              /* progress thread, wake fd, stop flag */
     pthread_mutex_t lock;
     pthread_cond_t cond;
-    atomic_int stopping;
     kvli_cuda_peer_t *peers;
     kvli_cuda_conn_t *conns;         /* progress thread only */
     kvli_cuda_xpriv_t *xfers;        /* posted, not finished */

@@ -11,9 +11,6 @@
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
-#include <sys/eventfd.h>
-#include <sys/prctl.h>
-#include "common/errname.h"
 #include "cuda.h"
 #include "common/host.h"
 
@@ -29,79 +26,46 @@ static const kvl_param_t kvli_cuda_params[] = {
 
 
 
-static void *kvli_cuda_progress_main(void *arg)
+/* ---- progress (common/progress.c runs the loop) ---- */
+
+static int64_t kvli_cuda_progress_prepare(void *arg, kvli_pollset_t *ps)
 {
     kvli_cuda_iface_t *iface = arg;
-    struct pollfd *pfd = NULL;
-    kvli_cuda_conn_t **who = NULL;
-    size_t cap = 0;
+    size_t need = 2;
+    for (kvli_cuda_conn_t *c = iface->conns; c != NULL; c = c->next)
+        need++;
+    if (kvli_pollset_reserve(&iface->pg, ps, need) != 0)
+        return KVLI_PROGRESS_BACKOFF;
+    kvli_pollset_add(ps, iface->listen_fd, POLLIN, NULL);
+    for (kvli_cuda_conn_t *c = iface->conns; c != NULL; c = c->next)
+        kvli_pollset_add(ps, c->fd, POLLIN, c);
     /* Poll events every few microseconds while copies run, not 50 us late. */
-    prctl(PR_SET_TIMERSLACK, 1UL, 0UL, 0UL, 0UL);
-    while (!atomic_load(&iface->stopping)) {
-        kvli_cuda_conn_t *c, **cp;
-        size_t n = 2, need = 2;
-        unsigned live;
-        struct timespec ts = {0, KVLI_CUDA_POLL_NS};
+    return kvli_cuda_xfer_progress(iface) ? KVLI_CUDA_POLL_NS : KVLI_PROGRESS_FOREVER;
+}
 
-        for (c = iface->conns; c != NULL; c = c->next)
-            need++;
-        if (need > cap) {
-            struct pollfd *np = realloc(pfd, need * sizeof(*pfd));
-            kvli_cuda_conn_t **nw;
-            if (np != NULL)
-                pfd = np;
-            nw = realloc(who, need * sizeof(*who));
-            if (nw != NULL)
-                who = nw;
-            if (np == NULL || nw == NULL) {
-                poll(NULL, 0, 10);
-                continue;
-            }
-            cap = need;
-        }
-        pfd[0].fd = iface->wake_fd;
-        pfd[0].events = POLLIN;
-        pfd[1].fd = iface->listen_fd;
-        pfd[1].events = POLLIN;
-        for (c = iface->conns; c != NULL; c = c->next) {
-            pfd[n].fd = c->fd;
-            pfd[n].events = POLLIN;
-            who[n++] = c;
-        }
-        for (size_t i = 0; i < n; i++)
-            pfd[i].revents = 0;
-        live = kvli_cuda_xfer_progress(iface);
-        if (ppoll(pfd, (nfds_t)n, live ? &ts : NULL, NULL) < 0 && errno != EINTR) {
-            int e = errno;
-            iface->ctx->log(iface->ctx, KVL_LOG_ERROR, "ppoll() = -1 %s (%s)",
-                            kvli_errno_name(e), strerror(e));
-            poll(NULL, 0, 1);
-            continue;
-        }
-        if (pfd[0].revents & POLLIN) {
-            uint64_t v;
-            ssize_t r = read(iface->wake_fd, &v, sizeof(v));
-            (void)r;
-        }
-        if (pfd[1].revents & POLLIN)
-            kvli_cuda_chan_accept(iface);
-        for (size_t i = 2; i < n; i++)
-            if (pfd[i].revents & (POLLIN | POLLHUP | POLLERR))
-                kvli_cuda_chan_conn_progress(iface, who[i]);
-        for (cp = &iface->conns; *cp != NULL;) {
-            c = *cp;
-            if (c->closing) {
-                *cp = c->next;
-                kvli_cuda_chan_conn_free(c);
-            } else {
-                cp = &c->next;
-            }
+static void kvli_cuda_progress_dispatch(void *arg, kvli_pollset_t *ps)
+{
+    kvli_cuda_iface_t *iface = arg;
+    kvli_cuda_conn_t *c, **cp;
+    if (ps->pfd[1].revents & POLLIN)
+        kvli_cuda_chan_accept(iface);
+    for (size_t i = 2; i < ps->n; i++)
+        if (ps->pfd[i].revents & (POLLIN | POLLHUP | POLLERR))
+            kvli_cuda_chan_conn_progress(iface, ps->who[i]);
+    for (cp = &iface->conns; *cp != NULL;) {
+        c = *cp;
+        if (c->closing) {
+            *cp = c->next;
+            kvli_cuda_chan_conn_free(c);
+        } else {
+            cp = &c->next;
         }
     }
-    free(pfd);
-    free(who);
-    return NULL;
 }
+
+static const kvli_progress_ops_t kvli_cuda_progress_ops = {
+    kvli_cuda_progress_prepare, kvli_cuda_progress_dispatch
+};
 
 /* ---- ops ---- */
 
@@ -229,7 +193,7 @@ static kvl_status_t kvli_cuda_open(kvl_bk_ctx_t *ctx, const kvl_param_t *params,
     iface->drv = d;
     iface->timeout_ms = ctx->timeout_ms ? ctx->timeout_ms : KVLI_CUDA_DEFAULT_TIMEOUT_MS;
     iface->listen_fd = -1;
-    iface->wake_fd = -1;
+    kvli_progress_init(&iface->pg, ctx, KVLI_CUDA_NAME);
     st = kvli_cuda_parse_params(iface, params, n, err);
     if (st != KVL_OK) {
         free(iface);
@@ -259,29 +223,15 @@ static kvl_status_t kvli_cuda_open(kvl_bk_ctx_t *ctx, const kvl_param_t *params,
         st = KVL_ERR_NO_MEMORY;
         goto fail;
     }
-    iface->wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-    if (iface->wake_fd < 0) {
-        e = errno;
-        kvl_bk_error_set(err, KVL_ERR_SYSTEM, e, KVLI_CUDA_NAME, -1,
-                         "eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK) = -1 %s (%s)",
-                         kvli_errno_name(e), strerror(e));
-        kvl_bk_error_hint(err, "check the process's open-file limit (ulimit -n)");
-        st = KVL_ERR_SYSTEM;
+    st = kvli_progress_open(&iface->pg, err);
+    if (st != KVL_OK)
         goto fail;
-    }
     st = kvli_cuda_chan_listen(iface, err);
     if (st != KVL_OK)
         goto fail;
-    e = pthread_create(&iface->progress, NULL, kvli_cuda_progress_main, iface);
-    if (e != 0) {
-        kvl_bk_error_set(err, KVL_ERR_SYSTEM, e, KVLI_CUDA_NAME, -1,
-                         "pthread_create(progress thread) = %s (%s)", kvli_errno_name(e),
-                         strerror(e));
-        kvl_bk_error_hint(err, "check the thread limit (ulimit -u, pids cgroup)");
-        st = KVL_ERR_SYSTEM;
+    st = kvli_progress_start(&iface->pg, &kvli_cuda_progress_ops, iface, err);
+    if (st != KVL_OK)
         goto fail;
-    }
-    iface->progress_started = 1;
     if (!kvli_cuda_drv_have_kernel() || iface->kernel_off)
         ctx->log(ctx, KVL_LOG_INFO, "%s", iface->kernel_off ? "kernel=off: small GPU blocks "
                  "move with batched copies" : kvli_cuda_drv_kernel_note());
@@ -300,11 +250,7 @@ static void kvli_cuda_close(void *bk)
     kvli_cuda_conn_t *c, *nc;
     if (iface == NULL)
         return;
-    atomic_store(&iface->stopping, 1);
-    if (iface->wake_fd >= 0)
-        kvli_wake(iface->wake_fd);
-    if (iface->progress_started)
-        pthread_join(iface->progress, NULL);
+    kvli_progress_stop(&iface->pg);
     /* The core released peers, regions and transfers first; guard leaks. */
     while (iface->peers != NULL)
         kvli_cuda_chan_peer_unload(iface, iface->peers);
@@ -315,8 +261,7 @@ static void kvli_cuda_close(void *bk)
     kvli_cuda_xfer_devres_fini(iface);
     if (iface->listen_fd >= 0)
         close(iface->listen_fd);
-    if (iface->wake_fd >= 0)
-        close(iface->wake_fd);
+    kvli_progress_close(&iface->pg);
     pthread_cond_destroy(&iface->cond);
     pthread_mutex_destroy(&iface->lock);
     free(iface->scratch);

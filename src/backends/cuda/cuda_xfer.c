@@ -953,7 +953,7 @@ kvl_status_t kvli_cuda_xfer_post(void *bk, kvl_bk_xfer_t *x, kvl_error_t *err)
     xp->next = iface->xfers;
     iface->xfers = xp;
     pthread_mutex_unlock(&iface->lock);
-    kvli_wake(iface->wake_fd);
+    kvli_progress_wake(&iface->pg);
     return KVL_OK;
 }
 
@@ -1057,7 +1057,7 @@ static void kvli_cuda_xp_wait(kvli_cuda_iface_t *iface, kvli_cuda_xpriv_t *xp)
     /* under iface->lock */
     xp->waiters++;
     atomic_store(&xp->cancel, 1);
-    kvli_wake(iface->wake_fd);
+    kvli_progress_wake(&iface->pg);
     while (!xp->done) {
         struct timespec ts;
         kvli_cuda_deadline(&ts, 1000);

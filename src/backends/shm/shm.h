@@ -19,7 +19,7 @@
 
 #include <pthread.h>
 #include "common/clock.h"
-#include "common/wake.h"
+#include "common/progress.h"
 #include <stdatomic.h>
 #include <sys/socket.h>
 #include <sys/types.h>
@@ -191,16 +191,14 @@ struct kvli_shm_iface {
     socklen_t addrlen;
     char sock_name[108];             /* without the abstract NUL */
     int listen_fd;
-    int wake_fd;                     /* eventfd */
-    pthread_t progress;
-    int progress_started;
+    kvli_progress_t pg;              /* progress thread, wake fd, stop flag */
+    size_t poll_npeers;              /* progress thread: peers end here in its poll set */
     unsigned nworkers;
     kvli_shm_worker_t *workers;
 
     pthread_mutex_t lock;
     pthread_cond_t cond;             /* replies, completions, detach */
     pthread_cond_t qcond;            /* work queue */
-    atomic_int stopping;
     kvli_shm_peer_t *peers;
     kvli_shm_conn_t *conns;          /* progress thread only */
     kvli_shm_xpriv_t *xfers;

@@ -12,7 +12,6 @@
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
-#include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include "common/errname.h"
@@ -113,111 +112,77 @@ static kvl_status_t kvli_shm_ns_ino(const char *path, uint64_t *ino_p, kvl_error
     return KVL_OK;
 }
 
-static void *kvli_shm_progress_main(void *arg)
+/* ---- progress (common/progress.c runs the loop) ---- */
+
+static int64_t kvli_shm_progress_prepare(void *arg, kvli_pollset_t *ps)
 {
     kvli_shm_iface_t *iface = arg;
-    struct pollfd *pfd = NULL;
-    void **who = NULL;
-    size_t cap = 0;
+    kvli_shm_peer_t *p;
+    kvli_shm_conn_t *c;
+    size_t need = 2;
 
-    for (;;) {
-        kvli_shm_peer_t *p;
-        kvli_shm_conn_t *c, **cp;
-        size_t n = 0, need = 2, i, npeers;
-
-        pthread_mutex_lock(&iface->lock);
-        if (atomic_load(&iface->stopping)) {
-            pthread_mutex_unlock(&iface->lock);
-            break;
-        }
-        /* Once detached here, this thread never touches the peer again. */
-        for (p = iface->peers; p != NULL; p = p->next) {
-            if (p->unloading && !p->detached) {
-                p->detached = 1;
-                pthread_cond_broadcast(&iface->cond);
-            }
-            need++;
-        }
-        for (c = iface->conns; c != NULL; c = c->next)
-            need++;
-        if (need > cap) {
-            struct pollfd *np = realloc(pfd, need * sizeof(*pfd));
-            void **nw;
-            if (np != NULL)
-                pfd = np;
-            nw = realloc(who, need * sizeof(*who));
-            if (nw != NULL)
-                who = nw;
-            if (np == NULL || nw == NULL) {
-                pthread_mutex_unlock(&iface->lock);
-                iface->ctx->log(iface->ctx, KVL_LOG_ERROR,
-                                "realloc() of the poll set failed; retrying");
-                poll(NULL, 0, 10);
-                continue;
-            }
-            cap = need;
-        }
-        pfd[n].fd = iface->wake_fd;
-        pfd[n].events = POLLIN;
-        who[n++] = NULL;
-        pfd[n].fd = iface->listen_fd;
-        pfd[n].events = POLLIN;
-        who[n++] = NULL;
-        for (p = iface->peers; p != NULL; p = p->next) {
-            if (p->detached || atomic_load(&p->dead))
-                continue;
-            pfd[n].fd = p->fd;
-            pfd[n].events = POLLIN;
-            who[n++] = p;
-        }
-        npeers = n;
+    pthread_mutex_lock(&iface->lock);
+    if (kvli_progress_stopping(&iface->pg)) {
         pthread_mutex_unlock(&iface->lock);
-        for (c = iface->conns; c != NULL; c = c->next) {
-            pfd[n].fd = c->fd;
-            pfd[n].events = (short)(POLLIN | (c->out_head != NULL ? POLLOUT : 0));
-            who[n++] = c;
+        return KVLI_PROGRESS_STOP;
+    }
+    /* Once detached here, this thread never touches the peer again. */
+    for (p = iface->peers; p != NULL; p = p->next) {
+        if (p->unloading && !p->detached) {
+            p->detached = 1;
+            pthread_cond_broadcast(&iface->cond);
         }
-        for (i = 0; i < n; i++)
-            pfd[i].revents = 0;
+        need++;
+    }
+    for (c = iface->conns; c != NULL; c = c->next)
+        need++;
+    if (kvli_pollset_reserve(&iface->pg, ps, need) != 0) {
+        pthread_mutex_unlock(&iface->lock);
+        return KVLI_PROGRESS_BACKOFF;
+    }
+    kvli_pollset_add(ps, iface->listen_fd, POLLIN, NULL);
+    for (p = iface->peers; p != NULL; p = p->next)
+        if (!p->detached && !atomic_load(&p->dead))
+            kvli_pollset_add(ps, p->fd, POLLIN, p);
+    iface->poll_npeers = ps->n;
+    pthread_mutex_unlock(&iface->lock);
+    for (c = iface->conns; c != NULL; c = c->next)
+        kvli_pollset_add(ps, c->fd, (short)(POLLIN | (c->out_head != NULL ? POLLOUT : 0)), c);
+    return KVLI_PROGRESS_FOREVER;
+}
 
-        if (poll(pfd, (nfds_t)n, -1) < 0 && errno != EINTR) {
-            int e = errno;
-            iface->ctx->log(iface->ctx, KVL_LOG_ERROR, "poll() = -1 %s (%s)",
-                            kvli_errno_name(e), strerror(e));
-            poll(NULL, 0, 10);
-            continue;
-        }
-        if (pfd[0].revents & POLLIN) {
-            uint64_t v;
-            ssize_t r = read(iface->wake_fd, &v, sizeof(v));
-            (void)r;
-        }
-        if (pfd[1].revents & POLLIN)
-            kvli_shm_accept(iface);
-        for (i = 2; i < npeers; i++)
-            if (pfd[i].revents != 0)
-                kvli_shm_peer_progress(who[i]);
-        for (i = npeers; i < n; i++) {
-            c = who[i];
-            if (pfd[i].revents & POLLOUT)
-                kvli_shm_conn_flush(iface, c);
-            if (!c->closing && (pfd[i].revents & (POLLIN | POLLHUP | POLLERR)))
-                kvli_shm_conn_progress(iface, c);
-        }
-        for (cp = &iface->conns; *cp != NULL;) {
-            c = *cp;
-            if (c->closing) {
-                *cp = c->next;
-                kvli_shm_conn_free(iface, c);
-            } else {
-                cp = &c->next;
-            }
+static void kvli_shm_progress_dispatch(void *arg, kvli_pollset_t *ps)
+{
+    kvli_shm_iface_t *iface = arg;
+    kvli_shm_conn_t *c, **cp;
+    size_t i, npeers = iface->poll_npeers;
+
+    if (ps->pfd[1].revents & POLLIN)
+        kvli_shm_accept(iface);
+    for (i = 2; i < npeers; i++)
+        if (ps->pfd[i].revents != 0)
+            kvli_shm_peer_progress(ps->who[i]);
+    for (i = npeers; i < ps->n; i++) {
+        c = ps->who[i];
+        if (ps->pfd[i].revents & POLLOUT)
+            kvli_shm_conn_flush(iface, c);
+        if (!c->closing && (ps->pfd[i].revents & (POLLIN | POLLHUP | POLLERR)))
+            kvli_shm_conn_progress(iface, c);
+    }
+    for (cp = &iface->conns; *cp != NULL;) {
+        c = *cp;
+        if (c->closing) {
+            *cp = c->next;
+            kvli_shm_conn_free(iface, c);
+        } else {
+            cp = &c->next;
         }
     }
-    free(pfd);
-    free(who);
-    return NULL;
 }
+
+static const kvli_progress_ops_t kvli_shm_progress_ops = {
+    kvli_shm_progress_prepare, kvli_shm_progress_dispatch
+};
 
 /* ---- ops ---- */
 
@@ -402,7 +367,7 @@ static kvl_status_t kvli_shm_open(kvl_bk_ctx_t *ctx, const kvl_param_t *params,
     iface->probe = ctx->incarnation;
     iface->timeout_ms = ctx->timeout_ms ? ctx->timeout_ms : KVLI_SHM_DEFAULT_TIMEOUT_MS;
     iface->listen_fd = -1;
-    iface->wake_fd = -1;
+    kvli_progress_init(&iface->pg, ctx, KVLI_SHM_NAME);
     iface->nworkers = ctx->workers ? ctx->workers : 1;
 
     st = kvli_shm_parse_params(iface, params, n, &dir, err);
@@ -437,16 +402,9 @@ static kvl_status_t kvli_shm_open(kvl_bk_ctx_t *ctx, const kvl_param_t *params,
         st = KVL_ERR_NO_MEMORY;
         goto err_close;
     }
-    iface->wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-    if (iface->wake_fd < 0) {
-        e = errno;
-        kvl_bk_error_set(err, KVL_ERR_SYSTEM, e, KVLI_SHM_NAME, -1,
-                         "eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK) = -1 %s (%s)",
-                         kvli_errno_name(e), strerror(e));
-        kvl_bk_error_hint(err, "check the process's open-file limit (ulimit -n)");
-        st = KVL_ERR_SYSTEM;
+    st = kvli_progress_open(&iface->pg, err);
+    if (st != KVL_OK)
         goto err_close;
-    }
     st = kvli_shm_listen(iface, dir, err);
     if (st != KVL_OK)
         goto err_close;
@@ -471,16 +429,9 @@ static kvl_status_t kvli_shm_open(kvl_bk_ctx_t *ctx, const kvl_param_t *params,
         }
         w->started = 1;
     }
-    e = pthread_create(&iface->progress, NULL, kvli_shm_progress_main, iface);
-    if (e != 0) {
-        kvl_bk_error_set(err, KVL_ERR_SYSTEM, e, KVLI_SHM_NAME, -1,
-                         "pthread_create(progress thread) = %s (%s)",
-                         kvli_errno_name(e), strerror(e));
-        kvl_bk_error_hint(err, "check the thread limit (ulimit -u, pids cgroup)");
-        st = KVL_ERR_SYSTEM;
+    st = kvli_progress_start(&iface->pg, &kvli_shm_progress_ops, iface, err);
+    if (st != KVL_OK)
         goto err_close;
-    }
-    iface->progress_started = 1;
     ctx->log(ctx, KVL_LOG_DEBUG, "listening on %s%s, cma=%s, %u copy worker(s)",
              iface->abstract ? "@" : "", iface->sock_name,
              iface->cma_off ? "off" : "auto", iface->nworkers);
@@ -505,15 +456,12 @@ static void kvli_shm_close(void *bk)
     if (iface == NULL)
         return;
     pthread_mutex_lock(&iface->lock);
-    atomic_store(&iface->stopping, 1);
+    atomic_store(&iface->pg.stopping, 1);
     pthread_cond_broadcast(&iface->qcond);
     pthread_cond_broadcast(&iface->cond);
     pthread_mutex_unlock(&iface->lock);
-    if (iface->wake_fd >= 0)
-        kvli_wake(iface->wake_fd);
     /* Every blocking call of these threads is bounded by timeout_ms. */
-    if (iface->progress_started)
-        pthread_join(iface->progress, NULL);
+    kvli_progress_stop(&iface->pg);
     for (i = 0; iface->workers != NULL && i < iface->nworkers; i++) {
         if (iface->workers[i].started)
             pthread_join(iface->workers[i].thread, NULL);
@@ -539,8 +487,7 @@ static void kvli_shm_close(void *bk)
         if (!iface->abstract)
             unlink(iface->sock_name);
     }
-    if (iface->wake_fd >= 0)
-        close(iface->wake_fd);
+    kvli_progress_close(&iface->pg);
     pthread_cond_destroy(&iface->cond);
     pthread_cond_destroy(&iface->qcond);
     pthread_mutex_destroy(&iface->lock);

@@ -787,7 +787,7 @@ kvl_status_t kvli_shm_peer_load(void *bk, const char *name, uint64_t incarnation
     peer->next = iface->peers;
     iface->peers = peer;
     pthread_mutex_unlock(&iface->lock);
-    kvli_wake(iface->wake_fd);
+    kvli_progress_wake(&iface->pg);
     iface->ctx->log(iface->ctx, KVL_LOG_DEBUG, "agent '%s' (pid %d) loaded via %s: %s",
                     peer->name, (int)peer->pid, peer->sock_desc,
                     peer->cma_ok ? "cma" : "socket");
@@ -817,11 +817,11 @@ void kvli_shm_peer_unload(void *bk, void *peer_h)
     pthread_mutex_lock(&iface->lock);
     peer->unloading = 1;
     pthread_mutex_unlock(&iface->lock);
-    kvli_wake(iface->wake_fd);
+    kvli_progress_wake(&iface->pg);
     /* Wait for the progress thread to stop polling the socket before closing it. */
     kvli_shm_deadline(&dl, iface->timeout_ms + 1000u);
     pthread_mutex_lock(&iface->lock);
-    while (!peer->detached && !atomic_load(&iface->stopping)) {
+    while (!peer->detached && !kvli_progress_stopping(&iface->pg)) {
         if (pthread_cond_timedwait(&iface->cond, &iface->lock, &dl) == ETIMEDOUT)
             break;
     }

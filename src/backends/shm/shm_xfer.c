@@ -420,7 +420,7 @@ static kvl_status_t kvli_shm_run(kvli_shm_worker_t *w, kvli_shm_xpriv_t *xp,
     run.timeout_ms = x->timeout_ms ? x->timeout_ms : iface->timeout_ms;
 
     while (cur.seg < x->nsegs) {
-        if (atomic_load(&xp->cancel) || atomic_load(&iface->stopping)) {
+        if (atomic_load(&xp->cancel) || kvli_progress_stopping(&iface->pg)) {
             st = KVL_ERR_CANCELED;
             break;
         }
@@ -543,9 +543,9 @@ void *kvli_shm_xfer_worker(void *arg)
         kvl_error_t err;
         kvl_status_t st;
         pthread_mutex_lock(&iface->lock);
-        while (iface->q_head == NULL && !atomic_load(&iface->stopping))
+        while (iface->q_head == NULL && !kvli_progress_stopping(&iface->pg))
             pthread_cond_wait(&iface->qcond, &iface->lock);
-        if (atomic_load(&iface->stopping)) {
+        if (kvli_progress_stopping(&iface->pg)) {
             pthread_mutex_unlock(&iface->lock);
             break;
         }
@@ -600,7 +600,7 @@ kvl_status_t kvli_shm_xfer_post(void *bk, kvl_bk_xfer_t *x, kvl_error_t *err)
     x->bk_priv = xp;
     x->path[0] = '\0';
     pthread_mutex_lock(&iface->lock);
-    if (atomic_load(&iface->stopping)) {
+    if (kvli_progress_stopping(&iface->pg)) {
         pthread_mutex_unlock(&iface->lock);
         free(xp);
         kvl_bk_error_set(err, KVL_ERR_STATE, 0, KVLI_SHM_NAME, -1,

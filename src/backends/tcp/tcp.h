@@ -29,7 +29,7 @@
 
 #include <pthread.h>
 #include "common/clock.h"
-#include "common/wake.h"
+#include "common/progress.h"
 #include <stdatomic.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
@@ -227,12 +227,10 @@ struct kvli_tcp_iface {
     int sndbuf, rcvbuf;
     uint64_t chunk;
     int listen_fd;
-    int wake_fd;
-    pthread_t progress;
-    int progress_started;
+    kvli_progress_t pg;             /* progress thread, wake fd, stop flag */
+    size_t poll_npeers;             /* progress thread: peers end here in its poll set */
     pthread_mutex_t lock;
     pthread_cond_t cond;
-    atomic_int stopping;
     kvli_tcp_peer_t *peers;
     kvli_tcp_conn_t *conns;         /* progress thread only */
     unsigned nconns;

@@ -12,7 +12,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
-#include <sys/eventfd.h>
 #include "common/errname.h"
 #include "tcp.h"
 
@@ -27,12 +26,6 @@ static const kvl_param_t kvli_tcp_params[] = {
 
 
 /* ---- the progress thread ---- */
-
-typedef struct kvli_tcp_pslot {
-    kvli_tcp_peer_t *peer;
-    kvli_tcp_conn_t *conn;
-    int fd;
-} kvli_tcp_pslot_t;
 
 static void kvli_tcp_peer_timeouts(kvli_tcp_peer_t *peer, uint64_t now)
 {
@@ -55,152 +48,121 @@ static void kvli_tcp_peer_timeouts(kvli_tcp_peer_t *peer, uint64_t now)
                             queued);
 }
 
-static void *kvli_tcp_progress_main(void *arg)
+/* A turn of the progress thread (common/progress.c runs the loop): peers'
+ * work under the lock, then the poll set: wake fd, listener, peers (slots
+ * 2..poll_npeers-1, the fd polled kept in the slot), accepted connections. */
+static int64_t kvli_tcp_progress_prepare(void *arg, kvli_pollset_t *ps)
 {
     kvli_tcp_iface_t *iface = arg;
-    struct pollfd *pfd = NULL;
-    kvli_tcp_pslot_t *slot = NULL;
-    size_t cap = 0;
+    kvli_tcp_xpriv_t *done = NULL;
+    size_t need = 2;
+    int busy = 0;
 
-    for (;;) {
-        kvli_tcp_xpriv_t *done = NULL;
-        kvli_tcp_conn_t *c, **cp;
-        size_t n = 0, need = 2, npeers;
-        uint64_t now = kvli_clock_ns();
-        int busy = 0;
-
-        if (atomic_exchange(&iface->pool_want, 0))
-            kvli_tcp_pool_fill(iface);
-        pthread_mutex_lock(&iface->lock);
-        if (atomic_load(&iface->stopping)) {
-            pthread_mutex_unlock(&iface->lock);
-            break;
-        }
-        for (kvli_tcp_peer_t *p = iface->peers; p != NULL; p = p->next) {
-            need++;
-            if (p->detached)
-                continue;
-            if (p->unloading) {
-                /* Once detached here, this thread never touches the peer again. */
-                kvli_tcp_peer_mark_dead(p, ECANCELED, "agent unloaded");
-                kvli_tcp_xfer_reap(p, &done);
-                p->detached = 1;
-                pthread_cond_broadcast(&iface->cond);
-                continue;
-            }
-            if (p->up_head != NULL)
-                kvli_tcp_stage_uploads(p);
-            kvli_tcp_xfer_reap(p, &done);
-            kvli_tcp_xfer_generate(p);
-            if (!p->dead)
-                kvli_tcp_peer_tx(p);
-            kvli_tcp_peer_timeouts(p, kvli_clock_ns());
-            kvli_tcp_xfer_reap(p, &done);
-            busy |= kvli_tcp_peer_busy(p);
-        }
-        need += iface->nconns;
-        if (need > cap) {
-            struct pollfd *np = realloc(pfd, need * sizeof(*pfd));
-            kvli_tcp_pslot_t *ns;
-            if (np != NULL)
-                pfd = np;
-            ns = realloc(slot, need * sizeof(*slot));
-            if (ns != NULL)
-                slot = ns;
-            if (np == NULL || ns == NULL) {
-                pthread_mutex_unlock(&iface->lock);
-                kvli_tcp_xfer_complete(iface, done);
-                iface->ctx->log(iface->ctx, KVL_LOG_ERROR,
-                                "tcp: realloc() of the poll set failed; retrying");
-                poll(NULL, 0, 10);
-                continue;
-            }
-            cap = need;
-        }
-        pfd[n].fd = iface->wake_fd;
-        pfd[n].events = POLLIN;
-        n++;
-        pfd[n].fd = iface->listen_fd;
-        pfd[n].events = POLLIN;
-        n++;
-        for (kvli_tcp_peer_t *p = iface->peers; p != NULL; p = p->next) {
-            if (p->detached || p->dead)
-                continue;
-            slot[n].peer = p;
-            slot[n].fd = p->fd;
-            pfd[n].fd = p->fd;
-            pfd[n].events = (short)(POLLIN | (p->sq_head != NULL && p->sq_head->ticket == NULL
-                                                  ? POLLOUT : 0));
-            n++;
-        }
-        npeers = n;
+    if (atomic_exchange(&iface->pool_want, 0))
+        kvli_tcp_pool_fill(iface);
+    pthread_mutex_lock(&iface->lock);
+    if (kvli_progress_stopping(&iface->pg)) {
         pthread_mutex_unlock(&iface->lock);
-        kvli_tcp_xfer_complete(iface, done);
-
-        for (c = iface->conns; c != NULL; c = c->next) {
-            slot[n].conn = c;
-            pfd[n].fd = c->fd;
-            pfd[n].events = kvli_tcp_conn_events(c);
-            if (c->state != KVLI_TCP_CONN_READY || c->oq_head != NULL || c->rphase != 0)
-                busy = 1;
-            n++;
-        }
-        for (size_t i = 0; i < n; i++)
-            pfd[i].revents = 0;
-        /* staging copies wake us when done (cuLaunchHostFunc); 1 ms is the
-         * backstop for a driver without host functions */
-        if (poll(pfd, (nfds_t)n, atomic_load(&iface->staging) ? 1 : busy ? 50 : 1000) < 0 &&
-            errno != EINTR) {
-            int e = errno;
-            iface->ctx->log(iface->ctx, KVL_LOG_ERROR, "tcp: poll() = -1 %s (%s)",
-                            kvli_errno_name(e), strerror(e));
-            poll(NULL, 0, 10);
+        return KVLI_PROGRESS_STOP;
+    }
+    for (kvli_tcp_peer_t *p = iface->peers; p != NULL; p = p->next) {
+        need++;
+        if (p->detached)
+            continue;
+        if (p->unloading) {
+            /* Once detached here, this thread never touches the peer again. */
+            kvli_tcp_peer_mark_dead(p, ECANCELED, "agent unloaded");
+            kvli_tcp_xfer_reap(p, &done);
+            p->detached = 1;
+            pthread_cond_broadcast(&iface->cond);
             continue;
         }
-        if (pfd[0].revents & POLLIN) {
-            uint64_t v;
-            ssize_t r = read(iface->wake_fd, &v, sizeof(v));
-            (void)r;
-        }
-        if (pfd[1].revents & POLLIN)
-            kvli_tcp_conn_accept(iface);
-
-        pthread_mutex_lock(&iface->lock);
-        for (size_t i = 2; i < npeers; i++) {
-            kvli_tcp_peer_t *p = slot[i].peer;
-            if (pfd[i].revents == 0 || p->detached || p->dead || p->fd != slot[i].fd)
-                continue;
-            if (pfd[i].revents & (POLLIN | POLLHUP | POLLERR))
-                kvli_tcp_peer_rx(p);
-            if (!p->dead && (pfd[i].revents & POLLOUT))
-                kvli_tcp_peer_tx(p);
-        }
+        if (p->up_head != NULL)
+            kvli_tcp_stage_uploads(p);
+        kvli_tcp_xfer_reap(p, &done);
+        kvli_tcp_xfer_generate(p);
+        if (!p->dead)
+            kvli_tcp_peer_tx(p);
+        kvli_tcp_peer_timeouts(p, kvli_clock_ns());
+        kvli_tcp_xfer_reap(p, &done);
+        busy |= kvli_tcp_peer_busy(p);
+    }
+    need += iface->nconns;
+    if (kvli_pollset_reserve(&iface->pg, ps, need) != 0) {
         pthread_mutex_unlock(&iface->lock);
+        kvli_tcp_xfer_complete(iface, done);
+        return KVLI_PROGRESS_BACKOFF;
+    }
+    kvli_pollset_add(ps, iface->listen_fd, POLLIN, NULL);
+    for (kvli_tcp_peer_t *p = iface->peers; p != NULL; p = p->next) {
+        if (p->detached || p->dead)
+            continue;
+        kvli_pollset_add(ps, p->fd, (short)(POLLIN | (p->sq_head != NULL &&
+                                                      p->sq_head->ticket == NULL
+                                                      ? POLLOUT : 0)), p);
+    }
+    iface->poll_npeers = ps->n;
+    pthread_mutex_unlock(&iface->lock);
+    kvli_tcp_xfer_complete(iface, done);
 
-        now = kvli_clock_ns();
-        for (size_t i = npeers; i < n; i++) {
-            c = slot[i].conn;
-            if (pfd[i].revents != 0 || c->rphase == KVLI_TCP_RX_STAGE)
-                kvli_tcp_conn_progress(iface, c, pfd[i].revents);
-            kvli_tcp_conn_check(iface, c, now);
-        }
-        for (cp = &iface->conns; *cp != NULL;) {
-            c = *cp;
-            if (c->state == KVLI_TCP_CONN_CLOSED) {
-                *cp = c->next;
-                kvli_tcp_conn_free(iface, c);
-                iface->nconns--;
-                if (iface->nconns < KVLI_TCP_CONNS_MAX / 2)
-                    iface->warned_conns = 0;
-            } else {
-                cp = &c->next;
-            }
+    for (kvli_tcp_conn_t *c = iface->conns; c != NULL; c = c->next) {
+        kvli_pollset_add(ps, c->fd, kvli_tcp_conn_events(c), c);
+        if (c->state != KVLI_TCP_CONN_READY || c->oq_head != NULL || c->rphase != 0)
+            busy = 1;
+    }
+    /* staging copies wake us when done (cuLaunchHostFunc); 1 ms is the
+     * backstop for a driver without host functions */
+    return (atomic_load(&iface->staging) ? 1 : busy ? 50 : 1000) * 1000000LL;
+}
+
+static void kvli_tcp_progress_dispatch(void *arg, kvli_pollset_t *ps)
+{
+    kvli_tcp_iface_t *iface = arg;
+    kvli_tcp_conn_t *c, **cp;
+    size_t npeers = iface->poll_npeers;
+    uint64_t now;
+
+    if (ps->pfd[1].revents & POLLIN)
+        kvli_tcp_conn_accept(iface);
+
+    pthread_mutex_lock(&iface->lock);
+    for (size_t i = 2; i < npeers; i++) {
+        kvli_tcp_peer_t *p = ps->who[i];
+        short ev = ps->pfd[i].revents;
+        /* the peer may have reconnected since: its new fd is not this one */
+        if (ev == 0 || p->detached || p->dead || p->fd != ps->pfd[i].fd)
+            continue;
+        if (ev & (POLLIN | POLLHUP | POLLERR))
+            kvli_tcp_peer_rx(p);
+        if (!p->dead && (ev & POLLOUT))
+            kvli_tcp_peer_tx(p);
+    }
+    pthread_mutex_unlock(&iface->lock);
+
+    now = kvli_clock_ns();
+    for (size_t i = npeers; i < ps->n; i++) {
+        c = ps->who[i];
+        if (ps->pfd[i].revents != 0 || c->rphase == KVLI_TCP_RX_STAGE)
+            kvli_tcp_conn_progress(iface, c, ps->pfd[i].revents);
+        kvli_tcp_conn_check(iface, c, now);
+    }
+    for (cp = &iface->conns; *cp != NULL;) {
+        c = *cp;
+        if (c->state == KVLI_TCP_CONN_CLOSED) {
+            *cp = c->next;
+            kvli_tcp_conn_free(iface, c);
+            iface->nconns--;
+            if (iface->nconns < KVLI_TCP_CONNS_MAX / 2)
+                iface->warned_conns = 0;
+        } else {
+            cp = &c->next;
         }
     }
-    free(pfd);
-    free(slot);
-    return NULL;
 }
+
+static const kvli_progress_ops_t kvli_tcp_progress_ops = {
+    kvli_tcp_progress_prepare, kvli_tcp_progress_dispatch
+};
 
 /* ---- ops ---- */
 
@@ -361,7 +323,6 @@ static kvl_status_t kvli_tcp_open(kvl_bk_ctx_t *ctx, const kvl_param_t *params, 
     pthread_condattr_t ca;
     kvl_status_t st;
     uint16_t port;
-    int e;
 
     if (ctx == NULL || bk_p == NULL || ctx->size < sizeof(kvl_bk_ctx_t)) {
         kvl_bk_error_set(err, KVL_ERR_INTERNAL, 0, KVLI_TCP_NAME, -1,
@@ -381,7 +342,7 @@ static kvl_status_t kvli_tcp_open(kvl_bk_ctx_t *ctx, const kvl_param_t *params, 
     iface->ctx = ctx;
     iface->timeout_ms = ctx->timeout_ms ? ctx->timeout_ms : KVLI_TCP_DEFAULT_TIMEOUT_MS;
     iface->listen_fd = -1;
-    iface->wake_fd = -1;
+    kvli_progress_init(&iface->pg, ctx, KVLI_TCP_NAME);
     iface->secret = ctx->secret;
     iface->secret_len = ctx->secret_len;
     pthread_mutex_init(&iface->lock, NULL);
@@ -404,29 +365,15 @@ static kvl_status_t kvli_tcp_open(kvl_bk_ctx_t *ctx, const kvl_param_t *params, 
         st = KVL_ERR_NO_MEMORY;
         goto fail;
     }
-    iface->wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-    if (iface->wake_fd < 0) {
-        e = errno;
-        kvl_bk_error_set(err, KVL_ERR_SYSTEM, e, KVLI_TCP_NAME, -1,
-                         "tcp: eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK) = -1 %s (%s)",
-                         kvli_errno_name(e), strerror(e));
-        kvl_bk_error_hint(err, "check the process's open-file limit (ulimit -n)");
-        st = KVL_ERR_SYSTEM;
+    st = kvli_progress_open(&iface->pg, err);
+    if (st != KVL_OK)
         goto fail;
-    }
     st = kvli_tcp_listen(iface, port, err);
     if (st != KVL_OK)
         goto fail;
-    e = pthread_create(&iface->progress, NULL, kvli_tcp_progress_main, iface);
-    if (e != 0) {
-        kvl_bk_error_set(err, KVL_ERR_SYSTEM, e, KVLI_TCP_NAME, -1,
-                         "tcp: pthread_create(progress thread) = %s (%s)",
-                         kvli_errno_name(e), strerror(e));
-        kvl_bk_error_hint(err, "check the thread limit (ulimit -u, pids cgroup)");
-        st = KVL_ERR_SYSTEM;
+    st = kvli_progress_start(&iface->pg, &kvli_tcp_progress_ops, iface, err);
+    if (st != KVL_OK)
         goto fail;
-    }
-    iface->progress_started = 1;
     ctx->log(ctx, KVL_LOG_INFO, "tcp: listening on %s%s", iface->addr,
              iface->secret_len ? " (peers must prove the shared secret)" : "");
     *bk_p = iface;
@@ -443,13 +390,10 @@ static void kvli_tcp_close(void *bk)
     if (iface == NULL)
         return;
     pthread_mutex_lock(&iface->lock);
-    atomic_store(&iface->stopping, 1);
+    atomic_store(&iface->pg.stopping, 1);
     pthread_cond_broadcast(&iface->cond);
     pthread_mutex_unlock(&iface->lock);
-    if (iface->wake_fd >= 0)
-        kvli_wake(iface->wake_fd);
-    if (iface->progress_started)
-        pthread_join(iface->progress, NULL);
+    kvli_progress_stop(&iface->pg);
     /* The core released everything first; this only guards against leaks. */
     pthread_mutex_lock(&iface->lock);
     for (kvli_tcp_peer_t *p = iface->peers; p != NULL; p = p->next) {
@@ -475,8 +419,7 @@ static void kvli_tcp_close(void *bk)
     pthread_mutex_destroy(&iface->pool_lock);
     if (iface->listen_fd >= 0)
         close(iface->listen_fd);
-    if (iface->wake_fd >= 0)
-        close(iface->wake_fd);
+    kvli_progress_close(&iface->pg);
     pthread_cond_destroy(&iface->cond);
     pthread_mutex_destroy(&iface->lock);
     free(iface->scratch);

@@ -70,7 +70,7 @@ kvl_status_t kvli_tcp_md_reg(void *bk, const kvl_region_info_t *r, void **mh_p, 
     mh->staged = staged;
     mh->dev = r->dev;
     if (staged && atomic_exchange(&iface->pool_want, 1) == 0)
-        kvli_wake(iface->wake_fd); /* buffers now, not in the first transfer */
+        kvli_progress_wake(&iface->pg); /* buffers now, not in the first transfer */
     if (detail != NULL && detail_len > 0)
         snprintf(detail, detail_len, "%s", staged
                  ? "staged: VRAM <-> pinned host buffers (CUDA copies) <-> socket, pipelined"

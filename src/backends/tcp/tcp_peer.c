@@ -266,7 +266,7 @@ static kvl_status_t kvli_tcp_peer_connect(kvli_tcp_peer_t *peer, uint64_t timeou
         return st;
     }
     pthread_mutex_lock(&iface->lock);
-    if (peer->unloading || atomic_load(&iface->stopping)) {
+    if (peer->unloading || kvli_progress_stopping(&iface->pg)) {
         pthread_mutex_unlock(&iface->lock);
         close(fd);
         kvl_bk_error_set(err, KVL_ERR_STATE, 0, KVLI_TCP_NAME, -1,
@@ -283,7 +283,7 @@ static kvl_status_t kvli_tcp_peer_connect(kvli_tcp_peer_t *peer, uint64_t timeou
     peer->progress_ns = kvli_clock_ns();
     peer->connects++;
     pthread_mutex_unlock(&iface->lock);
-    kvli_wake(iface->wake_fd);
+    kvli_progress_wake(&iface->pg);
     return KVL_OK;
 }
 
@@ -367,7 +367,7 @@ kvl_status_t kvli_tcp_peer_load(void *bk, const char *name, uint64_t incarnation
     peer->next = iface->peers;
     iface->peers = peer;
     pthread_mutex_unlock(&iface->lock);
-    kvli_wake(iface->wake_fd);
+    kvli_progress_wake(&iface->pg);
     iface->ctx->log(iface->ctx, KVL_LOG_DEBUG, "agent '%s' loaded: tcp %s, incarnation %016" PRIx64,
                     peer->name, peer->addr, peer->incarnation);
     *peer_p = peer;
@@ -385,15 +385,15 @@ void kvli_tcp_peer_unload(void *bk, void *peer_h)
     pthread_mutex_lock(&iface->lock);
     peer->unloading = 1;
     pthread_mutex_unlock(&iface->lock);
-    kvli_wake(iface->wake_fd);
+    kvli_progress_wake(&iface->pg);
     clock_gettime(CLOCK_MONOTONIC, &dl);
     dl.tv_sec += (time_t)(iface->timeout_ms / 1000u) + 2;
     pthread_mutex_lock(&iface->lock);
-    while (!peer->detached && iface->progress_started && !atomic_load(&iface->stopping)) {
+    while (!peer->detached && iface->pg.started && !kvli_progress_stopping(&iface->pg)) {
         if (pthread_cond_timedwait(&iface->cond, &iface->lock, &dl) == ETIMEDOUT)
             break;
     }
-    detached = peer->detached || !iface->progress_started;
+    detached = peer->detached || !iface->pg.started;
     if (detached)
         for (pp = &iface->peers; *pp != NULL; pp = &(*pp)->next)
             if (*pp == peer) {
@@ -691,11 +691,11 @@ kvl_status_t kvli_tcp_peer_notif_send(void *bk, void *peer_h, const void *msg, s
         peer->progress_ns = kvli_clock_ns();
     m->sent_flag = &sent;
     kvli_tcp_peer_enqueue(peer, m);
-    kvli_wake(iface->wake_fd);
+    kvli_progress_wake(&iface->pg);
     /* Return once the kernel has the bytes (like a blocking send), so an
      * agent destroyed right after this call does not lose it. Bounded: the
      * progress thread declares the peer dead after timeout_ms without progress. */
-    while (sent == 0 && iface->progress_started && !atomic_load(&iface->stopping))
+    while (sent == 0 && iface->pg.started && !kvli_progress_stopping(&iface->pg))
         pthread_cond_wait(&iface->cond, &iface->lock);
     if (sent == 0) {
         /* the backend is closing: the message stays queued and is freed with it */

@@ -121,7 +121,7 @@ void kvli_tcp_pool_fini(kvli_tcp_iface_t *iface)
 
 void kvli_tcp_stage_notify(void *arg)
 {
-    kvli_wake(((kvli_tcp_iface_t *)arg)->wake_fd);
+    kvli_progress_wake(&((kvli_tcp_iface_t *)arg)->pg);
 }
 
 void kvli_tcp_msg_free(kvli_tcp_iface_t *iface, kvli_tcp_msg_t *m)

@@ -378,7 +378,7 @@ kvl_status_t kvli_tcp_xfer_post(void *bk, kvl_bk_xfer_t *x, kvl_error_t *err)
     x->bk_priv = xp;
     x->path[0] = '\0';
     pthread_mutex_lock(&iface->lock);
-    if (atomic_load(&iface->stopping) || peer->unloading) {
+    if (kvli_progress_stopping(&iface->pg) || peer->unloading) {
         pthread_mutex_unlock(&iface->lock);
         free(xp);
         kvl_bk_error_set(err, KVL_ERR_STATE, 0, KVLI_TCP_NAME, -1,
@@ -399,7 +399,7 @@ kvl_status_t kvli_tcp_xfer_post(void *bk, kvl_bk_xfer_t *x, kvl_error_t *err)
         ;
     *pp = xp;
     pthread_mutex_unlock(&iface->lock);
-    kvli_wake(iface->wake_fd);
+    kvli_progress_wake(&iface->pg);
     return KVL_OK;
 }
 
@@ -422,7 +422,7 @@ void kvli_tcp_xfer_cancel(void *bk, kvl_bk_xfer_t *x)
     atomic_store(&xp->cancel, 1);
     xp->waiters++;
     pthread_mutex_unlock(&iface->lock);
-    kvli_wake(iface->wake_fd);
+    kvli_progress_wake(&iface->pg);
     pthread_mutex_lock(&iface->lock);
     /* The progress thread ends it once its requests on the wire are answered,
      * or the peer is declared dead after timeout_ms without an answer. */

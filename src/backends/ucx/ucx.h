@@ -29,7 +29,7 @@
 
 #include <pthread.h>
 #include "common/clock.h"
-#include "common/wake.h"
+#include "common/progress.h"
 #include <stdatomic.h>
 #include <ucp/api/ucp.h>
 #include <kvlane/backend.h>
@@ -165,12 +165,10 @@ struct kvli_ucx_iface {
     ucp_address_t *addr;
     size_t addr_len;
     int efd;                          /* worker event fd, -1 if none */
-    int wake_fd;
-    pthread_t progress;
-    int progress_started;
+    kvli_progress_t pg;               /* progress thread, wake fd, stop flag */
+    unsigned idle;                    /* progress thread: empty turns in a row */
     pthread_mutex_t lock;
     pthread_cond_t cond;
-    atomic_int stopping;
     kvli_ucx_peer_t *peers;
     kvli_ucx_mh_t *mhs;
     kvli_ucx_alloc_t *allocs;         /* unmapped after mhs, before the worker */

@@ -74,7 +74,7 @@ static void kvli_ucx_ep_err_cb(void *arg, ucp_ep_h ep, ucs_status_t status)
                  ucs_status_string(status));
     }
     pthread_mutex_unlock(&iface->lock);
-    kvli_wake(iface->wake_fd);
+    kvli_progress_wake(&iface->pg);
 }
 
 static kvl_status_t kvli_ucx_conn_bad(kvl_error_t *err, const char *name, const char *why)
@@ -213,7 +213,7 @@ void kvli_ucx_ep_close(kvli_ucx_iface_t *iface, kvli_ucx_peer_t *peer, int force
                             peer->name, (unsigned long long)iface->timeout_ms);
             break;
         }
-        if (iface->progress_started && !atomic_load(&iface->stopping))
+        if (iface->pg.started && !kvli_progress_stopping(&iface->pg))
             usleep(100); /* the progress thread progresses */
         else
             ucp_worker_progress(iface->worker);

@@ -19,7 +19,6 @@
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
-#include <sys/eventfd.h>
 #include "ucx.h"
 
 static const kvl_param_t kvli_ucx_params[] = {
@@ -38,45 +37,49 @@ static kvli_ucx_iface_t *kvli_ucx_live;
 
 
 
-static void *kvli_ucx_progress_main(void *arg)
+/* A turn of the progress thread (common/progress.c runs the loop): move
+ * transfers and UCX; wait in poll only once UCX is idle and armed. */
+static int64_t kvli_ucx_progress_prepare(void *arg, kvli_pollset_t *ps)
 {
     kvli_ucx_iface_t *iface = arg;
-    unsigned idle = 0;
-
-    while (!atomic_load(&iface->stopping)) {
-        int active = kvli_ucx_xfer_progress(iface);
-        active |= kvli_ucx_stage_progress(iface);
-        unsigned n = 0, c;
-        do {
-            c = ucp_worker_progress(iface->worker);
-            n += c;
-        } while (c != 0 && n < 256);
-        if (n != 0) {
-            idle = 0;
-            continue;
-        }
-        /* Spin a little while transfers move: waking from poll() costs
-         * more than a few empty progress calls. */
-        if (active && ++idle < 64)
-            continue;
-        idle = 0;
-        struct pollfd pfd[2] = {{iface->wake_fd, POLLIN, 0}, {iface->efd, POLLIN, 0}};
-        int npfd = 1;
-        if (iface->efd >= 0) {
-            ucs_status_t s = ucp_worker_arm(iface->worker);
-            if (s == UCS_ERR_BUSY)
-                continue;
-            if (s == UCS_OK)
-                npfd = 2;
-        }
-        if (poll(pfd, (nfds_t)npfd, active ? 1 : 20) > 0 && (pfd[0].revents & POLLIN)) {
-            uint64_t v;
-            ssize_t r = read(iface->wake_fd, &v, sizeof(v));
-            (void)r;
+    int active = kvli_ucx_xfer_progress(iface);
+    unsigned n = 0, c;
+    active |= kvli_ucx_stage_progress(iface);
+    do {
+        c = ucp_worker_progress(iface->worker);
+        n += c;
+    } while (c != 0 && n < 256);
+    if (n != 0) {
+        iface->idle = 0;
+        return KVLI_PROGRESS_AGAIN;
+    }
+    /* Spin a little while transfers move: waking from poll() costs more
+     * than a few empty progress calls. */
+    if (active && ++iface->idle < 64)
+        return KVLI_PROGRESS_AGAIN;
+    iface->idle = 0;
+    if (iface->efd >= 0) {
+        ucs_status_t s = ucp_worker_arm(iface->worker);
+        if (s == UCS_ERR_BUSY)
+            return KVLI_PROGRESS_AGAIN;
+        if (s == UCS_OK) {
+            if (kvli_pollset_reserve(&iface->pg, ps, 2) != 0)
+                return KVLI_PROGRESS_BACKOFF;
+            kvli_pollset_add(ps, iface->efd, POLLIN, NULL);
         }
     }
-    return NULL;
+    return (active ? 1 : 20) * 1000000LL;
 }
+
+static void kvli_ucx_progress_dispatch(void *arg, kvli_pollset_t *ps)
+{
+    (void)arg; /* the next turn's ucp_worker_progress() serves what fired */
+    (void)ps;
+}
+
+static const kvli_progress_ops_t kvli_ucx_progress_ops = {
+    kvli_ucx_progress_prepare, kvli_ucx_progress_dispatch
+};
 
 static kvl_status_t kvli_ucx_available(char *reason, size_t len)
 {
@@ -305,13 +308,7 @@ static void kvli_ucx_iface_teardown(kvli_ucx_iface_t *iface)
     if (iface->closed)
         return;
     iface->closed = 1;
-    atomic_store(&iface->stopping, 1);
-    if (iface->wake_fd >= 0)
-        kvli_wake(iface->wake_fd);
-    if (iface->progress_started) {
-        pthread_join(iface->progress, NULL);
-        iface->progress_started = 0;
-    }
+    kvli_progress_stop(&iface->pg);
     if (iface->worker != NULL) {
         kvli_ucx_xfer_fail_all(iface, "the ucx backend is closing");
         for (kvli_ucx_peer_t *p = iface->peers; p != NULL; p = p->next) {
@@ -390,8 +387,7 @@ static void kvli_ucx_close(void *bk)
         }
         free(p);
     }
-    if (iface->wake_fd >= 0)
-        close(iface->wake_fd);
+    kvli_progress_close(&iface->pg);
     pthread_cond_destroy(&iface->cond);
     pthread_mutex_destroy(&iface->lock);
     free(iface);
@@ -404,7 +400,6 @@ static kvl_status_t kvli_ucx_open(kvl_bk_ctx_t *ctx, const kvl_param_t *params, 
     pthread_condattr_t ca;
     const char *tls, *dev;
     kvl_status_t st;
-    int e;
 
     if (ctx == NULL || bk_p == NULL || ctx->size < sizeof(kvl_bk_ctx_t)) {
         kvl_bk_error_set(err, KVL_ERR_INTERNAL, 0, KVLI_UCX_NAME, -1,
@@ -423,7 +418,7 @@ static kvl_status_t kvli_ucx_open(kvl_bk_ctx_t *ctx, const kvl_param_t *params, 
     iface->ctx = ctx;
     iface->timeout_ms = ctx->timeout_ms ? ctx->timeout_ms : KVLI_UCX_DEFAULT_TIMEOUT_MS;
     iface->efd = -1;
-    iface->wake_fd = -1;
+    kvli_progress_init(&iface->pg, ctx, KVLI_UCX_NAME);
     pthread_mutex_init(&iface->lock, NULL);
     pthread_condattr_init(&ca);
     pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
@@ -439,24 +434,12 @@ static kvl_status_t kvli_ucx_open(kvl_bk_ctx_t *ctx, const kvl_param_t *params, 
     st = kvli_ucx_worker_open(iface, err);
     if (st != KVL_OK)
         goto err_close;
-    iface->wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-    if (iface->wake_fd < 0) {
-        e = errno;
-        kvl_bk_error_set(err, KVL_ERR_SYSTEM, e, KVLI_UCX_NAME, -1,
-                         "eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK) = -1 (%s)", strerror(e));
-        kvl_bk_error_hint(err, "check the process's open-file limit (ulimit -n)");
-        st = KVL_ERR_SYSTEM;
+    st = kvli_progress_open(&iface->pg, err);
+    if (st != KVL_OK)
         goto err_close;
-    }
-    e = pthread_create(&iface->progress, NULL, kvli_ucx_progress_main, iface);
-    if (e != 0) {
-        kvl_bk_error_set(err, KVL_ERR_SYSTEM, e, KVLI_UCX_NAME, -1,
-                         "pthread_create(progress thread) = %d (%s)", e, strerror(e));
-        kvl_bk_error_hint(err, "check the thread limit (ulimit -u, pids cgroup)");
-        st = KVL_ERR_SYSTEM;
+    st = kvli_progress_start(&iface->pg, &kvli_ucx_progress_ops, iface, err);
+    if (st != KVL_OK)
         goto err_close;
-    }
-    iface->progress_started = 1;
     if (iface->data_path_am)
         kvli_ucx_stage_expect(iface);
     pthread_once(&kvli_ucx_atexit_once, kvli_ucx_atexit_register);

@@ -131,7 +131,7 @@ static int kvli_ucx_stage_usable(const kvl_bk_ctx_t *ctx)
 
 static void kvli_ucx_stage_notify(void *arg)
 {
-    kvli_wake(((kvli_ucx_iface_t *)arg)->wake_fd);
+    kvli_progress_wake(&((kvli_ucx_iface_t *)arg)->pg);
 }
 
 static void kvli_ucx_stage_recv_cb(void *req, ucs_status_t status, size_t length, void *ud)
@@ -227,7 +227,7 @@ static int kvli_ucx_bounce_get(kvli_ucx_iface_t *iface, int initiator, kvl_error
 void kvli_ucx_stage_expect(kvli_ucx_iface_t *iface)
 {
     if (atomic_exchange(&iface->bounce_want, 1) == 0)
-        kvli_wake(iface->wake_fd);
+        kvli_progress_wake(&iface->pg);
 }
 
 static void kvli_ucx_bounce_put(kvli_ucx_iface_t *iface, int i, int initiator)

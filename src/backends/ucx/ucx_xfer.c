@@ -202,7 +202,7 @@ kvl_status_t kvli_ucx_notif_send(void *bk, void *peerv, const void *msg, size_t 
         dl.tv_sec++;
         dl.tv_nsec -= 1000000000L;
     }
-    kvli_wake(iface->wake_fd);
+    kvli_progress_wake(&iface->pg);
     pthread_mutex_lock(&iface->lock);
     while (!tok->done && !peer->dead &&
            pthread_cond_timedwait(&iface->cond, &iface->lock, &dl) != ETIMEDOUT)
@@ -257,7 +257,7 @@ kvl_status_t kvli_ucx_xfer_post(void *bk, kvl_bk_xfer_t *x, kvl_error_t *err)
         snprintf(x->path, sizeof(x->path), "ucp %s over %.48s",
                  x->op == KVL_WRITE ? "put" : "get", iface->tls_list);
     pthread_mutex_lock(&iface->lock);
-    if (peer->dead || atomic_load(&iface->stopping)) {
+    if (peer->dead || kvli_progress_stopping(&iface->pg)) {
         kvl_bk_error_set(err, peer->dead ? KVL_ERR_REMOTE_DISCONNECT : KVL_ERR_STATE, 0,
                          KVLI_UCX_NAME, -1, "transfer to agent '%.60s' not started: %.200s",
                          peer->name, peer->dead ? peer->dead_what : "the backend is closing");
@@ -273,7 +273,7 @@ kvl_status_t kvli_ucx_xfer_post(void *bk, kvl_bk_xfer_t *x, kvl_error_t *err)
     *pp = xp;
     peer->active++;
     pthread_mutex_unlock(&iface->lock);
-    kvli_wake(iface->wake_fd);
+    kvli_progress_wake(&iface->pg);
     return KVL_OK;
 }
 
@@ -586,9 +586,9 @@ static void kvli_ucx_xfer_stop_wait(kvli_ucx_iface_t *iface, kvli_ucx_xpriv_t *x
         dl.tv_nsec -= 1000000000L;
     }
     pthread_mutex_unlock(&iface->lock);
-    kvli_wake(iface->wake_fd);
+    kvli_progress_wake(&iface->pg);
     pthread_mutex_lock(&iface->lock);
-    while (!xp->finished && !atomic_load(&iface->stopping) &&
+    while (!xp->finished && !kvli_progress_stopping(&iface->pg) &&
            pthread_cond_timedwait(&iface->cond, &iface->lock, &dl) != ETIMEDOUT)
         ;
     if (!xp->finished && atomic_compare_exchange_strong(&xp->done_called, &expect, 1)) {
