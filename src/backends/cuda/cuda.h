@@ -24,6 +24,7 @@
 
 #include <pthread.h>
 #include "common/clock.h"
+#include "common/chunk.h"
 #include "common/progress.h"
 #include <stdatomic.h>
 #include <stdint.h>
@@ -466,9 +467,7 @@ typedef struct kvli_cuda_xpriv {
     kvli_cuda_xcache_t *xc;          /* cached table (kernel path), else NULL */
     uint32_t unit;                   /* with xc: next unit to launch */
     int staged;                      /* with xc: this posting uploaded the table */
-    /* cursor over the segments: next block to enqueue */
-    size_t seg;
-    uint64_t blk, off;
+    kvli_chunk_cur_t cur;            /* the next piece to enqueue (common/chunk.h) */
     uint64_t enq_bytes;
     unsigned inflight;
     kvli_cuda_unit_t units[KVLI_CUDA_WINDOW];

@@ -322,7 +322,8 @@ static uint64_t kvli_cuda_rptr(const kvl_bk_xfer_t *x, const kvl_seg_t *s, uint6
 /* Is there a unit of xp left to enqueue? */
 static int kvli_cuda_xp_more(const kvli_cuda_xpriv_t *xp)
 {
-    return xp->xc != NULL ? xp->unit < xp->xc->nunits : xp->seg < xp->x->nsegs;
+    return xp->xc != NULL ? xp->unit < xp->xc->nunits
+                          : !kvli_chunk_done(&xp->cur, xp->x->segs, xp->x->nsegs);
 }
 
 /* Record the unit's event after a failed enqueue (whatever was enqueued
@@ -646,6 +647,7 @@ static int kvli_cuda_unit_enqueue(kvli_cuda_iface_t *iface, kvli_cuda_xpriv_t *x
     size_t n = 0;
     CUresult cr = KVLI_CUDA_SUCCESS;
     char eb[160];
+    kvli_piece_t pc;
 
     if (xp->xc != NULL)
         return kvli_cuda_unit_launch(iface, xp, text, cap);
@@ -656,14 +658,13 @@ static int kvli_cuda_unit_enqueue(kvli_cuda_iface_t *iface, kvli_cuda_xpriv_t *x
      * the GPU runs the previous launch. */
     uint64_t unit_bytes = KVLI_CUDA_UNIT_BYTES;
     size_t unit_blocks = s->cap;
-    while (xp->seg < x->nsegs && n < unit_blocks && bytes < unit_bytes) {
-        const kvl_seg_t *g = &x->segs[xp->seg];
-        uint64_t la = g->laddr + xp->blk * g->lstride + xp->off;
-        uint64_t ra = kvli_cuda_rptr(x, g, g->raddr + xp->blk * g->rstride + xp->off);
-        uint64_t left = g->len - xp->off, take = left < piece_max ? left : piece_max;
+    while (n < unit_blocks && bytes < unit_bytes &&
+           kvli_chunk_peek(&xp->cur, x->segs, x->nsegs,
+                           single || piece_max < unit_bytes - bytes ? piece_max
+                                                                    : unit_bytes - bytes, &pc)) {
+        const kvl_seg_t *g = &x->segs[pc.seg];
+        uint64_t la = pc.laddr, ra = kvli_cuda_rptr(x, g, pc.raddr), take = pc.len;
         uint64_t src = x->op == KVL_WRITE ? la : ra, dst = x->op == KVL_WRITE ? ra : la;
-        if (!single && take > unit_bytes - bytes)
-            take = unit_bytes - bytes;
         if (single) {
             cr = d->cuMemcpyAsync((CUdeviceptr)dst, (CUdeviceptr)src, (size_t)take, xp->stream);
             n = 1;
@@ -677,14 +678,7 @@ static int kvli_cuda_unit_enqueue(kvli_cuda_iface_t *iface, kvli_cuda_xpriv_t *x
             s->bsize[n++] = (size_t)take;
         }
         bytes += take;
-        xp->off += take;
-        if (xp->off == g->len) {
-            xp->off = 0;
-            if (++xp->blk == g->count) {
-                xp->blk = 0;
-                xp->seg++;
-            }
-        }
+        kvli_chunk_take(&xp->cur, x->segs, take);
         if (single || cr != KVLI_CUDA_SUCCESS)
             break;
     }

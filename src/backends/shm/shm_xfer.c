@@ -12,6 +12,7 @@
 #include <unistd.h>
 #include <sys/uio.h>
 #include "common/errname.h"
+#include "common/chunk.h"
 #include "shm.h"
 #include "shm_proto.h"
 
@@ -21,10 +22,9 @@ enum {
     KVLI_SHM_PATH_SOCK = 4
 };
 
-/* Walks a transfer block by block; a block larger than a chunk is split. */
+/* Walks a transfer (common/chunk.h); segments are checked as it reaches them. */
 typedef struct kvli_shm_cursor {
-    size_t seg;
-    uint64_t blk, off;
+    kvli_chunk_cur_t pos;
     size_t checked;                  /* segments validated so far */
 } kvli_shm_cursor_t;
 
@@ -121,60 +121,59 @@ static unsigned kvli_shm_seg_path(const kvli_shm_run_t *run, size_t i)
  * KVLI_SHM_IOV_MAX pieces and one chunk of bytes. For the mmap path riov
  * holds addresses in our mapping, else remote addresses.
  */
+/* Validate the segments before `end` not checked yet. */
+static kvl_status_t kvli_shm_check_below(kvli_shm_run_t *run, kvli_shm_cursor_t *c, size_t end,
+                                         kvl_error_t *err)
+{
+    for (; c->checked < end; c->checked++) {
+        kvl_status_t st = kvli_shm_seg_check(run, c->checked, err);
+        if (st != KVL_OK)
+            return st;
+    }
+    return KVL_OK;
+}
+
 static kvl_status_t kvli_shm_batch(kvli_shm_run_t *run, kvli_shm_cursor_t *c,
                                    unsigned *path_p, kvl_error_t *err)
 {
     kvl_bk_xfer_t *x = run->x;
     unsigned path = 0;
     uint64_t limit = KVLI_SHM_CHUNK;
+    kvli_piece_t pc;
+    kvl_status_t st;
     run->n = 0;
     run->bytes = 0;
-    while (c->seg < x->nsegs && run->n < KVLI_SHM_IOV_MAX && run->bytes < limit) {
-        const kvl_seg_t *s = &x->segs[c->seg];
+    *path_p = 0;
+    while (run->n < KVLI_SHM_IOV_MAX && run->bytes < limit) {
         const kvli_shm_rh_t *rh;
-        uint64_t piece, la, ra;
+        uint64_t piece, ra;
         unsigned p;
-        if (c->checked <= c->seg) {
-            kvl_status_t st = kvli_shm_seg_check(run, c->seg, err);
-            if (st != KVL_OK)
-                return st;
-            c->checked = c->seg + 1;
-        }
-        if (s->len == 0 || s->count == 0) {
-            c->seg++;
-            continue;
-        }
-        p = kvli_shm_seg_path(run, c->seg);
+        if (!kvli_chunk_peek(&c->pos, x->segs, x->nsegs, UINT64_MAX, &pc))
+            return kvli_shm_check_below(run, c, x->nsegs, err);
+        st = kvli_shm_check_below(run, c, pc.seg + 1, err);
+        if (st != KVL_OK)
+            return st;
+        p = kvli_shm_seg_path(run, pc.seg);
         if (path != 0 && p != path)
             break;
         path = p;
+        *path_p = path;
         /* Each process_vm_writev call pays a ptrace check and page pinning
          * setup: give it more per call (still ~2 ms between cancel checks). */
         limit = p == KVLI_SHM_PATH_CMA ? KVLI_SHM_CMA_CHUNK : KVLI_SHM_CHUNK;
-        rh = x->rmh[s->rreg];
-        piece = s->len - c->off;
-        if (piece > limit - run->bytes)
-            piece = limit - run->bytes;
-        la = s->laddr + c->blk * s->lstride + c->off;
-        ra = s->raddr + c->blk * s->rstride + c->off;
+        rh = x->rmh[x->segs[pc.seg].rreg];
+        piece = pc.len < limit - run->bytes ? pc.len : limit - run->bytes;
+        ra = pc.raddr;
         if (p == KVLI_SHM_PATH_MMAP)
             ra = (uint64_t)(uintptr_t)(rh->map->base + rh->shm_off + (ra - rh->addr));
-        run->w->liov[run->n].iov_base = (void *)(uintptr_t)la;
+        run->w->liov[run->n].iov_base = (void *)(uintptr_t)pc.laddr;
         run->w->liov[run->n].iov_len = (size_t)piece;
         run->w->riov[run->n].iov_base = (void *)(uintptr_t)ra;
         run->w->riov[run->n].iov_len = (size_t)piece;
         run->n++;
         run->bytes += piece;
-        c->off += piece;
-        if (c->off == s->len) {
-            c->off = 0;
-            if (++c->blk == s->count) {
-                c->blk = 0;
-                c->seg++;
-            }
-        }
+        kvli_chunk_take(&c->pos, x->segs, piece);
     }
-    *path_p = path;
     return KVL_OK;
 }
 
@@ -419,7 +418,7 @@ static kvl_status_t kvli_shm_run(kvli_shm_worker_t *w, kvli_shm_xpriv_t *xp,
     run.peer = xp->peer;
     run.timeout_ms = x->timeout_ms ? x->timeout_ms : iface->timeout_ms;
 
-    while (cur.seg < x->nsegs) {
+    while (!kvli_chunk_done(&cur.pos, x->segs, x->nsegs)) {
         if (atomic_load(&xp->cancel) || kvli_progress_stopping(&iface->pg)) {
             st = KVL_ERR_CANCELED;
             break;

@@ -29,6 +29,7 @@
 
 #include <pthread.h>
 #include "common/clock.h"
+#include "common/chunk.h"
 #include "common/progress.h"
 #include <stdatomic.h>
 #include <sys/socket.h>
@@ -98,9 +99,7 @@ struct kvli_tcp_xpriv {
     kvl_bk_xfer_t *x;
     kvli_tcp_peer_t *peer;
     uint64_t timeout_ms;
-    /* chunking cursor (progress thread, under lock) */
-    size_t seg;
-    uint64_t blk, off;
+    kvli_chunk_cur_t cur;           /* chunking cursor (progress thread, under lock) */
     int all_queued;
     unsigned outstanding;           /* requests queued or waiting for a reply */
     uint64_t moved;                 /* bytes confirmed by the target */

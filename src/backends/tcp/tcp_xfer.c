@@ -62,57 +62,40 @@ static int kvli_tcp_seg_ok(kvli_tcp_xpriv_t *xp, size_t i)
     return 1;
 }
 
-/* Walk the cursor over at most KVLI_TCP_RANGES_MAX pieces and `chunk`
- * bytes; fill (when m is not NULL) local iovecs and remote ranges. Without
- * m, *staged_p says whether a piece lies in staged (VRAM) memory. */
-static int kvli_tcp_walk(kvli_tcp_xpriv_t *xp, uint64_t chunk, size_t *seg_p, uint64_t *blk_p,
-                         uint64_t *off_p, kvli_tcp_msg_t *m, uint64_t *bytes_p, int *staged_p)
+/* Walk the cursor (common/chunk.h) over at most KVLI_TCP_RANGES_MAX pieces
+ * and `chunk` bytes; fill (when m is not NULL) local iovecs and remote
+ * ranges. Without m, each segment is checked when first reached, and
+ * *staged_p says whether a piece lies in staged (VRAM) memory. */
+static int kvli_tcp_walk(kvli_tcp_xpriv_t *xp, uint64_t chunk, kvli_chunk_cur_t *cur,
+                         kvli_tcp_msg_t *m, uint64_t *bytes_p, int *staged_p)
 {
     const kvl_bk_xfer_t *x = xp->x;
-    size_t seg = *seg_p;
-    uint64_t blk = *blk_p, off = *off_p, bytes = 0;
+    uint64_t bytes = 0;
+    kvli_piece_t p;
     int n = 0;
-    while (seg < x->nsegs && n < (int)KVLI_TCP_RANGES_MAX && bytes < chunk) {
-        const kvl_seg_t *s = &x->segs[seg];
-        uint64_t piece;
-        if (s->len == 0 || s->count == 0) {
-            seg++;
-            continue;
-        }
-        if (m == NULL && blk == 0 && off == 0 && !kvli_tcp_seg_ok(xp, seg))
+    while (n < (int)KVLI_TCP_RANGES_MAX && bytes < chunk &&
+           kvli_chunk_peek(cur, x->segs, x->nsegs, chunk - bytes, &p)) {
+        const kvli_tcp_mh_t *lh = x->lmh[x->segs[p.seg].lreg];
+        if (m == NULL && cur->blk == 0 && cur->off == 0 && !kvli_tcp_seg_ok(xp, p.seg))
             return -1;
-        if (m == NULL && ((const kvli_tcp_mh_t *)x->lmh[s->lreg])->staged)
+        if (m == NULL && lh->staged)
             *staged_p = 1;
-        piece = s->len - off;
-        if (piece > chunk - bytes)
-            piece = chunk - bytes;
         if (m != NULL) {
-            uint64_t la = s->laddr + blk * s->lstride + off, ra = s->raddr + blk * s->rstride + off;
-            const kvli_tcp_mh_t *lh = x->lmh[s->lreg];
-            m->iov[n].iov_base = (void *)(uintptr_t)la;
+            m->iov[n].iov_base = (void *)(uintptr_t)p.laddr;
             if (m->bounce != NULL && lh->staged) {
                 /* VRAM: the socket sees the bounce buffer, the copy sees VRAM */
                 m->iov[n].iov_base = (uint8_t *)m->bounce + bytes;
-                m->sp[m->nsp++] = (kvl_stage_piece_t){la, m->iov[n].iov_base, piece, lh->dev};
+                m->sp[m->nsp++] = (kvl_stage_piece_t){p.laddr, m->iov[n].iov_base, p.len,
+                                                      lh->dev};
             }
-            m->iov[n].iov_len = (size_t)piece;
-            kvli_put64(m->head + KVLI_TCP_HDR_LEN + 16u * (unsigned)n, ra);
-            kvli_put64(m->head + KVLI_TCP_HDR_LEN + 16u * (unsigned)n + 8, piece);
+            m->iov[n].iov_len = (size_t)p.len;
+            kvli_put64(m->head + KVLI_TCP_HDR_LEN + 16u * (unsigned)n, p.raddr);
+            kvli_put64(m->head + KVLI_TCP_HDR_LEN + 16u * (unsigned)n + 8, p.len);
         }
         n++;
-        bytes += piece;
-        off += piece;
-        if (off == s->len) {
-            off = 0;
-            if (++blk == s->count) {
-                blk = 0;
-                seg++;
-            }
-        }
+        bytes += p.len;
+        kvli_chunk_take(cur, x->segs, p.len);
     }
-    *seg_p = seg;
-    *blk_p = blk;
-    *off_p = off;
     *bytes_p = bytes;
     return n;
 }
@@ -121,13 +104,13 @@ static int kvli_tcp_walk(kvli_tcp_xpriv_t *xp, uint64_t chunk, size_t *seg_p, ui
 static int kvli_tcp_xfer_chunk(kvli_tcp_peer_t *peer, kvli_tcp_xpriv_t *xp)
 {
     kvli_tcp_iface_t *iface = peer->iface;
-    size_t seg = xp->seg;
-    uint64_t blk = xp->blk, off = xp->off, bytes = 0;
+    kvli_chunk_cur_t ahead = xp->cur;
+    uint64_t bytes = 0;
     uint16_t type = xp->x->op == KVL_WRITE ? KVLI_TCP_MSG_WRITE : KVLI_TCP_MSG_READ;
     kvli_tcp_msg_t *m;
     void *bounce = NULL;
     int staged = 0;
-    int n = kvli_tcp_walk(xp, iface->chunk, &seg, &blk, &off, NULL, &bytes, &staged);
+    int n = kvli_tcp_walk(xp, iface->chunk, &ahead, NULL, &bytes, &staged);
     if (n < 0)
         return 1;
     if (n == 0) {
@@ -161,7 +144,7 @@ static int kvli_tcp_xfer_chunk(kvli_tcp_peer_t *peer, kvli_tcp_xpriv_t *xp)
             kvli_tcp_bounce_put(iface, bounce);
         return 1;
     }
-    kvli_tcp_walk(xp, iface->chunk, &xp->seg, &xp->blk, &xp->off, m, &bytes, NULL);
+    kvli_tcp_walk(xp, iface->chunk, &xp->cur, m, &bytes, NULL);
     m->xp = xp;
     if (kvli_tcp_stage_request(peer, m) != 0) {
         kvli_tcp_msg_free(iface, m);
@@ -177,7 +160,7 @@ static int kvli_tcp_xfer_chunk(kvli_tcp_peer_t *peer, kvli_tcp_xpriv_t *xp)
     peer->win_reqs++;
     peer->win_bytes += bytes;
     kvli_tcp_peer_enqueue(peer, m);
-    if (xp->seg >= xp->x->nsegs)
+    if (kvli_chunk_done(&xp->cur, xp->x->segs, xp->x->nsegs))
         xp->all_queued = 1;
     return 1;
 }

@@ -29,6 +29,7 @@
 
 #include <pthread.h>
 #include "common/clock.h"
+#include "common/chunk.h"
 #include "common/progress.h"
 #include <stdatomic.h>
 #include <ucp/api/ucp.h>
@@ -129,15 +130,13 @@ struct kvli_ucx_xpriv {
     kvl_bk_xfer_t *x;
     kvli_ucx_peer_t *peer;
     int state;
-    size_t seg;                       /* next block to issue: segs[seg], block blk */
-    uint64_t blk;
+    kvli_chunk_cur_t cur;             /* the next piece to issue (common/chunk.h) */
     uint64_t issued, confirmed;       /* bytes */
     uint64_t last_ms;                 /* last progress, for the watchdog */
     uint64_t timeout_ms;
     kvli_ucx_token_t *tok;            /* outstanding flush / AM */
     /* staged (ucx_stage.c): data through active messages and bounce buffers */
     int staged;
-    uint64_t off;                     /* next byte inside block blk */
     kvli_ucx_chunk_t *chunks;         /* requests in flight, oldest first */
     /* under iface->lock */
     int cancel;

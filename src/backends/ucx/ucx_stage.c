@@ -300,6 +300,7 @@ static kvli_ucx_chunk_t *kvli_ucx_chunk_cut(kvli_ucx_iface_t *iface, kvli_ucx_xp
     kvl_bk_xfer_t *x = xp->x;
     unsigned max = iface->stage_max_ranges;
     kvli_ucx_chunk_t *c = calloc(1, sizeof(*c));
+    kvli_piece_t pc;
     if (c == NULL)
         return NULL;
     c->p = calloc(max, sizeof(*c->p));
@@ -315,33 +316,21 @@ static kvli_ucx_chunk_t *kvli_ucx_chunk_cut(kvli_ucx_iface_t *iface, kvli_ucx_xp
     c->bounce = bounce;
     c->buf = iface->bounce_all[bounce];
     c->id = ++iface->stage_next_id;
-    while (xp->seg < x->nsegs && c->bytes < KVLI_UCX_STAGE_CHUNK) {
-        const kvl_seg_t *sg = &x->segs[xp->seg];
-        const kvli_ucx_mh_t *mh = x->lmh[sg->lreg];
-        uint64_t la = sg->laddr + xp->blk * sg->lstride + xp->off;
-        uint64_t ra = sg->raddr + xp->blk * sg->rstride + xp->off;
-        uint64_t take = sg->len - xp->off;
+    while (c->bytes < KVLI_UCX_STAGE_CHUNK &&
+           kvli_chunk_peek(&xp->cur, x->segs, x->nsegs, KVLI_UCX_STAGE_CHUNK - c->bytes, &pc)) {
+        const kvli_ucx_mh_t *mh = x->lmh[x->segs[pc.seg].lreg];
         int32_t dev = mh->kind == KVL_MEM_VRAM ? mh->dev : -1;
         kvli_ucx_piece_t *last = c->n ? &c->p[c->n - 1] : NULL;
-        if (take > KVLI_UCX_STAGE_CHUNK - c->bytes)
-            take = KVLI_UCX_STAGE_CHUNK - c->bytes;
-        if (last != NULL && last->laddr + last->len == la && last->raddr + last->len == ra &&
-            last->dev == dev) {
-            last->len += take;
+        if (last != NULL && last->laddr + last->len == pc.laddr &&
+            last->raddr + last->len == pc.raddr && last->dev == dev) {
+            last->len += pc.len;
         } else {
             if (c->n == max)
                 break;
-            c->p[c->n++] = (kvli_ucx_piece_t){la, ra, take, dev};
+            c->p[c->n++] = (kvli_ucx_piece_t){pc.laddr, pc.raddr, pc.len, dev};
         }
-        c->bytes += take;
-        xp->off += take;
-        if (xp->off == sg->len) {
-            xp->off = 0;
-            if (++xp->blk == sg->count) {
-                xp->blk = 0;
-                xp->seg++;
-            }
-        }
+        c->bytes += pc.len;
+        kvli_chunk_take(&xp->cur, x->segs, pc.len);
     }
     uint32_t magic = KVLI_UCX_STAGE_MAGIC;
     uint8_t op = c->op == KVL_WRITE ? KVLI_UCX_OP_WRITE : KVLI_UCX_OP_READ, pad = 0;
@@ -612,7 +601,7 @@ int kvli_ucx_stage_advance(kvli_ucx_iface_t *iface, kvli_ucx_xpriv_t *xp)
     pthread_mutex_lock(&iface->lock);
     cancel = xp->cancel;
     pthread_mutex_unlock(&iface->lock);
-    while (!cancel && xp->seg < x->nsegs) {
+    while (!cancel && !kvli_chunk_done(&xp->cur, x->segs, x->nsegs)) {
         int b = kvli_ucx_bounce_get(iface, 1, &err);
         if (b == -1)
             break;

@@ -322,32 +322,31 @@ static ucs_status_t kvli_ucx_xfer_issue(kvli_ucx_xpriv_t *xp)
     uint64_t bytes = 0;
     unsigned ops = 0;
     ucp_request_param_t rp;
+    kvli_piece_t p;
 
     memset(&rp, 0, sizeof(rp));
     rp.op_attr_mask = UCP_OP_ATTR_FIELD_MEMH;
-    while (xp->seg < x->nsegs && bytes < KVLI_UCX_BATCH_BYTES && ops < KVLI_UCX_BATCH_OPS) {
-        const kvl_seg_t *sg = &x->segs[xp->seg];
+    /* whole blocks: RMA has no size limit per operation */
+    while (bytes < KVLI_UCX_BATCH_BYTES && ops < KVLI_UCX_BATCH_OPS &&
+           kvli_chunk_peek(&xp->cur, x->segs, x->nsegs, UINT64_MAX, &p)) {
+        const kvl_seg_t *sg = &x->segs[p.seg];
         const kvli_ucx_mh_t *mh = x->lmh[sg->lreg];
         const kvli_ucx_rh_t *rh = x->rmh[sg->rreg];
-        void *l = (void *)(uintptr_t)(sg->laddr + xp->blk * sg->lstride);
-        uint64_t r = sg->raddr + xp->blk * sg->rstride;
+        void *l = (void *)(uintptr_t)p.laddr;
         ucs_status_ptr_t req;
         rp.memh = mh->memh;
         if (x->op == KVL_WRITE)
-            req = ucp_put_nbx(ep, l, sg->len, r, rh->rkey, &rp);
+            req = ucp_put_nbx(ep, l, p.len, p.raddr, rh->rkey, &rp);
         else
-            req = ucp_get_nbx(ep, l, sg->len, r, rh->rkey, &rp);
+            req = ucp_get_nbx(ep, l, p.len, p.raddr, rh->rkey, &rp);
         if (UCS_PTR_IS_ERR(req))
             return UCS_PTR_STATUS(req);
         if (req != NULL)
             ucp_request_free(req); /* completion is covered by the flush */
-        bytes += sg->len;
+        bytes += p.len;
         ops++;
-        xp->issued += sg->len;
-        if (++xp->blk == sg->count) {
-            xp->blk = 0;
-            xp->seg++;
-        }
+        xp->issued += p.len;
+        kvli_chunk_take(&xp->cur, x->segs, p.len);
     }
     return UCS_OK;
 }
@@ -392,7 +391,7 @@ static void kvli_ucx_xfer_advance(kvli_ucx_iface_t *iface, kvli_ucx_xpriv_t *xp)
              * back here (0) once every byte is confirmed */
             if (kvli_ucx_stage_advance(iface, xp))
                 return;
-            if (xp->chunks != NULL || (xp->seg < x->nsegs && !cancel))
+            if (xp->chunks != NULL || (!kvli_chunk_done(&xp->cur, x->segs, x->nsegs) && !cancel))
                 return;
         }
         if (xp->state == KVLI_UCX_X_ISSUE) {
@@ -400,11 +399,11 @@ static void kvli_ucx_xfer_advance(kvli_ucx_iface_t *iface, kvli_ucx_xpriv_t *xp)
                 kvli_ucx_xfer_fail(iface, xp, KVL_ERR_REMOTE_DISCONNECT, why);
                 return;
             }
-            if (cancel && xp->seg < x->nsegs) {
+            if (cancel && !kvli_chunk_done(&xp->cur, x->segs, x->nsegs)) {
                 kvli_ucx_xfer_complete(iface, xp, KVL_ERR_CANCELED, NULL);
                 return;
             }
-            if (xp->seg < x->nsegs) {
+            if (!kvli_chunk_done(&xp->cur, x->segs, x->nsegs)) {
                 ucp_request_param_t rp;
                 s = kvli_ucx_xfer_issue(xp);
                 if (s != UCS_OK) {
