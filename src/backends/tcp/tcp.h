@@ -29,6 +29,7 @@
 
 #include <pthread.h>
 #include "common/clock.h"
+#include "common/bounce.h"
 #include "common/chunk.h"
 #include "common/progress.h"
 #include <stdatomic.h>
@@ -237,13 +238,8 @@ struct kvli_tcp_iface {
     size_t scratch_len;
     struct iovec *tx_iov;           /* progress thread only */
     int warned_conns;
-    /* pinned staging buffers of `chunk` bytes (VRAM over tcp) */
-    pthread_mutex_t pool_lock;
-    void *pool_all[KVLI_TCP_STAGE_BUFS];
-    void *pool[KVLI_TCP_STAGE_BUFS];    /* the free ones */
-    unsigned pool_free, pool_total;
+    kvli_bounce_pool_t bounce;      /* pinned staging buffers of `chunk` bytes (VRAM) */
     atomic_uint staging;            /* copies in flight: the progress loop polls */
-    atomic_int pool_want;           /* a staged region exists: fill the pool (progress) */
 };
 
 /* tcp_iface.c */
@@ -287,14 +283,6 @@ void kvli_tcp_xfer_complete(kvli_tcp_iface_t *iface, kvli_tcp_xpriv_t *done);
 int kvli_tcp_peer_busy(const kvli_tcp_peer_t *peer);
 
 /* tcp_stage.c: VRAM through pinned host buffers */
-int kvli_tcp_stage_usable(const kvl_bk_ctx_t *ctx);
-/* A bounce buffer of len bytes (pool when len <= chunk); NULL with err. */
-void *kvli_tcp_bounce_get(kvli_tcp_iface_t *iface, size_t len, int may_alloc_big,
-                          kvl_error_t *err);
-void kvli_tcp_bounce_put(kvli_tcp_iface_t *iface, void *b);
-void kvli_tcp_pool_fini(kvli_tcp_iface_t *iface);
-/* Fill the pool ahead of the first staged transfer (progress thread). */
-void kvli_tcp_pool_fill(kvli_tcp_iface_t *iface);
 /* Called by the driver once copies are done: wakes the progress thread. */
 void kvli_tcp_stage_notify(void *arg);
 /* Free a message, waiting for its staging copies, returning its buffer. */

@@ -21,7 +21,7 @@
 
 static void kvli_tcp_reply_free(kvli_tcp_iface_t *iface, kvli_tcp_reply_t *r)
 {
-    kvli_tcp_bounce_put(iface, r->bounce);
+    kvli_bounce_put(&iface->bounce, r->bounce);
     for (unsigned i = 0; i < r->npins; i++)
         iface->ctx->region_unpin(iface->ctx, r->pins[i]);
     free(r->pins);
@@ -189,7 +189,7 @@ void kvli_tcp_conn_free(kvli_tcp_iface_t *iface, kvli_tcp_conn_t *c)
     }
     for (unsigned i = 0; i < c->npins; i++)
         iface->ctx->region_unpin(iface->ctx, c->pins[i]);
-    kvli_tcp_bounce_put(iface, c->bounce);
+    kvli_bounce_put(&iface->bounce, c->bounce);
     close(c->fd);
     free(c->body);
     free(c->ranges);
@@ -350,7 +350,7 @@ static void kvli_tcp_conn_stage_prepare(kvli_tcp_iface_t *iface, kvli_tcp_conn_t
                  "than it stages at once (%llu)", iface->ctx->agent_name, write ? "WRITE" : "READ",
                  total, (unsigned long long)KVLI_TCP_STAGE_MAX);
     } else {
-        c->bounce = kvli_tcp_bounce_get(iface, (size_t)total, 1, &e);
+        c->bounce = kvli_bounce_get(&iface->bounce, (size_t)total, KVLI_BOUNCE_ONEOFF, &e);
         if (c->bounce == NULL) {
             c->refuse = e.code;
             snprintf(c->refuse_text, sizeof(c->refuse_text), "agent '%.63s' could not stage "
@@ -394,7 +394,7 @@ static void kvli_tcp_conn_stage_finish(kvli_tcp_iface_t *iface, kvli_tcp_conn_t 
     c->rphase = KVLI_TCP_RX_HDR;
     c->progress_ns = kvli_clock_ns();
     if (c->stage_write || c->refuse != KVL_OK) {
-        kvli_tcp_bounce_put(iface, c->bounce);
+        kvli_bounce_put(&iface->bounce, c->bounce);
         c->bounce = NULL;
         kvli_tcp_conn_unpin(iface, c);
         if (r != NULL)
@@ -524,7 +524,7 @@ static void kvli_tcp_conn_rw(kvli_tcp_iface_t *iface, kvli_tcp_conn_t *c)
         r->pins = malloc(sizeof(void *) * n);
     }
     if (r == NULL || r->iov == NULL || r->pins == NULL) {
-        kvli_tcp_bounce_put(iface, c->bounce);
+        kvli_bounce_put(&iface->bounce, c->bounce);
         c->bounce = NULL;
         kvli_tcp_conn_unpin(iface, c);
         if (r != NULL)

@@ -58,8 +58,7 @@ static int64_t kvli_tcp_progress_prepare(void *arg, kvli_pollset_t *ps)
     size_t need = 2;
     int busy = 0;
 
-    if (atomic_exchange(&iface->pool_want, 0))
-        kvli_tcp_pool_fill(iface);
+    kvli_bounce_fill_if_wanted(&iface->bounce);
     pthread_mutex_lock(&iface->lock);
     if (kvli_progress_stopping(&iface->pg)) {
         pthread_mutex_unlock(&iface->lock);
@@ -346,7 +345,6 @@ static kvl_status_t kvli_tcp_open(kvl_bk_ctx_t *ctx, const kvl_param_t *params, 
     iface->secret = ctx->secret;
     iface->secret_len = ctx->secret_len;
     pthread_mutex_init(&iface->lock, NULL);
-    pthread_mutex_init(&iface->pool_lock, NULL);
     pthread_condattr_init(&ca);
     pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
     pthread_cond_init(&iface->cond, &ca);
@@ -355,6 +353,8 @@ static kvl_status_t kvli_tcp_open(kvl_bk_ctx_t *ctx, const kvl_param_t *params, 
     st = kvli_tcp_parse_params(iface, params, n, &port, err);
     if (st != KVL_OK)
         goto fail;
+    kvli_bounce_init(&iface->bounce, ctx, KVLI_TCP_NAME, (size_t)iface->chunk,
+                     KVLI_TCP_STAGE_BUFS, KVLI_TCP_STAGE_BUFS, 0);
     iface->scratch_len = 1u << 20;
     iface->scratch = malloc(iface->scratch_len);
     iface->tx_iov = malloc(sizeof(struct iovec) * 1026);
@@ -415,8 +415,7 @@ static void kvli_tcp_close(void *bk)
         iface->conns = c->next;
         kvli_tcp_conn_free(iface, c);
     }
-    kvli_tcp_pool_fini(iface);
-    pthread_mutex_destroy(&iface->pool_lock);
+    kvli_bounce_fini(&iface->bounce);
     if (iface->listen_fd >= 0)
         close(iface->listen_fd);
     kvli_progress_close(&iface->pg);

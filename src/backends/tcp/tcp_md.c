@@ -26,7 +26,7 @@ kvl_status_t kvli_tcp_md_reg(void *bk, const kvl_region_info_t *r, void **mh_p, 
         /* moved through pinned host buffers with the cuda backend's copies */
         kvl_error_t e;
         memset(&e, 0, offsetof(kvl_error_t, causes));
-        if (!kvli_tcp_stage_usable(iface->ctx))
+        if (!kvli_stage_usable(iface->ctx))
             kvl_bk_error_set(&e, KVL_ERR_UNSUPPORTED, 0, KVLI_TCP_NAME, r->dev,
                              "the kvlane core offers no staging copies");
         else
@@ -69,8 +69,8 @@ kvl_status_t kvli_tcp_md_reg(void *bk, const kvl_region_info_t *r, void **mh_p, 
     mh->len = r->len;
     mh->staged = staged;
     mh->dev = r->dev;
-    if (staged && atomic_exchange(&iface->pool_want, 1) == 0)
-        kvli_progress_wake(&iface->pg); /* buffers now, not in the first transfer */
+    if (staged) /* buffers now, not in the first transfer */
+        kvli_bounce_expect(&iface->bounce, &iface->pg);
     if (detail != NULL && detail_len > 0)
         snprintf(detail, detail_len, "%s", staged
                  ? "staged: VRAM <-> pinned host buffers (CUDA copies) <-> socket, pipelined"

@@ -15,109 +15,15 @@
  *   runs asynchronously (tcp_conn.c, RX_STAGE) before the WRITE is
  *   acknowledged or the READ data is sent. That connection is not read
  *   meanwhile; the progress thread serves everything else.
+ * Buffers come from the backend's pool (common/bounce.c): chunk bytes each,
+ * pinned, at most KVLI_TCP_STAGE_BUFS; a larger request from a peer with a
+ * larger chunk gets a one-off buffer.
  */
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include "tcp.h"
-
-int kvli_tcp_stage_usable(const kvl_bk_ctx_t *ctx)
-{
-    return ctx->size >= offsetof(kvl_bk_ctx_t, stage_test) + sizeof(ctx->stage_test) &&
-           ctx->stage_check != NULL && ctx->stage_host_alloc != NULL &&
-           ctx->stage_host_free != NULL && ctx->stage_copy != NULL && ctx->stage_test != NULL;
-}
-
-void *kvli_tcp_bounce_get(kvli_tcp_iface_t *iface, size_t len, int may_alloc_big,
-                          kvl_error_t *err)
-{
-    kvl_bk_ctx_t *ctx = iface->ctx;
-    void *b = NULL;
-    kvl_error_t e;
-    memset(err, 0, offsetof(kvl_error_t, causes));
-    if (len <= iface->chunk) {
-        pthread_mutex_lock(&iface->pool_lock);
-        if (iface->pool_free > 0) {
-            b = iface->pool[--iface->pool_free];
-            pthread_mutex_unlock(&iface->pool_lock);
-            return b;
-        }
-        if (iface->pool_total < KVLI_TCP_STAGE_BUFS) {
-            iface->pool_total++; /* reserved: allocated outside the lock */
-            pthread_mutex_unlock(&iface->pool_lock);
-            if (ctx->stage_host_alloc(ctx, iface->chunk, &b, &e) == KVL_OK) {
-                pthread_mutex_lock(&iface->pool_lock);
-                for (unsigned i = 0; i < KVLI_TCP_STAGE_BUFS; i++)
-                    if (iface->pool_all[i] == NULL) {
-                        iface->pool_all[i] = b;
-                        break;
-                    }
-                pthread_mutex_unlock(&iface->pool_lock);
-                return b;
-            }
-            pthread_mutex_lock(&iface->pool_lock);
-            iface->pool_total--;
-            pthread_mutex_unlock(&iface->pool_lock);
-            goto fail;
-        }
-        pthread_mutex_unlock(&iface->pool_lock);
-        if (!may_alloc_big)
-            return NULL; /* all in use: the caller waits for one to come back */
-    }
-    /* larger than a pool buffer (a peer with a larger chunk), or pool busy */
-    if (ctx->stage_host_alloc(ctx, len, &b, &e) == KVL_OK)
-        return b;
-fail:
-    kvl_bk_error_set(err, e.code ? e.code : KVL_ERR_NO_MEMORY, e.sys_errno, KVLI_TCP_NAME, e.device,
-                     "tcp: no pinned staging buffer of %zu bytes for VRAM: %.300s", len, e.what);
-    kvl_bk_error_hint(err, "%s", e.hint);
-    return NULL;
-}
-
-void kvli_tcp_bounce_put(kvli_tcp_iface_t *iface, void *b)
-{
-    if (b == NULL)
-        return;
-    pthread_mutex_lock(&iface->pool_lock);
-    /* pool buffers go back to the pool, one-off ones are freed */
-    for (unsigned i = 0; i < KVLI_TCP_STAGE_BUFS; i++)
-        if (iface->pool_all[i] == b) {
-            iface->pool[iface->pool_free++] = b;
-            pthread_mutex_unlock(&iface->pool_lock);
-            return;
-        }
-    pthread_mutex_unlock(&iface->pool_lock);
-    iface->ctx->stage_host_free(iface->ctx, b);
-}
-
-void kvli_tcp_pool_fill(kvli_tcp_iface_t *iface)
-{
-    void *taken[KVLI_TCP_STAGE_BUFS];
-    unsigned n = 0;
-    kvl_error_t e;
-    while (n < KVLI_TCP_STAGE_BUFS) {
-        void *b = kvli_tcp_bounce_get(iface, (size_t)iface->chunk, 0, &e);
-        if (b == NULL) {
-            if (e.code != KVL_OK) /* the transfer that needs it retries and says why */
-                iface->ctx->log(iface->ctx, KVL_LOG_DEBUG, "filling the staging pool: %s",
-                                e.what);
-            break;
-        }
-        taken[n++] = b;
-    }
-    for (unsigned k = 0; k < n; k++)
-        kvli_tcp_bounce_put(iface, taken[k]);
-}
-
-void kvli_tcp_pool_fini(kvli_tcp_iface_t *iface)
-{
-    for (unsigned i = 0; i < KVLI_TCP_STAGE_BUFS; i++)
-        if (iface->pool_all[i] != NULL)
-            iface->ctx->stage_host_free(iface->ctx, iface->pool_all[i]);
-    memset(iface->pool_all, 0, sizeof(iface->pool_all));
-    iface->pool_free = iface->pool_total = 0;
-}
 
 void kvli_tcp_stage_notify(void *arg)
 {
@@ -133,7 +39,7 @@ void kvli_tcp_msg_free(kvli_tcp_iface_t *iface, kvli_tcp_msg_t *m)
         m->ticket = NULL;
         atomic_fetch_sub(&iface->staging, 1);
     }
-    kvli_tcp_bounce_put(iface, m->bounce);
+    kvli_bounce_put(&iface->bounce, m->bounce);
     free(m->sp);
     free(m);
 }

@@ -120,7 +120,7 @@ static int kvli_tcp_xfer_chunk(kvli_tcp_peer_t *peer, kvli_tcp_xpriv_t *xp)
     if (staged) {
         kvl_error_t e;
         xp->staged = 1; /* for the path it reports */
-        bounce = kvli_tcp_bounce_get(iface, iface->chunk, 0, &e);
+        bounce = kvli_bounce_get(&iface->bounce, (size_t)iface->chunk, 0, &e);
         if (bounce == NULL) {
             if (e.code != KVL_OK)
                 kvli_tcp_xfer_fail(xp, e.code, &e);
@@ -141,7 +141,7 @@ static int kvli_tcp_xfer_chunk(kvli_tcp_peer_t *peer, kvli_tcp_xpriv_t *xp)
         if (m != NULL)
             kvli_tcp_msg_free(iface, m);
         else
-            kvli_tcp_bounce_put(iface, bounce);
+            kvli_bounce_put(&iface->bounce, bounce);
         return 1;
     }
     kvli_tcp_walk(xp, iface->chunk, &xp->cur, m, &bytes, NULL);

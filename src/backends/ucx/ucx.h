@@ -29,6 +29,7 @@
 
 #include <pthread.h>
 #include "common/clock.h"
+#include "common/bounce.h"
 #include "common/chunk.h"
 #include "common/progress.h"
 #include <stdatomic.h>
@@ -180,17 +181,9 @@ struct kvli_ucx_iface {
     kvli_ucx_chunk_t *stage_live;     /* initiator requests awaiting replies */
     kvli_ucx_chunk_t *stage_orphans;  /* ended, waiting for UCX to let go */
     kvli_ucx_job_t *stage_jobs;       /* target: requests being served */
-    void *bounce_all[KVLI_UCX_STAGE_BUFS];
-    unsigned char bounce_pinned[KVLI_UCX_STAGE_BUFS];
-    unsigned char bounce_busy[KVLI_UCX_STAGE_BUFS];
-    unsigned bounce_init;             /* held by initiator requests */
-    void *bounce_retired[KVLI_UCX_STAGE_BUFS]; /* given up on: freed after the worker */
-    unsigned char bounce_retired_pinned[KVLI_UCX_STAGE_BUFS];
-    unsigned bounce_nretired;
-    /* set when staging becomes likely (a staged region here or at a peer,
-     * data_path=am): the progress thread fills the pool ahead of the first
-     * transfer, so that transfer does not pay for the pinned allocations */
-    atomic_int bounce_want;
+    /* bounce buffers (filled ahead of the first staged transfer once staging
+     * becomes likely: a staged region here or at a peer, data_path=am) */
+    kvli_bounce_pool_t bounce;
     kvli_ucx_iface_t *next_live;
     int closed;
 };

@@ -419,6 +419,8 @@ static kvl_status_t kvli_ucx_open(kvl_bk_ctx_t *ctx, const kvl_param_t *params, 
     iface->timeout_ms = ctx->timeout_ms ? ctx->timeout_ms : KVLI_UCX_DEFAULT_TIMEOUT_MS;
     iface->efd = -1;
     kvli_progress_init(&iface->pg, ctx, KVLI_UCX_NAME);
+    kvli_bounce_init(&iface->bounce, ctx, KVLI_UCX_NAME, KVLI_UCX_STAGE_CHUNK, KVLI_UCX_STAGE_BUFS,
+                     KVLI_UCX_STAGE_INIT_BUFS, 1);
     pthread_mutex_init(&iface->lock, NULL);
     pthread_condattr_init(&ca);
     pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);

@@ -84,7 +84,6 @@ struct kvli_ucx_chunk {
     kvli_ucx_piece_t *p;
     uint8_t *hdr;
     size_t hlen;
-    int bounce;
     uint8_t *buf;
     int state;
     void *ticket;                     /* stage copy in flight */
@@ -111,7 +110,6 @@ struct kvli_ucx_job {
     ucp_ep_h ep;                      /* the request's reply endpoint */
     void *desc;                       /* WRITE: rendezvous data */
     uint8_t *data;                    /* WRITE: eager data, copied */
-    int bounce;
     uint8_t *buf;
     int state;
     uint64_t since_ms;                /* entered RECV or SENDING */
@@ -121,13 +119,6 @@ struct kvli_ucx_job {
     char text[KVLI_UCX_STAGE_TEXT];
     uint8_t rhdr[KVLI_UCX_STAGE_HDR + KVLI_UCX_STAGE_TEXT];
 };
-
-static int kvli_ucx_stage_usable(const kvl_bk_ctx_t *ctx)
-{
-    return ctx->size >= offsetof(kvl_bk_ctx_t, stage_test) + sizeof(ctx->stage_test) &&
-           ctx->stage_check != NULL && ctx->stage_host_alloc != NULL &&
-           ctx->stage_host_free != NULL && ctx->stage_copy != NULL && ctx->stage_test != NULL;
-}
 
 static void kvli_ucx_stage_notify(void *arg)
 {
@@ -151,7 +142,7 @@ kvl_status_t kvli_ucx_stage_reg(kvli_ucx_iface_t *iface, const kvl_region_info_t
     unsigned maj, min, rel;
 
     memset(&e, 0, offsetof(kvl_error_t, causes));
-    if (!kvli_ucx_stage_usable(ctx))
+    if (!kvli_stage_usable(ctx))
         snprintf(e.what, sizeof(e.what), "this kvlane core lends no staging copies");
     else if (ctx->stage_check(ctx, r->kind, r->dev, &e) == KVL_OK)
         return KVL_OK;
@@ -177,88 +168,15 @@ int kvli_ucx_stage_needed(kvli_ucx_iface_t *iface, const kvl_bk_xfer_t *x)
     return iface->data_path_am ? 1 : 0;
 }
 
-/* ---- bounce buffers: KVLI_UCX_STAGE_CHUNK bytes each, pinned when the
- * staging copies can allocate them, page-aligned heap memory otherwise ---- */
-
-/* Index of a free buffer; -1: none free now (wait); -2: allocation failed. */
-static int kvli_ucx_bounce_get(kvli_ucx_iface_t *iface, int initiator, kvl_error_t *err)
-{
-    kvl_bk_ctx_t *ctx = iface->ctx;
-    kvl_error_t e;
-    void *b = NULL;
-    int pinned = 0;
-    unsigned i, hole = KVLI_UCX_STAGE_BUFS;
-
-    if (initiator && iface->bounce_init >= KVLI_UCX_STAGE_INIT_BUFS)
-        return -1;
-    for (i = 0; i < KVLI_UCX_STAGE_BUFS; i++) {
-        if (iface->bounce_all[i] == NULL) {
-            if (hole == KVLI_UCX_STAGE_BUFS)
-                hole = i;
-        } else if (!iface->bounce_busy[i]) {
-            break;
-        }
-    }
-    if (i == KVLI_UCX_STAGE_BUFS) {
-        if (hole == KVLI_UCX_STAGE_BUFS)
-            return -1;
-        i = hole;
-        if (kvli_ucx_stage_usable(ctx) &&
-            ctx->stage_host_alloc(ctx, KVLI_UCX_STAGE_CHUNK, &b, &e) == KVL_OK) {
-            pinned = 1;
-        } else if (posix_memalign(&b, 4096, KVLI_UCX_STAGE_CHUNK) != 0) {
-            kvl_bk_error_set(err, KVL_ERR_NO_MEMORY, ENOMEM, KVLI_UCX_NAME, -1,
-                             "no bounce buffer of %u bytes for a staged transfer: "
-                             "posix_memalign failed", KVLI_UCX_STAGE_CHUNK);
-            kvl_bk_error_hint(err, "free host memory, or lower the number of transfers in "
-                              "flight");
-            return -2;
-        }
-        iface->bounce_all[i] = b;
-        iface->bounce_pinned[i] = (unsigned char)pinned;
-    }
-    iface->bounce_busy[i] = 1;
-    if (initiator)
-        iface->bounce_init++;
-    return (int)i;
-}
+/* ---- bounce buffers: iface->bounce (common/bounce.c), KVLI_UCX_STAGE_CHUNK
+ * bytes each, pinned when the staging copies can allocate them, page-aligned
+ * heap memory otherwise; initiator requests hold at most
+ * KVLI_UCX_STAGE_INIT_BUFS so the target side always finds one ---- */
 
 /* Staging is about to be used: ask the progress thread to fill the pool. */
 void kvli_ucx_stage_expect(kvli_ucx_iface_t *iface)
 {
-    if (atomic_exchange(&iface->bounce_want, 1) == 0)
-        kvli_progress_wake(&iface->pg);
-}
-
-static void kvli_ucx_bounce_put(kvli_ucx_iface_t *iface, int i, int initiator)
-{
-    if (i < 0)
-        return;
-    iface->bounce_busy[i] = 0;
-    if (initiator)
-        iface->bounce_init--;
-}
-
-/* Progress thread: allocate the buffers the pool does not have yet (each
- * taken once, then handed back). A failure is only logged: the transfer
- * that needs the buffer retries and reports it. */
-static void kvli_ucx_bounce_fill(kvli_ucx_iface_t *iface)
-{
-    int taken[KVLI_UCX_STAGE_BUFS];
-    unsigned n = 0;
-    kvl_error_t e;
-    while (n < KVLI_UCX_STAGE_BUFS) {
-        int i = kvli_ucx_bounce_get(iface, 0, &e);
-        if (i < 0) {
-            if (i == -2)
-                iface->ctx->log(iface->ctx, KVL_LOG_DEBUG, "filling the staging pool: %s",
-                                e.what);
-            break;
-        }
-        taken[n++] = i;
-    }
-    for (unsigned k = 0; k < n; k++)
-        kvli_ucx_bounce_put(iface, taken[k], 0);
+    kvli_bounce_expect(&iface->bounce, &iface->pg);
 }
 
 /* ---- initiator ---- */
@@ -272,7 +190,7 @@ static void kvli_ucx_chunk_free(kvli_ucx_iface_t *iface, kvli_ucx_chunk_t *c)
         }
     free(c->tok);
     free(c->rtok);
-    kvli_ucx_bounce_put(iface, c->bounce, 1);
+    kvli_bounce_put(&iface->bounce, c->buf);
     free(c->p);
     free(c->hdr);
     free(c);
@@ -295,7 +213,7 @@ static void kvli_ucx_stage_err(kvl_error_t *err, kvl_status_t code, const char *
 /* Cut the next request of xp: pieces from the cursor (seg, blk, off), up to
  * a chunk of bytes and stage_max_ranges pieces; adjacent pieces merge. */
 static kvli_ucx_chunk_t *kvli_ucx_chunk_cut(kvli_ucx_iface_t *iface, kvli_ucx_xpriv_t *xp,
-                                            int bounce)
+                                            uint8_t *buf)
 {
     kvl_bk_xfer_t *x = xp->x;
     unsigned max = iface->stage_max_ranges;
@@ -313,8 +231,7 @@ static kvli_ucx_chunk_t *kvli_ucx_chunk_cut(kvli_ucx_iface_t *iface, kvli_ucx_xp
     }
     c->xp = xp;
     c->op = x->op;
-    c->bounce = bounce;
-    c->buf = iface->bounce_all[bounce];
+    c->buf = buf;
     c->id = ++iface->stage_next_id;
     while (c->bytes < KVLI_UCX_STAGE_CHUNK &&
            kvli_chunk_peek(&xp->cur, x->segs, x->nsegs, KVLI_UCX_STAGE_CHUNK - c->bytes, &pc)) {
@@ -370,7 +287,7 @@ static kvl_status_t kvli_ucx_places_copy(kvli_ucx_iface_t *iface, kvl_stage_piec
     }
     if (k == 0)
         return KVL_OK;
-    if (!kvli_ucx_stage_usable(iface->ctx)) {
+    if (!kvli_stage_usable(iface->ctx)) {
         kvli_ucx_stage_err(err, KVL_ERR_UNSUPPORTED, "build kvlane with the cuda backend",
                            "staged transfer touching VRAM: this kvlane core lends no staging "
                            "copies");
@@ -602,14 +519,15 @@ int kvli_ucx_stage_advance(kvli_ucx_iface_t *iface, kvli_ucx_xpriv_t *xp)
     cancel = xp->cancel;
     pthread_mutex_unlock(&iface->lock);
     while (!cancel && !kvli_chunk_done(&xp->cur, x->segs, x->nsegs)) {
-        int b = kvli_ucx_bounce_get(iface, 1, &err);
-        if (b == -1)
-            break;
-        if (b == -2)
+        uint8_t *b = kvli_bounce_get(&iface->bounce, KVLI_UCX_STAGE_CHUNK, KVLI_BOUNCE_QUOTA,
+                                     &err);
+        if (b == NULL && err.code == KVL_OK)
+            break; /* none free: a reply brings one back */
+        if (b == NULL)
             goto fail;
         c = kvli_ucx_chunk_cut(iface, xp, b);
         if (c == NULL) {
-            kvli_ucx_bounce_put(iface, b, 1);
+            kvli_bounce_put(&iface->bounce, b);
             kvl_bk_error_set(&err, KVL_ERR_NO_MEMORY, ENOMEM, KVLI_UCX_NAME, -1, "out of memory");
             goto fail;
         }
@@ -761,7 +679,6 @@ ucs_status_t kvli_ucx_stage_req_recv(void *arg, const void *header, size_t heade
         goto nomem;
     j->op = op;
     j->ep = param->reply_ep;
-    j->bounce = -1;
     memcpy(&j->id, h + 8, 8);
     memcpy(&j->bytes, h + 16, 8);
     if (n == 0 || n > KVLI_UCX_STAGE_RANGES || header_length != KVLI_UCX_STAGE_HDR + 16u * n) {
@@ -904,13 +821,8 @@ static int kvli_ucx_job_stuck(kvli_ucx_iface_t *iface, kvli_ucx_job_t *j)
                     (unsigned long long)idle);
     kvli_ucx_tok_drop(iface, j->tok);
     j->tok = NULL;
-    if (iface->bounce_nretired < KVLI_UCX_STAGE_BUFS) {
-        iface->bounce_retired[iface->bounce_nretired] = iface->bounce_all[j->bounce];
-        iface->bounce_retired_pinned[iface->bounce_nretired++] = iface->bounce_pinned[j->bounce];
-    }
-    iface->bounce_all[j->bounce] = NULL; /* beyond the record: leaked, never reused */
-    iface->bounce_busy[j->bounce] = 0;
-    j->bounce = -1;
+    kvli_bounce_retire(&iface->bounce, j->buf);
+    j->buf = NULL;
     j->state = KVLI_UCX_J_DONE;
     return 1;
 }
@@ -926,7 +838,7 @@ static void kvli_ucx_job_free(kvli_ucx_iface_t *iface, kvli_ucx_job_t *j)
     for (unsigned i = 0; i < j->n; i++)
         if (j->r[i].pin != NULL)
             iface->ctx->region_unpin(iface->ctx, j->r[i].pin);
-    kvli_ucx_bounce_put(iface, j->bounce, 0);
+    kvli_bounce_put(&iface->bounce, j->buf);
     free(j->tok);
     free(j->data);
     free(j->r);
@@ -942,14 +854,14 @@ static int kvli_ucx_job_step(kvli_ucx_iface_t *iface, kvli_ucx_job_t *j)
 
     switch (j->state) {
     case KVLI_UCX_J_BUF:
-        if ((j->bounce = kvli_ucx_bounce_get(iface, 0, &e)) < 0) {
-            if (j->bounce == -1)
+        j->buf = kvli_bounce_get(&iface->bounce, KVLI_UCX_STAGE_CHUNK, 0, &e);
+        if (j->buf == NULL) {
+            if (e.code == KVL_OK)
                 return 0;
             kvli_ucx_job_refuse(j, e.code, "%.190s", e.what);
             j->state = KVLI_UCX_J_REPLY;
             return 1;
         }
-        j->buf = iface->bounce_all[j->bounce];
         if (j->op == KVLI_UCX_OP_READ) {
             kvli_ucx_job_copy(iface, j, 1);
         } else if (j->data != NULL) {
@@ -1032,8 +944,7 @@ int kvli_ucx_stage_progress(kvli_ucx_iface_t *iface)
     kvli_ucx_chunk_t *c, *n;
     ucs_status_t s;
 
-    if (atomic_exchange(&iface->bounce_want, 0))
-        kvli_ucx_bounce_fill(iface);
+    kvli_bounce_fill_if_wanted(&iface->bounce);
 
     for (jp = &iface->stage_jobs; (j = *jp) != NULL;) {
         while (kvli_ucx_job_step(iface, j))
@@ -1088,20 +999,5 @@ void kvli_ucx_stage_free_all(kvli_ucx_iface_t *iface)
         }
         kvli_ucx_chunk_free(iface, c);
     }
-    for (unsigned i = 0; i < iface->bounce_nretired; i++) {
-        if (iface->bounce_retired_pinned[i])
-            iface->ctx->stage_host_free(iface->ctx, iface->bounce_retired[i]);
-        else
-            free(iface->bounce_retired[i]);
-    }
-    iface->bounce_nretired = 0;
-    for (unsigned i = 0; i < KVLI_UCX_STAGE_BUFS; i++) {
-        if (iface->bounce_all[i] == NULL)
-            continue;
-        if (iface->bounce_pinned[i])
-            iface->ctx->stage_host_free(iface->ctx, iface->bounce_all[i]);
-        else
-            free(iface->bounce_all[i]);
-        iface->bounce_all[i] = NULL;
-    }
+    kvli_bounce_fini(&iface->bounce);
 }
