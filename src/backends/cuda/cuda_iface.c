@@ -11,6 +11,7 @@
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
+#include "common/iface.h"
 #include "cuda.h"
 #include "common/host.h"
 
@@ -162,32 +163,20 @@ static kvl_status_t kvli_cuda_open(kvl_bk_ctx_t *ctx, const kvl_param_t *params,
 {
     const kvli_cuda_drv_t *d = kvli_cuda_drv_get();
     kvli_cuda_iface_t *iface;
-    pthread_condattr_t ca;
     kvl_status_t st;
     int e;
 
-    if (ctx == NULL || bk_p == NULL || ctx->size < sizeof(kvl_bk_ctx_t)) {
-        kvl_bk_error_set(err, KVL_ERR_INTERNAL, 0, KVLI_CUDA_NAME, -1,
-                         "open(): backend context of %u bytes, this backend needs %zu",
-                         ctx ? ctx->size : 0u, sizeof(kvl_bk_ctx_t));
-        kvl_bk_error_hint(err, "the core and the cuda backend were built from different "
-                          "headers; rebuild both");
-        return KVL_ERR_INTERNAL;
-    }
+    iface = kvli_iface_new(ctx, bk_p, KVLI_CUDA_NAME, sizeof(*iface), &st, err);
+    if (iface == NULL)
+        return st;
     if (d == NULL) {
         kvl_bk_error_set(err, KVL_ERR_NO_DEVICE, 0, KVLI_CUDA_NAME, -1, "%s",
                          kvli_cuda_drv_reason());
         kvl_bk_error_hint(err, "install the NVIDIA driver or expose it to the container "
                           "(NVIDIA container toolkit); without it create only host-memory "
                           "backends (shm, tcp)");
+        free(iface);
         return KVL_ERR_NO_DEVICE;
-    }
-    iface = calloc(1, sizeof(*iface));
-    if (iface == NULL) {
-        kvl_bk_error_set(err, KVL_ERR_NO_MEMORY, ENOMEM, KVLI_CUDA_NAME, -1, "calloc(%zu) failed",
-                         sizeof(*iface));
-        kvl_bk_error_hint(err, "the process is out of memory");
-        return KVL_ERR_NO_MEMORY;
     }
     iface->ctx = ctx;
     iface->drv = d;
@@ -209,11 +198,7 @@ static kvl_status_t kvli_cuda_open(kvl_bk_ctx_t *ctx, const kvl_param_t *params,
         free(iface);
         return KVL_ERR_SYSTEM;
     }
-    pthread_mutex_init(&iface->lock, NULL);
-    pthread_condattr_init(&ca);
-    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-    pthread_cond_init(&iface->cond, &ca);
-    pthread_condattr_destroy(&ca);
+    kvli_lock_init(&iface->lock, &iface->cond);
     iface->scratch_len = KVLI_CUDA_SCRATCH;
     iface->scratch = malloc(iface->scratch_len);
     if (iface->scratch == NULL) {

@@ -15,6 +15,7 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include "common/errname.h"
+#include "common/iface.h"
 #include "shm.h"
 #include "common/host.h"
 #include "common/mac.h"
@@ -348,21 +349,9 @@ static kvl_status_t kvli_shm_open(kvl_bk_ctx_t *ctx, const kvl_param_t *params,
     unsigned i;
     int e;
 
-    if (ctx == NULL || bk_p == NULL || ctx->size < sizeof(kvl_bk_ctx_t)) {
-        kvl_bk_error_set(err, KVL_ERR_INTERNAL, 0, KVLI_SHM_NAME, -1,
-                         "open(): backend context of %u bytes, this backend needs %zu",
-                         ctx ? ctx->size : 0u, sizeof(kvl_bk_ctx_t));
-        kvl_bk_error_hint(err, "the core and the shm backend were built from "
-                          "different headers; rebuild both");
-        return KVL_ERR_INTERNAL;
-    }
-    iface = calloc(1, sizeof(*iface));
-    if (iface == NULL) {
-        kvl_bk_error_set(err, KVL_ERR_NO_MEMORY, ENOMEM, KVLI_SHM_NAME, -1,
-                         "calloc(%zu) failed", sizeof(*iface));
-        kvl_bk_error_hint(err, "the process is out of memory");
-        return KVL_ERR_NO_MEMORY;
-    }
+    iface = kvli_iface_new(ctx, bk_p, KVLI_SHM_NAME, sizeof(*iface), &st, err);
+    if (iface == NULL)
+        return st;
     iface->ctx = ctx;
     iface->probe = ctx->incarnation;
     iface->timeout_ms = ctx->timeout_ms ? ctx->timeout_ms : KVLI_SHM_DEFAULT_TIMEOUT_MS;
@@ -383,10 +372,9 @@ static kvl_status_t kvli_shm_open(kvl_bk_ctx_t *ctx, const kvl_param_t *params,
     if (st != KVL_OK)
         goto err_free;
 
-    pthread_mutex_init(&iface->lock, NULL);
+    kvli_lock_init(&iface->lock, &iface->cond);
     pthread_condattr_init(&ca);
     pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-    pthread_cond_init(&iface->cond, &ca);
     pthread_cond_init(&iface->qcond, &ca);
     pthread_condattr_destroy(&ca);
 

@@ -13,6 +13,7 @@
 #include <string.h>
 #include <unistd.h>
 #include "common/errname.h"
+#include "common/iface.h"
 #include "tcp.h"
 
 static const kvl_param_t kvli_tcp_params[] = {
@@ -319,36 +320,19 @@ static kvl_status_t kvli_tcp_open(kvl_bk_ctx_t *ctx, const kvl_param_t *params, 
                                   void **bk_p, kvl_error_t *err)
 {
     kvli_tcp_iface_t *iface;
-    pthread_condattr_t ca;
     kvl_status_t st;
     uint16_t port;
 
-    if (ctx == NULL || bk_p == NULL || ctx->size < sizeof(kvl_bk_ctx_t)) {
-        kvl_bk_error_set(err, KVL_ERR_INTERNAL, 0, KVLI_TCP_NAME, -1,
-                         "tcp open(): backend context of %u bytes, this backend needs %zu",
-                         ctx ? ctx->size : 0u, sizeof(kvl_bk_ctx_t));
-        kvl_bk_error_hint(err, "the core and the tcp backend were built from different headers; "
-                          "rebuild both");
-        return KVL_ERR_INTERNAL;
-    }
-    iface = calloc(1, sizeof(*iface));
-    if (iface == NULL) {
-        kvl_bk_error_set(err, KVL_ERR_NO_MEMORY, ENOMEM, KVLI_TCP_NAME, -1,
-                         "tcp: calloc(%zu) failed", sizeof(*iface));
-        kvl_bk_error_hint(err, "the process is out of memory");
-        return KVL_ERR_NO_MEMORY;
-    }
+    iface = kvli_iface_new(ctx, bk_p, KVLI_TCP_NAME, sizeof(*iface), &st, err);
+    if (iface == NULL)
+        return st;
     iface->ctx = ctx;
     iface->timeout_ms = ctx->timeout_ms ? ctx->timeout_ms : KVLI_TCP_DEFAULT_TIMEOUT_MS;
     iface->listen_fd = -1;
     kvli_progress_init(&iface->pg, ctx, KVLI_TCP_NAME);
     iface->secret = ctx->secret;
     iface->secret_len = ctx->secret_len;
-    pthread_mutex_init(&iface->lock, NULL);
-    pthread_condattr_init(&ca);
-    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-    pthread_cond_init(&iface->cond, &ca);
-    pthread_condattr_destroy(&ca);
+    kvli_lock_init(&iface->lock, &iface->cond);
 
     st = kvli_tcp_parse_params(iface, params, n, &port, err);
     if (st != KVL_OK)

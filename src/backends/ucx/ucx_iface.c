@@ -19,6 +19,7 @@
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
+#include "common/iface.h"
 #include "ucx.h"
 
 static const kvl_param_t kvli_ucx_params[] = {
@@ -397,35 +398,19 @@ static kvl_status_t kvli_ucx_open(kvl_bk_ctx_t *ctx, const kvl_param_t *params, 
                                   void **bk_p, kvl_error_t *err)
 {
     kvli_ucx_iface_t *iface;
-    pthread_condattr_t ca;
     const char *tls, *dev;
     kvl_status_t st;
 
-    if (ctx == NULL || bk_p == NULL || ctx->size < sizeof(kvl_bk_ctx_t)) {
-        kvl_bk_error_set(err, KVL_ERR_INTERNAL, 0, KVLI_UCX_NAME, -1,
-                         "open(): backend context of %u bytes, this module needs %zu",
-                         ctx ? ctx->size : 0u, sizeof(kvl_bk_ctx_t));
-        kvl_bk_error_hint(err, "the core and libkvlane-ucx.so were built from different "
-                          "headers; rebuild the module");
-        return KVL_ERR_INTERNAL;
-    }
-    iface = calloc(1, sizeof(*iface));
-    if (iface == NULL) {
-        kvl_bk_error_set(err, KVL_ERR_NO_MEMORY, ENOMEM, KVLI_UCX_NAME, -1,
-                         "calloc(%zu) failed", sizeof(*iface));
-        return KVL_ERR_NO_MEMORY;
-    }
+    iface = kvli_iface_new(ctx, bk_p, KVLI_UCX_NAME, sizeof(*iface), &st, err);
+    if (iface == NULL)
+        return st;
     iface->ctx = ctx;
     iface->timeout_ms = ctx->timeout_ms ? ctx->timeout_ms : KVLI_UCX_DEFAULT_TIMEOUT_MS;
     iface->efd = -1;
     kvli_progress_init(&iface->pg, ctx, KVLI_UCX_NAME);
     kvli_bounce_init(&iface->bounce, ctx, KVLI_UCX_NAME, KVLI_UCX_STAGE_CHUNK, KVLI_UCX_STAGE_BUFS,
                      KVLI_UCX_STAGE_INIT_BUFS, 1);
-    pthread_mutex_init(&iface->lock, NULL);
-    pthread_condattr_init(&ca);
-    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-    pthread_cond_init(&iface->cond, &ca);
-    pthread_condattr_destroy(&ca);
+    kvli_lock_init(&iface->lock, &iface->cond);
 
     st = kvli_ucx_parse_params(iface, params, n, &tls, &dev, err);
     if (st != KVL_OK)
