@@ -5,6 +5,10 @@
  * The table starts with its ABI version and size: slots are only ever
  * appended, and the core never calls a slot beyond the size a backend was
  * built with (a missing slot means "not supported").
+ * Three roles, three places: the transport slots (kvl_backend_ops_t), the
+ * device services of built-in device backends (kvl_device_ops_t, reached
+ * through ops->device), and what the core lends every backend (kvl_bk_ctx_t).
+ * ABI 2 moved mem_query and the stage_* slots into kvl_device_ops_t.
  */
 #ifndef KVLANE_BACKEND_H
 #define KVLANE_BACKEND_H
@@ -26,7 +30,7 @@
 extern "C" {
 #endif
 
-#define KVL_BACKEND_ABI_VERSION 1u
+#define KVL_BACKEND_ABI_VERSION 2u
 #define KVL_BK_CONN_MAX 4096    /* room conn_pack gets */
 #define KVL_BK_KEY_MAX 1024     /* room region_pack gets */
 
@@ -197,6 +201,42 @@ struct kvl_bk_ctx {
     size_t secret_len;
 };
 
+/*
+ * Device services: what a built-in backend that owns a kind of device memory
+ * (cuda) does for the core and for the other backends, apart from moving
+ * bytes. No backend handle: they work whether or not the backend is created
+ * on an agent. Every slot is optional; size says which exist.
+ */
+typedef struct kvl_device_ops {
+    uint32_t size;                /* sizeof(kvl_device_ops_t) built against */
+    /*
+     * Claim memory of the backend's kind (CUDA pointers). KVL_OK with
+     * kind/dev filled (info: a short description, e.g. "CUDA device 0, PCI
+     * 0000:1b:00.0"); KVL_ERR_NOT_FOUND when the memory is not of its kind.
+     * declared_dev is the caller's device (or KVL_DEV_ANY): on a mismatch, or
+     * a range the memory cannot hold (crossing an allocation), return the
+     * error with the full explanation.
+     */
+    kvl_status_t (*mem_query)(uint64_t addr, uint64_t len, int32_t declared_dev,
+                              kvl_mem_kind_t *kind_p, int32_t *dev_p, char *info,
+                              size_t info_len, kvl_error_t *err);
+    /* The staging service the core lends to host-only backends through
+     * kvl_bk_ctx_t's stage_* members; same contracts (all five or none). */
+    kvl_status_t (*stage_check)(kvl_mem_kind_t kind, int32_t dev, kvl_error_t *err);
+    kvl_status_t (*stage_host_alloc)(size_t len, void **ptr_p, kvl_error_t *err);
+    void (*stage_host_free)(void *ptr);
+    kvl_status_t (*stage_copy)(int to_host, const kvl_stage_piece_t *p, size_t n,
+                               void (*notify)(void *arg), void *arg, void **ticket_p,
+                               kvl_error_t *err);
+    int (*stage_test)(void *ticket, int wait, kvl_error_t *err);
+} kvl_device_ops_t;
+
+/*
+ * A backend: one transport (open ... notif_send, the optional slots after)
+ * and, for built-in device backends, its device services. Optional slots
+ * may be NULL; the core copies the table once at load (to its own size, so
+ * slots a backend was built without read NULL) and tests for NULL.
+ */
 typedef struct kvl_backend_ops {
     uint32_t abi_version;         /* KVL_BACKEND_ABI_VERSION */
     uint32_t size;                /* sizeof(kvl_backend_ops_t) built against */
@@ -247,18 +287,9 @@ typedef struct kvl_backend_ops {
     /* How the peer is reached, e.g. "cma" or "socket (cma refused: ...)". */
     void (*peer_describe)(void *bk, void *peer, char *buf, size_t len);
 
-    /*
-     * Optional: claim memory of a kind this backend knows (CUDA pointers).
-     * Called on built-in backends whether or not they are created, so it
-     * takes no backend handle. KVL_OK with kind/dev filled (info: a short
-     * description, e.g. "CUDA device 0, PCI 0000:1b:00.0"); KVL_ERR_NOT_FOUND
-     * when the memory is not of its kind. declared_dev is the caller's device
-     * (or KVL_DEV_ANY): on a mismatch, or a range the memory cannot hold
-     * (crossing an allocation), return the error with the full explanation.
-     */
-    kvl_status_t (*mem_query)(uint64_t addr, uint64_t len, int32_t declared_dev,
-                              kvl_mem_kind_t *kind_p, int32_t *dev_p, char *info,
-                              size_t info_len, kvl_error_t *err);
+    /* Optional, built-in backends only: device services (see
+     * kvl_device_ops_t); NULL for a backend that only moves bytes. */
+    const kvl_device_ops_t *device;
 
     /*
      * Optional: preflight checks for `kvlane doctor`, without creating the
@@ -277,19 +308,6 @@ typedef struct kvl_backend_ops {
      * tables, registered iovecs) releases it here.
      */
     void (*xfer_release)(void *bk, kvl_bk_xfer_t *x);
-
-    /*
-     * Optional, built-in device backends only, no backend handle (like
-     * mem_query): the staging service the core lends to host-only backends
-     * through kvl_bk_ctx_t's stage_* members; same contracts.
-     */
-    kvl_status_t (*stage_check)(kvl_mem_kind_t kind, int32_t dev, kvl_error_t *err);
-    kvl_status_t (*stage_host_alloc)(size_t len, void **ptr_p, kvl_error_t *err);
-    void (*stage_host_free)(void *ptr);
-    kvl_status_t (*stage_copy)(int to_host, const kvl_stage_piece_t *p, size_t n,
-                               void (*notify)(void *arg), void *arg, void **ticket_p,
-                               kvl_error_t *err);
-    int (*stage_test)(void *ticket, int wait, kvl_error_t *err);
 
     /*
      * Optional: allocate len bytes of host memory for the user

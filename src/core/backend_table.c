@@ -55,6 +55,7 @@ static const kvl_backend_ops_t *const kvli_builtin_src[] = {
  * never does size arithmetic. size keeps what the backend was built with.
  */
 static kvl_backend_ops_t kvli_builtin[KVLI_NBUILTIN];
+static kvl_device_ops_t kvli_builtin_dev[KVLI_NBUILTIN];
 static pthread_once_t kvli_builtin_once = PTHREAD_ONCE_INIT;
 
 static void kvli_ops_fill(kvl_backend_ops_t *dst, const kvl_backend_ops_t *src)
@@ -63,10 +64,27 @@ static void kvli_ops_fill(kvl_backend_ops_t *dst, const kvl_backend_ops_t *src)
     memcpy(dst, src, src->size < sizeof(*dst) ? src->size : sizeof(*dst));
 }
 
+/* Device services the same way: a full-size copy, and all five staging
+ * slots or none (a stager missing one would fail half-way). */
+static void kvli_dev_fill(kvl_device_ops_t *dst, const kvl_device_ops_t *src)
+{
+    memset(dst, 0, sizeof(*dst));
+    memcpy(dst, src, src->size < sizeof(*dst) ? src->size : sizeof(*dst));
+    if (!dst->stage_check || !dst->stage_host_alloc || !dst->stage_host_free ||
+        !dst->stage_copy || !dst->stage_test)
+        dst->stage_check = NULL, dst->stage_host_alloc = NULL, dst->stage_host_free = NULL,
+        dst->stage_copy = NULL, dst->stage_test = NULL;
+}
+
 static void kvli_builtin_init(void)
 {
-    for (size_t i = 0; i < KVLI_NBUILTIN; i++)
+    for (size_t i = 0; i < KVLI_NBUILTIN; i++) {
         kvli_ops_fill(&kvli_builtin[i], kvli_builtin_src[i]);
+        if (kvli_builtin[i].device != NULL) {
+            kvli_dev_fill(&kvli_builtin_dev[i], kvli_builtin[i].device);
+            kvli_builtin[i].device = &kvli_builtin_dev[i];
+        }
+    }
 }
 
 /* Modules this build knows of, loaded on first use. */
@@ -131,9 +149,18 @@ static bool kvli_module_try(size_t m, const char *dir, char *tried, size_t tcap)
         dlclose(h);
         return true;
     }
+    kvli_ops_fill(&kvli_modules[m].filled, ops);
+    if (kvli_modules[m].filled.device != NULL) {
+        /* The core asks device services of built-in backends only. */
+        snprintf(kvli_modules[m].reason, sizeof(kvli_modules[m].reason),
+                 "module %.200s offers device services (ops->device: mem_query, staging), "
+                 "which only built-in backends may offer (rebuild the module without them)",
+                 path);
+        dlclose(h);
+        return true;
+    }
     /* Kept loaded for the life of the process: backends' threads may
      * outlive any one agent's use of them. */
-    kvli_ops_fill(&kvli_modules[m].filled, ops);
     kvli_modules[m].ops = &kvli_modules[m].filled;
     return true;
 }

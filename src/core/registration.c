@@ -44,11 +44,11 @@ static kvl_status_t kvli_mem_classify(kvl_agent_t *a, const kvl_mem_desc_t *d,
         kvl_mem_kind_t k;
         int32_t dev;
         char info[256] = "";
-        if (!KVLI_OPS_HAS(ops, mem_query))
+        if (ops->device == NULL || ops->device->mem_query == NULL)
             continue;
         memset(&qerr, 0, offsetof(kvl_error_t, causes));
         qerr.device = -1;
-        kvl_status_t st = ops->mem_query(d->addr, d->len, d->dev, &k, &dev, info, sizeof(info),
+        kvl_status_t st = ops->device->mem_query(d->addr, d->len, d->dev, &k, &dev, info, sizeof(info),
                                          &qerr);
         if (st == KVL_ERR_NOT_FOUND) {
             /* A backend may say why it does not claim the memory (no CUDA

@@ -2,28 +2,28 @@
  * Staging: the core lends a host-only backend (tcp, ucx without GPU support)
  * the copies between VRAM and pinned host buffers of the built-in device
  * backend that offers them (cuda). The device backend need not be created
- * on the agent: its staging slots take no handle, like mem_query.
+ * on the agent: its device services take no handle (kvl_device_ops_t).
  */
 #include <stddef.h>
 #include "internal.h"
 
-static const kvl_backend_ops_t *kvli_stager_ops;
+static const kvl_device_ops_t *kvli_stager_ops;
 static pthread_once_t kvli_stager_once = PTHREAD_ONCE_INIT;
 
 static void kvli_stager_find(void)
 {
     const kvl_backend_ops_t *ops;
+    /* the table filled all five staging slots or none (backend_table.c) */
     for (size_t i = 0; (ops = kvli_backend_builtin(i)) != NULL; i++)
-        if (KVLI_OPS_HAS(ops, stage_check) && KVLI_OPS_HAS(ops, stage_host_alloc) &&
-            KVLI_OPS_HAS(ops, stage_host_free) && KVLI_OPS_HAS(ops, stage_copy) &&
-            KVLI_OPS_HAS(ops, stage_test)) {
-            kvli_stager_ops = ops;
+        if (ops->device != NULL && ops->device->stage_copy != NULL) {
+            kvli_stager_ops = ops->device;
             return;
         }
 }
 
-/* The built-in backend that offers staging (found once: built-ins are fixed). */
-static const kvl_backend_ops_t *kvli_stager(void)
+/* The built-in backend's device services that offer staging (found once:
+ * built-ins are fixed). */
+static const kvl_device_ops_t *kvli_stager(void)
 {
     pthread_once(&kvli_stager_once, kvli_stager_find);
     return kvli_stager_ops;
@@ -45,7 +45,7 @@ kvl_status_t kvli_ctx_stage_check(kvl_bk_ctx_t *ctx, kvl_mem_kind_t kind, int32_
 kvl_status_t kvli_ctx_stage_check(kvl_bk_ctx_t *ctx, kvl_mem_kind_t kind, int32_t dev,
                                   kvl_error_t *err)
 {
-    const kvl_backend_ops_t *ops = kvli_stager();
+    const kvl_device_ops_t *ops = kvli_stager();
     return ops ? ops->stage_check(kind, dev, err) : kvli_stage_none(ctx, err);
 }
 
@@ -54,14 +54,14 @@ kvl_status_t kvli_ctx_stage_host_alloc(kvl_bk_ctx_t *ctx, size_t len, void **ptr
 kvl_status_t kvli_ctx_stage_host_alloc(kvl_bk_ctx_t *ctx, size_t len, void **ptr_p,
                                        kvl_error_t *err)
 {
-    const kvl_backend_ops_t *ops = kvli_stager();
+    const kvl_device_ops_t *ops = kvli_stager();
     return ops ? ops->stage_host_alloc(len, ptr_p, err) : kvli_stage_none(ctx, err);
 }
 
 void kvli_ctx_stage_host_free(kvl_bk_ctx_t *ctx, void *ptr);
 void kvli_ctx_stage_host_free(kvl_bk_ctx_t *ctx, void *ptr)
 {
-    const kvl_backend_ops_t *ops = kvli_stager();
+    const kvl_device_ops_t *ops = kvli_stager();
     (void)ctx;
     if (ops != NULL && ptr != NULL)
         ops->stage_host_free(ptr);
@@ -74,7 +74,7 @@ kvl_status_t kvli_ctx_stage_copy(kvl_bk_ctx_t *ctx, int to_host, const kvl_stage
                                  size_t n, void (*notify)(void *arg), void *arg, void **ticket_p,
                                  kvl_error_t *err)
 {
-    const kvl_backend_ops_t *ops = kvli_stager();
+    const kvl_device_ops_t *ops = kvli_stager();
     return ops ? ops->stage_copy(to_host, p, n, notify, arg, ticket_p, err)
                : kvli_stage_none(ctx, err);
 }
@@ -82,7 +82,7 @@ kvl_status_t kvli_ctx_stage_copy(kvl_bk_ctx_t *ctx, int to_host, const kvl_stage
 int kvli_ctx_stage_test(kvl_bk_ctx_t *ctx, void *ticket, int wait, kvl_error_t *err);
 int kvli_ctx_stage_test(kvl_bk_ctx_t *ctx, void *ticket, int wait, kvl_error_t *err)
 {
-    const kvl_backend_ops_t *ops = kvli_stager();
+    const kvl_device_ops_t *ops = kvli_stager();
     if (ops == NULL) {
         kvli_stage_none(ctx, err);
         return -1;

@@ -253,6 +253,18 @@ static void kvli_cuda_close(void *bk)
     free(iface);
 }
 
+/* Device services: classify CUDA pointers (cuda_md.c) and lend host-only
+ * backends staging copies (cuda_stage.c); no backend needed. */
+static const kvl_device_ops_t kvli_cuda_device_ops = {
+    .size = sizeof(kvl_device_ops_t),
+    .mem_query = kvli_cuda_md_query,
+    .stage_check = kvli_cuda_stage_check,
+    .stage_host_alloc = kvli_cuda_stage_host_alloc,
+    .stage_host_free = kvli_cuda_stage_host_free,
+    .stage_copy = kvli_cuda_stage_copy,
+    .stage_test = kvli_cuda_stage_test,
+};
+
 const kvl_backend_ops_t kvli_cuda_ops = {
     .abi_version = KVL_BACKEND_ABI_VERSION,
     .size = sizeof(kvl_backend_ops_t),
@@ -279,13 +291,8 @@ const kvl_backend_ops_t kvli_cuda_ops = {
     .xfer_cancel = kvli_cuda_xfer_cancel,
     .notif_send = kvli_cuda_chan_notif_send,
     .peer_describe = kvli_cuda_chan_peer_describe,
-    .mem_query = kvli_cuda_md_query,
+    .device = &kvli_cuda_device_ops,
     .probe = kvli_cuda_probe,
     .xfer_release = kvli_cuda_xfer_release,
-    .stage_check = kvli_cuda_stage_check,
-    .stage_host_alloc = kvli_cuda_stage_host_alloc,
-    .stage_host_free = kvli_cuda_stage_host_free,
-    .stage_copy = kvli_cuda_stage_copy,
-    .stage_test = kvli_cuda_stage_test,
     .ptab_release = kvli_cuda_ptab_release
 };

@@ -447,6 +447,6 @@ const kvl_backend_ops_t kvli_tcp_ops = {
     .xfer_cancel = kvli_tcp_xfer_cancel,
     .notif_send = kvli_tcp_peer_notif_send,
     .peer_describe = kvli_tcp_peer_describe,
-    .mem_query = NULL,
+    .device = NULL,
     .probe = NULL
 };
