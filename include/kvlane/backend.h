@@ -331,6 +331,18 @@ typedef struct kvl_backend_ops {
      * No transfer using the list is alive any more.
      */
     void (*ptab_release)(void *bk, void *cache);
+
+    /*
+     * Optional, for a backend whose peers reach registered memory without
+     * asking this process (cross-memory attach, shared mappings): the core
+     * is about to drop the region for good. revoke 1: stop every peer's
+     * access and wait (bounded by ctx->timeout_ms) until no copy of theirs
+     * is in progress: after KVL_OK no byte of theirs lands in it. On error
+     * (KVL_ERR_IN_USE: a live peer is still copying) access is restored and
+     * the deregistration fails. revoke 0: restore access (another backend
+     * refused). mem_dereg follows a successful revoke.
+     */
+    kvl_status_t (*mem_revoke)(void *bk, void *mh, int revoke, kvl_error_t *err);
 } kvl_backend_ops_t;
 
 /* ---- helpers for backends to fill errors (header-only, no symbols) ---- */

@@ -453,6 +453,63 @@ kvl_status_t kvl_mem_register(kvl_agent_t *a, const kvl_mem_desc_t *regions, siz
     return KVL_OK;
 }
 
+/* Whether entry i drops the last registration of its region (counted at
+ * the region's first entry in the list only). */
+static bool kvli_dereg_final(kvl_agent_t *a, const kvl_mem_desc_t *regions, size_t n, size_t i)
+{
+    kvli_region_t *r = kvli_registry_exact(a, regions[i].addr, regions[i].len);
+    uint32_t drops = 0;
+    for (size_t j = 0; j < n; j++)
+        if (regions[j].addr == r->addr && regions[j].len == r->len) {
+            if (j < i)
+                return false;
+            drops++;
+        }
+    return drops == r->refcount;
+}
+
+static void kvli_region_revoke_undo(kvl_agent_t *a, kvli_region_t *r, unsigned upto)
+{
+    for (unsigned b = 0; b < upto; b++)
+        if ((r->bk_mask & (1u << b)) && a->bks[b]->ops->mem_revoke != NULL)
+            a->bks[b]->ops->mem_revoke(a->bks[b]->bk, r->mh[b], 0, NULL);
+}
+
+/* Under the agent lock: every backend stops peers' direct access to the
+ * regions this call drops for good (ops->mem_revoke, bounded by the
+ * backend's timeout). All or nothing: on a refusal, access is restored. */
+static kvl_status_t kvli_regions_revoke(kvl_agent_t *a, const kvl_mem_desc_t *regions, size_t n,
+                                        kvl_error_t *err)
+{
+    for (size_t i = 0; i < n; i++) {
+        if (!kvli_dereg_final(a, regions, n, i))
+            continue;
+        kvli_region_t *r = kvli_registry_exact(a, regions[i].addr, regions[i].len);
+        for (unsigned b = 0; b < a->nbks; b++) {
+            const kvl_backend_ops_t *ops = a->bks[b]->ops;
+            kvl_error_t e;
+            if (!(r->bk_mask & (1u << b)) || ops->mem_revoke == NULL)
+                continue;
+            memset(&e, 0, offsetof(kvl_error_t, causes));
+            e.device = -1;
+            if (ops->mem_revoke(a->bks[b]->bk, r->mh[b], 1, &e) == KVL_OK)
+                continue;
+            memcpy(err, &e, offsetof(kvl_error_t, causes));
+            err->n_causes = err->n_causes_dropped = 0;
+            if (err->code == KVL_OK)
+                err->code = KVL_ERR_INTERNAL;
+            kvli_region_revoke_undo(a, r, b);
+            for (size_t k = 0; k < i; k++)
+                if (kvli_dereg_final(a, regions, n, k))
+                    kvli_region_revoke_undo(a, kvli_registry_exact(a, regions[k].addr,
+                                                                   regions[k].len),
+                                            a->nbks);
+            return err->code;
+        }
+    }
+    return KVL_OK;
+}
+
 kvl_status_t kvl_mem_deregister(kvl_agent_t *a, const kvl_mem_desc_t *regions, size_t n)
 {
     kvl_error_t err;
@@ -503,6 +560,10 @@ kvl_status_t kvl_mem_deregister(kvl_agent_t *a, const kvl_mem_desc_t *regions, s
             goto fail;
         }
     }
+    /* Peers that copy without asking (shm's cross-memory attach) stop before
+     * anything is dropped; a refusal restores their access and changes nothing. */
+    if (kvli_regions_revoke(a, regions, n, &err) != KVL_OK)
+        goto fail;
     for (size_t i = 0; i < n; i++)
         kvli_region_drop(a, kvli_registry_exact(a, regions[i].addr, regions[i].len));
     atomic_fetch_add(&a->generation, 1);

@@ -265,6 +265,44 @@ static void kt_peer_main(const kt_peer_opts_t *o, int in, int out)
             kt_send_msg(out, &st, sizeof(st));
             break;
         }
+        case 'D': {
+            /* deregister the buffer, then fill it with a pattern (seed) */
+            kt_read(in, arg, 8, 5000);
+            kvl_status_t st = kvl_mem_deregister(a, &d, 1);
+            if (st == KVL_OK)
+                kt_fill(buf, o->len, arg[0]);
+            else
+                fprintf(stderr, "peer: deregister: %s\n", kvl_last_error()->what);
+            kt_send_msg(out, &st, sizeof(st));
+            break;
+        }
+        case 'W': {
+            /* WRITE the whole buffer to agent `to` at raddr, again and again,
+             * until a transfer fails: answers "started", then the status */
+            uint64_t l1;
+            char *to = kt_recv_msg(in, &l1, 5000);
+            kt_read(in, arg, 8, 5000);
+            kvl_dlist_t *ll, *rl;
+            kvl_xfer_t *x;
+            kvl_status_t st;
+            KT_OK(kvl_dlist_create(KVL_MEM_DRAM, 1, &ll));
+            KT_OK(kvl_dlist_create(KVL_MEM_DRAM, 1, &rl));
+            KT_OK(kvl_dlist_add(ll, (uint64_t)(uintptr_t)buf, o->len, KVL_DEV_ANY));
+            KT_OK(kvl_dlist_add(rl, arg[0], o->len, KVL_DEV_ANY));
+            KT_OK(kvl_xfer_create(a, KVL_WRITE, ll, to, rl, NULL, &x));
+            kt_send_msg(out, "", 0);
+            do {
+                st = kvl_xfer_post(x);
+                if (st == KVL_OK || st == KVL_IN_PROGRESS)
+                    st = kvl_xfer_wait(x, 20000);
+            } while (st == KVL_OK);
+            kt_send_msg(out, &st, sizeof(st));
+            kvl_xfer_release(x);
+            kvl_dlist_destroy(ll);
+            kvl_dlist_destroy(rl);
+            free(to);
+            break;
+        }
         case 'Q':
             kvl_agent_destroy(a);
             kt_send_msg(out, "", 0);
@@ -386,6 +424,26 @@ long kt_peer_verify(kt_peer_t *p, uint64_t off, uint64_t len, uint64_t seed)
     long v = *r;
     free(r);
     return v;
+}
+
+kvl_status_t kt_peer_dereg(kt_peer_t *p, uint64_t seed)
+{
+    uint64_t l;
+    kt_cmd(p, 'D', &seed, 1);
+    kvl_status_t *r = kt_recv_msg(p->from, &l, 20000);
+    KT_CHECK(r != NULL && l == sizeof(*r));
+    kvl_status_t st = *r;
+    free(r);
+    return st;
+}
+
+void kt_peer_write_loop(kt_peer_t *p, const char *to, uint64_t raddr)
+{
+    uint64_t l;
+    kt_cmd(p, 'W', NULL, 0);
+    kt_send_msg(p->to, to, strlen(to));
+    KT_CHECK(kt_write(p->to, &raddr, 8) == 0);
+    free(kt_recv_msg(p->from, &l, 20000));
 }
 
 void kt_peer_read(kt_peer_t *p, uint64_t off, void *buf, uint64_t len)

@@ -100,6 +100,13 @@ void kt_peer_start(kt_peer_t *p, const kt_peer_opts_t *o, kvl_agent_t *agent);
 void kt_peer_fill(kt_peer_t *p, uint64_t seed);                     /* whole buffer */
 long kt_peer_verify(kt_peer_t *p, uint64_t off, uint64_t len, uint64_t seed);
 void kt_peer_read(kt_peer_t *p, uint64_t off, void *buf, uint64_t len);
+/* The peer deregisters its buffer and, if that worked, fills it with the
+ * pattern of seed; returns the deregistration's status. */
+kvl_status_t kt_peer_dereg(kt_peer_t *p, uint64_t seed);
+/* The peer WRITEs its whole buffer to agent `to` at raddr in a loop until a
+ * transfer fails (it must have loaded to's metadata: kt_peer_load). Returns
+ * once the loop started; the peer answers no other command meanwhile. */
+void kt_peer_write_loop(kt_peer_t *p, const char *to, uint64_t raddr);
 /* Wait for one notification on the peer; returns its length (-1 timeout),
  * message copied to buf, sender to from. */
 long kt_peer_notif(kt_peer_t *p, int timeout_ms, char *buf, size_t cap, char *from, size_t fcap);

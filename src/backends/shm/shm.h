@@ -35,6 +35,8 @@
 #define KVLI_SHM_WINDOW 16                 /* socket requests in flight per worker */
 #define KVLI_SHM_DEFAULT_TIMEOUT_MS 5000u
 #define KVLI_SHM_TEXT_MAX 256              /* refusal text carried in a reply */
+#define KVLI_SHM_GUARD_SLOTS (1u << 20)    /* regions registered at once, at most */
+#define KVLI_SHM_HELD_MAX 64               /* regions one direct-copy batch touches */
 
 typedef struct kvli_shm_iface kvli_shm_iface_t;
 typedef struct kvli_shm_peer kvli_shm_peer_t;
@@ -44,12 +46,30 @@ typedef struct kvli_shm_xpriv kvli_shm_xpriv_t;
 typedef struct kvli_shm_req kvli_shm_req_t;
 typedef struct kvli_shm_worker kvli_shm_worker_t;
 typedef struct kvli_shm_outq kvli_shm_outq_t;
+typedef struct kvli_shm_guard kvli_shm_guard_t;
+
+/* One region's entry in a guard table (shm_guard.c), shared with a peer. */
+typedef struct kvli_shm_gslot {
+    _Atomic uint32_t gen;            /* the region's generation; 0: no access */
+    _Atomic uint32_t busy;           /* the peer's direct copies in progress */
+} kvli_shm_gslot_t;
+
+/* Target side: the guard table of one accepted connection. */
+struct kvli_shm_guard {
+    kvli_shm_guard_t *next;          /* iface->guards, under iface->lock */
+    kvli_shm_gslot_t *map;
+    pid_t pid;                       /* the initiator (SO_PEERCRED) */
+    int pidfd;
+    char name[KVL_NAME_MAX];
+    unsigned refs;                   /* under iface->lock */
+};
 
 /* Local region handle. */
 typedef struct kvli_shm_mh {
     uint64_t addr, len;
     int shareable;
     uint64_t shm_id, shm_off, shm_size;
+    uint32_t slot, gen;              /* guard table entry (shm_guard.c) */
 } kvli_shm_mh_t;
 
 /* A peer's memfd mapped here, shared by every rregion of that allocation. */
@@ -67,6 +87,7 @@ typedef struct kvli_shm_rh {
     uint64_t addr, len;
     int shareable;
     uint64_t shm_id, shm_off, shm_size;
+    uint32_t slot, gen;      /* its entry in the peer's guard table */
     kvli_shm_map_t *map;     /* NULL: not mapped, use cma or the socket */
 } kvli_shm_rh_t;
 
@@ -108,6 +129,7 @@ struct kvli_shm_peer {
     pthread_mutex_t send_lock;       /* one writer at a time on fd */
     int cma_ok;
     char cma_reason[400];            /* why not, when !cma_ok */
+    kvli_shm_gslot_t *guard;         /* the target's guard table for us */
     atomic_int dead;
     /* under iface->lock */
     int dead_errno;
@@ -140,6 +162,7 @@ struct kvli_shm_conn {
     uint64_t incarnation;
     pid_t cred_pid;
     uid_t cred_uid;
+    kvli_shm_guard_t *guard;         /* its guard table, from HELLO on */
     kvli_shm_outq_t *out_head, *out_tail;
     int closing;
 };
@@ -203,6 +226,11 @@ struct kvli_shm_iface {
     kvli_shm_conn_t *conns;          /* progress thread only */
     kvli_shm_xpriv_t *xfers;
     kvli_shm_xpriv_t *q_head, *q_tail;
+    /* guard tables (shm_guard.c), under lock */
+    uint32_t *slot_gen;              /* live, not revoked: its generation; else 0 */
+    uint32_t *slot_free;
+    uint32_t slot_nfree, slot_next, gen_next;
+    kvli_shm_guard_t *guards;
     /* progress thread scratch */
     uint8_t *scratch;
     size_t scratch_len;
@@ -254,6 +282,20 @@ kvl_status_t kvli_shm_md_rload(void *bk, void *peer, const kvl_region_info_t *r,
                                kvl_error_t *err);
 void kvli_shm_md_runload(void *bk, void *peer, void *rh);
 void kvli_shm_md_unmap_all(kvli_shm_peer_t *peer);
+
+/* shm_guard.c: revoking peers' direct access at deregistration */
+kvl_status_t kvli_shm_guard_slot_get(kvli_shm_iface_t *iface, kvli_shm_mh_t *mh,
+                                     kvl_error_t *err);
+void kvli_shm_guard_slot_put(kvli_shm_iface_t *iface, kvli_shm_mh_t *mh);
+kvl_status_t kvli_shm_md_revoke(void *bk, void *mh, int revoke, kvl_error_t *err);
+/* The table of a connection after its HELLO: the fd to send, or -1 (why). */
+int kvli_shm_guard_open(kvli_shm_iface_t *iface, kvli_shm_conn_t *c, char *why, size_t cap);
+void kvli_shm_guard_close(kvli_shm_iface_t *iface, kvli_shm_conn_t *c);
+kvl_status_t kvli_shm_guard_attach(kvli_shm_peer_t *peer, int fd, kvl_error_t *err);
+void kvli_shm_guard_detach(kvli_shm_peer_t *peer);
+/* Around a direct copy into or out of rh: 0 when the target revoked it. */
+int kvli_shm_guard_enter(kvli_shm_peer_t *peer, const kvli_shm_rh_t *rh);
+void kvli_shm_guard_leave(kvli_shm_peer_t *peer, const kvli_shm_rh_t *rh);
 
 /* shm_xfer.c */
 kvl_status_t kvli_shm_xfer_post(void *bk, kvl_bk_xfer_t *x, kvl_error_t *err);

@@ -382,7 +382,11 @@ static kvl_status_t kvli_shm_open(kvl_bk_ctx_t *ctx, const kvl_param_t *params,
     iface->scratch = malloc(iface->scratch_len);
     iface->pins = malloc(sizeof(void *) * KVLI_SHM_IOV_MAX);
     iface->workers = calloc(iface->nworkers, sizeof(*iface->workers));
-    if (iface->scratch == NULL || iface->pins == NULL || iface->workers == NULL) {
+    /* large and mostly untouched: the kernel backs only the pages used */
+    iface->slot_gen = calloc(KVLI_SHM_GUARD_SLOTS, sizeof(*iface->slot_gen));
+    iface->slot_free = malloc(KVLI_SHM_GUARD_SLOTS * sizeof(*iface->slot_free));
+    if (iface->scratch == NULL || iface->pins == NULL || iface->workers == NULL ||
+        iface->slot_gen == NULL || iface->slot_free == NULL) {
         kvl_bk_error_set(err, KVL_ERR_NO_MEMORY, ENOMEM, KVLI_SHM_NAME, -1,
                          "malloc() of the progress buffers (%zu bytes) failed",
                          iface->scratch_len);
@@ -464,6 +468,7 @@ static void kvli_shm_close(void *bk)
     for (p = iface->peers; p != NULL; p = np) {
         np = p->next;
         kvli_shm_md_unmap_all(p);
+        kvli_shm_guard_detach(p);
         close(p->fd);
         if (p->pidfd >= 0)
             close(p->pidfd);
@@ -480,6 +485,8 @@ static void kvli_shm_close(void *bk)
     pthread_cond_destroy(&iface->qcond);
     pthread_mutex_destroy(&iface->lock);
     free(iface->workers);
+    free(iface->slot_gen);
+    free(iface->slot_free);
     free(iface->scratch);
     free(iface->pins);
     free(iface);
@@ -530,6 +537,7 @@ const kvl_backend_ops_t kvli_shm_ops = {
     .close = kvli_shm_close,
     .mem_reg = kvli_shm_md_reg,
     .mem_dereg = kvli_shm_md_dereg,
+    .mem_revoke = kvli_shm_md_revoke,
     .conn_pack = kvli_shm_conn_pack,
     .region_pack = kvli_shm_md_pack,
     .peer_load = kvli_shm_peer_load,

@@ -13,17 +13,18 @@
 #include "shm.h"
 
 #define KVLI_SHM_KEY_MAGIC 0x52534c4bu      /* "KLSR" */
-#define KVLI_SHM_KEY_VERSION 1u
-#define KVLI_SHM_KEY_LEN 32u
+#define KVLI_SHM_KEY_VERSION 2u
+#define KVLI_SHM_KEY_LEN 40u
 enum { KVLI_SHM_KEY_CMA_ONLY = 1, KVLI_SHM_KEY_MEMFD = 2 };
 
 kvl_status_t kvli_shm_md_reg(void *bk, const kvl_region_info_t *r, void **mh_p,
                              char *detail, size_t detail_len, kvl_error_t *err)
 {
+    kvli_shm_iface_t *iface = bk;
     kvli_shm_mh_t *mh;
     uintptr_t ps = (uintptr_t)sysconf(_SC_PAGESIZE);
     uintptr_t start, end;
-    (void)bk;
+    kvl_status_t st;
 
     if (r == NULL || mh_p == NULL || r->len == 0 || r->addr + r->len < r->addr ||
         r->addr + r->len > (uint64_t)UINTPTR_MAX - ps) {
@@ -74,6 +75,11 @@ kvl_status_t kvli_shm_md_reg(void *bk, const kvl_region_info_t *r, void **mh_p,
     mh->shm_id = r->shm_id;
     mh->shm_off = r->shm_off;
     mh->shm_size = r->shm_size;
+    st = kvli_shm_guard_slot_get(iface, mh, err);
+    if (st != KVL_OK) {
+        free(mh);
+        return st;
+    }
     if (detail != NULL && detail_len > 0)
         snprintf(detail, detail_len, "%s", mh->shareable ? "mmap (shareable allocation)"
                                                          : "cma (cross-memory attach)");
@@ -83,12 +89,13 @@ kvl_status_t kvli_shm_md_reg(void *bk, const kvl_region_info_t *r, void **mh_p,
 
 void kvli_shm_md_dereg(void *bk, void *mh)
 {
-    (void)bk;
+    kvli_shm_guard_slot_put(bk, mh); /* no peer copies into it from here on */
     free(mh);
 }
 
 /* Key layout: 0 magic u32 | 4 version u16 | 6 kind u16 | 8 shm_id | 16 shm_off
- * | 24 shm_size (u64 each, native order). */
+ * | 24 shm_size (u64 each) | 32 guard slot u32 | 36 generation u32 (native
+ * order). */
 kvl_status_t kvli_shm_md_pack(void *bk, void *mh_h, uint8_t *buf, size_t cap,
                               size_t *len_p)
 {
@@ -106,6 +113,8 @@ kvl_status_t kvli_shm_md_pack(void *bk, void *mh_h, uint8_t *buf, size_t cap,
     memcpy(buf + 8, mh->shareable ? &mh->shm_id : &zero, 8);
     memcpy(buf + 16, mh->shareable ? &mh->shm_off : &zero, 8);
     memcpy(buf + 24, mh->shareable ? &mh->shm_size : &zero, 8);
+    memcpy(buf + 32, &mh->slot, 4);
+    memcpy(buf + 36, &mh->gen, 4);
     *len_p = KVLI_SHM_KEY_LEN;
     return KVL_OK;
 }
@@ -276,6 +285,7 @@ kvl_status_t kvli_shm_md_rload(void *bk, void *peer_h, const kvl_region_info_t *
     uint32_t magic;
     uint16_t ver, kind;
     uint64_t id, off, size;
+    uint32_t slot, gen;
     kvl_status_t st;
     (void)bk;
 
@@ -283,19 +293,23 @@ kvl_status_t kvli_shm_md_rload(void *bk, void *peer_h, const kvl_region_info_t *
         return kvli_shm_key_bad(err, peer, r, "empty or wrapping region length",
                                 r ? r->len : 0);
     if (key == NULL || len != KVLI_SHM_KEY_LEN)
-        return kvli_shm_key_bad(err, peer, r, "key length is not 32", len);
+        return kvli_shm_key_bad(err, peer, r, "key length is not 40", len);
     memcpy(&magic, key, 4);
     memcpy(&ver, key + 4, 2);
     memcpy(&kind, key + 6, 2);
     memcpy(&id, key + 8, 8);
     memcpy(&off, key + 16, 8);
     memcpy(&size, key + 24, 8);
+    memcpy(&slot, key + 32, 4);
+    memcpy(&gen, key + 36, 4);
     if (magic != KVLI_SHM_KEY_MAGIC)
         return kvli_shm_key_bad(err, peer, r, "bad key magic", magic);
     if (ver != KVLI_SHM_KEY_VERSION)
         return kvli_shm_key_bad(err, peer, r, "key version not supported", ver);
     if (kind != KVLI_SHM_KEY_CMA_ONLY && kind != KVLI_SHM_KEY_MEMFD)
         return kvli_shm_key_bad(err, peer, r, "unknown key kind", kind);
+    if (slot >= KVLI_SHM_GUARD_SLOTS || gen == 0)
+        return kvli_shm_key_bad(err, peer, r, "guard slot or generation out of range", slot);
     if (kind == KVLI_SHM_KEY_MEMFD && (size == 0 || off > size || r->len > size - off))
         return kvli_shm_key_bad(err, peer, r, "region exceeds its allocation at offset",
                                 off);
@@ -320,9 +334,11 @@ kvl_status_t kvli_shm_md_rload(void *bk, void *peer_h, const kvl_region_info_t *
     rh->shm_id = id;
     rh->shm_off = off;
     rh->shm_size = size;
+    rh->slot = slot;
+    rh->gen = gen;
     /* Eager: a refusal surfaces here, where the caller can act on it, and
      * the first transfer pays no round trip. */
-    if (rh->shareable) {
+    if (rh->shareable && peer->guard != NULL) { /* no guard: socket path only */
         st = kvli_shm_map_get(peer, id, off + r->len, &rh->map, err);
         if (st != KVL_OK) {
             free(rh);

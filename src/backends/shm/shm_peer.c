@@ -606,7 +606,10 @@ static kvl_status_t kvli_shm_peer_parse(kvli_shm_iface_t *iface, const char *nam
     return KVL_OK;
 }
 
-static kvl_status_t kvli_shm_peer_hello(kvli_shm_peer_t *peer, kvl_error_t *err)
+/* HELLO and its answer; *gfd_p gets the fd passed with HELLO_ACK (-1: none)
+ * and *flags_p the answer's flags. */
+static kvl_status_t kvli_shm_peer_hello_xchg(kvli_shm_peer_t *peer, int *gfd_p,
+                                             uint32_t *flags_p, kvl_error_t *err)
 {
     kvli_shm_iface_t *iface = peer->iface;
     const char *me = iface->ctx->agent_name ? iface->ctx->agent_name : "";
@@ -656,8 +659,8 @@ static kvl_status_t kvli_shm_peer_hello(kvli_shm_peer_t *peer, kvl_error_t *err)
     iov[3].iov_base = mac;
     iov[3].iov_len = ml;
     rc = kvli_shm_proto_sendv(peer->fd, iov, ml ? 4 : 3);
-    if (rc == 0)
-        rc = kvli_shm_proto_recv(peer->fd, &h, sizeof(h), NULL);
+    if (rc == 0) /* a passed fd comes with the answer's first byte */
+        rc = kvli_shm_proto_recv(peer->fd, &h, sizeof(h), gfd_p);
     if (rc == 0 && (h.magic != KVLI_SHM_MSG_MAGIC || h.type != KVLI_SHM_MSG_HELLO_ACK ||
                     h.len < sizeof(m) || h.len > sizeof(m) + KVL_NAME_MAX + KVLI_MAC_LEN)) {
         kvl_bk_error_set(err, KVL_ERR_REMOTE, EPROTO, KVLI_SHM_NAME, -1,
@@ -716,7 +719,29 @@ static kvl_status_t kvli_shm_peer_hello(kvli_shm_peer_t *peer, kvl_error_t *err)
         kvl_bk_error_hint(err, "the peer restarted; fetch its current metadata");
         return KVL_ERR_STALE;
     }
+    *flags_p = m.flags;
     return KVL_OK;
+}
+
+static kvl_status_t kvli_shm_peer_hello(kvli_shm_peer_t *peer, kvl_error_t *err)
+{
+    int gfd = -1;
+    uint32_t flags = 0;
+    kvl_status_t st = kvli_shm_peer_hello_xchg(peer, &gfd, &flags, err);
+    /* The guard table lets us copy into its memory directly (shm_guard.c);
+     * without one (the target could not make it) the socket path only. */
+    if (st == KVL_OK && (flags & KVLI_SHM_HELLO_GUARD) && gfd < 0) {
+        kvl_bk_error_set(err, KVL_ERR_REMOTE, EPROTO, KVLI_SHM_NAME, -1,
+                         "agent '%s' on %s announced a guard table but passed no fd",
+                         peer->name, peer->sock_desc);
+        kvl_bk_error_hint(err, "run the same kvlane version on both agents");
+        st = KVL_ERR_REMOTE;
+    }
+    if (st == KVL_OK && (flags & KVLI_SHM_HELLO_GUARD))
+        st = kvli_shm_guard_attach(peer, gfd, err);
+    if (gfd >= 0)
+        close(gfd);
+    return st;
 }
 
 kvl_status_t kvli_shm_peer_load(void *bk, const char *name, uint64_t incarnation,
@@ -797,6 +822,7 @@ kvl_status_t kvli_shm_peer_load(void *bk, const char *name, uint64_t incarnation
 err_mutex:
     pthread_mutex_destroy(&peer->send_lock);
 err_close:
+    kvli_shm_guard_detach(peer);
     close(peer->fd);
 err_free:
     free(peer);
@@ -845,6 +871,7 @@ void kvli_shm_peer_unload(void *bk, void *peer_h)
         return;
     }
     kvli_shm_md_unmap_all(peer);
+    kvli_shm_guard_detach(peer);
     close(peer->fd);
     if (peer->pidfd >= 0)
         close(peer->pidfd);

@@ -5,7 +5,7 @@
  * order; every length is still checked, the peer is untrusted.
  *
  * A connection is opened by the initiator (peer_load) and carries, in
- * order: HELLO, then requests (NOTIF, FD_REQ, WRITE, READ). The target
+ * order: HELLO (answered by HELLO_ACK and the guard table's fd), then requests (NOTIF, FD_REQ, WRITE, READ). The target
  * answers on the same connection (HELLO_ACK, FD_REPLY, WRITE_ACK,
  * READ_DATA); NOTIF has no answer. Every message is a header followed by
  * hdr.len bytes of body.
@@ -19,7 +19,7 @@
 #include "common/sock.h" /* kvli_iov_advance */
 
 #define KVLI_SHM_MSG_MAGIC 0x4b4c534du     /* "KLSM" */
-#define KVLI_SHM_PROTO_VERSION 2u
+#define KVLI_SHM_PROTO_VERSION 3u
 /* Upper bound of a data request's payload; we send at most KVLI_SHM_CHUNK. */
 #define KVLI_SHM_PAYLOAD_MAX (64ull << 20)
 
@@ -62,6 +62,9 @@ typedef struct kvli_shm_msg_hello {
 } kvli_shm_msg_hello_t;
 
 #define KVLI_SHM_HELLO_MAC 1u
+/* HELLO_ACK: the connection's guard table (shm_guard.c) is passed with it
+ * (SCM_RIGHTS); without it the initiator must use the socket path only. */
+#define KVLI_SHM_HELLO_GUARD 2u
 
 /* Every reply: then text_len bytes of refusal text, then payload bytes. */
 typedef struct kvli_shm_msg_reply {

@@ -37,6 +37,7 @@ void kvli_shm_conn_free(kvli_shm_iface_t *iface, kvli_shm_conn_t *c)
         nq = q->next;
         kvli_shm_outq_free(iface, q);
     }
+    kvli_shm_guard_close(iface, c);
     close(c->fd);
     free(c);
 }
@@ -247,7 +248,17 @@ static void kvli_shm_conn_hello(kvli_shm_iface_t *iface, kvli_shm_conn_t *c,
 
     if (nl > KVL_NAME_MAX - 1)
         nl = KVL_NAME_MAX - 1;
+    /* The guard table goes with the answer; without one the initiator uses
+     * the socket path only (we copy, into registered memory only). */
+    char why[200];
+    int gfd = c->guard == NULL ? kvli_shm_guard_open(iface, c, why, sizeof(why)) : -1;
+    if (gfd < 0 && c->guard == NULL)
+        iface->ctx->log(iface->ctx, KVL_LOG_WARN, "agent '%s' gets no guard table (%s): it "
+                        "will reach our memory through the socket only, not by cross-memory "
+                        "attach or mapping", c->name, why);
     q = calloc(1, sizeof(*q));
+    if (q == NULL && gfd >= 0)
+        close(gfd);
     if (q != NULL) {
         rh.magic = KVLI_SHM_MSG_MAGIC;
         rh.type = KVLI_SHM_MSG_HELLO_ACK;
@@ -259,7 +270,7 @@ static void kvli_shm_conn_hello(kvli_shm_iface_t *iface, kvli_shm_conn_t *c,
         m.name_len = (uint32_t)nl;
         m.incarnation = iface->ctx->incarnation;
         m.pid = (uint32_t)getpid();
-        m.flags = ml ? KVLI_SHM_HELLO_MAC : 0;
+        m.flags = (ml ? KVLI_SHM_HELLO_MAC : 0) | (gfd >= 0 ? KVLI_SHM_HELLO_GUARD : 0);
         memcpy(q->hdr, &rh, sizeof(rh));
         memcpy(q->hdr + sizeof(rh), &m, sizeof(m));
         memcpy(q->hdr + sizeof(rh) + sizeof(m), iface->ctx->agent_name, nl);
@@ -267,7 +278,7 @@ static void kvli_shm_conn_hello(kvli_shm_iface_t *iface, kvli_shm_conn_t *c,
             kvli_shm_hello_mac(iface->ctx, 1, peer_inc, iface->ctx->incarnation,
                                iface->ctx->agent_name, nl, q->hdr + sizeof(rh) + sizeof(m) + nl);
         q->hdr_len = q->total = sizeof(rh) + sizeof(m) + nl + ml;
-        q->fd = -1;
+        q->fd = gfd;
     }
     kvli_shm_conn_push(iface, c, q);
 }

@@ -38,6 +38,9 @@ typedef struct kvli_shm_run {
     unsigned paths;
     int n;                           /* pieces in w->liov/riov */
     uint64_t bytes;
+    /* regions of the batch entered in the target's guard table (shm_guard.c) */
+    const kvli_shm_rh_t *held[KVLI_SHM_HELD_MAX];
+    unsigned nheld;
 } kvli_shm_run_t;
 
 int kvli_shm_worker_init(kvli_shm_worker_t *w, kvli_shm_iface_t *iface)
@@ -111,6 +114,8 @@ static kvl_status_t kvli_shm_seg_check(kvli_shm_run_t *run, size_t i, kvl_error_
 static unsigned kvli_shm_seg_path(const kvli_shm_run_t *run, size_t i)
 {
     const kvli_shm_rh_t *rh = run->x->rmh[run->x->segs[i].rreg];
+    if (run->peer->guard == NULL) /* the target gave no guard table */
+        return KVLI_SHM_PATH_SOCK;
     if (rh->map != NULL)
         return KVLI_SHM_PATH_MMAP;
     return run->peer->cma_ok ? KVLI_SHM_PATH_CMA : KVLI_SHM_PATH_SOCK;
@@ -121,6 +126,36 @@ static unsigned kvli_shm_seg_path(const kvli_shm_run_t *run, size_t i)
  * KVLI_SHM_IOV_MAX pieces and one chunk of bytes. For the mmap path riov
  * holds addresses in our mapping, else remote addresses.
  */
+/* Leave the guard of every region the last batch copied into or out of. */
+static void kvli_shm_guard_release(kvli_shm_run_t *run)
+{
+    for (unsigned i = 0; i < run->nheld; i++)
+        kvli_shm_guard_leave(run->peer, run->held[i]);
+    run->nheld = 0;
+}
+
+/* Before a direct copy touches rh: enter its guard (once per batch). 1 ok;
+ * 0 the batch is full of regions (end it here); -1 the target revoked rh. */
+static int kvli_shm_guard_hold(kvli_shm_run_t *run, const kvli_shm_rh_t *rh, kvl_error_t *err)
+{
+    for (unsigned i = run->nheld; i-- > 0;)
+        if (run->held[i] == rh)
+            return 1;
+    if (run->nheld == KVLI_SHM_HELD_MAX)
+        return 0;
+    if (!kvli_shm_guard_enter(run->peer, rh)) {
+        kvl_bk_error_set(err, KVL_ERR_STALE, 0, KVLI_SHM_NAME, -1,
+                         "agent '%s' deregistered its region [0x%" PRIx64 ", +%" PRIu64 ") "
+                         "(our metadata of it is stale): nothing more is copied into or out "
+                         "of it", run->peer->name, rh->addr, rh->len);
+        kvl_bk_error_hint(err, "the peer freed or re-registered that memory: fetch its "
+                          "metadata again (kvl_metadata_load) and build the transfer again");
+        return -1;
+    }
+    run->held[run->nheld++] = rh;
+    return 1;
+}
+
 /* Validate the segments before `end` not checked yet. */
 static kvl_status_t kvli_shm_check_below(kvli_shm_run_t *run, kvli_shm_cursor_t *c, size_t end,
                                          kvl_error_t *err)
@@ -156,6 +191,13 @@ static kvl_status_t kvli_shm_batch(kvli_shm_run_t *run, kvli_shm_cursor_t *c,
         p = kvli_shm_seg_path(run, pc.seg);
         if (path != 0 && p != path)
             break;
+        if (p != KVLI_SHM_PATH_SOCK) {
+            int h = kvli_shm_guard_hold(run, x->rmh[x->segs[pc.seg].rreg], err);
+            if (h < 0)
+                return KVL_ERR_STALE;
+            if (h == 0)
+                break;
+        }
         path = p;
         *path_p = path;
         /* Each process_vm_writev call pays a ptrace check and page pinning
@@ -441,8 +483,10 @@ static kvl_status_t kvli_shm_run(kvli_shm_worker_t *w, kvli_shm_xpriv_t *xp,
                 break;
         }
         st = kvli_shm_batch(&run, &cur, &path, err);
-        if (st != KVL_OK || run.n == 0)
+        if (st != KVL_OK || run.n == 0) {
+            kvli_shm_guard_release(&run);
             break;
+        }
         run.paths |= path;
         if (path == KVLI_SHM_PATH_MMAP)
             kvli_shm_run_mmap(&run);
@@ -450,6 +494,7 @@ static kvl_status_t kvli_shm_run(kvli_shm_worker_t *w, kvli_shm_xpriv_t *xp,
             st = kvli_shm_run_cma(&run, err);
         else
             st = kvli_shm_run_sock(&run, err);
+        kvli_shm_guard_release(&run);
         if (st != KVL_OK)
             break;
     }

@@ -1,0 +1,283 @@
+/*
+ * kvlane shm backend: revoking peers' access to deregistered memory.
+ *
+ * Cross-memory attach and mapped memfds let an initiator write into our
+ * memory without asking us, so deregistration alone cannot stop a peer that
+ * still holds our old metadata. Each registered region gets a slot and a
+ * generation (never reused); each accepted connection gets a guard table in
+ * a sealed memfd we share with that initiator (sent with HELLO_ACK): slot s
+ * holds {gen, busy}. Around every direct copy into or out of a region the
+ * initiator does
+ *     busy += 1; if gen != the generation in its key: busy -= 1, refuse;
+ *     copy; busy -= 1
+ * and before a region is dropped we do
+ *     gen = 0 (every table); wait until busy == 0 (every live initiator)
+ * (sequentially consistent atomics: either the initiator sees gen 0, or we
+ * see its busy and wait for it). A dead initiator copies nothing, so its
+ * busy is not waited for; a live one stuck with busy set for longer than
+ * the backend's timeout makes the deregistration fail with KVL_ERR_IN_USE
+ * (the region stays registered, access restored). The socket path needs no
+ * guard: we copy ourselves, into registered memory only (ctx->region_pin).
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include "common/errname.h"
+#include "shm.h"
+
+#define KVLI_SHM_GUARD_BYTES ((size_t)KVLI_SHM_GUARD_SLOTS * sizeof(kvli_shm_gslot_t))
+#define KVLI_SHM_GUARD_SEALS (F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL)
+
+/* ---- target side: slots ---- */
+
+kvl_status_t kvli_shm_guard_slot_get(kvli_shm_iface_t *iface, kvli_shm_mh_t *mh,
+                                     kvl_error_t *err)
+{
+    uint32_t s;
+    pthread_mutex_lock(&iface->lock);
+    if (iface->slot_nfree > 0) {
+        s = iface->slot_free[--iface->slot_nfree];
+    } else if (iface->slot_next < KVLI_SHM_GUARD_SLOTS) {
+        s = iface->slot_next++;
+    } else {
+        pthread_mutex_unlock(&iface->lock);
+        kvl_bk_error_set(err, KVL_ERR_NO_MEMORY, 0, KVLI_SHM_NAME, -1,
+                         "register [0x%" PRIx64 ", +%" PRIu64 "): %u regions are already "
+                         "registered on the shm backend, its most", mh->addr, mh->len,
+                         KVLI_SHM_GUARD_SLOTS);
+        kvl_bk_error_hint(err, "register fewer, larger regions (one per buffer, not per "
+                          "block); deregister regions no longer used");
+        return KVL_ERR_NO_MEMORY;
+    }
+    if (++iface->gen_next == 0)
+        iface->gen_next = 1;
+    mh->slot = s;
+    mh->gen = iface->gen_next;
+    iface->slot_gen[s] = mh->gen;
+    for (kvli_shm_guard_t *g = iface->guards; g != NULL; g = g->next)
+        atomic_store(&g->map[s].gen, mh->gen);
+    pthread_mutex_unlock(&iface->lock);
+    return KVL_OK;
+}
+
+void kvli_shm_guard_slot_put(kvli_shm_iface_t *iface, kvli_shm_mh_t *mh)
+{
+    pthread_mutex_lock(&iface->lock);
+    iface->slot_gen[mh->slot] = 0;
+    for (kvli_shm_guard_t *g = iface->guards; g != NULL; g = g->next)
+        atomic_store(&g->map[mh->slot].gen, 0);
+    iface->slot_free[iface->slot_nfree++] = mh->slot;
+    pthread_mutex_unlock(&iface->lock);
+}
+
+/* Whether the initiator behind g has exited (then it copies nothing). */
+static int kvli_shm_guard_owner_gone(const kvli_shm_guard_t *g)
+{
+    struct pollfd p = {g->pidfd, POLLIN, 0};
+    if (g->pidfd >= 0)
+        return poll(&p, 1, 0) == 1;
+    return kill(g->pid, 0) != 0 && errno == ESRCH;
+}
+
+static void kvli_shm_guard_unref(kvli_shm_iface_t *iface, kvli_shm_guard_t *g)
+{
+    int last;
+    pthread_mutex_lock(&iface->lock);
+    last = --g->refs == 0;
+    pthread_mutex_unlock(&iface->lock);
+    if (!last)
+        return;
+    munmap(g->map, KVLI_SHM_GUARD_BYTES);
+    if (g->pidfd >= 0)
+        close(g->pidfd);
+    free(g);
+}
+
+kvl_status_t kvli_shm_md_revoke(void *bk, void *mh_h, int revoke, kvl_error_t *err)
+{
+    kvli_shm_iface_t *iface = bk;
+    kvli_shm_mh_t *mh = mh_h;
+    kvli_shm_guard_t **held = NULL, *g;
+    size_t n = 0, i;
+    uint64_t start = kvli_clock_ms();
+    kvl_status_t st = KVL_OK;
+
+    pthread_mutex_lock(&iface->lock);
+    iface->slot_gen[mh->slot] = revoke ? 0 : mh->gen;
+    for (g = iface->guards; g != NULL; g = g->next)
+        n++;
+    if (revoke && n > 0)
+        held = malloc(n * sizeof(*held));
+    i = 0;
+    for (g = iface->guards; g != NULL; g = g->next) {
+        atomic_store(&g->map[mh->slot].gen, revoke ? 0 : mh->gen);
+        if (held != NULL) {
+            g->refs++;
+            held[i++] = g;
+        }
+    }
+    pthread_mutex_unlock(&iface->lock);
+    if (!revoke || n == 0)
+        return KVL_OK;
+    if (held == NULL) {
+        kvl_bk_error_set(err, KVL_ERR_NO_MEMORY, ENOMEM, KVLI_SHM_NAME, -1,
+                         "deregister [0x%" PRIx64 ", +%" PRIu64 "): out of memory while "
+                         "revoking peers' access", mh->addr, mh->len);
+        kvl_bk_error_hint(err, "the process is out of memory; retry the deregistration");
+        kvli_shm_md_revoke(bk, mh, 0, NULL);
+        return KVL_ERR_NO_MEMORY;
+    }
+    /* Copies in flight are short (one chunk); wait with a growing nap. */
+    for (i = 0; i < n && st == KVL_OK; i++) {
+        long nap = 2000; /* ns */
+        g = held[i];
+        while (atomic_load(&g->map[mh->slot].busy) != 0 && !kvli_shm_guard_owner_gone(g)) {
+            uint64_t waited = kvli_clock_ms() - start;
+            if (waited > iface->timeout_ms) {
+                kvl_bk_error_set(err, KVL_ERR_IN_USE, 0, KVLI_SHM_NAME, -1,
+                                 "deregister [0x%" PRIx64 ", +%" PRIu64 "): agent '%s' (pid "
+                                 "%d) has been copying into or out of it directly for %" PRIu64
+                                 " ms; the region stays registered", mh->addr, mh->len,
+                                 g->name, (int)g->pid, waited);
+                kvl_bk_error_hint(err, "that agent is stopped or stuck in a transfer: wait "
+                                  "for it or stop it, then deregister again");
+                st = KVL_ERR_IN_USE;
+                break;
+            }
+            struct timespec ts = {0, nap};
+            nanosleep(&ts, NULL);
+            if (nap < 1000000)
+                nap *= 2;
+        }
+    }
+    for (i = 0; i < n; i++)
+        kvli_shm_guard_unref(iface, held[i]);
+    free(held);
+    if (st != KVL_OK)
+        kvli_shm_md_revoke(bk, mh, 0, NULL);
+    return st;
+}
+
+/* ---- target side: one table per accepted connection ---- */
+
+int kvli_shm_guard_open(kvli_shm_iface_t *iface, kvli_shm_conn_t *c, char *why, size_t cap)
+{
+    kvli_shm_guard_t *g = calloc(1, sizeof(*g));
+    int fd = -1, e;
+    if (g == NULL) {
+        snprintf(why, cap, "calloc(%zu) failed", sizeof(*g));
+        return -1;
+    }
+    fd = memfd_create("kvlane-shm-guard", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+    if (fd < 0 || ftruncate(fd, (off_t)KVLI_SHM_GUARD_BYTES) != 0 ||
+        fcntl(fd, F_ADD_SEALS, KVLI_SHM_GUARD_SEALS) != 0) {
+        e = errno;
+        snprintf(why, cap, "%s = -1 %s (%s)", fd < 0 ? "memfd_create(guard table)"
+                 : "ftruncate/F_ADD_SEALS(guard table)", kvli_errno_name(e), strerror(e));
+        goto fail;
+    }
+    g->map = mmap(NULL, KVLI_SHM_GUARD_BYTES, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (g->map == MAP_FAILED) {
+        e = errno;
+        g->map = NULL;
+        snprintf(why, cap, "mmap(guard table, %zu bytes) = -1 %s (%s)", KVLI_SHM_GUARD_BYTES,
+                 kvli_errno_name(e), strerror(e));
+        goto fail;
+    }
+    g->pid = c->cred_pid;
+    g->pidfd = (int)syscall(SYS_pidfd_open, c->cred_pid, 0);
+    snprintf(g->name, sizeof(g->name), "%s", c->name);
+    g->refs = 1;
+    pthread_mutex_lock(&iface->lock);
+    for (uint32_t s = 0; s < iface->slot_next; s++)
+        if (iface->slot_gen[s] != 0)
+            atomic_store(&g->map[s].gen, iface->slot_gen[s]);
+    g->next = iface->guards;
+    iface->guards = g;
+    pthread_mutex_unlock(&iface->lock);
+    c->guard = g;
+    return fd;
+fail:
+    if (fd >= 0)
+        close(fd);
+    free(g);
+    return -1;
+}
+
+void kvli_shm_guard_close(kvli_shm_iface_t *iface, kvli_shm_conn_t *c)
+{
+    kvli_shm_guard_t *g = c->guard, **pp;
+    if (g == NULL)
+        return;
+    c->guard = NULL;
+    pthread_mutex_lock(&iface->lock);
+    for (pp = &iface->guards; *pp != NULL; pp = &(*pp)->next)
+        if (*pp == g) {
+            *pp = g->next;
+            break;
+        }
+    pthread_mutex_unlock(&iface->lock);
+    kvli_shm_guard_unref(iface, g);
+}
+
+/* ---- initiator side ---- */
+
+kvl_status_t kvli_shm_guard_attach(kvli_shm_peer_t *peer, int fd, kvl_error_t *err)
+{
+    struct stat st;
+    int seals = fcntl(fd, F_GET_SEALS);
+    void *map;
+    /* A table the target could shrink under us would fault our copies. */
+    if (fstat(fd, &st) != 0 || (size_t)st.st_size != KVLI_SHM_GUARD_BYTES || seals < 0 ||
+        (seals & KVLI_SHM_GUARD_SEALS) != KVLI_SHM_GUARD_SEALS) {
+        kvl_bk_error_set(err, KVL_ERR_REMOTE, EPROTO, KVLI_SHM_NAME, -1,
+                         "agent '%s' sent a guard table of %lld bytes with seals 0x%x; "
+                         "expected %zu bytes sealed against resizing", peer->name,
+                         (long long)st.st_size, (unsigned)seals, KVLI_SHM_GUARD_BYTES);
+        kvl_bk_error_hint(err, "run the same kvlane version on both agents");
+        return KVL_ERR_REMOTE;
+    }
+    map = mmap(NULL, KVLI_SHM_GUARD_BYTES, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (map == MAP_FAILED) {
+        int e = errno;
+        kvl_bk_error_set(err, KVL_ERR_SYSTEM, e, KVLI_SHM_NAME, -1,
+                         "mmap(guard table of agent '%s', %zu bytes) = -1 %s (%s)",
+                         peer->name, KVLI_SHM_GUARD_BYTES, kvli_errno_name(e), strerror(e));
+        kvl_bk_error_hint(err, "check the address-space limit (ulimit -v)");
+        return KVL_ERR_SYSTEM;
+    }
+    peer->guard = map;
+    return KVL_OK;
+}
+
+void kvli_shm_guard_detach(kvli_shm_peer_t *peer)
+{
+    if (peer->guard != NULL)
+        munmap(peer->guard, KVLI_SHM_GUARD_BYTES);
+    peer->guard = NULL;
+}
+
+int kvli_shm_guard_enter(kvli_shm_peer_t *peer, const kvli_shm_rh_t *rh)
+{
+    kvli_shm_gslot_t *g = &peer->guard[rh->slot];
+    atomic_fetch_add(&g->busy, 1);
+    if (atomic_load(&g->gen) == rh->gen)
+        return 1;
+    atomic_fetch_sub(&g->busy, 1);
+    return 0;
+}
+
+void kvli_shm_guard_leave(kvli_shm_peer_t *peer, const kvli_shm_rh_t *rh)
+{
+    atomic_fetch_sub(&peer->guard[rh->slot].busy, 1);
+}

@@ -1,0 +1,162 @@
+/* shm: after a deregistration returns, no byte from any peer lands in the
+ * range (issue 16, item 2). Direct copies (cross-memory attach, mapped
+ * memfds) go around the target, so the target revokes them through the
+ * guard table it shares with each initiator (src/backends/shm/shm_guard.c).
+ *
+ * 1. Racing: this process WRITEs into the peer's buffer in a loop while the
+ *    peer deregisters it and fills it with a new pattern. The deregistration
+ *    succeeds, the first transfer after it fails with KVL_ERR_STALE naming
+ *    the region, and the new pattern is intact: nothing landed afterwards.
+ *    Rounds with cross-memory attach and with a shareable (memfd) buffer.
+ * 2. A dead initiator does not block a deregistration: a peer WRITEs into
+ *    our buffer in a loop and is killed mid-loop (its guard entry may stay
+ *    busy); our deregistration must still succeed.
+ * Nothing here depends on timing: every wait is for an event, bounded. */
+#include <pthread.h>
+#include <stdatomic.h>
+#include <string.h>
+#include <time.h>
+#include <sys/mman.h>
+#include "common/kvltest.h"
+
+#define BUF (4u << 20)
+#define ROUNDS 12
+
+typedef struct writer {
+    kvl_agent_t *a;
+    kvl_xfer_t *x;
+    atomic_uint done_ok;
+    kvl_status_t failed;             /* first failure */
+    char what[512];
+    atomic_uint limit;               /* stop after this many successes (0: none) */
+} writer_t;
+
+static void *writer_main(void *arg)
+{
+    writer_t *w = arg;
+    kvl_status_t st;
+    for (;;) {
+        unsigned lim = atomic_load(&w->limit);
+        if (lim != 0 && atomic_load(&w->done_ok) >= lim)
+            break; /* transfers kept succeeding after the deregistration */
+        st = kvl_xfer_post(w->x);
+        if (st == KVL_OK || st == KVL_IN_PROGRESS)
+            st = kvl_xfer_wait(w->x, 20000);
+        if (st != KVL_OK) {
+            w->failed = st;
+            snprintf(w->what, sizeof(w->what), "%s", kvl_last_error()->what);
+            break;
+        }
+        atomic_fetch_add(&w->done_ok, 1);
+    }
+    return NULL;
+}
+
+static kvl_xfer_t *write_all(kvl_agent_t *a, uint64_t laddr, const char *to, uint64_t raddr)
+{
+    kvl_dlist_t *l, *r;
+    kvl_xfer_t *x;
+    KT_OK(kvl_dlist_create(KVL_MEM_DRAM, 1, &l));
+    KT_OK(kvl_dlist_create(KVL_MEM_DRAM, 1, &r));
+    /* scattered 64 KiB blocks: many pieces per batch, as a KV cache moves */
+    for (uint64_t off = 0; off < BUF; off += 128 << 10) {
+        KT_OK(kvl_dlist_add(l, laddr + off, 64 << 10, KVL_DEV_ANY));
+        KT_OK(kvl_dlist_add(r, raddr + (BUF - (128 << 10) - off), 64 << 10, KVL_DEV_ANY));
+    }
+    KT_OK(kvl_xfer_create(a, KVL_WRITE, l, to, r, NULL, &x));
+    kvl_dlist_destroy(l);
+    kvl_dlist_destroy(r);
+    return x;
+}
+
+static void race_round(int shareable, unsigned round)
+{
+    kvl_agent_t *a = kt_agent("initiator", "shm", NULL);
+    uint8_t *buf = mmap(NULL, BUF, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    KT_CHECK(buf != MAP_FAILED);
+    kt_fill(buf, BUF, 7);
+    kvl_mem_desc_t d = {(uint64_t)(uintptr_t)buf, BUF, KVL_DEV_ANY};
+    KT_OK(kvl_mem_register(a, &d, 1, NULL, NULL));
+    kt_peer_t p;
+    kt_peer_opts_t o = {.name = "target", .len = BUF, .shareable = shareable};
+    kt_peer_start(&p, &o, a);
+
+    writer_t w = {.a = a, .failed = KVL_OK};
+    w.x = write_all(a, d.addr, "target", p.base);
+    pthread_t th;
+    KT_CHECK(pthread_create(&th, NULL, writer_main, &w) == 0);
+    /* let some transfers complete first (counted, not timed), then a
+     * varying number more each round so the deregistration lands at
+     * different points of a transfer */
+    while (atomic_load(&w.done_ok) < 2 + round % 3 && w.failed == KVL_OK)
+        sched_yield();
+    KT_CHECK(w.failed == KVL_OK);
+    kvl_status_t st = kt_peer_dereg(&p, 1000 + round);
+    KT_CHECK(st == KVL_OK);
+    /* the writer stops at its first failure; without revocation it would
+     * go on succeeding: give it a few transfers, then stop it */
+    atomic_store(&w.limit, atomic_load(&w.done_ok) + 3);
+    pthread_join(th, NULL);
+    if (round == 0)
+        printf("  %s: after %u transfers: %s: %s\n", shareable ? "memfd" : "cma",
+               atomic_load(&w.done_ok), kvl_status_name(w.failed), w.what);
+    KT_CHECK(w.failed == KVL_ERR_STALE);
+    KT_CHECK(strstr(w.what, "deregistered its region") != NULL);
+    /* the pattern written after the deregistration returned is intact */
+    KT_CHECK(kt_peer_verify(&p, 0, BUF, 1000 + round) == -1);
+    kvl_xfer_release(w.x);
+    kt_peer_stop(&p);
+    KT_OK(kvl_mem_deregister(a, &d, 1));
+    kvl_agent_destroy(a);
+    munmap(buf, BUF);
+}
+
+static void dead_initiator(void)
+{
+    kvl_agent_t *a = kt_agent("target2", "shm", NULL);
+    uint8_t *buf = mmap(NULL, BUF, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    KT_CHECK(buf != MAP_FAILED);
+    memset(buf, 0, BUF);
+    kvl_mem_desc_t d = {(uint64_t)(uintptr_t)buf, BUF, KVL_DEV_ANY};
+    KT_OK(kvl_mem_register(a, &d, 1, NULL, NULL));
+    kt_peer_t p;
+    kt_peer_opts_t o = {.name = "writer", .len = BUF};
+    kt_peer_start(&p, &o, a);
+    void *blob;
+    size_t blen;
+    KT_OK(kvl_metadata_get(a, &blob, &blen));
+    kt_peer_load(&p, blob, blen);
+    kvl_free(blob);
+    kt_peer_fill(&p, 99);
+    kt_peer_write_loop(&p, "target2", d.addr);
+    /* wait until its bytes arrive (its last byte: a whole transfer landed) */
+    uint8_t want[64];
+    kt_fill(want, sizeof(want), 99);
+    struct timespec nap = {0, 1000000};
+    for (int i = 0; i < 30000 && memcmp(buf, want, sizeof(want)) != 0; i++)
+        nanosleep(&nap, NULL); /* 30 s at most: a bound, not a measurement */
+    KT_CHECK(memcmp(buf, want, sizeof(want)) == 0);
+    kt_peer_kill(&p); /* mid-loop: its guard entry may well stay busy */
+    kvl_status_t st = kvl_mem_deregister(a, &d, 1);
+    if (st != KVL_OK)
+        printf("  deregister: %s\n", kvl_last_error()->what);
+    KT_CHECK(st == KVL_OK);
+    printf("  dead initiator: deregistration not blocked\n");
+    kvl_agent_destroy(a);
+    munmap(buf, BUF);
+}
+
+int main(void)
+{
+    printf("racing deregistration, cross-memory attach\n");
+    for (unsigned r = 0; r < ROUNDS; r++)
+        race_round(0, r);
+    printf("racing deregistration, shareable (memfd) buffer\n");
+    for (unsigned r = 0; r < ROUNDS; r++)
+        race_round(1, r);
+    printf("killed initiator\n");
+    for (unsigned r = 0; r < 5; r++)
+        dead_initiator();
+    printf("ok\n");
+    return 0;
+}
