@@ -135,6 +135,8 @@ struct kvli_shm_peer {
     int dead_errno;
     char dead_what[200];
     int unloading, detached;
+    unsigned running;                /* workers moving a transfer to it */
+    int released;                    /* dead: fds and mappings given back */
     uint64_t next_id;
     kvli_shm_req_t *pending;
     kvli_shm_map_t *maps;
@@ -260,6 +262,10 @@ void kvli_shm_peer_describe(void *bk, void *peer, char *buf, size_t len);
 void kvli_shm_peer_mark_dead(kvli_shm_peer_t *peer, int sys_errno, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 void kvli_shm_peer_progress(kvli_shm_peer_t *peer);
+/* Progress thread, iface->lock held: a dead peer no worker uses gives back
+ * its socket, pidfd, mappings and guard table at once (the object stays
+ * until unloaded, answering "disconnected"). */
+void kvli_shm_peer_release(kvli_shm_peer_t *peer);
 kvl_status_t kvli_shm_peer_send(kvli_shm_peer_t *peer, struct iovec *iov,
                                 int iovcnt, kvl_error_t *err);
 kvl_status_t kvli_shm_peer_disconnect_error(kvli_shm_peer_t *peer, uint64_t moved,
@@ -282,6 +288,8 @@ kvl_status_t kvli_shm_md_rload(void *bk, void *peer, const kvl_region_info_t *r,
                                kvl_error_t *err);
 void kvli_shm_md_runload(void *bk, void *peer, void *rh);
 void kvli_shm_md_unmap_all(kvli_shm_peer_t *peer);
+/* A dead peer's mappings go (iface->lock held, no worker on the peer). */
+void kvli_shm_md_unmap_dead(kvli_shm_peer_t *peer);
 
 /* shm_guard.c: revoking peers' direct access at deregistration */
 kvl_status_t kvli_shm_guard_slot_get(kvli_shm_iface_t *iface, kvli_shm_mh_t *mh,

@@ -133,6 +133,8 @@ static int64_t kvli_shm_progress_prepare(void *arg, kvli_pollset_t *ps)
             p->detached = 1;
             pthread_cond_broadcast(&iface->cond);
         }
+        if (!p->detached && !p->released && p->running == 0 && atomic_load(&p->dead))
+            kvli_shm_peer_release(p);
         need++;
     }
     for (c = iface->conns; c != NULL; c = c->next)
@@ -469,7 +471,8 @@ static void kvli_shm_close(void *bk)
         np = p->next;
         kvli_shm_md_unmap_all(p);
         kvli_shm_guard_detach(p);
-        close(p->fd);
+        if (p->fd >= 0)
+            close(p->fd);
         if (p->pidfd >= 0)
             close(p->pidfd);
         pthread_mutex_destroy(&p->send_lock);

@@ -260,7 +260,8 @@ static void kvli_shm_map_put(kvli_shm_peer_t *peer, kvli_shm_map_t *map)
     }
     pthread_mutex_unlock(&iface->lock);
     if (last) {
-        munmap(map->base, (size_t)map->size);
+        if (map->base != NULL) /* NULL: released with its dead peer */
+            munmap(map->base, (size_t)map->size);
         free(map);
     }
 }
@@ -270,10 +271,20 @@ void kvli_shm_md_unmap_all(kvli_shm_peer_t *peer)
     kvli_shm_map_t *m, *n;
     for (m = peer->maps; m != NULL; m = n) {
         n = m->next;
-        munmap(m->base, (size_t)m->size);
+        if (m->base != NULL)
+            munmap(m->base, (size_t)m->size);
         free(m);
     }
     peer->maps = NULL;
+}
+
+void kvli_shm_md_unmap_dead(kvli_shm_peer_t *peer)
+{
+    for (kvli_shm_map_t *m = peer->maps; m != NULL; m = m->next) {
+        if (m->base != NULL)
+            munmap(m->base, (size_t)m->size);
+        m->base = NULL; /* the struct stays: remote regions still count on it */
+    }
 }
 
 kvl_status_t kvli_shm_md_rload(void *bk, void *peer_h, const kvl_region_info_t *r,

@@ -71,14 +71,33 @@ void kvli_shm_peer_mark_dead(kvli_shm_peer_t *peer, int sys_errno, const char *f
                 r->xp->outstanding--;
         }
         pthread_cond_broadcast(&iface->cond);
+        /* Wakes any thread blocked sending to it. Under the lock: the
+         * progress thread closes a dead peer's fd under it too. */
+        if (peer->fd >= 0)
+            shutdown(peer->fd, SHUT_RDWR);
     }
     pthread_mutex_unlock(&iface->lock);
     if (first) {
-        /* Wakes any thread blocked sending to it. */
-        shutdown(peer->fd, SHUT_RDWR);
         iface->ctx->log(iface->ctx, KVL_LOG_INFO, "agent '%s' (pid %d) disconnected: %s",
                         peer->name, (int)peer->pid, peer->dead_what);
     }
+}
+
+void kvli_shm_peer_release(kvli_shm_peer_t *peer)
+{
+    kvli_shm_iface_t *iface = peer->iface;
+    peer->released = 1;
+    pthread_mutex_lock(&peer->send_lock); /* a sender in flight returns first */
+    close(peer->fd);
+    peer->fd = -1;
+    pthread_mutex_unlock(&peer->send_lock);
+    if (peer->pidfd >= 0)
+        close(peer->pidfd);
+    peer->pidfd = -1;
+    kvli_shm_md_unmap_dead(peer);
+    kvli_shm_guard_detach(peer);
+    iface->ctx->log(iface->ctx, KVL_LOG_DEBUG, "agent '%s' (pid %d): dead, its socket and "
+                    "mappings released", peer->name, (int)peer->pid);
 }
 
 kvl_status_t kvli_shm_peer_disconnect_error(kvli_shm_peer_t *peer, uint64_t moved,
@@ -281,7 +300,8 @@ kvl_status_t kvli_shm_peer_send(kvli_shm_peer_t *peer, struct iovec *iov, int io
     if (atomic_load(&peer->dead))
         return kvli_shm_peer_disconnect_error(peer, 0, 0, err);
     pthread_mutex_lock(&peer->send_lock);
-    rc = kvli_shm_proto_sendv(peer->fd, iov, iovcnt);
+    /* released (dead) since the check: its fd is closed */
+    rc = peer->fd >= 0 ? kvli_shm_proto_sendv(peer->fd, iov, iovcnt) : ECONNRESET;
     pthread_mutex_unlock(&peer->send_lock);
     if (rc != 0) {
         if (rc == EAGAIN || rc == EWOULDBLOCK)
@@ -872,7 +892,8 @@ void kvli_shm_peer_unload(void *bk, void *peer_h)
     }
     kvli_shm_md_unmap_all(peer);
     kvli_shm_guard_detach(peer);
-    close(peer->fd);
+    if (peer->fd >= 0)
+        close(peer->fd);
     if (peer->pidfd >= 0)
         close(peer->pidfd);
     pthread_mutex_destroy(&peer->send_lock);

@@ -598,10 +598,15 @@ void *kvli_shm_xfer_worker(void *arg)
         if (iface->q_head == NULL)
             iface->q_tail = NULL;
         xp->state = KVLI_SHM_XRUNNING;
+        xp->peer->running++; /* its fds and mappings stay while we use them */
         pthread_mutex_unlock(&iface->lock);
 
         memset(&err, 0, offsetof(kvl_error_t, causes));
         st = kvli_shm_run(w, xp, &err);
+        pthread_mutex_lock(&iface->lock);
+        if (--xp->peer->running == 0 && atomic_load(&xp->peer->dead))
+            kvli_progress_wake(&iface->pg); /* it may release the peer now */
+        pthread_mutex_unlock(&iface->lock);
         kvli_shm_finish(iface, xp, st, &err);
     }
     return NULL;
