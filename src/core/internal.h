@@ -100,6 +100,9 @@ const struct kvli_alloc *kvli_alloc_containing(const kvl_agent_t *a, uint64_t ad
 void kvli_region_unregister_backends(kvl_agent_t *a, kvli_region_t *r);
 /* Lookup under the agent lock: region containing [addr, addr+len). */
 kvli_region_t *kvli_registry_find(kvl_agent_t *a, uint64_t addr, uint64_t len);
+/* A region other than the exact range that overlaps [addr, addr+len), the
+ * lowest such; NULL when none. */
+kvli_region_t *kvli_registry_overlap(kvl_agent_t *a, uint64_t addr, uint64_t len);
 /* Nearest region to addr, for messages; NULL when none. */
 kvli_region_t *kvli_registry_nearest(kvl_agent_t *a, uint64_t addr);
 void kvli_registry_destroy(kvl_agent_t *a);

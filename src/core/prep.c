@@ -99,6 +99,53 @@ static void kvli_describe_miss(kvl_error_t *err, size_t i, const kvli_dent_t *e,
     kvli_err_region(err, "descriptor %zu", i);
 }
 
+/* Whether [addr, addr+span) is covered end to end by two or more
+ * registrations (adjacent or overlapping), as engines register one region
+ * per layer or tensor: how many, with the first two. 0 when not covered. */
+static unsigned kvli_span_chain(kvl_agent_t *a, const kvli_remote_t *rem, uint64_t addr,
+                                uint64_t span, uint64_t ra[2], uint64_t rl[2])
+{
+    uint64_t at = addr, end = addr + span;
+    unsigned n = 0;
+    while (at < end && n < 4096) {
+        uint64_t ga, gl;
+        if (rem != NULL) {
+            const kvli_rregion_t *g = kvli_rregion_find(rem, at, 1);
+            if (g == NULL)
+                return 0;
+            ga = g->addr, gl = g->len;
+        } else {
+            const kvli_region_t *r = kvli_registry_find(a, at, 1);
+            if (r == NULL)
+                return 0;
+            ga = r->addr, gl = r->len;
+        }
+        if (n < 2)
+            ra[n] = ga, rl[n] = gl;
+        n++;
+        at = ga + gl;
+    }
+    return at >= end && n >= 2 ? n : 0;
+}
+
+/* A descriptor that crosses from one registration into the next. */
+static void kvli_describe_chain(kvl_error_t *err, size_t i, const kvli_dent_t *e, uint64_t span,
+                                unsigned n, const uint64_t ra[2], const uint64_t rl[2],
+                                const char *whose)
+{
+    kvli_err(err, KVL_ERR_OUT_OF_BOUNDS, 0,
+             "descriptor %zu (0x%llx+%llu%s) crosses %u registrations of %s: it starts in "
+             "0x%llx+%llu and goes on into 0x%llx+%llu%s; a descriptor must lie inside one "
+             "registration", i, (unsigned long long)e->addr, (unsigned long long)span,
+             e->count > 1 ? ", strided" : "", n, whose, (unsigned long long)ra[0],
+             (unsigned long long)rl[0], (unsigned long long)ra[1], (unsigned long long)rl[1],
+             n > 2 ? " and more" : "");
+    kvli_hint(err, "split the descriptor at 0x%llx where the first registration ends, or "
+                   "register the whole range once (deregister the parts first)",
+              (unsigned long long)(ra[0] + rl[0]));
+    kvli_err_region(err, "descriptor %zu", i);
+}
+
 kvl_status_t kvli_prep_build(kvl_agent_t *a, kvli_remote_t *rem, const kvl_dlist_t *dl,
                              kvl_prep_t **prep_p, kvl_error_t *err)
 {
@@ -143,6 +190,14 @@ kvl_status_t kvli_prep_build(kvl_agent_t *a, kvli_remote_t *rem, const kvl_dlist
             reg = last; /* fast path: same region as the entry before */
         } else if (rem) {
             const kvli_rregion_t *g = kvli_rregion_find(rem, e->addr, span);
+            uint64_t ca[2], cl[2];
+            unsigned nc = g == NULL ? kvli_span_chain(a, rem, e->addr, span, ca, cl) : 0;
+            if (nc > 0) {
+                kvli_describe_chain(err, i, e, span, nc, ca, cl, whose);
+                kvli_scopy(err->agent, sizeof(err->agent), rem->name);
+                st = KVL_ERR_OUT_OF_BOUNDS;
+                break;
+            }
             if (g == NULL) {
                 const kvli_rregion_t *nr = kvli_rregion_nearest(rem, e->addr);
                 kvli_describe_miss(err, i, e, span, nr ? nr->addr : 0, nr ? nr->len : 0, nr != NULL,
@@ -156,6 +211,13 @@ kvl_status_t kvli_prep_build(kvl_agent_t *a, kvli_remote_t *rem, const kvl_dlist
             goto check;
         } else {
             kvli_region_t *r = kvli_registry_find(a, e->addr, span);
+            uint64_t ca[2], cl[2];
+            unsigned nc = r == NULL ? kvli_span_chain(a, NULL, e->addr, span, ca, cl) : 0;
+            if (nc > 0) {
+                kvli_describe_chain(err, i, e, span, nc, ca, cl, whose);
+                st = KVL_ERR_OUT_OF_BOUNDS;
+                break;
+            }
             if (r == NULL) {
                 kvli_region_t *nr = kvli_registry_nearest(a, e->addr);
                 kvli_describe_miss(err, i, e, span, nr ? nr->addr : 0, nr ? nr->len : 0, nr != NULL,

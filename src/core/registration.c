@@ -143,6 +143,18 @@ static kvl_status_t kvli_mem_classify(kvl_agent_t *a, const kvl_mem_desc_t *d,
     return KVL_OK;
 }
 
+/* "DRAM (NUMA node 0)", "VRAM on GPU 1": a kind and its device in words. */
+static const char *kvli_kind_where(kvl_mem_kind_t kind, int32_t dev, char *buf, size_t cap)
+{
+    if (kind == KVL_MEM_DRAM)
+        snprintf(buf, cap, "DRAM (NUMA node %d)", (int)dev);
+    else if (kind == KVL_MEM_VRAM)
+        snprintf(buf, cap, "VRAM on GPU %d", (int)dev);
+    else
+        snprintf(buf, cap, "%s (device %d)", kvl_mem_kind_name(kind), (int)dev);
+    return buf;
+}
+
 static void kvli_outcome(kvl_reg_entry_t *e, const char *backend, kvl_status_t st,
                          const char *detail)
 {
@@ -260,12 +272,45 @@ static kvl_status_t kvli_register_one(kvl_agent_t *a, const kvl_mem_desc_t *d,
         }
         return KVL_OK;
     }
+    if (r != NULL) {
+        /* the same range, registered as another kind or device: a conflict */
+        char was[64], now[64];
+        kvli_err(err, KVL_ERR_DEVICE_MISMATCH, 0,
+                 "0x%llx+%llu is already registered as %s (%u time(s)); it cannot also be %s",
+                 (unsigned long long)d->addr, (unsigned long long)d->len,
+                 kvli_kind_where(r->kind, r->dev, was, sizeof(was)), r->refcount,
+                 kvli_kind_where(declared == KVL_MEM_AUTO ? r->kind : declared,
+                                 d->dev == KVL_DEV_ANY ? r->dev : d->dev, now, sizeof(now)));
+        kvli_hint(err, "a range has one kind and device: deregister it first, or register "
+                       "it with kind AUTO and the device it has");
+        return KVL_ERR_DEVICE_MISMATCH;
+    }
     st = kvli_mem_classify(a, d, declared, &kind, &dev, err);
     if (st != KVL_OK)
         return st;
     if (e) {
         e->kind = kind;
         e->dev = dev;
+    }
+    kvli_region_t *ov = kvli_registry_overlap(a, d->addr, d->len);
+    if (ov != NULL && (ov->kind != kind || ov->dev != dev)) {
+        char was[64], now[64];
+        kvli_err(err, KVL_ERR_DEVICE_MISMATCH, 0,
+                 "0x%llx+%llu (%s) overlaps 0x%llx+%llu, registered as %s: one byte cannot "
+                 "be both", (unsigned long long)d->addr, (unsigned long long)d->len,
+                 kvli_kind_where(kind, dev, now, sizeof(now)), (unsigned long long)ov->addr,
+                 (unsigned long long)ov->len, kvli_kind_where(ov->kind, ov->dev, was, sizeof(was)));
+        kvli_hint(err, "the earlier registration is stale (memory freed and reused?): "
+                       "deregister it first");
+        return KVL_ERR_DEVICE_MISMATCH;
+    }
+    if (ov != NULL) {
+        /* Accepted (engines register views of one buffer), and said. */
+        char det[160];
+        snprintf(det, sizeof(det), "overlaps 0x%llx+%llu, registered before: a descriptor "
+                 "must lie inside one of them", (unsigned long long)ov->addr,
+                 (unsigned long long)ov->len);
+        kvli_outcome(e, "core", KVL_OK, det);
     }
 
     uint32_t mask;
@@ -414,8 +459,11 @@ kvl_status_t kvl_mem_register(kvl_agent_t *a, const kvl_mem_desc_t *regions, siz
         st = kvli_register_one(a, &regions[k], params, rep ? &rep->entries[k] : NULL, &done[k],
                                &reused, &err);
         if (st != KVL_OK) {
-            if (rep)
+            if (rep) {
                 rep->entries[k].status = st;
+                if (rep->entries[k].n_outcomes == 0) /* refused before any backend */
+                    kvli_outcome(&rep->entries[k], "core", st, err.what);
+            }
             break;
         }
     }
@@ -423,9 +471,20 @@ kvl_status_t kvl_mem_register(kvl_agent_t *a, const kvl_mem_desc_t *regions, siz
         /* All or nothing: undo 0..k-1 in reverse order. */
         for (size_t j = k; j-- > 0;)
             kvli_region_drop(a, done[j]);
-        if (rep)
-            for (size_t j = k + 1; j < n; j++)
+        if (rep) {
+            /* 0..k-1 were registered and undone; k+1.. were not tried */
+            for (size_t j = 0; j < k; j++)
                 rep->entries[j].status = KVL_ERR_CANCELED;
+            for (size_t j = k + 1; j < n; j++) {
+                kvl_reg_entry_t *ej = &rep->entries[j];
+                ej->addr = regions[j].addr;
+                ej->len = regions[j].len;
+                ej->kind = params && (params->field_mask & KVL_REG_PARAM_KIND) ? params->kind
+                                                                              : KVL_MEM_AUTO;
+                ej->dev = regions[j].dev;
+                ej->status = KVL_ERR_CANCELED;
+            }
+        }
         if (n > 1) {
             char what[sizeof(err.what)];
             kvli_scopy(what, sizeof(what), err.what);
@@ -594,18 +653,33 @@ size_t kvl_reg_report_render(const kvl_reg_report_t *rep, char *buf, size_t len)
         if (w > 0)                                                                    \
             need += (size_t)w;                                                        \
     } while (0)
-    KVLI_APPEND("registration report: %zu region(s)\n", rep->n_entries);
+    /* the entry that failed, if one did: the others were undone or not tried */
+    size_t failed = rep->n_entries;
+    for (size_t i = 0; i < rep->n_entries && failed == rep->n_entries; i++)
+        if (rep->entries[i].status != KVL_OK && rep->entries[i].status != KVL_ERR_CANCELED)
+            failed = i;
+    KVLI_APPEND("registration report: %zu region(s)%s\n", rep->n_entries,
+                failed < rep->n_entries ? ", nothing registered (all or nothing)" : "");
     for (size_t i = 0; i < rep->n_entries; i++) {
         const kvl_reg_entry_t *e = &rep->entries[i];
-        KVLI_APPEND("  [%zu] 0x%llx+%llu %s dev %d: %s%s\n", i, (unsigned long long)e->addr,
-                    (unsigned long long)e->len, kvl_mem_kind_name(e->kind), e->dev,
-                    e->status == KVL_OK ? "registered" : e->status == KVL_ERR_CANCELED
-                                                           ? "undone (an entry failed)"
-                                                           : kvl_status_name(e->status),
-                    e->reused ? " (reused)" : "");
+        int undone = e->status == KVL_ERR_CANCELED && i < failed;
+        char state[96];
+        if (e->status == KVL_OK)
+            snprintf(state, sizeof(state), "registered%s", e->reused ? " (reused)" : "");
+        else if (e->status != KVL_ERR_CANCELED)
+            snprintf(state, sizeof(state), "%s", kvl_status_name(e->status));
+        else if (undone && failed < rep->n_entries)
+            snprintf(state, sizeof(state), "undone: entry %zu failed", failed);
+        else if (failed < rep->n_entries)
+            snprintf(state, sizeof(state), "not tried: entry %zu failed", failed);
+        else
+            snprintf(state, sizeof(state), "undone: an entry failed");
+        KVLI_APPEND("  [%zu] 0x%llx+%llu %s dev %d: %s\n", i, (unsigned long long)e->addr,
+                    (unsigned long long)e->len, kvl_mem_kind_name(e->kind), e->dev, state);
         for (unsigned j = 0; j < e->n_outcomes; j++)
-            KVLI_APPEND("      %-6s %-4s %s\n", e->outcomes[j].backend,
-                        e->outcomes[j].status == KVL_OK ? "ok" : "FAIL", e->outcomes[j].detail);
+            KVLI_APPEND("      %-6s %-6s %s\n", e->outcomes[j].backend,
+                        e->outcomes[j].status != KVL_OK ? "FAIL" : undone ? "undone" : "ok",
+                        e->outcomes[j].detail);
     }
 #undef KVLI_APPEND
     return need;

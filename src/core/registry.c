@@ -58,6 +58,20 @@ kvli_region_t *kvli_registry_find(kvl_agent_t *a, uint64_t addr, uint64_t len)
     return NULL;
 }
 
+kvli_region_t *kvli_registry_overlap(kvl_agent_t *a, uint64_t addr, uint64_t len)
+{
+    /* candidates start before addr+len and no earlier than max_len before addr */
+    size_t i = kvli_registry_lower(a, addr > a->max_len ? addr - a->max_len : 0, 0);
+    for (; i < a->nregs && a->regs[i]->addr < addr + len; i++) {
+        kvli_region_t *r = a->regs[i];
+        if (r->addr == addr && r->len == len)
+            continue;
+        if (r->addr + r->len > addr)
+            return r;
+    }
+    return NULL;
+}
+
 kvli_region_t *kvli_registry_nearest(kvl_agent_t *a, uint64_t addr)
 {
     kvli_region_t *best = NULL;
