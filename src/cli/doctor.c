@@ -170,13 +170,18 @@ static void kvl_check_shm(uint64_t planned)
     uint64_t total = (uint64_t)sv.f_blocks * sv.f_frsize, avail = (uint64_t)sv.f_bavail * sv.f_frsize;
     kvl_fmt_bytes(total, tot, sizeof(tot));
     kvl_fmt_bytes(avail, fr, sizeof(fr));
-    int small = total < (1ull << 30);
-    kvl_check("limits.dev_shm", small ? KVL_WARN : KVL_OKAY,
-              "UCX's shared-memory transports and some engines use /dev/shm; enlarge it "
-              "(docker --shm-size=16g; Kubernetes: emptyDir medium: Memory mounted at /dev/shm)",
-              "/dev/shm %s, %s free%s", tot, fr,
+    int small = total < (1ull << 30), short_ = planned != 0 && avail < planned;
+    char want[32];
+    kvl_fmt_bytes(planned, want, sizeof(want));
+    /* kvl_mem_alloc_ex(ucx) and UCX's shared-memory transports allocate
+     * there; a planned size it cannot hold fails those allocations */
+    kvl_check("limits.dev_shm", small || short_ ? KVL_WARN : KVL_OKAY,
+              "UCX's shared-memory transports and UCX-allocated memory (kvl_mem_alloc_ex with "
+              "ucx) use /dev/shm; enlarge it (docker --shm-size=16g; Kubernetes: emptyDir "
+              "medium: Memory mounted at /dev/shm)",
+              "/dev/shm %s, %s free%s%s%s", tot, fr,
+              short_ ? " < planned " : planned ? ", planned " : "", planned ? want : "",
               small ? " (containers default to 64 MiB)" : "");
-    (void)planned;
 }
 
 static int kvl_have_cap(int cap)

@@ -12,4 +12,8 @@
  * or "read(...) = n: expected a 36-character boot id"). */
 int kvli_host_boot_id(char *buf, size_t cap, char *why, size_t why_cap);
 
+/* "/dev/shm: 64.0 MiB, 12.0 MiB free" (or why it cannot be read) into buf:
+ * what an allocation in shared memory has room for. */
+void kvli_host_dev_shm(char *buf, size_t cap);
+
 #endif

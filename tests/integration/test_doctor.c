@@ -124,6 +124,11 @@ int main(void)
         KT_CHECK(has_line("ok", "limits.memlock", "but CAP_IPC_LOCK is effective"));
     }
 
+    /* /dev/shm is compared with the planned size (issue 17 item 7) */
+    const char *huge[] = {"--size", "1000000G", "--no-smoke", NULL};
+    rc = doctor(0, huge);
+    KT_CHECK(has_line("warn", "limits.dev_shm", "free < planned 1000000.0 GiB"));
+
     const char *peer[] = {"--peer", "127.0.0.1:1", "--no-smoke", NULL};
     rc = doctor(0, peer);
     KT_CHECK(rc == 2);

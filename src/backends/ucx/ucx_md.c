@@ -18,6 +18,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include "common/host.h"
 #include "ucx.h"
 
 #define KVLI_UCX_KEY_MAGIC 0x4b554c4bu   /* "KLUK" */
@@ -132,9 +133,12 @@ kvl_status_t kvli_ucx_md_alloc(void *bk, size_t len, void **ptr_p, void **ah_p, 
     s = ucp_mem_map(iface->context, &mp, &al->memh);
     kvli_ucx_log_end();
     if (s != UCS_OK) {
+        char shm[96];
+        kvli_host_dev_shm(shm, sizeof(shm));
         kvl_bk_error_set(err, s == UCS_ERR_NO_MEMORY ? KVL_ERR_NO_MEMORY : KVL_ERR_SYSTEM, 0,
-                         KVLI_UCX_NAME, -1, "ucp_mem_map(ALLOCATE, %zu bytes, host) = %s%s", len,
-                         ucs_status_string(s), kvli_ucx_log_said(&log, said, sizeof(said)));
+                         KVLI_UCX_NAME, -1, "ucp_mem_map(ALLOCATE, %zu bytes, host) = %s (%s)%s",
+                         len, ucs_status_string(s), shm,
+                         kvli_ucx_log_said(&log, said, sizeof(said)));
         kvl_bk_error_hint(err, "check free memory and the shared-memory limits UCX allocates "
                           "under: /dev/shm size (posix), kernel.shmmax/shmall and ulimit -l "
                           "(sysv); UCX_ALLOC_PRIO sets where UCX allocates");
