@@ -435,15 +435,20 @@ static void sc_odd_sizes(kc_case_t *c)
     kvl_dlist_destroy(r);
 }
 
-/* Strided WRITE: different strides on the two sides, and the remote side
- * partly strided, partly plain entries in descending order; blocks pair in
- * order, gaps keep their bytes. */
+/* Strided WRITE: different strides on the two sides; the remote side
+ * partly strided, partly plain entries in descending order; every other
+ * block here into dense blocks there. Blocks pair in order, gaps keep
+ * their bytes. */
 static void sc_strided_write(kc_case_t *c)
 {
     kc_fill_local(c, 31);
     kc_fill_remote(c, 32);
     kvl_dlist_t *l = kc_list(), *r = kc_list();
     KT_OK(kvl_dlist_add_strided(l, KC_L(c, 0), 8192, 300, 3000, KVL_DEV_ANY));
+    KT_OK(kvl_dlist_add_strided(r, KC_R(c, 100), 5000, 300, 3000, KVL_DEV_ANY));
+    kc_move(c, KVL_WRITE, l, r, "strided WRITE, strides 8192 -> 5000");
+    kvl_dlist_clear(r);
+    kc_fill_local(c, 33);
     KT_OK(kvl_dlist_add_strided(r, KC_R(c, 100), 5000, 150, 3000, KVL_DEV_ANY));
     for (int i = 149; i >= 0; i--)
         KT_OK(kvl_dlist_add(r, KC_R(c, 6 * KC_MIB + (uint64_t)i * 3072), 3000, KVL_DEV_ANY));
@@ -453,22 +458,30 @@ static void sc_strided_write(kc_case_t *c)
     KT_CHECK(s.blocks == 300 && s.bytes == 300 * 3000);
     kvl_xfer_release(x);
     kc_apply(c, KVL_WRITE, l, r);
-    kc_check_remote(c, "strided WRITE");
+    kc_check_remote(c, "strided WRITE, strided and plain remote entries");
     /* 32 blocks of 4 KiB, every 64 KiB here, every 8 KiB there */
     kvl_dlist_clear(l);
     kvl_dlist_clear(r);
     KT_OK(kvl_dlist_add_strided(l, KC_L(c, 0), 65536, 32, 4096, KVL_DEV_ANY));
     KT_OK(kvl_dlist_add_strided(r, KC_R(c, 4 * KC_MIB), 8192, 32, 4096, KVL_DEV_ANY));
     kc_move(c, KVL_WRITE, l, r, "strided WRITE, 4 KiB blocks");
-    snprintf(c->note, sizeof(c->note), "300 x 3000 B (strides 8192 / 5000 + 150 plain), "
-             "32 x 4 KiB, %llu segments", (unsigned long long)s.segments);
+    /* every other 4 KiB block here, dense there */
+    kvl_dlist_clear(l);
+    kvl_dlist_clear(r);
+    kc_fill_local(c, 34);
+    KT_OK(kvl_dlist_add_strided(l, KC_L(c, 0), 8192, 300, 4096, KVL_DEV_ANY));
+    KT_OK(kvl_dlist_add_strided(r, KC_R(c, KC_MIB), 4096, 300, 4096, KVL_DEV_ANY));
+    kc_move(c, KVL_WRITE, l, r, "strided WRITE into dense blocks");
+    snprintf(c->note, sizeof(c->note), "300 x 3000 B (strides 8192 / 5000; and 150 strided + 150 "
+             "plain: %llu segments), 32 x 4 KiB, 300 x 4 KiB into dense",
+             (unsigned long long)s.segments);
     kvl_dlist_destroy(l);
     kvl_dlist_destroy(r);
 }
 
 /* Strided READ: remote blocks into our blocks of another stride, into
- * contiguous blocks (stride == length), and one list of several entries
- * into one strided entry. */
+ * contiguous blocks (stride == length), dense remote blocks into every
+ * other block here, and several entries into one strided entry. */
 static void sc_strided_read(kc_case_t *c)
 {
     kc_fill_local(c, 41);
@@ -484,12 +497,18 @@ static void sc_strided_read(kc_case_t *c)
     kc_move(c, KVL_READ, l, r, "strided READ into contiguous blocks");
     kvl_dlist_clear(l);
     kvl_dlist_clear(r);
+    KT_OK(kvl_dlist_add_strided(l, KC_L(c, 4096), 8192, 300, 4096, KVL_DEV_ANY));
+    KT_OK(kvl_dlist_add_strided(r, KC_R(c, KC_MIB), 4096, 300, 4096, KVL_DEV_ANY));
+    kc_move(c, KVL_READ, l, r, "strided READ of dense blocks into every other block");
+    kvl_dlist_clear(l);
+    kvl_dlist_clear(r);
     KT_OK(kvl_dlist_add_strided(l, KC_L(c, 5 * KC_MIB + 4096), 8192, 40, 4096, KVL_DEV_ANY));
     for (int i = 0; i < 4; i++)
         KT_OK(kvl_dlist_add_strided(r, KC_R(c, 2 * KC_MIB + (uint64_t)i * 262144), 4096 + 512 * i,
                                     10, 4096, KVL_DEV_ANY));
     kc_move(c, KVL_READ, l, r, "strided READ, 4 remote entries into 1");
-    snprintf(c->note, sizeof(c->note), "300 x 3000 B, 8 x 1 KiB into contiguous, 4 entries into 1");
+    snprintf(c->note, sizeof(c->note), "300 x 3000 B, 8 x 1 KiB into contiguous, 300 x 4 KiB dense "
+             "into every other, 4 entries into 1");
     kvl_dlist_destroy(l);
     kvl_dlist_destroy(r);
 }
@@ -565,11 +584,11 @@ static void sc_many(kc_case_t *c)
     free(lens);
 }
 
-/* Many transfers in flight at once on one connection: 16 WRITEs and 16
+/* Many transfers in flight at once on one connection: 24 WRITEs and 24
  * READs on disjoint ranges, all posted before any is waited for. */
 static void sc_in_flight(kc_case_t *c)
 {
-    enum { N = 16, SZ = 256 << 10 };
+    enum { N = 24, SZ = 160 << 10 };
     kvl_xfer_t *w[N], *rd[N];
     kvl_dlist_t *wl[N], *wr[N], *rl[N], *rr[N];
     kc_fill_local(c, 61);
@@ -608,9 +627,9 @@ static void sc_in_flight(kc_case_t *c)
         kvl_dlist_destroy(rl[i]);
         kvl_dlist_destroy(rr[i]);
     }
-    kc_check_remote(c, "16 WRITEs in flight");
-    kc_check_local(c, "16 READs in flight");
-    snprintf(c->note, sizeof(c->note), "%d WRITEs and %d READs of 256 KiB posted at once", N, N);
+    kc_check_remote(c, "WRITEs in flight");
+    kc_check_local(c, "READs in flight");
+    snprintf(c->note, sizeof(c->note), "%d WRITEs and %d READs of 160 KiB posted at once", N, N);
 }
 
 /* A notification attached to a transfer arrives only once the data is in
@@ -865,6 +884,8 @@ static void sc_cancel(kc_case_t *c)
         kvl_xfer_t *x = kc_xfer(c, KVL_WRITE, l, r, msg);
         kc_fill_local(c, 120 + (uint64_t)round);
         KT_CHECK(kvl_xfer_post(x) >= 0);
+        if (round % 3)          /* cancel while queued, or while moving */
+            usleep(round % 3 == 1 ? 200 : 3000);
         kvl_xfer_state_t st;
         KT_OK(kvl_xfer_cancel(x, &st));
         KT_CHECK(st == KVL_XFER_CANCELED || st == KVL_XFER_DONE);
