@@ -132,9 +132,15 @@ void *kt_recv_msg(int fd, uint64_t *len, int timeout_ms)
 
 kvl_agent_t *kt_agent(const char *name, const char *backend, const char *params)
 {
+    return kt_agent_tmo(name, backend, params, 3000);
+}
+
+kvl_agent_t *kt_agent_tmo(const char *name, const char *backend, const char *params,
+                          uint64_t timeout_ms)
+{
     kvl_agent_t *a;
     kvl_agent_config_t cfg = {.field_mask = KVL_AGENT_CFG_BACKENDS | KVL_AGENT_CFG_TIMEOUT,
-                              .create_backends = "", .timeout_ms = 3000};
+                              .create_backends = "", .timeout_ms = timeout_ms};
     KT_OK(kvl_agent_create(name, &cfg, &a));
     if (backend && backend[0]) {
         kvl_param_t prm[8];
@@ -163,7 +169,8 @@ static void kt_peer_main(const kt_peer_opts_t *o, int in, int out)
 {
     if (o->non_dumpable)
         prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
-    kvl_agent_t *a = kt_agent(o->name, o->backend ? o->backend : "shm", o->params);
+    kvl_agent_t *a = kt_agent_tmo(o->name, o->backend ? o->backend : "shm", o->params,
+                                  o->timeout_ms ? o->timeout_ms : 3000);
     void *buf;
     if (o->shareable == 2) {
         kvl_alloc_params_t ap = {.field_mask = KVL_ALLOC_PARAM_BACKEND,
@@ -328,10 +335,10 @@ static void kt_peer_ctor(void)
         return;
     static char name[64], backend[32], params[256];
     kt_peer_opts_t o = {0};
-    unsigned long long len;
+    unsigned long long len, tmo;
     int in, out, shareable, nd;
-    if (sscanf(env, "%63[^;];%llu;%d;%31[^;];%255[^;];%d;%d;%d", name, &len, &shareable, backend,
-               params, &nd, &in, &out) != 8)
+    if (sscanf(env, "%63[^;];%llu;%d;%31[^;];%255[^;];%d;%d;%d;%llu", name, &len, &shareable,
+               backend, params, &nd, &in, &out, &tmo) != 9)
         _exit(4);
     unsetenv("KVL_TEST_PEER");
     o.name = name;
@@ -340,6 +347,7 @@ static void kt_peer_ctor(void)
     o.backend = backend;
     o.params = strcmp(params, "-") ? params : NULL;
     o.non_dumpable = nd;
+    o.timeout_ms = tmo;
     kt_peer_main(&o, in, out);
     _exit(0);
 }
@@ -354,9 +362,10 @@ void kt_peer_start(kt_peer_t *p, const kt_peer_opts_t *o, kvl_agent_t *agent)
     p->len = o->len;
     /* everything the child needs is prepared before fork: it only execs */
     char env[512];
-    snprintf(env, sizeof(env), "KVL_TEST_PEER=%s;%zu;%d;%s;%s;%d;%d;%d", o->name, o->len,
+    snprintf(env, sizeof(env), "KVL_TEST_PEER=%s;%zu;%d;%s;%s;%d;%d;%d;%llu", o->name, o->len,
              o->shareable, o->backend ? o->backend : "shm",
-             o->params && o->params[0] ? o->params : "-", o->non_dumpable, a[0], b[1]);
+             o->params && o->params[0] ? o->params : "-", o->non_dumpable, a[0], b[1],
+             (unsigned long long)o->timeout_ms);
     extern char **environ;
     size_t ne = 0;
     while (environ[ne])

@@ -91,6 +91,7 @@ typedef struct kt_peer_opts {
     const char *backend;     /* default "shm" */
     const char *params;      /* backend "k=v,k=v" */
     int non_dumpable;        /* prctl(PR_SET_DUMPABLE, 0) before anything */
+    uint64_t timeout_ms;     /* the peer agent's bound on waits; 0: 3000 */
 } kt_peer_opts_t;
 
 /* Start the peer; it registers its buffer and sends its metadata, which is
@@ -122,6 +123,10 @@ void kt_peer_kill(kt_peer_t *p);        /* SIGKILL */
 /* SIGSTOP, returning once every thread of the peer has stopped. */
 void kt_peer_stop_signal(kt_peer_t *p);
 
+/* An agent with no default backends, then backend (if any) created with
+ * params "k=v,k=v"; its bound on waits for a peer is 3000 ms, or timeout_ms. */
 kvl_agent_t *kt_agent(const char *name, const char *backend, const char *params);
+kvl_agent_t *kt_agent_tmo(const char *name, const char *backend, const char *params,
+                          uint64_t timeout_ms);
 
 #endif
