@@ -16,7 +16,7 @@ build() {
     cmake -S "$src" -B "$bld" -DKVL_CUDA_ARCHS=90 -DKVL_SANITIZER_TESTS=OFF -DKVL_FUZZ=OFF \
         >"$out/configure.log" 2>&1 || return 1
     # the ucx module when UCX's headers are there (test_ucx_vram skips without)
-    grep -q "ucx backend module" "$out/configure.log" && targets="$targets kvlane_ucx"
+    grep -q "ucx backend module with UCX" "$out/configure.log" && targets="$targets kvlane_ucx"
     cmake --build "$bld" -j"$(nproc)" --target $targets >"$out/build.log" 2>&1
 }
 if ! build; then
