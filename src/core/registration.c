@@ -186,9 +186,9 @@ static kvl_status_t kvli_reg_candidates(kvl_agent_t *a, const kvl_reg_params_t *
         for (unsigned b = 0; b < a->nbks; b++) {
             kvl_error_t c;
             kvl_bk_error_set(&c, KVL_ERR_UNSUPPORTED, 0, a->bks[b]->ops->name, -1,
-                             "serves %s%s%s locally", (a->bks[b]->ops->mem_local & KVL_MEM_BIT(KVL_MEM_DRAM)) ? "DRAM " : "",
-                             (a->bks[b]->ops->mem_local & KVL_MEM_BIT(KVL_MEM_VRAM)) ? "VRAM " : "",
-                             (a->bks[b]->ops->mem_local & KVL_MEM_BIT(KVL_MEM_FILE)) ? "FILE" : "");
+                             "serves%s%s%s locally", (a->bks[b]->ops->mem_local & KVL_MEM_BIT(KVL_MEM_DRAM)) ? " DRAM" : "",
+                             (a->bks[b]->ops->mem_local & KVL_MEM_BIT(KVL_MEM_VRAM)) ? " VRAM" : "",
+                             (a->bks[b]->ops->mem_local & KVL_MEM_BIT(KVL_MEM_FILE)) ? " FILE" : "");
             c.hint[0] = '\0';
             kvli_err_add_cause(err, &c);
         }
