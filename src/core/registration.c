@@ -423,9 +423,20 @@ kvl_status_t kvl_mem_register(kvl_agent_t *a, const kvl_mem_desc_t *regions, siz
         /* All or nothing: undo 0..k-1 in reverse order. */
         for (size_t j = k; j-- > 0;)
             kvli_region_drop(a, done[j]);
-        if (rep)
-            for (size_t j = k + 1; j < n; j++)
+        if (rep) {
+            /* Entries before k were undone; those after it never tried. */
+            for (size_t j = 0; j < k; j++)
                 rep->entries[j].status = KVL_ERR_CANCELED;
+            for (size_t j = k + 1; j < n; j++) {
+                kvl_reg_entry_t *e = &rep->entries[j];
+                e->addr = regions[j].addr;
+                e->len = regions[j].len;
+                e->kind = params && (params->field_mask & KVL_REG_PARAM_KIND) ? params->kind
+                                                                              : KVL_MEM_AUTO;
+                e->dev = regions[j].dev;
+                e->status = KVL_ERR_CANCELED;
+            }
+        }
         if (n > 1) {
             char what[sizeof(err.what)];
             kvli_scopy(what, sizeof(what), err.what);
@@ -538,9 +549,10 @@ size_t kvl_reg_report_render(const kvl_reg_report_t *rep, char *buf, size_t len)
         const kvl_reg_entry_t *e = &rep->entries[i];
         KVLI_APPEND("  [%zu] 0x%llx+%llu %s dev %d: %s%s\n", i, (unsigned long long)e->addr,
                     (unsigned long long)e->len, kvl_mem_kind_name(e->kind), e->dev,
-                    e->status == KVL_OK ? "registered" : e->status == KVL_ERR_CANCELED
-                                                           ? "undone (an entry failed)"
-                                                           : kvl_status_name(e->status),
+                    e->status == KVL_OK ? "registered"
+                    : e->status != KVL_ERR_CANCELED ? kvl_status_name(e->status)
+                    : e->n_outcomes ? "undone (an entry failed)"
+                                    : "not tried (an entry failed)",
                     e->reused ? " (reused)" : "");
         for (unsigned j = 0; j < e->n_outcomes; j++)
             KVLI_APPEND("      %-6s %-4s %s\n", e->outcomes[j].backend,
