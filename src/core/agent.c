@@ -26,7 +26,9 @@ const char *kvl_mem_kind_name(kvl_mem_kind_t kind)
 kvl_status_t kvl_mem_kind_parse(const char *s, kvl_mem_kind_t *kind_p)
 {
     static const kvl_mem_kind_t kinds[] = {KVL_MEM_AUTO, KVL_MEM_DRAM, KVL_MEM_VRAM, KVL_MEM_FILE};
-    for (size_t i = 0; s && kind_p && i < 4; i++) {
+    if (kind_p == NULL)
+        return kvli_fail_simple(NULL, KVL_ERR_INVALID_ARG, NULL, "kvl_mem_kind_parse: kind_p is NULL");
+    for (size_t i = 0; s && i < 4; i++) {
         if (strcasecmp(s, kvl_mem_kind_name(kinds[i])) == 0) {
             *kind_p = kinds[i];
             return KVL_OK;

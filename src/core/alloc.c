@@ -49,6 +49,9 @@ kvl_status_t kvl_mem_alloc(kvl_agent_t *a, size_t len, void **ptr_p)
         return kvli_fail_simple(a, KVL_ERR_INVALID_ARG, NULL,
                                 "kvl_mem_alloc: agent or ptr_p is NULL, or len is 0");
     *ptr_p = NULL;
+    if (len > (size_t)INT64_MAX) /* ftruncate takes an off_t */
+        return kvli_fail_simple(a, KVL_ERR_INVALID_ARG, "pass the size in bytes",
+                                "kvl_mem_alloc: %zu bytes is more than a memfd can hold", len);
     char name[96];
     snprintf(name, sizeof(name), "kvlane-%s", a->name);
     int fd = memfd_create(name, MFD_CLOEXEC | MFD_ALLOW_SEALING);

@@ -17,6 +17,11 @@ kvl_status_t kvl_dlist_create(kvl_mem_kind_t kind, size_t capacity_hint, kvl_dli
     if (dl == NULL)
         return kvli_fail_simple(NULL, KVL_ERR_NO_MEMORY, NULL, "kvl_dlist_create: out of memory");
     dl->kind = kind;
+    if (capacity_hint > SIZE_MAX / sizeof(*dl->ents)) {
+        free(dl);
+        return kvli_fail_simple(NULL, KVL_ERR_NO_MEMORY, NULL,
+                                "kvl_dlist_create: cannot allocate %zu entries", capacity_hint);
+    }
     if (capacity_hint > 0) {
         /* Big lists come from the buffer cache: a list made per request
          * reuses the pages of the last one instead of faulting in new ones. */
@@ -42,6 +47,11 @@ void kvl_dlist_destroy(kvl_dlist_t *dl)
 
 static kvl_status_t kvli_dlist_reserve(kvl_dlist_t *dl, size_t more)
 {
+    /* Room to double up to the byte size a size_t holds. */
+    if (more > SIZE_MAX / (2 * sizeof(*dl->ents)) - dl->n)
+        return kvli_fail_simple(NULL, KVL_ERR_NO_MEMORY, NULL,
+                                "descriptor list of %zu entries: cannot grow by %zu entries",
+                                dl->n, more);
     if (dl->n + more <= dl->cap)
         return KVL_OK;
     size_t cap = dl->cap ? dl->cap : 16;

@@ -24,7 +24,7 @@ typedef struct {
 
 static void kvli_w(kvli_wbuf_t *w, const void *p, size_t n)
 {
-    if (w->oom)
+    if (w->oom || n == 0) /* p may be NULL then: memcpy must not see it */
         return;
     if (w->len + n > w->cap) {
         size_t cap = w->cap ? w->cap : 256;

@@ -198,9 +198,9 @@ static kvl_status_t kvli_reg_candidates(kvl_agent_t *a, const kvl_reg_params_t *
         for (unsigned b = 0; b < a->nbks; b++) {
             kvl_error_t c;
             kvl_bk_error_set(&c, KVL_ERR_UNSUPPORTED, 0, a->bks[b]->ops->name, -1,
-                             "serves %s%s%s locally", (a->bks[b]->ops->mem_local & KVL_MEM_BIT(KVL_MEM_DRAM)) ? "DRAM " : "",
-                             (a->bks[b]->ops->mem_local & KVL_MEM_BIT(KVL_MEM_VRAM)) ? "VRAM " : "",
-                             (a->bks[b]->ops->mem_local & KVL_MEM_BIT(KVL_MEM_FILE)) ? "FILE" : "");
+                             "serves%s%s%s locally", (a->bks[b]->ops->mem_local & KVL_MEM_BIT(KVL_MEM_DRAM)) ? " DRAM" : "",
+                             (a->bks[b]->ops->mem_local & KVL_MEM_BIT(KVL_MEM_VRAM)) ? " VRAM" : "",
+                             (a->bks[b]->ops->mem_local & KVL_MEM_BIT(KVL_MEM_FILE)) ? " FILE" : "");
             c.hint[0] = '\0';
             kvli_err_add_cause(err, &c);
         }
@@ -659,7 +659,8 @@ size_t kvl_reg_report_render(const kvl_reg_report_t *rep, char *buf, size_t len)
         if (rep->entries[i].status != KVL_OK && rep->entries[i].status != KVL_ERR_CANCELED)
             failed = i;
     KVLI_APPEND("registration report: %zu region(s)%s\n", rep->n_entries,
-                failed < rep->n_entries ? ", nothing registered (all or nothing)" : "");
+                failed < rep->n_entries ? ", nothing registered by this call (all or nothing)"
+                                        : "");
     for (size_t i = 0; i < rep->n_entries; i++) {
         const kvl_reg_entry_t *e = &rep->entries[i];
         int undone = e->status == KVL_ERR_CANCELED && i < failed;
@@ -669,7 +670,8 @@ size_t kvl_reg_report_render(const kvl_reg_report_t *rep, char *buf, size_t len)
         else if (e->status != KVL_ERR_CANCELED)
             snprintf(state, sizeof(state), "%s", kvl_status_name(e->status));
         else if (undone && failed < rep->n_entries)
-            snprintf(state, sizeof(state), "undone: entry %zu failed", failed);
+            snprintf(state, sizeof(state), "undone: entry %zu failed%s", failed,
+                     e->reused ? " (reused: registered before, it stays)" : "");
         else if (failed < rep->n_entries)
             snprintf(state, sizeof(state), "not tried: entry %zu failed", failed);
         else

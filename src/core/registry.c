@@ -86,6 +86,19 @@ kvli_region_t *kvli_registry_nearest(kvl_agent_t *a, uint64_t addr)
             best = r;
         }
     }
+    /* Regions overlap: one that starts further back may still be nearer,
+     * or contain addr; none can once even the longest would end too soon. */
+    for (size_t k = i > 1 ? i - 1 : 0; k-- > 0 && bestd > 0;) {
+        kvli_region_t *r = a->regs[k];
+        uint64_t gap = addr - r->addr;
+        if (gap > a->max_len && gap - a->max_len >= bestd)
+            break;
+        uint64_t d = gap < r->len ? 0 : gap - r->len + 1;
+        if (d < bestd) {
+            bestd = d;
+            best = r;
+        }
+    }
     return best;
 }
 

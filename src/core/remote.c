@@ -98,6 +98,19 @@ const kvli_rregion_t *kvli_rregion_nearest(const kvli_remote_t *r, uint64_t addr
             best = g;
         }
     }
+    /* Regions overlap: one that starts further back may still be nearer,
+     * or contain addr; none can once even the longest would end too soon. */
+    for (size_t k = i > 1 ? i - 1 : 0; k-- > 0 && bestd > 0;) {
+        const kvli_rregion_t *g = &r->regions[k];
+        uint64_t gap = addr - g->addr;
+        if (gap > r->max_len && gap - r->max_len >= bestd)
+            break;
+        uint64_t d = gap < g->len ? 0 : gap - g->len + 1;
+        if (d < bestd) {
+            bestd = d;
+            best = g;
+        }
+    }
     return best;
 }
 

@@ -35,7 +35,7 @@ kvl_status_group_t kvl_status_group(kvl_status_t status)
 {
     if (status >= 0)
         return KVL_GROUP_OK;
-    int g = -status / 100;
+    int g = -(status / 100); /* divide first: -INT_MIN overflows */
     if (g < KVL_GROUP_USAGE || g > KVL_GROUP_INTERNAL)
         return KVL_GROUP_INTERNAL;
     return (kvl_status_group_t)g;

@@ -130,15 +130,21 @@ void *kvli_buf_alloc(size_t bytes)
             best = i;
     }
     void *p = NULL;
+    size_t have = 0;
     if (best >= 0) {
         p = kvli_buf_cache[best].p;
+        have = kvli_buf_cache[best].len;
         kvli_buf_cache[best].p = NULL;
-        kvli_buf_cached -= kvli_buf_cache[best].len;
+        kvli_buf_cached -= have;
         kvli_buf_cache[best].len = 0;
     }
     pthread_mutex_unlock(&kvli_buf_lock);
-    if (p != NULL)
+    if (p != NULL) {
+        /* The caller frees it with its own size: keep only that much. */
+        if (have > len)
+            munmap((char *)p + len, have - len);
         return p;
+    }
     p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (p == MAP_FAILED)
         return NULL;

@@ -1,7 +1,10 @@
-/* Rendering errors: errno is formatted once (issue 17, item 8). */
+/* Errors (src/core/error.c): filling, causes, the thread's and the agent's
+ * last error, and rendering (errno is formatted once: issue 17, item 8). */
 #include <errno.h>
+#include <pthread.h>
 #include <string.h>
 #include "common/kvltest.h"
+#include "core/internal.h"
 
 static int count(const char *hay, const char *needle)
 {
@@ -23,6 +26,163 @@ static void render(kvl_status_t code, int e, const char *what, char *out, size_t
     printf("%s\n", out);
 }
 
+/* kvli_err starts from a clean error: nothing of the one before survives. */
+static void test_fill(void)
+{
+    kvl_error_t e;
+    memset(&e, 0x5a, sizeof(e));
+    kvli_err(&e, KVL_ERR_SYSTEM, EIO, "read(fd %d) failed", 7);
+    KT_CHECK(e.code == KVL_ERR_SYSTEM && e.sys_errno == EIO && e.device == -1);
+    KT_CHECK(strcmp(e.what, "read(fd 7) failed") == 0);
+    KT_CHECK(e.backend[0] == '\0' && e.agent[0] == '\0' && e.region[0] == '\0');
+    KT_CHECK(e.hint[0] == '\0' && e.n_causes == 0 && e.n_causes_dropped == 0);
+
+    /* every field is bounded and NUL-terminated */
+    char big[700];
+    memset(big, 'x', sizeof(big) - 1);
+    big[sizeof(big) - 1] = '\0';
+    kvli_err(&e, KVL_ERR_INTERNAL, 0, "%s", big);
+    kvli_hint(&e, "%s", big);
+    kvli_err_region(&e, "%s", big);
+    KT_CHECK(strlen(e.what) == sizeof(e.what) - 1);
+    KT_CHECK(strlen(e.hint) == sizeof(e.hint) - 1);
+    KT_CHECK(strlen(e.region) == sizeof(e.region) - 1);
+    kvli_err_region(&e, "region %d", 3);
+    KT_CHECK(strcmp(e.region, "region 3") == 0);
+}
+
+static void test_causes(void)
+{
+    kvl_error_t e, c;
+    char out[16384];
+    kvli_err(&e, KVL_ERR_NO_BACKEND, 0, "nobody took it");
+    for (int i = 0; i < KVL_ERROR_MAX_CAUSES + 2; i++) {
+        kvl_bk_error_set(&c, KVL_ERR_UNSUPPORTED - i, i, "bk", i % 3 - 1, "reason %d", i);
+        kvl_bk_error_hint(&c, "hint %d", i);
+        kvli_err_add_cause(&e, &c);
+    }
+    KT_CHECK(e.n_causes == KVL_ERROR_MAX_CAUSES && e.n_causes_dropped == 2);
+    KT_CHECK(e.causes[5].code == KVL_ERR_UNSUPPORTED - 5 && e.causes[5].sys_errno == 5);
+    KT_CHECK(e.causes[5].device == 1 && strcmp(e.causes[5].backend, "bk") == 0);
+    KT_CHECK(strcmp(e.causes[5].what, "reason 5") == 0 && strcmp(e.causes[5].hint, "hint 5") == 0);
+    kvl_error_render(&e, out, sizeof(out));
+    KT_CHECK(strstr(out, "\n  cause 16: [bk] ") != NULL && strstr(out, "cause 17") == NULL);
+    KT_CHECK(strstr(out, "\n  (2 more causes not kept)") != NULL);
+    KT_CHECK(strstr(out, "reason 16") == NULL);
+
+    /* a cause keeps what fits its smaller fields */
+    char big[600];
+    memset(big, 'y', sizeof(big) - 1);
+    big[sizeof(big) - 1] = '\0';
+    kvli_err(&e, KVL_ERR_REMOTE, 0, "x");
+    kvli_err(&c, KVL_ERR_REMOTE, 0, "%s", big);
+    kvli_hint(&c, "%s", big);
+    kvli_err_add_cause(&e, &c);
+    KT_CHECK(strlen(e.causes[0].what) == sizeof(e.causes[0].what) - 1);
+    KT_CHECK(strlen(e.causes[0].hint) == sizeof(e.causes[0].hint) - 1);
+    KT_CHECK(e.causes[0].backend[0] == '\0' && e.causes[0].device == -1);
+}
+
+static void test_render_layout(void)
+{
+    kvl_error_t e, c;
+    char out[4096], want[4096];
+    kvli_err(&e, KVL_ERR_OUT_OF_BOUNDS, 0, "request outside");
+    kvli_scopy(e.backend, sizeof(e.backend), "shm");
+    e.device = 0;
+    kvli_scopy(e.agent, sizeof(e.agent), "peer");
+    kvli_err_region(&e, "descriptor %d", 3);
+    kvli_hint(&e, "reload metadata");
+    kvl_bk_error_set(&c, KVL_ERR_TIMEOUT, ETIMEDOUT, "tcp", 2, "connect() gave up");
+    kvl_bk_error_hint(&c, "check the firewall");
+    kvli_err_add_cause(&e, &c);
+    kvl_bk_error_set(&c, KVL_ERR_UNSUPPORTED, 0, "", -1, "no reach");
+    kvli_err_add_cause(&e, &c);
+    snprintf(want, sizeof(want),
+             "KVL_ERR_OUT_OF_BOUNDS: request outside\n"
+             "  where: backend shm, device 0, remote agent 'peer', descriptor 3\n"
+             "  cause 1: [tcp] [device 2] KVL_ERR_TIMEOUT: connect() gave up (errno %d: %s)\n"
+             "    fix: check the firewall\n"
+             "  cause 2: KVL_ERR_UNSUPPORTED: no reach\n"
+             "  fix: reload metadata",
+             ETIMEDOUT, strerror(ETIMEDOUT));
+    size_t need = kvl_error_render(&e, out, sizeof(out));
+    if (strcmp(out, want) != 0)
+        fprintf(stderr, "rendered:\n%s\nwanted:\n%s\n", out, want);
+    KT_CHECK(strcmp(out, want) == 0 && need == strlen(want));
+
+    /* only the parts that are set: no where line, the status text for an
+     * empty message */
+    kvli_err(&e, KVL_ERR_TIMEOUT, 0, "%s", "");
+    kvl_error_render(&e, out, sizeof(out));
+    KT_CHECK(strcmp(out, "KVL_ERR_TIMEOUT: timed out") == 0);
+    e.device = 1;
+    kvl_error_render(&e, out, sizeof(out));
+    KT_CHECK(strcmp(out, "KVL_ERR_TIMEOUT: timed out\n  where: device 1") == 0);
+
+    /* bounded like snprintf: the length needed, a NUL-terminated prefix */
+    kvli_err(&e, KVL_ERR_STALE, 0, "metadata is old");
+    need = kvl_error_render(&e, NULL, 0);
+    KT_CHECK(need == strlen("KVL_ERR_STALE: metadata is old"));
+    char small[8];
+    KT_CHECK(kvl_error_render(&e, small, sizeof(small)) == need);
+    KT_CHECK(strcmp(small, "KVL_ERR") == 0);
+    KT_CHECK(kvl_error_render(&e, small, 1) == need && small[0] == '\0');
+}
+
+static kvl_agent_t *g_agent;
+
+static void *other_thread(void *arg)
+{
+    (void)arg;
+    KT_CHECK(kvl_last_error()->code == KVL_OK); /* a new thread starts clean */
+    kvli_fail_simple(g_agent, KVL_ERR_TIMEOUT, NULL, "in the other thread");
+    KT_CHECK(kvl_last_error()->code == KVL_ERR_TIMEOUT);
+    return NULL;
+}
+
+/* The thread's last error and the agent's last error. */
+static void test_fail(void)
+{
+    kvl_agent_config_t cfg = {.field_mask = KVL_AGENT_CFG_BACKENDS, .create_backends = ""};
+    kvl_error_t e, got;
+    KT_OK(kvl_agent_create("errors", &cfg, &g_agent));
+
+    kvli_err(&e, KVL_ERR_PERMISSION, EPERM, "ptrace refused");
+    kvli_hint(&e, "set ptrace_scope");
+    KT_CHECK(kvli_fail(g_agent, &e) == KVL_ERR_PERMISSION);
+    KT_CHECK(kvl_last_error()->code == KVL_ERR_PERMISSION);
+    KT_CHECK(strcmp(kvl_last_error()->hint, "set ptrace_scope") == 0);
+    kvl_agent_last_error(g_agent, &got);
+    KT_CHECK(got.code == KVL_ERR_PERMISSION && got.sys_errno == EPERM);
+    KT_CHECK(strcmp(got.what, "ptrace refused") == 0);
+
+    /* kvli_fail_simple drops the hint of the error before */
+    KT_CHECK(kvli_fail_simple(NULL, KVL_ERR_INVALID_ARG, NULL, "bad %s", "thing") ==
+             KVL_ERR_INVALID_ARG);
+    KT_CHECK(strcmp(kvl_last_error()->what, "bad thing") == 0);
+    KT_CHECK(kvl_last_error()->hint[0] == '\0' && kvl_last_error()->device == -1);
+    kvl_agent_last_error(g_agent, &got); /* no agent given: the agent keeps its own */
+    KT_CHECK(got.code == KVL_ERR_PERMISSION);
+    kvli_fail_simple(NULL, KVL_ERR_EXISTS, "do it once", "twice");
+    KT_CHECK(strcmp(kvl_last_error()->hint, "do it once") == 0);
+
+    /* another thread's failure is the agent's last error, not ours */
+    pthread_t t;
+    KT_CHECK(pthread_create(&t, NULL, other_thread, NULL) == 0);
+    KT_CHECK(pthread_join(t, NULL) == 0);
+    KT_CHECK(kvl_last_error()->code == KVL_ERR_EXISTS);
+    kvl_agent_last_error(g_agent, &got);
+    KT_CHECK(got.code == KVL_ERR_TIMEOUT && strcmp(got.what, "in the other thread") == 0);
+
+    kvl_error_clear();
+    KT_CHECK(kvl_last_error()->code == KVL_OK && kvl_last_error()->what[0] == '\0');
+    KT_CHECK(kvl_last_error()->device == -1 && kvl_last_error()->n_causes == 0);
+    kvl_agent_last_error(NULL, &got);
+    kvl_agent_last_error(g_agent, NULL);
+    kvl_agent_destroy(g_agent);
+}
+
 int main(void)
 {
     char out[2048];
@@ -41,6 +201,14 @@ int main(void)
     render(KVL_ERR_REMOTE_DISCONNECT, 0, "recv(reply) = 0 (connection closed by the peer)", out,
            sizeof(out));
     KT_CHECK(strstr(out, "errno") == NULL && strstr(out, "device") == NULL);
+    /* Only the name quoted: once. */
+    render(KVL_ERR_PERMISSION, EACCES, "open(/dev/x) = -1 EACCES", out, sizeof(out));
+    KT_CHECK(strstr(out, "errno 13") == NULL && strstr(out, "Permission denied") == NULL);
+
+    test_fill();
+    test_causes();
+    test_render_layout();
+    test_fail();
     printf("test_error: passed\n");
     return 0;
 }

@@ -1,4 +1,6 @@
-/* Metadata codec: round trip, and every corruption refused or harmless. */
+/* Metadata codec (src/core/md_codec.c): round trips at every limit, every
+ * corruption and truncation refused, each structural check with its reason,
+ * and the 64 MiB bound on both sides. */
 #include <string.h>
 #include "common/kvltest.h"
 #include "core/md_codec.h"
@@ -31,6 +33,340 @@ static void build(kvli_md_t *md, kvli_md_region_t *regs, unsigned nregs)
     }
     md->regions = regs;
     md->n_regions = nregs;
+}
+
+/* ---- blobs written by hand, sealed with a valid length and checksum, so
+ * that the decoder's structural checks are the ones that answer ---- */
+
+typedef struct {
+    uint8_t *p;
+    size_t n;
+} wb_t;
+
+static void put(wb_t *w, uint64_t v, unsigned bytes)
+{
+    w->p = realloc(w->p, w->n + bytes);
+    for (unsigned i = 0; i < bytes; i++)
+        w->p[w->n++] = (uint8_t)(v >> (8 * i));
+}
+
+static void put_str(wb_t *w, const char *s)
+{
+    size_t n = strlen(s);
+    put(w, n, 1);
+    w->p = realloc(w->p, w->n + n);
+    memcpy(w->p + w->n, s, n);
+    w->n += n;
+}
+
+static void put_zeros(wb_t *w, size_t n)
+{
+    while (n--)
+        put(w, 0, 1);
+}
+
+static wb_t header(unsigned hlen, uint32_t flags)
+{
+    wb_t w = {NULL, 0};
+    put(&w, 'K', 1);
+    put(&w, 'V', 1);
+    put(&w, 'L', 1);
+    put(&w, 'M', 1);
+    put(&w, KVLI_MD_VERSION, 2);
+    put(&w, hlen, 2);
+    put(&w, 0, 4); /* total */
+    put(&w, 0, 4); /* crc */
+    put(&w, flags, 4);
+    return w;
+}
+
+/* Agent "ag", incarnation inc, generation 1, then nb backends "b0", "b1"... */
+static void agent_part(wb_t *w, uint64_t inc, unsigned nb)
+{
+    put_str(w, "ag");
+    put(w, inc, 8);
+    put(w, 1, 8);
+    put(w, 1, 8);
+    put(w, nb, 1);
+    for (unsigned b = 0; b < nb; b++) {
+        char name[8];
+        snprintf(name, sizeof(name), "b%u", b);
+        put_str(w, name);
+        put(w, 1, 4);
+        put(w, 'c', 1);
+    }
+}
+
+static void region(wb_t *w, uint64_t addr, uint64_t len, unsigned kind, uint32_t dev,
+                   unsigned nkeys)
+{
+    put(w, addr, 8);
+    put(w, len, 8);
+    put(w, kind, 1);
+    put(w, dev, 4);
+    put(w, nkeys, 1);
+}
+
+static void key(wb_t *w, unsigned b, unsigned len)
+{
+    put(w, b, 1);
+    put(w, len, 2);
+    put_zeros(w, len);
+}
+
+static void seal(wb_t *w)
+{
+    for (unsigned i = 0; i < 4; i++)
+        w->p[8 + i] = (uint8_t)(w->n >> (8 * i));
+    memset(w->p + 12, 0, 4);
+    uint32_t c = kvli_crc32c(0, w->p, w->n);
+    for (unsigned i = 0; i < 4; i++)
+        w->p[12 + i] = (uint8_t)(c >> (8 * i));
+}
+
+/* The sealed blob is refused with this text in what. */
+static void expect_refused(wb_t *w, const char *want)
+{
+    kvli_md_t out;
+    kvl_error_t err;
+    seal(w);
+    kvl_status_t st = kvli_md_decode(w->p, w->n, &out, &err);
+    if (st != KVL_ERR_BAD_METADATA || strstr(err.what, want) == NULL) {
+        fprintf(stderr, "wanted \"%s\", got %s: %s\n", want, kvl_status_name(st), err.what);
+        KT_CHECK(0);
+    }
+    KT_CHECK(out.regions == NULL && out.n_regions == 0); /* nothing to free */
+    KT_CHECK(strstr(err.hint, "pass the exact bytes kvl_metadata_get() produced") == err.hint);
+    free(w->p);
+}
+
+static void test_structure_refused(void)
+{
+    wb_t w;
+    /* a well-formed hand-written blob decodes */
+    w = header(20, 0);
+    agent_part(&w, 7, 2);
+    put(&w, 1, 4);
+    region(&w, 0x1000, 0x100, KVL_MEM_VRAM, 3, 2);
+    key(&w, 1, 4);
+    key(&w, 0, 0);
+    seal(&w);
+    kvli_md_t out;
+    kvl_error_t err;
+    KT_CHECK(kvli_md_decode(w.p, w.n, &out, &err) == KVL_OK);
+    KT_CHECK(out.n_regions == 1 && out.regions[0].kind == KVL_MEM_VRAM && out.regions[0].dev == 3);
+    KT_CHECK(out.regions[0].keys[0].present && out.regions[0].keys[0].len == 0);
+    KT_CHECK(out.regions[0].keys[1].present && out.regions[0].keys[1].len == 4);
+    kvli_md_release(&out);
+    KT_CHECK(out.regions == NULL);
+    free(w.p);
+
+    w = header(20, 0);
+    memcpy(w.p, "KVLX", 4);
+    agent_part(&w, 7, 0);
+    put(&w, 0, 4);
+    expect_refused(&w, "not kvlane metadata: magic bytes are not \"KVLM\"");
+    w = header(24, 0);
+    agent_part(&w, 7, 0);
+    put(&w, 0, 4);
+    expect_refused(&w, "metadata header length 24 / flags 0x0 not valid for version 1");
+    w = header(20, 2);
+    agent_part(&w, 7, 0);
+    put(&w, 0, 4);
+    expect_refused(&w, "metadata header length 20 / flags 0x2 not valid for version 1");
+
+    w = header(20, 0);
+    put(&w, 0, 1); /* empty agent name */
+    expect_refused(&w, "agent name length 0 is outside 1..63");
+    w = header(20, 0);
+    put(&w, 64, 1);
+    put_zeros(&w, 64);
+    expect_refused(&w, "agent name length 64 is outside 1..63");
+    w = header(20, 0);
+    put_str(&w, "a b");
+    expect_refused(&w, "agent name has a non-printable byte 0x20");
+    w = header(20, 0);
+    agent_part(&w, 0, 0);
+    put(&w, 0, 4);
+    expect_refused(&w, "incarnation id is 0");
+    w = header(20, 0);
+    agent_part(&w, 7, 9);
+    expect_refused(&w, "9 backends, at most 8 allowed");
+    w = header(20, 0);
+    agent_part(&w, 7, 0);
+    w.p[w.n - 1] = 2; /* two backends, both "b0" */
+    for (int i = 0; i < 2; i++) {
+        put_str(&w, "b0");
+        put(&w, 0, 4);
+    }
+    expect_refused(&w, "backend 'b0' appears twice");
+    w = header(20, 0);
+    agent_part(&w, 7, 0);
+    w.p[w.n - 1] = 1;
+    put_str(&w, "b0");
+    put(&w, KVL_BK_CONN_MAX + 1, 4);
+    put_zeros(&w, KVL_BK_CONN_MAX + 1);
+    expect_refused(&w, "backend 'b0' connection info of 4097 bytes exceeds 4096");
+    w = header(20, 0);
+    agent_part(&w, 7, 1);
+    put(&w, 1000, 4); /* 1000 regions in what remains */
+    region(&w, 0x1000, 0x10, KVL_MEM_DRAM, 0, 0);
+    expect_refused(&w, "region count 1000 is larger than the blob can hold");
+
+    static const struct {
+        uint64_t addr, len;
+        unsigned kind;
+        const char *why;
+    } regs[] = {
+        {0x1000, 0, KVL_MEM_DRAM, "region 0 (0x1000+0) is empty or wraps"},
+        {UINT64_MAX - 15, 16, KVL_MEM_DRAM, "region 0 (0xfffffffffffffff0+16) is empty or wraps"},
+        {0x1000, 16, KVL_MEM_AUTO, "region 0 has memory kind 0"},
+        {0x1000, 16, 4, "region 0 has memory kind 4"},
+    };
+    for (size_t i = 0; i < sizeof(regs) / sizeof(regs[0]); i++) {
+        w = header(20, 0);
+        agent_part(&w, 7, 1);
+        put(&w, 1, 4);
+        region(&w, regs[i].addr, regs[i].len, regs[i].kind, 0, 0);
+        expect_refused(&w, regs[i].why);
+    }
+    w = header(20, 0);
+    agent_part(&w, 7, 2);
+    put(&w, 1, 4);
+    region(&w, 0x1000, 16, KVL_MEM_DRAM, 0, 3);
+    expect_refused(&w, "region 0 has 3 keys for 2 backends");
+    w = header(20, 0);
+    agent_part(&w, 7, 2);
+    put(&w, 1, 4);
+    region(&w, 0x1000, 16, KVL_MEM_DRAM, 0, 1);
+    key(&w, 2, 0);
+    expect_refused(&w, "region 0 key 0 names backend 2 (no such backend)");
+    w = header(20, 0);
+    agent_part(&w, 7, 2);
+    put(&w, 1, 4);
+    region(&w, 0x1000, 16, KVL_MEM_DRAM, 0, 2);
+    key(&w, 1, 1);
+    key(&w, 1, 1);
+    expect_refused(&w, "region 0 key 1 names backend 1 (twice)");
+    w = header(20, 0);
+    agent_part(&w, 7, 1);
+    put(&w, 1, 4);
+    region(&w, 0x1000, 16, KVL_MEM_DRAM, 0, 1);
+    key(&w, 0, KVL_BK_KEY_MAX + 1);
+    expect_refused(&w, "region 0 key of 1025 bytes exceeds 1024");
+    w = header(20, 0);
+    agent_part(&w, 7, 1);
+    put(&w, 2, 4);
+    region(&w, 0x1000, 16, KVL_MEM_DRAM, 0, 0);
+    region(&w, 0x2000, 16, KVL_MEM_DRAM, 0, 1);
+    put(&w, 0, 1);
+    put(&w, 30, 2); /* a key longer than what is left */
+    put_zeros(&w, 10);
+    expect_refused(&w, "metadata truncated: field 'region key' needs 30 bytes at offset");
+    w = header(20, 0);
+    agent_part(&w, 7, 1);
+    put(&w, 0, 4);
+    put_zeros(&w, 2);
+    expect_refused(&w, "2 unexpected bytes after the last region");
+}
+
+/* Everything at its limits survives a round trip. */
+static void test_limits_round_trip(void)
+{
+    static uint8_t conn[KVL_BK_CONN_MAX], keybuf[KVL_BK_KEY_MAX];
+    kvli_md_t md, out;
+    kvli_md_region_t regs[3];
+    kvl_error_t err;
+    uint8_t *blob;
+    size_t len;
+    for (size_t i = 0; i < sizeof(conn); i++)
+        conn[i] = (uint8_t)(i * 7);
+    for (size_t i = 0; i < sizeof(keybuf); i++)
+        keybuf[i] = (uint8_t)(i * 13);
+    memset(&md, 0, sizeof(md));
+    memset(regs, 0, sizeof(regs));
+    memset(md.name, '~', KVL_NAME_MAX - 1);
+    md.incarnation = UINT64_MAX;
+    md.start_ns = 0;
+    md.generation = UINT64_MAX;
+    md.n_backends = KVLI_MAX_BACKENDS;
+    for (unsigned b = 0; b < KVLI_MAX_BACKENDS; b++) {
+        memset(md.backends[b].name, 'a' + (char)b, sizeof(md.backends[b].name) - 1);
+        md.backends[b].conn = conn;
+        md.backends[b].conn_len = b == 0 ? 0 : b == 1 ? KVL_BK_CONN_MAX : b;
+    }
+    regs[0] = (kvli_md_region_t){.addr = 0, .len = UINT64_MAX, .kind = KVL_MEM_FILE, .dev = -1};
+    regs[1] = (kvli_md_region_t){.addr = UINT64_MAX - 1, .len = 1, .kind = KVL_MEM_VRAM,
+                                 .dev = INT32_MIN};
+    regs[2] = (kvli_md_region_t){.addr = 4096, .len = 1, .kind = KVL_MEM_DRAM, .dev = INT32_MAX};
+    for (unsigned b = 0; b < KVLI_MAX_BACKENDS; b++)
+        regs[1].keys[b] = (kvli_md_key_t){keybuf, (uint16_t)(b == 7 ? KVL_BK_KEY_MAX : b), true};
+    regs[2].keys[7] = (kvli_md_key_t){keybuf, 1, true};
+    md.regions = regs;
+    md.n_regions = 3;
+    KT_CHECK(kvli_md_encode(&md, &blob, &len, &err) == KVL_OK);
+    KT_CHECK(kvli_md_decode(blob, len, &out, &err) == KVL_OK);
+    KT_CHECK(strcmp(out.name, md.name) == 0 && out.incarnation == UINT64_MAX);
+    KT_CHECK(out.start_ns == 0 && out.generation == UINT64_MAX && out.n_backends == 8);
+    for (unsigned b = 0; b < KVLI_MAX_BACKENDS; b++) {
+        KT_CHECK(strcmp(out.backends[b].name, md.backends[b].name) == 0);
+        KT_CHECK(out.backends[b].conn_len == md.backends[b].conn_len);
+        KT_CHECK(memcmp(out.backends[b].conn, conn, out.backends[b].conn_len) == 0);
+    }
+    KT_CHECK(out.n_regions == 3);
+    for (unsigned i = 0; i < 3; i++) {
+        KT_CHECK(out.regions[i].addr == regs[i].addr && out.regions[i].len == regs[i].len);
+        KT_CHECK(out.regions[i].kind == regs[i].kind && out.regions[i].dev == regs[i].dev);
+        for (unsigned b = 0; b < KVLI_MAX_BACKENDS; b++) {
+            KT_CHECK(out.regions[i].keys[b].present == regs[i].keys[b].present);
+            KT_CHECK(out.regions[i].keys[b].len == regs[i].keys[b].len);
+            if (regs[i].keys[b].present)
+                KT_CHECK(memcmp(out.regions[i].keys[b].data, keybuf, regs[i].keys[b].len) == 0);
+        }
+    }
+    /* the decoded pointers point into the blob */
+    KT_CHECK(out.backends[1].conn > blob && out.backends[1].conn < blob + len);
+    kvli_md_release(&out);
+    free(blob);
+}
+
+/* More than 64 MiB is refused when encoding, as it would be when decoding. */
+static void test_encode_limit(void)
+{
+    static uint8_t keybuf[KVL_BK_KEY_MAX];
+    kvli_md_t md;
+    kvl_error_t err;
+    uint8_t *blob = NULL;
+    size_t len = 0;
+    /* 8 keys of 1 KiB per region: 22 + 8 * (3 + 1024) bytes each */
+    const uint32_t per = 22 + KVLI_MAX_BACKENDS * (3 + KVL_BK_KEY_MAX);
+    uint32_t n = KVLI_MD_MAX_LEN / per + 1;
+    kvli_md_region_t *regs = calloc(n, sizeof(*regs));
+    KT_CHECK(regs != NULL);
+    memset(&md, 0, sizeof(md));
+    strcpy(md.name, "huge");
+    md.incarnation = 1;
+    md.n_backends = KVLI_MAX_BACKENDS;
+    for (unsigned b = 0; b < KVLI_MAX_BACKENDS; b++)
+        snprintf(md.backends[b].name, sizeof(md.backends[b].name), "b%u", b);
+    for (uint32_t i = 0; i < n; i++) {
+        regs[i] = (kvli_md_region_t){.addr = 4096ull * (i + 1), .len = 4096, .kind = KVL_MEM_DRAM};
+        for (unsigned b = 0; b < KVLI_MAX_BACKENDS; b++)
+            regs[i].keys[b] = (kvli_md_key_t){keybuf, KVL_BK_KEY_MAX, true};
+    }
+    md.regions = regs;
+    md.n_regions = n;
+    KT_CHECK(kvli_md_encode(&md, &blob, &len, &err) == KVL_ERR_UNSUPPORTED);
+    KT_CHECK(strstr(err.what, "bytes, over the 64 MiB limit") != NULL);
+    KT_CHECK(strcmp(err.hint, "register fewer, larger regions") == 0 && blob == NULL);
+    /* one region fewer fits, and decodes */
+    md.n_regions = n - 1;
+    KT_CHECK(kvli_md_encode(&md, &blob, &len, &err) == KVL_OK && len <= KVLI_MD_MAX_LEN);
+    kvli_md_t out;
+    KT_CHECK(kvli_md_decode(blob, len, &out, &err) == KVL_OK && out.n_regions == n - 1);
+    kvli_md_release(&out);
+    free(blob);
+    free(regs);
 }
 
 int main(void)
@@ -110,6 +446,9 @@ int main(void)
         }
     }
     free(blob);
+    test_structure_refused();
+    test_limits_round_trip();
+    test_encode_limit();
     printf("md codec: %u corruptions refused, %zu truncations refused\n", refused, len);
     return 0;
 }

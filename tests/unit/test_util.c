@@ -1,0 +1,189 @@
+/* Small utilities (src/core/util.c): CRC32C vectors, name rules, overflow
+ * checks, bounded copies, clocks, randomness and the scratch-buffer cache. */
+#include <errno.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <time.h>
+#include "common/kvltest.h"
+#include "core/internal.h"
+
+static void test_crc32c(void)
+{
+    uint8_t buf[32];
+    /* the check value of CRC-32C, and RFC 3720 (iSCSI) appendix B.4 */
+    KT_CHECK(kvli_crc32c(0, "123456789", 9) == 0xE3069283u);
+    memset(buf, 0, sizeof(buf));
+    KT_CHECK(kvli_crc32c(0, buf, sizeof(buf)) == 0x8A9136AAu);
+    memset(buf, 0xff, sizeof(buf));
+    KT_CHECK(kvli_crc32c(0, buf, sizeof(buf)) == 0x62A8AB43u);
+    for (int i = 0; i < 32; i++)
+        buf[i] = (uint8_t)i;
+    KT_CHECK(kvli_crc32c(0, buf, sizeof(buf)) == 0x46DD794Eu);
+    for (int i = 0; i < 32; i++)
+        buf[i] = (uint8_t)(31 - i);
+    KT_CHECK(kvli_crc32c(0, buf, sizeof(buf)) == 0x113FDB5Cu);
+    /* nothing hashed: the crc passed in */
+    KT_CHECK(kvli_crc32c(0, NULL, 0) == 0);
+    KT_CHECK(kvli_crc32c(0x12345678u, buf, 0) == 0x12345678u);
+    /* in pieces as at once */
+    uint32_t c = kvli_crc32c(0, "1234", 4);
+    KT_CHECK(kvli_crc32c(c, "56789", 5) == 0xE3069283u);
+}
+
+static void test_names(void)
+{
+    char n[80];
+    KT_CHECK(kvli_name_valid("a"));
+    KT_CHECK(kvli_name_valid("prefill-0.rank_7:tp2"));
+    KT_CHECK(kvli_name_valid("~!@#$%^&*()"));
+    memset(n, 'n', sizeof(n));
+    n[KVL_NAME_MAX - 1] = '\0'; /* 63 characters: the most */
+    KT_CHECK(kvli_name_valid(n));
+    n[KVL_NAME_MAX - 1] = 'n';
+    n[KVL_NAME_MAX] = '\0'; /* 64 */
+    KT_CHECK(!kvli_name_valid(n));
+    KT_CHECK(!kvli_name_valid(NULL));
+    KT_CHECK(!kvli_name_valid(""));
+    KT_CHECK(!kvli_name_valid("has space"));
+    KT_CHECK(!kvli_name_valid("tab\there"));
+    KT_CHECK(!kvli_name_valid("nl\n"));
+    KT_CHECK(!kvli_name_valid("del\x7f"));
+    KT_CHECK(!kvli_name_valid("caf\xc3\xa9")); /* printable ASCII only */
+}
+
+static void test_overflow(void)
+{
+    KT_CHECK(!kvli_add_overflows(0, 0));
+    KT_CHECK(!kvli_add_overflows(UINT64_MAX, 0));
+    KT_CHECK(!kvli_add_overflows(UINT64_MAX - 1, 1));
+    KT_CHECK(kvli_add_overflows(UINT64_MAX, 1));
+    KT_CHECK(kvli_add_overflows(1, UINT64_MAX));
+    KT_CHECK(kvli_add_overflows(1ull << 63, 1ull << 63));
+    KT_CHECK(!kvli_add_overflows((1ull << 63) - 1, 1ull << 63));
+}
+
+static void test_scopy(void)
+{
+    char d[8];
+    memset(d, 'z', sizeof(d));
+    kvli_scopy(d, 0, "abc"); /* no room: untouched */
+    KT_CHECK(d[0] == 'z');
+    kvli_scopy(d, 1, "abc");
+    KT_CHECK(d[0] == '\0' && d[1] == 'z');
+    kvli_scopy(d, sizeof(d), "abcdefgh"); /* one too long: truncated */
+    KT_CHECK(strcmp(d, "abcdefg") == 0);
+    kvli_scopy(d, sizeof(d), "abcdefg"); /* exactly fits */
+    KT_CHECK(strcmp(d, "abcdefg") == 0);
+    kvli_scopy(d, sizeof(d), NULL);
+    KT_CHECK(d[0] == '\0');
+    memset(d, 'z', sizeof(d));
+    kvli_scopy(d, sizeof(d), "");
+    KT_CHECK(d[0] == '\0' && d[1] == 'z');
+    /* the source need not be terminated within cap */
+    char src[3] = {'x', 'y', 'w'};
+    kvli_scopy(d, 3, src);
+    KT_CHECK(strcmp(d, "xy") == 0);
+}
+
+static void test_clocks_random(void)
+{
+    uint64_t t1 = kvli_now_ns(), t2 = kvli_now_ns();
+    KT_CHECK(t2 >= t1);
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    uint64_t rt = kvli_realtime_ns(), mine = (uint64_t)ts.tv_sec * 1000000000ull;
+    KT_CHECK(rt >= mine);
+    /* random ids are never 0 (0 means "no incarnation") and not a constant */
+    uint64_t r[8];
+    for (int i = 0; i < 8; i++) {
+        r[i] = kvli_random64();
+        KT_CHECK(r[i] != 0);
+    }
+    int same = 1;
+    for (int i = 1; i < 8; i++)
+        same &= r[i] == r[0];
+    KT_CHECK(!same);
+}
+
+static int mapped(const void *p, size_t len)
+{
+    return msync((void *)(uintptr_t)p, len, MS_ASYNC) == 0 ? 1 : errno == ENOMEM ? 0 : -1;
+}
+
+/*
+ * A cached buffer up to twice the size asked is handed out, and the caller
+ * frees it with the size it asked for: nothing of the bigger buffer may stay
+ * mapped once that buffer leaves the cache. Runs first, on an empty cache.
+ */
+static void test_buf_reuse_unmaps_all(void)
+{
+    const size_t mb = 1u << 20;
+    uint8_t *fill[8];
+    uint8_t *p = kvli_buf_alloc(5 * mb); /* a 6 MiB mapping */
+    KT_CHECK(p != NULL && mapped(p, 6 * mb) == 1);
+    memset(p, 1, 6 * mb);
+    kvli_buf_free(p, 5 * mb);
+    for (int i = 0; i < 8; i++) /* fresh mappings (the cache holds only p) */
+        fill[i] = kvli_buf_alloc(2 * mb);
+    uint8_t *q = kvli_buf_alloc(3 * mb); /* 4 MiB asked: p serves it */
+    KT_CHECK(q == p);
+    for (int i = 0; i < 8; i++) /* every slot of the cache taken */
+        kvli_buf_free(fill[i], 2 * mb);
+    kvli_buf_free(q, 3 * mb); /* no slot left: unmapped */
+    KT_CHECK(mapped(p, 4 * mb) == 0);
+    if (mapped(p + 4 * mb, 2 * mb) != 0)
+        fprintf(stderr, "the last 2 MiB of a reused 6 MiB buffer stayed mapped\n");
+    KT_CHECK(mapped(p + 4 * mb, 2 * mb) == 0);
+    /* leave the cache empty for the next test */
+    for (int i = 0; i < 8; i++) {
+        fill[i] = kvli_buf_alloc(2 * mb);
+        KT_CHECK(mapped(fill[i], 2 * mb) == 1);
+        munmap(fill[i], 2 * mb);
+    }
+}
+
+static void test_buf_cache(void)
+{
+    /* small: malloc, even for 0 bytes */
+    void *s = kvli_buf_alloc(0);
+    KT_CHECK(s != NULL);
+    kvli_buf_free(s, 0);
+    s = kvli_buf_alloc(1000);
+    memset(s, 1, 1000);
+    kvli_buf_free(s, 1000);
+    kvli_buf_free(NULL, 1u << 20);
+
+    /* big: whole 2 MiB units, kept warm and handed out again */
+    size_t big = 5u << 20;
+    uint8_t *p = kvli_buf_alloc(big);
+    KT_CHECK(p != NULL);
+    memset(p, 0xab, 6u << 20); /* rounded up: the whole 6 MiB is usable */
+    kvli_buf_free(p, big);
+    uint8_t *q = kvli_buf_alloc(big - 4096); /* same rounded size: reused */
+    KT_CHECK(q == p && q[(6u << 20) - 1] == 0xab);
+    kvli_buf_free(q, big);
+    /* a cached buffer more than twice the (rounded) size asked is not handed out */
+    uint8_t *small = kvli_buf_alloc(2u << 20);
+    KT_CHECK(small != NULL && small != p);
+    uint8_t *again = kvli_buf_alloc(3u << 20); /* 4 MiB: 6 is within twice */
+    KT_CHECK(again == p);
+    kvli_buf_free(small, 2u << 20);
+    kvli_buf_free(again, 3u << 20);
+
+    /* sizes that round past SIZE_MAX are refused, not wrapped to nothing */
+    KT_CHECK(kvli_buf_alloc(SIZE_MAX) == NULL);
+    KT_CHECK(kvli_buf_alloc(SIZE_MAX - (1u << 20)) == NULL);
+}
+
+int main(void)
+{
+    test_buf_reuse_unmaps_all();
+    test_crc32c();
+    test_names();
+    test_overflow();
+    test_scopy();
+    test_clocks_random();
+    test_buf_cache();
+    printf("test_util: passed\n");
+    return 0;
+}
