@@ -19,8 +19,8 @@ typedef struct kvl_error_cause {
     int sys_errno;                 /* errno of the failed system call, 0 if none */
     char backend[KVL_NAME_MAX];    /* "" when not about a backend */
     int device;                    /* -1 when not about a device */
-    char what[256];                /* the exact call that failed and its result */
-    char hint[256];                /* what to check or do */
+    char what[1024];               /* the exact call that failed and its result */
+    char hint[1024];               /* what to check or do */
 } kvl_error_cause_t;
 
 /*
@@ -34,8 +34,8 @@ typedef struct kvl_error {
     int device;                    /* -1 when not about a device */
     char agent[KVL_NAME_MAX];      /* remote agent involved, "" if none */
     char region[128];              /* region/descriptor involved, "" if none */
-    char what[512];
-    char hint[512];
+    char what[1024];               /* sized so that no diagnosis is cut */
+    char hint[1024];
     unsigned n_causes;
     unsigned n_causes_dropped;     /* causes beyond KVL_ERROR_MAX_CAUSES */
     kvl_error_cause_t causes[KVL_ERROR_MAX_CAUSES];

@@ -56,7 +56,8 @@ typedef struct kvl_reg_params {
 typedef struct kvl_reg_outcome {
     char backend[64];
     kvl_status_t status;            /* KVL_OK when this backend accepted */
-    char detail[384];               /* path used ("cma", "mmap") or the reason */
+    char detail[2080];              /* path used ("cma", "mmap"), or the reason and its
+                                       fix: a whole error's what and hint */
 } kvl_reg_outcome_t;
 
 #define KVL_REG_MAX_OUTCOMES 8

@@ -349,7 +349,7 @@ static kvl_status_t kvli_register_one(kvl_agent_t *a, const kvl_mem_desc_t *d,
         if (!(mask & (1u << b)))
             continue;
         struct kvl_backend *bk = a->bks[b];
-        char detail[384] = "";
+        char detail[1024] = "";
         kvl_error_t berr;
         memset(&berr, 0, offsetof(kvl_error_t, causes));
         berr.device = -1;
@@ -372,8 +372,9 @@ static kvl_status_t kvli_register_one(kvl_agent_t *a, const kvl_mem_desc_t *d,
                 kvl_bk_error_set(&berr, st, 0, bk->ops->name, dev, "mem_reg failed");
             if (!berr.backend[0])
                 kvli_scopy(berr.backend, sizeof(berr.backend), bk->ops->name);
-            char line[384];
-            snprintf(line, sizeof(line), "%.200s%s%.170s", berr.what, berr.hint[0] ? "; fix: " : "", berr.hint);
+            char line[sizeof(((kvl_reg_outcome_t *)0)->detail)];
+            snprintf(line, sizeof(line), "%s%s%s", berr.what, berr.hint[0] ? "; fix: " : "",
+                     berr.hint);
             kvli_outcome(e, bk->ops->name, st, line);
             kvli_err_add_cause(&all, &berr);
         }

@@ -27,7 +27,7 @@ typedef struct writer {
     kvl_xfer_t *x;
     atomic_uint done_ok;
     kvl_status_t failed;             /* first failure */
-    char what[512];
+    char what[1024];
     atomic_uint limit;               /* stop after this many successes (0: none) */
 } writer_t;
 

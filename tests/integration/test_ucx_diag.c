@@ -150,6 +150,41 @@ static void test_net_devices(void)
     munmap(b, 1 << 20);
 }
 
+/* Issue 17 item 1: no diagnosis is cut, in the error nor in the report row. */
+static void test_not_cut(void)
+{
+    printf("--- (a2) UCX_NET_DEVICES=mlx5_0:1 (listed, its /dev node missing): nothing cut\n");
+    setenv("UCX_NET_DEVICES", "mlx5_0:1", 1);
+    kvl_agent_t *a = kt_agent("diag-a2", "shm", NULL);
+    KT_OK(kvl_backend_create(a, "ucx", NULL, 0, NULL));
+    unsetenv("UCX_NET_DEVICES");
+    uint8_t *b = region(1 << 20);
+    kvl_mem_desc_t d = {(uint64_t)(uintptr_t)b, 1 << 20, KVL_DEV_ANY};
+    kvl_reg_report_t *rep;
+    KT_OK(kvl_mem_register(a, &d, 1, NULL, &rep));
+    char text[16384];
+    kvl_reg_report_render(rep, text, sizeof(text));
+    printf("%s", text);
+    const kvl_reg_outcome_t *o = outcome(rep, "ucx");
+    KT_CHECK(o != NULL && o->status == KVL_ERR_NO_DEVICE);
+    /* the explanation to its last words, and the fix after it */
+    KT_CHECK(strstr(o->detail, "--device=/dev/infiniband/uverbs0) or leave it out of "
+                               "UCX_NET_DEVICES") != NULL);
+    KT_CHECK(strstr(o->detail, "; fix: ") != NULL);
+    KT_CHECK(strstr(o->detail, "ucx_info -d") != NULL);
+    kvl_reg_report_free(rep);
+    KT_OK(kvl_mem_deregister(a, &d, 1));
+    const char *only[] = {"ucx"};
+    kvl_reg_params_t rp = {.field_mask = KVL_REG_PARAM_BACKENDS, .backends = only, .n_backends = 1};
+    KT_STATUS(kvl_mem_register(a, &d, 1, &rp, NULL), KVL_ERR_NO_BACKEND);
+    kvl_error_render(NULL, text, sizeof(text));
+    printf("%s\n", text);
+    KT_ERROR_HAS("--device=/dev/infiniband/uverbs0) or leave it out of UCX_NET_DEVICES");
+    KT_ERROR_HAS("ucx_info -d");
+    kvl_agent_destroy(a);
+    munmap(b, 1 << 20);
+}
+
 static void test_tls(void)
 {
     char text[8192];
@@ -345,6 +380,7 @@ int main(void)
         KT_SKIP("ucx backend not available: %s", reason);
     }
     test_net_devices();
+    test_not_cut();
     test_tls();
     test_slow_tls();
     test_memlock();

@@ -28,6 +28,8 @@ typedef struct state {
 static state_t st;
 
 static void log_fn(kvl_bk_ctx_t *ctx, kvl_log_level_t level, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static void log_fn(kvl_bk_ctx_t *ctx, kvl_log_level_t level, const char *fmt, ...)
 {
     va_list ap;
     (void)ctx;
