@@ -378,6 +378,40 @@ static inline void kvl_bk_error_hint(kvl_error_t *err, const char *fmt, ...)
     va_end(ap);
 }
 
+/*
+ * Attach a lower error (the call this backend made that failed: a driver's,
+ * another backend's) to err as a cause, whole, instead of pasting its text
+ * into err->what. Call after kvl_bk_error_set (which clears the causes). The
+ * lower error's own causes follow it, as far as room lasts.
+ */
+static inline kvl_error_cause_t *kvl_bk_error_cause_slot(kvl_error_t *err)
+{
+    if (err->n_causes >= KVL_ERROR_MAX_CAUSES) {
+        err->n_causes_dropped++;
+        return NULL;
+    }
+    return &err->causes[err->n_causes++];
+}
+
+static inline void kvl_bk_error_cause(kvl_error_t *err, const kvl_error_t *lower)
+{
+    kvl_error_cause_t *c;
+    if (err == NULL || lower == NULL || lower->code == KVL_OK)
+        return;
+    if ((c = kvl_bk_error_cause_slot(err)) != NULL) {
+        c->code = lower->code;
+        c->sys_errno = lower->sys_errno;
+        c->device = lower->device;
+        snprintf(c->backend, sizeof(c->backend), "%s", lower->backend);
+        snprintf(c->what, sizeof(c->what), "%s", lower->what);
+        snprintf(c->hint, sizeof(c->hint), "%s", lower->hint);
+    }
+    for (unsigned i = 0; i < lower->n_causes && i < KVL_ERROR_MAX_CAUSES; i++)
+        if ((c = kvl_bk_error_cause_slot(err)) != NULL)
+            *c = lower->causes[i];
+    err->n_causes_dropped += lower->n_causes_dropped;
+}
+
 #ifdef __cplusplus
 }
 #endif

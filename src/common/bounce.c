@@ -81,8 +81,9 @@ static void *kvli_bounce_alloc(kvli_bounce_pool_t *pool, size_t len, int heap_ok
         return NULL;
     }
     kvl_bk_error_set(err, e.code ? e.code : KVL_ERR_NO_MEMORY, e.sys_errno, pool->bk, e.device,
-                     "no pinned staging buffer of %zu bytes for VRAM: %.300s", len, e.what);
+                     "no pinned staging buffer of %zu bytes for VRAM: %s", len, e.what);
     kvl_bk_error_hint(err, "%s", e.hint);
+    kvl_bk_error_cause(err, &e); /* the allocator's own error, whole */
     return NULL;
 }
 

@@ -96,6 +96,9 @@ kvl_status_t kvli_fail_simple(kvl_agent_t *agent, kvl_status_t code, const char 
 
 const kvl_error_t *kvl_last_error(void)
 {
+    /* A thread's error starts zeroed (TLS): nothing recorded claims no device. */
+    if (kvli_tls_err.code == KVL_OK && kvli_tls_err.what[0] == '\0')
+        kvli_tls_err.device = -1;
     return &kvli_tls_err;
 }
 

@@ -154,6 +154,10 @@ int main(void)
     KT_CHECK(strstr(e.what, "no pinned staging buffer of 4096 bytes for VRAM: cuMemHostAlloc")
              != NULL);
     KT_CHECK(strcmp(e.backend, "tcp") == 0);
+    /* the allocator's error rides along whole, as a cause (issue 17 item 9) */
+    KT_CHECK(e.n_causes == 1 && strcmp(e.causes[0].backend, "fake") == 0 &&
+             strstr(e.causes[0].what, "CUDA_ERROR_OUT_OF_MEMORY") != NULL &&
+             strcmp(e.causes[0].hint, "pinned host memory is short") == 0);
     atomic_store(&fail_alloc, 0);
     b[0] = get(&pool, 1, 0, KVL_OK); /* the hole was given back */
     b[1] = get(&pool, 1, 0, KVL_OK);

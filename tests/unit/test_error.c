@@ -138,6 +138,11 @@ static void *other_thread(void *arg)
 {
     (void)arg;
     KT_CHECK(kvl_last_error()->code == KVL_OK); /* a new thread starts clean */
+    /* and claims no device (issue 17 item 9: an empty error is not about GPU 0) */
+    KT_CHECK(kvl_last_error()->device == -1);
+    char empty[512];
+    kvl_error_render(NULL, empty, sizeof(empty));
+    KT_CHECK(strstr(empty, "device") == NULL);
     kvli_fail_simple(g_agent, KVL_ERR_TIMEOUT, NULL, "in the other thread");
     KT_CHECK(kvl_last_error()->code == KVL_ERR_TIMEOUT);
     return NULL;
