@@ -46,7 +46,9 @@ static int64_t prepare(void *arg, kvli_pollset_t *ps)
 {
     state_t *s = arg;
     int64_t r = KVLI_PROGRESS_FOREVER;
+    size_t extra;
     pthread_mutex_lock(&s->lock);
+    extra = s->extra_slots; /* the test's thread changes it */
     s->turns++;
     pthread_cond_broadcast(&s->cond);
     if (s->stop_at != 0 && s->turns >= s->stop_at)
@@ -58,11 +60,11 @@ static int64_t prepare(void *arg, kvli_pollset_t *ps)
     pthread_mutex_unlock(&s->lock);
     if (r != KVLI_PROGRESS_FOREVER)
         return r;
-    if (kvli_pollset_reserve(&s->pg, ps, 2 + s->extra_slots) != 0)
+    if (kvli_pollset_reserve(&s->pg, ps, 2 + extra) != 0)
         return KVLI_PROGRESS_BACKOFF;
     KT_CHECK(ps->n == 1 && ps->pfd[0].fd == s->pg.wake_fd); /* slot 0: the wake fd */
     kvli_pollset_add(ps, s->pipe_r, POLLIN, &s->ngot);
-    for (size_t i = 0; i < s->extra_slots; i++)
+    for (size_t i = 0; i < extra; i++)
         kvli_pollset_add(ps, -1, POLLIN, NULL);
     return r;
 }
@@ -186,9 +188,13 @@ int main(void)
     pthread_mutex_unlock(&st.lock);
     kvli_progress_wake(&st.pg);
     KT_CHECK(wait_for(logged, 0));
-    printf("logged: %s\n", st.log);
-    KT_CHECK(strstr(st.log, "test: ppoll() of 102 descriptors = -1 EINVAL") != NULL);
-    KT_CHECK(strstr(st.log, "retrying in 10 ms") != NULL);
+    char logged_text[sizeof(st.log)];
+    pthread_mutex_lock(&st.lock); /* the thread logs again at every retry */
+    memcpy(logged_text, st.log, sizeof(logged_text));
+    pthread_mutex_unlock(&st.lock);
+    printf("logged: %s\n", logged_text);
+    KT_CHECK(strstr(logged_text, "test: ppoll() of 102 descriptors = -1 EINVAL") != NULL);
+    KT_CHECK(strstr(logged_text, "retrying in 10 ms") != NULL);
     pthread_mutex_lock(&st.lock);
     st.extra_slots = 0;
     t = st.turns;
