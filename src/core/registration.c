@@ -94,6 +94,15 @@ static kvl_status_t kvli_mem_classify(kvl_agent_t *a, const kvl_mem_desc_t *d,
         *dev_p = dev;
         return KVL_OK;
     }
+    if (declared != KVL_MEM_AUTO && declared != KVL_MEM_DRAM && have_why &&
+        why.code == KVL_ERR_DEVICE_MISMATCH) {
+        /* a device backend says what the memory is instead: host memory */
+        kvli_err(err, KVL_ERR_DEVICE_MISMATCH, 0, "declared %s, but the %s backend says: %s",
+                 kvl_mem_kind_name(declared), why.backend, why.what);
+        kvli_hint(err, "%s", why.hint);
+        err->device = d->dev == KVL_DEV_ANY ? -1 : d->dev;
+        return KVL_ERR_DEVICE_MISMATCH;
+    }
     if (declared != KVL_MEM_AUTO && declared != KVL_MEM_DRAM) {
         char names[256] = "";
         size_t off = 0;

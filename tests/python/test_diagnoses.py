@@ -36,3 +36,43 @@ def test_dead_shm_peer_is_described_as_disconnected(uniq):
                 f.close()
             except OSError:
                 pass
+
+
+def _torch_cuda():
+    try:
+        import torch
+    except ImportError:
+        return None
+    return torch if torch.cuda.is_available() else None
+
+
+def test_host_memory_declared_vram_is_a_kind_mismatch(uniq):
+    """Issue 17 item 5: with a driver present, host memory declared VRAM is
+    named as host memory (a kind mismatch), not "no backend recognises it";
+    a freed GPU pointer is not called host memory."""
+    torch = _torch_cuda()
+    if torch is None:
+        pytest.skip("needs torch with a CUDA GPU (runs on the GPU machine)")
+    a = kvlane.Agent(uniq, backends=("shm", "cuda"))
+    try:
+        host = np.zeros(1 << 20, np.uint8)
+        addr = host.ctypes.data
+        with pytest.raises(kvlane.Error) as ei:
+            a.register_memory((addr, host.nbytes), kind="VRAM")
+        text = str(ei.value)
+        assert "KVL_ERR_DEVICE_MISMATCH" in text and "declared VRAM" in text, text
+        assert "host memory mapped in this process" in text, text
+        assert "register it as DRAM" in text, text
+        pinned = torch.empty(1 << 20, dtype=torch.uint8, pin_memory=True)
+        with pytest.raises(kvlane.Error) as ei:
+            a.register_memory((pinned.data_ptr(), pinned.numel()), kind="VRAM")
+        assert "page-locked host memory" in str(ei.value), str(ei.value)
+        t = torch.empty(1 << 20, dtype=torch.uint8, device="cuda")
+        ptr = t.data_ptr()
+        del t
+        torch.cuda.empty_cache()
+        with pytest.raises(kvlane.Error) as ei:
+            a.register_memory((ptr, 1 << 20, 0), kind="VRAM")
+        assert "host memory" not in str(ei.value), str(ei.value)
+    finally:
+        a.close()
