@@ -2,7 +2,8 @@
  * text: a descriptor across two adjacent registrations is refused naming
  * both; the same range registered as another kind is a named conflict; an
  * overlap is reported; the report of a failed all-or-nothing registration
- * says which entries were undone and which were not tried. */
+ * says which entries were undone and which were not tried; an inaccessible
+ * mapping is not registered as DRAM (item 10). */
 #include <string.h>
 #include <sys/mman.h>
 #include "common/kvltest.h"
@@ -92,6 +93,17 @@ int main(void)
     /* and indeed nothing of it stayed registered */
     kvl_mem_desc_t again = four[0];
     KT_STATUS(kvl_mem_deregister(a, &again, 1), KVL_ERR_NOT_FOUND);
+
+    /* 10. an inaccessible mapping (what a freed GPU allocation leaves) is not DRAM */
+    uint8_t *none = mmap(NULL, MB, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    KT_CHECK(none != MAP_FAILED);
+    kvl_mem_desc_t nd = {(uint64_t)(uintptr_t)none, MB, KVL_DEV_ANY};
+    KT_STATUS(kvl_mem_register(a, &nd, 1, NULL, NULL), KVL_ERR_INVALID_ARG);
+    printf("inaccessible: %s\n", kvl_last_error()->what);
+    KT_ERROR_HAS("is mapped in this process but");
+    KT_ERROR_HAS("cannot be read (an inaccessible mapping: a freed GPU allocation's reserved "
+                 "range, or a guard region)");
+    munmap(none, MB);
 
     KT_OK(kvl_mem_deregister(a, two, 2));
     kvl_agent_destroy(a);

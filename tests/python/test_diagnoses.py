@@ -74,5 +74,10 @@ def test_host_memory_declared_vram_is_a_kind_mismatch(uniq):
         with pytest.raises(kvlane.Error) as ei:
             a.register_memory((ptr, 1 << 20, 0), kind="VRAM")
         assert "host memory" not in str(ei.value), str(ei.value)
+        # issue 17 item 10: with kind AUTO a freed GPU pointer is not DRAM
+        with pytest.raises(kvlane.Error) as ei:
+            a.register_memory((ptr, 1 << 20))
+        text = str(ei.value)
+        assert "cannot be read" in text or "not (fully) mapped" in text, text
     finally:
         a.close()
