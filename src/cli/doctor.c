@@ -29,13 +29,13 @@
 #include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
-#include <sys/statvfs.h>
 #include <sys/uio.h>
 #include <sys/utsname.h>
 #include <sys/wait.h>
 #include <unistd.h>
 #include <kvlane/kvlane.h>
 #include "cli.h"
+#include "common/host.h"
 #include "common/rdma_diag.h"
 
 enum { KVL_OKAY = 0, KVL_WARN = 1, KVL_FAIL = 2 };
@@ -159,15 +159,15 @@ static void kvl_check_memlock(uint64_t planned, kvl_mem_kind_t mem)
 
 static void kvl_check_shm(uint64_t planned)
 {
-    struct statvfs sv;
+    uint64_t total = 0, avail = 0;
     char tot[32], fr[32];
-    if (statvfs("/dev/shm", &sv) != 0) {
+    int e = kvli_host_dev_shm_size(&total, &avail);
+    if (e != 0) {
         kvl_check("limits.dev_shm", KVL_WARN,
                   "mount a tmpfs on /dev/shm (Kubernetes: an emptyDir with medium: Memory)",
-                  "statvfs(/dev/shm) failed: %s", strerror(errno));
+                  "statvfs(/dev/shm) failed: %s", strerror(e));
         return;
     }
-    uint64_t total = (uint64_t)sv.f_blocks * sv.f_frsize, avail = (uint64_t)sv.f_bavail * sv.f_frsize;
     kvl_fmt_bytes(total, tot, sizeof(tot));
     kvl_fmt_bytes(avail, fr, sizeof(fr));
     int small = total < (1ull << 30), short_ = planned != 0 && avail < planned;

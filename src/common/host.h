@@ -4,6 +4,7 @@
 #define KVLI_HOST_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 #define KVLI_BOOT_ID_LEN 36
 
@@ -12,8 +13,17 @@
  * or "read(...) = n: expected a 36-character boot id"). */
 int kvli_host_boot_id(char *buf, size_t cap, char *why, size_t why_cap);
 
+/* /dev/shm's size and free bytes: 0, or the errno of statvfs. */
+int kvli_host_dev_shm_size(uint64_t *total_p, uint64_t *avail_p);
 /* "/dev/shm: 64.0 MiB, 12.0 MiB free" (or why it cannot be read) into buf:
  * what an allocation in shared memory has room for. */
 void kvli_host_dev_shm(char *buf, size_t cap);
+
+/* Whether [addr, addr+len) is host memory this process can read, checked
+ * without touching it (no fault): 0; ENOMEM when part of it is not mapped
+ * (msync); EFAULT when it is mapped but a byte at one end cannot be read
+ * (*bad_p says which: an inaccessible mapping, such as the range the CUDA
+ * driver keeps reserved after freeing GPU memory). */
+int kvli_host_readable(uint64_t addr, uint64_t len, uint64_t *bad_p);
 
 #endif

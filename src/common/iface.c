@@ -26,12 +26,17 @@ void *kvli_iface_new(const kvl_bk_ctx_t *ctx, void **bk_p, const char *bk, size_
     return iface;
 }
 
-void kvli_lock_init(pthread_mutex_t *m, pthread_cond_t *c)
+void kvli_cond_init(pthread_cond_t *c)
 {
     pthread_condattr_t ca;
-    pthread_mutex_init(m, NULL);
     pthread_condattr_init(&ca);
     pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
     pthread_cond_init(c, &ca);
     pthread_condattr_destroy(&ca);
+}
+
+void kvli_lock_init(pthread_mutex_t *m, pthread_cond_t *c)
+{
+    pthread_mutex_init(m, NULL);
+    kvli_cond_init(c);
 }

@@ -12,8 +12,10 @@
 void *kvli_iface_new(const kvl_bk_ctx_t *ctx, void **bk_p, const char *bk, size_t size,
                      kvl_status_t *st_p, kvl_error_t *err);
 
-/* A mutex and a condition variable whose timed waits use CLOCK_MONOTONIC
- * (deadlines do not move with the wall clock). */
+/* A condition variable whose timed waits use CLOCK_MONOTONIC (deadlines do
+ * not move with the wall clock). */
+void kvli_cond_init(pthread_cond_t *c);
+/* A mutex and such a condition variable. */
 void kvli_lock_init(pthread_mutex_t *m, pthread_cond_t *c);
 
 #endif

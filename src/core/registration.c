@@ -9,6 +9,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <unistd.h>
+#include "common/host.h"
 #include "internal.h"
 
 void kvli_region_unregister_backends(kvl_agent_t *a, kvli_region_t *r)
@@ -20,32 +21,6 @@ void kvli_region_unregister_backends(kvl_agent_t *a, kvli_region_t *r)
         }
     }
     r->bk_mask = 0;
-}
-
-/* Whether the byte at addr can be read, without touching it ourselves (no
- * fault): write(2) copies it into a pipe and says EFAULT when it cannot. */
-static bool kvli_host_readable(uint64_t addr, uint64_t *bad_p)
-{
-    static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
-    static int fds[2] = {-1, -1};
-    bool ok = true;
-    char c;
-    pthread_mutex_lock(&lock);
-    if (fds[0] < 0 && pipe2(fds, O_CLOEXEC | O_NONBLOCK) != 0)
-        fds[0] = fds[1] = -1;
-    if (fds[0] >= 0) {
-        ssize_t n = write(fds[1], (const void *)(uintptr_t)addr, 1);
-        if (n == 1) {
-            ssize_t r = read(fds[0], &c, 1);
-            (void)r;
-        } else if (n < 0 && errno == EFAULT) {
-            ok = false;
-        }
-    }
-    pthread_mutex_unlock(&lock);
-    if (!ok)
-        *bad_p = addr;
-    return ok;
 }
 
 static bool kvli_numa_node_exists(int32_t node)
@@ -150,13 +125,16 @@ static kvl_status_t kvli_mem_classify(kvl_agent_t *a, const kvl_mem_desc_t *d,
         }
         return KVL_ERR_NO_BACKEND;
     }
-    /* Host memory: the range must be mapped in this process. msync checks
-     * the whole range with one call and fails with ENOMEM on any hole. */
+    /* Host memory: the range must be mapped in this process (msync checks
+     * the whole range with one call and fails with ENOMEM on any hole), and
+     * readable: the CUDA driver keeps freed GPU ranges reserved as
+     * inaccessible (PROT_NONE) mappings, and such a "DRAM" region would fail
+     * every transfer later. */
     long pg = sysconf(_SC_PAGESIZE);
-    uint64_t start = d->addr & ~((uint64_t)pg - 1);
-    if (msync((void *)(uintptr_t)start, d->addr + d->len - start, MS_ASYNC) != 0) {
-        int e = errno;
-        kvli_err(err, KVL_ERR_INVALID_ARG, e,
+    uint64_t start = d->addr & ~((uint64_t)pg - 1), unreadable = 0;
+    int he = kvli_host_readable(d->addr, d->len, &unreadable);
+    if (he == ENOMEM) {
+        kvli_err(err, KVL_ERR_INVALID_ARG, he,
                  "msync(0x%llx, %llu, MS_ASYNC) failed: the range is not (fully) mapped in "
                  "this process",
                  (unsigned long long)start, (unsigned long long)(d->addr + d->len - start));
@@ -164,12 +142,7 @@ static kvl_status_t kvli_mem_classify(kvl_agent_t *a, const kvl_mem_desc_t *d,
                        "pointer needs the cuda backend");
         return KVL_ERR_INVALID_ARG;
     }
-    /* Mapped is not enough: the CUDA driver keeps freed GPU ranges reserved
-     * as inaccessible (PROT_NONE) mappings, and such a "DRAM" region would
-     * fail every transfer later. One byte at each end must be readable. */
-    uint64_t unreadable = 0;
-    if (!kvli_host_readable(d->addr, &unreadable) ||
-        !kvli_host_readable(d->addr + d->len - 1, &unreadable)) {
+    if (he == EFAULT) {
         kvli_err(err, KVL_ERR_INVALID_ARG, EFAULT,
                  "0x%llx+%llu is mapped in this process but 0x%llx cannot be read (an "
                  "inaccessible mapping: a freed GPU allocation's reserved range, or a guard "

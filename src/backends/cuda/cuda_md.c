@@ -10,10 +10,10 @@
  */
 #include <errno.h>
 #include <inttypes.h>
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+#include "common/host.h"
 #include "cuda.h"
 
 #define KVLI_CUDA_KEY_MAGIC 0x4b43554bu      /* "KUCK" */
@@ -113,35 +113,12 @@ static int kvli_cuda_walk(const kvli_cuda_drv_t *d, int dev, uint64_t addr, uint
     return 0;
 }
 
-/* Whether [addr, addr+len) is readable host memory of this process: its
- * mappings in /proc/self/maps cover it and allow reads. (The CUDA driver
- * keeps freed GPU ranges reserved as PROT_NONE mappings: those are not.) */
-static int kvli_cuda_host_mapped(uint64_t addr, uint64_t len)
-{
-    FILE *f;
-    char line[512];
-    uint64_t at = addr, end = addr + len;
-    if (len == 0 || end < addr || (f = fopen("/proc/self/maps", "re")) == NULL)
-        return 0;
-    while (at < end && fgets(line, sizeof(line), f) != NULL) {
-        unsigned long long lo, hi;
-        char perm[5];
-        if (sscanf(line, "%llx-%llx %4s", &lo, &hi, perm) != 3 || hi <= at)
-            continue;
-        if (lo > at || perm[0] != 'r')
-            break; /* a hole, or not readable */
-        at = hi;
-    }
-    fclose(f);
-    return at >= end;
-}
-
 kvl_status_t kvli_cuda_md_query(uint64_t addr, uint64_t len, int32_t declared_dev,
                                 kvl_mem_kind_t *kind_p, int32_t *dev_p, char *info,
                                 size_t info_len, kvl_error_t *err)
 {
     const kvli_cuda_drv_t *d = kvli_cuda_drv_get();
-    uint64_t v, base = 0, size = 0;
+    uint64_t v, base = 0, size = 0, bad;
     unsigned type;
     int dev, legacy;
     CUresult r;
@@ -159,7 +136,7 @@ kvl_status_t kvli_cuda_md_query(uint64_t addr, uint64_t len, int32_t declared_de
     type = kvli_cuda_memtype(d, addr, &r);
     if (type == KVLI_CU_MEMTYPE_HOST || (type != KVLI_CU_MEMTYPE_DEVICE &&
                                          type != KVLI_CU_MEMTYPE_UNIFIED &&
-                                         kvli_cuda_host_mapped(addr, len))) {
+                                         kvli_host_readable(addr, len, &bad) == 0)) {
         /* Host memory: a kind mismatch when VRAM was declared (the core says so). */
         kvl_bk_error_set(err, KVL_ERR_DEVICE_MISMATCH, 0, KVLI_CUDA_NAME, declared_dev,
                          "0x%" PRIx64 "+%" PRIu64 " is %s, not GPU memory", addr, len,

@@ -345,7 +345,6 @@ static kvl_status_t kvli_shm_open(kvl_bk_ctx_t *ctx, const kvl_param_t *params,
                                   size_t n, void **bk_p, kvl_error_t *err)
 {
     kvli_shm_iface_t *iface;
-    pthread_condattr_t ca;
     const char *dir;
     kvl_status_t st;
     unsigned i;
@@ -375,10 +374,7 @@ static kvl_status_t kvli_shm_open(kvl_bk_ctx_t *ctx, const kvl_param_t *params,
         goto err_free;
 
     kvli_lock_init(&iface->lock, &iface->cond);
-    pthread_condattr_init(&ca);
-    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-    pthread_cond_init(&iface->qcond, &ca);
-    pthread_condattr_destroy(&ca);
+    kvli_cond_init(&iface->qcond);
 
     iface->scratch_len = KVLI_SHM_SCRATCH;
     iface->scratch = malloc(iface->scratch_len);
