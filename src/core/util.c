@@ -154,7 +154,6 @@ void *kvli_buf_alloc(size_t bytes)
     if (len >= (2u << 20))
         (void)madvise(p, len, MADV_HUGEPAGE);
 #endif
-    madvise(p, len, MADV_HUGEPAGE);
     return p;
 }
 

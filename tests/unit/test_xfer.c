@@ -456,6 +456,11 @@ static void test_indexed(void)
     KT_STATUS(kvl_xfer_create_prepped(a, KVL_WRITE, lp, li, rp, ri, n, NULL, &x),
               KVL_ERR_INVALID_ARG);
     KT_ERROR_HAS("remote index 0 is -1; the prepared list has 300 entries");
+    /* high bits set, low half in range: still refused */
+    ri[0] = ((int64_t)1 << 32) + 1;
+    KT_STATUS(kvl_xfer_create_prepped(a, KVL_WRITE, lp, li, rp, ri, n, NULL, &x),
+              KVL_ERR_INVALID_ARG);
+    KT_ERROR_HAS("remote index 0 is 4294967297; the prepared list has 300 entries");
     ri[0] = (int64_t)n - 1;
     KT_CHECK(atomic_load(&lp->refs) == 1 && a->xfers == NULL);
     kvl_prep_release(lp);
