@@ -8,7 +8,9 @@
 #include <string.h>
 #include <unistd.h>
 #include <sys/mman.h>
+#include <stdlib.h>
 #include <sys/statvfs.h>
+#include <sys/uio.h>
 #include "errname.h"
 #include "host.h"
 
@@ -67,21 +69,124 @@ static int kvli_host_byte_readable(uint64_t addr)
     return ok;
 }
 
+static int kvli_host_msync(uint64_t addr, uint64_t len, uint64_t pg)
+{
+    uint64_t start = addr & ~(pg - 1);
+    if (len == 0 || addr + len < addr)
+        return ENOMEM;
+    return msync((void *)(uintptr_t)start, (size_t)(addr + len - start), MS_ASYNC) == 0 ? 0
+                                                                                        : ENOMEM;
+}
+
+typedef struct {
+    uint64_t addr;
+    size_t i;
+} kvli_host_ord_t;
+
+static int kvli_host_by_addr(const void *x, const void *y)
+{
+    uint64_t a = ((const kvli_host_ord_t *)x)->addr, b = ((const kvli_host_ord_t *)y)->addr;
+    return a < b ? -1 : a > b;
+}
+
+/* msync over runs of ranges that touch or overlap (by page); a run that
+ * fails is checked range by range to name the ranges with a hole. */
+static void kvli_host_mapped_many(kvli_host_range_t *r, size_t n, uint64_t pg)
+{
+    kvli_host_ord_t *ord = n > 1 ? malloc(n * sizeof(*ord)) : NULL;
+    if (ord == NULL) {
+        for (size_t i = 0; i < n; i++)
+            r[i].err = kvli_host_msync(r[i].addr, r[i].len, pg);
+        return;
+    }
+    for (size_t i = 0; i < n; i++)
+        ord[i] = (kvli_host_ord_t){r[i].addr, i};
+    qsort(ord, n, sizeof(*ord), kvli_host_by_addr);
+    for (size_t i = 0; i < n;) {
+        const kvli_host_range_t *f = &r[ord[i].i];
+        uint64_t lo = f->addr & ~(pg - 1), hi = f->addr + f->len;
+        size_t j = i + 1;
+        int bad = f->len == 0 || hi < f->addr;
+        for (; j < n && !bad; j++) {
+            const kvli_host_range_t *g = &r[ord[j].i];
+            if ((g->addr & ~(pg - 1)) > ((hi + pg - 1) & ~(pg - 1)))
+                break;
+            if (g->len == 0 || g->addr + g->len < g->addr)
+                bad = 1;
+            else if (g->addr + g->len > hi)
+                hi = g->addr + g->len;
+        }
+        if (!bad && msync((void *)(uintptr_t)lo, (size_t)(hi - lo), MS_ASYNC) == 0) {
+            for (size_t k = i; k < j; k++)
+                r[ord[k].i].err = 0;
+        } else {
+            for (size_t k = i; k < j; k++)
+                r[ord[k].i].err = kvli_host_msync(r[ord[k].i].addr, r[ord[k].i].len, pg);
+        }
+        i = j;
+    }
+    free(ord);
+}
+
+static void kvli_host_unreadable(kvli_host_range_t *x, const struct iovec *v)
+{
+    if (x->err == 0) {
+        x->err = EFAULT;
+        x->bad = (uint64_t)(uintptr_t)v->iov_base;
+    }
+}
+
+void kvli_host_readable_many(kvli_host_range_t *r, size_t n)
+{
+    enum { IOVS = 1024 };
+    uint64_t pg = (uint64_t)sysconf(_SC_PAGESIZE);
+    struct iovec rv[IOVS];
+    uint32_t who[IOVS];
+    char sink[IOVS];
+    int one_by_one = 0;
+
+    kvli_host_mapped_many(r, n, pg);
+    for (size_t i = 0; i < n;) {
+        /* Both end bytes of the mapped ranges from i on, up to IOVS. */
+        size_t m = 0;
+        for (; i < n && m + 2 <= IOVS; i++) {
+            r[i].bad = 0;
+            if (r[i].err != 0)
+                continue;
+            rv[m] = (struct iovec){(void *)(uintptr_t)r[i].addr, 1};
+            who[m++] = (uint32_t)i;
+            rv[m] = (struct iovec){(void *)(uintptr_t)(r[i].addr + r[i].len - 1), 1};
+            who[m++] = (uint32_t)i;
+        }
+        for (size_t k = 0; k < m;) {
+            if (!one_by_one) {
+                /* Reads stop at the first byte that cannot be read. */
+                struct iovec lv = {sink, m - k};
+                ssize_t got = process_vm_readv(getpid(), &lv, 1, rv + k, (unsigned long)(m - k), 0);
+                if (got >= 0 || errno == EFAULT) {
+                    k += got > 0 ? (size_t)got : 0;
+                    if (k < m) {
+                        kvli_host_unreadable(&r[who[k]], &rv[k]);
+                        k++;
+                    }
+                    continue;
+                }
+                one_by_one = 1; /* ENOSYS, or EPERM from a seccomp filter */
+            }
+            if (!kvli_host_byte_readable((uint64_t)(uintptr_t)rv[k].iov_base))
+                kvli_host_unreadable(&r[who[k]], &rv[k]);
+            k++;
+        }
+    }
+}
+
 int kvli_host_readable(uint64_t addr, uint64_t len, uint64_t *bad_p)
 {
-    uint64_t pg = (uint64_t)sysconf(_SC_PAGESIZE), start = addr & ~(pg - 1);
-    if (len == 0 || addr + len < addr ||
-        msync((void *)(uintptr_t)start, (size_t)(addr + len - start), MS_ASYNC) != 0)
-        return ENOMEM;
-    if (!kvli_host_byte_readable(addr)) {
-        *bad_p = addr;
-        return EFAULT;
-    }
-    if (!kvli_host_byte_readable(addr + len - 1)) {
-        *bad_p = addr + len - 1;
-        return EFAULT;
-    }
-    return 0;
+    kvli_host_range_t r = {addr, len, 0, 0};
+    kvli_host_readable_many(&r, 1);
+    if (r.err == EFAULT)
+        *bad_p = r.bad;
+    return r.err;
 }
 
 int kvli_host_boot_id(char *buf, size_t cap, char *why, size_t why_cap)
