@@ -96,6 +96,9 @@ typedef struct {
 /* obj: a C-contiguous buffer of integers (any width; 8-byte ones used in
  * place, others converted) or a sequence of ints. Signed results for
  * is_signed, else unsigned; negative values are refused when unsigned. */
+/* getpid() of this process, cached (refreshed after fork). */
+long kvlpy_getpid(void);
+
 int kvlpy_array_get(PyObject *obj, int is_signed, const char *argname, kvlpy_array_t *a);
 void kvlpy_array_free(kvlpy_array_t *a);
 

@@ -31,7 +31,7 @@ static void kvlpy_live_remove(kvlpy_agent_t *a)
 
 int kvlpy_agent_enter(kvlpy_agent_t *a)
 {
-    if (a->agent != NULL && a->pid != (long)getpid()) {
+    if (a->agent != NULL && a->pid != kvlpy_getpid()) {
         kvlpy_raise_msg(KVL_ERR_STATE, "the agent was created by another process (fork)",
                         "create agents after fork, or start workers with the 'spawn' method");
         return -1;
@@ -65,7 +65,7 @@ static void kvlpy_agent_close(kvlpy_agent_t *a)
 {
     if (a->agent == NULL || a->closing)
         return;
-    if (a->pid != (long)getpid()) {
+    if (a->pid != kvlpy_getpid()) {
         /* A forked child: the agent's threads live in the parent only. */
         kvlpy_live_remove(a);
         a->agent = NULL;
@@ -170,7 +170,7 @@ static int kvlpy_agent_init(kvlpy_agent_t *self, PyObject *args, PyObject *kw)
         return -1;
     }
     self->agent = agent;
-    self->pid = (long)getpid();
+    self->pid = kvlpy_getpid();
     kvlpy_live_add(self);
     return 0;
 }

@@ -104,8 +104,14 @@ const kvl_error_t *kvl_last_error(void)
 
 void kvl_error_clear(void)
 {
-    kvli_err_reset(&kvli_tls_err);
-    kvli_tls_err.code = KVL_OK;
+    /* Called before most API calls (the Python module: every one): an error
+     * that is already clear is not cleared again (2 KiB of memset). */
+    if (kvli_tls_err.code != KVL_OK || kvli_tls_err.what[0] || kvli_tls_err.hint[0] ||
+        kvli_tls_err.n_causes) {
+        kvli_err_reset(&kvli_tls_err);
+        kvli_tls_err.code = KVL_OK;
+    }
+    kvli_tls_err.device = -1;
 }
 
 void kvl_agent_last_error(kvl_agent_t *agent, kvl_error_t *err)
