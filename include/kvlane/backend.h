@@ -215,7 +215,10 @@ typedef struct kvl_device_ops {
      * 0000:1b:00.0"); KVL_ERR_NOT_FOUND when the memory is not of its kind.
      * declared_dev is the caller's device (or KVL_DEV_ANY): on a mismatch, or
      * a range the memory cannot hold (crossing an allocation), return the
-     * error with the full explanation.
+     * error with the full explanation. err may be NULL when the caller
+     * needs only the answer (registering host memory): skip work that only
+     * explains a KVL_ERR_NOT_FOUND; the caller asks again, with err, for
+     * any other error.
      */
     kvl_status_t (*mem_query)(uint64_t addr, uint64_t len, int32_t declared_dev,
                               kvl_mem_kind_t *kind_p, int32_t *dev_p, char *info,

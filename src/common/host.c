@@ -90,14 +90,16 @@ static int kvli_host_by_addr(const void *x, const void *y)
 }
 
 /* msync over runs of ranges that touch or overlap (by page); a run that
- * fails is checked range by range to name the ranges with a hole. */
-static void kvli_host_mapped_many(kvli_host_range_t *r, size_t n, uint64_t pg)
+ * fails is checked range by range to name the ranges with a hole. Returns
+ * the ranges' order by address (malloc'ed), or NULL (one range, or no
+ * memory: then in list order). */
+static kvli_host_ord_t *kvli_host_mapped_many(kvli_host_range_t *r, size_t n, uint64_t pg)
 {
     kvli_host_ord_t *ord = n > 1 ? malloc(n * sizeof(*ord)) : NULL;
     if (ord == NULL) {
         for (size_t i = 0; i < n; i++)
             r[i].err = kvli_host_msync(r[i].addr, r[i].len, pg);
-        return;
+        return NULL;
     }
     for (size_t i = 0; i < n; i++)
         ord[i] = (kvli_host_ord_t){r[i].addr, i};
@@ -125,59 +127,105 @@ static void kvli_host_mapped_many(kvli_host_range_t *r, size_t n, uint64_t pg)
         }
         i = j;
     }
-    free(ord);
+    return ord;
 }
 
-static void kvli_host_unreadable(kvli_host_range_t *x, const struct iovec *v)
+/* Readability of both end bytes of every mapped range: one probe (a byte
+ * read by process_vm_readv) per distinct page, in address order, so slices
+ * of one buffer share their probes. A page that cannot be read fails every
+ * range with an end byte in it. */
+typedef struct {
+    struct iovec rv[1024];       /* the probes */
+    uint32_t first[1024 + 1];    /* probe k covers ends [first[k], first[k+1]) */
+    uint32_t who[2048];          /* end e: its range, */
+    uint64_t byte[2048];         /* and its byte */
+    size_t m, nends;
+    int one_by_one;              /* process_vm_readv refused: the pipe method */
+} kvli_host_probes_t;
+
+static void kvli_host_probe_run(kvli_host_probes_t *p, kvli_host_range_t *r)
 {
-    if (x->err == 0) {
-        x->err = EFAULT;
-        x->bad = (uint64_t)(uintptr_t)v->iov_base;
+    char sink[1024];
+    p->first[p->m] = (uint32_t)p->nends;
+    for (size_t k = 0; k < p->m;) {
+        size_t fail = p->m;
+        if (!p->one_by_one) {
+            /* Reads stop at the first probe that cannot be read. */
+            struct iovec lv = {sink, p->m - k};
+            ssize_t got = process_vm_readv(getpid(), &lv, 1, p->rv + k, (unsigned long)(p->m - k),
+                                           0);
+            if (got >= 0 || errno == EFAULT) {
+                k += got > 0 ? (size_t)got : 0;
+                fail = k;
+            } else {
+                p->one_by_one = 1; /* ENOSYS, or EPERM from a seccomp filter */
+            }
+        }
+        if (p->one_by_one) {
+            if (kvli_host_byte_readable((uint64_t)(uintptr_t)p->rv[k].iov_base))
+                k++;
+            else
+                fail = k;
+        }
+        if (fail < p->m && fail == k) {
+            for (uint32_t e = p->first[k]; e < p->first[k + 1]; e++)
+                if (r[p->who[e]].err == 0) {
+                    r[p->who[e]].err = EFAULT;
+                    r[p->who[e]].bad = p->byte[e];
+                }
+            k++;
+        }
     }
+    p->m = p->nends = 0;
+}
+
+static void kvli_host_probe_add(kvli_host_probes_t *p, kvli_host_range_t *r, uint32_t i,
+                                uint64_t byte, uint64_t pg)
+{
+    int same = p->m > 0 && ((uint64_t)(uintptr_t)p->rv[p->m - 1].iov_base & ~(pg - 1)) ==
+                               (byte & ~(pg - 1));
+    if (p->nends == 2048 || (!same && p->m == 1024)) {
+        kvli_host_probe_run(p, r);
+        same = 0;
+    }
+    if (!same) {
+        p->first[p->m] = (uint32_t)p->nends;
+        p->rv[p->m++] = (struct iovec){(void *)(uintptr_t)byte, 1};
+    }
+    p->who[p->nends] = i;
+    p->byte[p->nends++] = byte;
 }
 
 void kvli_host_readable_many(kvli_host_range_t *r, size_t n)
 {
-    enum { IOVS = 1024 };
     uint64_t pg = (uint64_t)sysconf(_SC_PAGESIZE);
-    struct iovec rv[IOVS];
-    uint32_t who[IOVS];
-    char sink[IOVS];
-    int one_by_one = 0;
+    kvli_host_probes_t *p = malloc(sizeof(*p));
+    kvli_host_ord_t *ord = kvli_host_mapped_many(r, n, pg);
 
-    kvli_host_mapped_many(r, n, pg);
-    for (size_t i = 0; i < n;) {
-        /* Both end bytes of the mapped ranges from i on, up to IOVS. */
-        size_t m = 0;
-        for (; i < n && m + 2 <= IOVS; i++) {
-            r[i].bad = 0;
-            if (r[i].err != 0)
-                continue;
-            rv[m] = (struct iovec){(void *)(uintptr_t)r[i].addr, 1};
-            who[m++] = (uint32_t)i;
-            rv[m] = (struct iovec){(void *)(uintptr_t)(r[i].addr + r[i].len - 1), 1};
-            who[m++] = (uint32_t)i;
-        }
-        for (size_t k = 0; k < m;) {
-            if (!one_by_one) {
-                /* Reads stop at the first byte that cannot be read. */
-                struct iovec lv = {sink, m - k};
-                ssize_t got = process_vm_readv(getpid(), &lv, 1, rv + k, (unsigned long)(m - k), 0);
-                if (got >= 0 || errno == EFAULT) {
-                    k += got > 0 ? (size_t)got : 0;
-                    if (k < m) {
-                        kvli_host_unreadable(&r[who[k]], &rv[k]);
-                        k++;
-                    }
-                    continue;
-                }
-                one_by_one = 1; /* ENOSYS, or EPERM from a seccomp filter */
-            }
-            if (!kvli_host_byte_readable((uint64_t)(uintptr_t)rv[k].iov_base))
-                kvli_host_unreadable(&r[who[k]], &rv[k]);
-            k++;
-        }
+    for (size_t i = 0; i < n; i++)
+        r[i].bad = 0;
+    if (p == NULL) {
+        /* no memory for the probe table: one range at a time */
+        for (size_t i = 0; i < n; i++)
+            if (r[i].err == 0 && !kvli_host_byte_readable(r[i].addr))
+                r[i].err = EFAULT, r[i].bad = r[i].addr;
+            else if (r[i].err == 0 && !kvli_host_byte_readable(r[i].addr + r[i].len - 1))
+                r[i].err = EFAULT, r[i].bad = r[i].addr + r[i].len - 1;
+        free(ord);
+        return;
     }
+    p->m = p->nends = 0;
+    p->one_by_one = 0;
+    for (size_t k = 0; k < n; k++) {
+        uint32_t i = (uint32_t)(ord != NULL ? ord[k].i : k);
+        if (r[i].err != 0)
+            continue;
+        kvli_host_probe_add(p, r, i, r[i].addr, pg);
+        kvli_host_probe_add(p, r, i, r[i].addr + r[i].len - 1, pg);
+    }
+    kvli_host_probe_run(p, r);
+    free(p);
+    free(ord);
 }
 
 int kvli_host_readable(uint64_t addr, uint64_t len, uint64_t *bad_p)

@@ -41,6 +41,15 @@ void kvli_err_region(kvl_error_t *err, const char *fmt, ...)
     va_end(ap);
 }
 
+void kvli_err_blank(kvl_error_t *err)
+{
+    err->code = KVL_OK;
+    err->sys_errno = 0;
+    err->device = -1;
+    err->backend[0] = err->agent[0] = err->region[0] = err->what[0] = err->hint[0] = '\0';
+    err->n_causes = err->n_causes_dropped = 0;
+}
+
 void kvli_err_add_cause(kvl_error_t *err, const kvl_error_t *cause)
 {
     if (err->n_causes >= KVL_ERROR_MAX_CAUSES) {

@@ -21,6 +21,9 @@ void kvli_hint(kvl_error_t *err, const char *fmt, ...) __attribute__((format(pri
 void kvli_err_region(kvl_error_t *err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* Add one cause (copied from a backend's error, or built). */
 void kvli_err_add_cause(kvl_error_t *err, const kvl_error_t *cause);
+/* An empty error (code KVL_OK, device -1), without clearing its 2 KiB of
+ * text: for errors that are usually never filled. */
+void kvli_err_blank(kvl_error_t *err);
 /* Record err as the thread's (and agent's, if not NULL) last error; returns err->code. */
 kvl_status_t kvli_fail(kvl_agent_t *agent, const kvl_error_t *err);
 /* Shortcut for usage errors with no agent context. */

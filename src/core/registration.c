@@ -77,10 +77,17 @@ static kvl_status_t kvli_mem_classify(kvl_agent_t *a, kvli_hostchk_t *hc, size_t
         char info[256] = "";
         if (ops->device == NULL || ops->device->mem_query == NULL)
             continue;
+        /* The reason a backend does not claim memory is wanted only for a
+         * declared device kind: for AUTO and DRAM (every host region) the
+         * query may skip explaining, and is asked again for a refusal. */
+        bool want_why = declared != KVL_MEM_AUTO && declared != KVL_MEM_DRAM;
         memset(&qerr, 0, offsetof(kvl_error_t, causes));
         qerr.device = -1;
-        kvl_status_t st = ops->device->mem_query(d->addr, d->len, d->dev, &k, &dev, info, sizeof(info),
-                                         &qerr);
+        kvl_status_t st = ops->device->mem_query(d->addr, d->len, d->dev, &k, &dev, info,
+                                                 sizeof(info), want_why ? &qerr : NULL);
+        if (!want_why && st != KVL_OK && st != KVL_ERR_NOT_FOUND)
+            st = ops->device->mem_query(d->addr, d->len, d->dev, &k, &dev, info, sizeof(info),
+                                        &qerr);
         if (st == KVL_ERR_NOT_FOUND) {
             /* A backend may say why it does not claim the memory (no CUDA
              * driver, freed GPU memory): keep the first such reason from a
@@ -266,6 +273,18 @@ static kvl_status_t kvli_reg_candidates(kvl_agent_t *a, const kvl_reg_params_t *
 }
 
 /* Register one range; on success *r_p is the region (new or reused). */
+/* A backend refused region d: its reason becomes a cause of all, which is
+ * made at the first refusal. */
+static void kvli_reg_refused(kvl_error_t *all, kvl_mem_kind_t kind, const kvl_mem_desc_t *d,
+                             const kvl_error_t *berr)
+{
+    if (all->code == KVL_OK)
+        kvli_err(all, KVL_ERR_NO_BACKEND, 0, "no backend accepted %s region 0x%llx+%llu",
+                 kvl_mem_kind_name(kind), (unsigned long long)d->addr,
+                 (unsigned long long)d->len);
+    kvli_err_add_cause(all, berr);
+}
+
 static kvl_status_t kvli_register_one(kvl_agent_t *a, kvli_hostchk_t *hc, size_t k,
                                       const kvl_reg_params_t *p, kvl_reg_entry_t *e,
                                       kvli_region_t **r_p, bool *reused_p, kvl_error_t *err)
@@ -395,25 +414,27 @@ static kvl_status_t kvli_register_one(kvl_agent_t *a, kvli_hostchk_t *hc, size_t
         r->shm_id = al->id;
     }
 
+    /* The error that gathers every backend's refusal is made at the first
+     * refusal: a registration that succeeds (1,000 in a list) formats and
+     * clears nothing it does not use. */
     kvl_error_t all;
-    kvli_err(&all, KVL_ERR_NO_BACKEND, 0, "no backend accepted %s region 0x%llx+%llu",
-             kvl_mem_kind_name(kind), (unsigned long long)d->addr, (unsigned long long)d->len);
+    all.code = KVL_OK;
     unsigned ok = 0, tried = 0;
     for (unsigned b = 0; b < a->nbks; b++) {
         if (!(mask & (1u << b)))
             continue;
         struct kvl_backend *bk = a->bks[b];
-        char detail[1024] = "";
+        char detail[1024];
         kvl_error_t berr;
-        memset(&berr, 0, offsetof(kvl_error_t, causes));
-        berr.device = -1;
+        detail[0] = '\0';
+        kvli_err_blank(&berr);
         tried++;
         if (!(bk->ops->mem_local & KVL_MEM_BIT(kind))) {
             kvl_bk_error_set(&berr, KVL_ERR_UNSUPPORTED, 0, bk->ops->name, dev,
                              "backend %s does not serve %s memory", bk->ops->name,
                              kvl_mem_kind_name(kind));
             kvli_outcome(e, bk->ops->name, berr.code, berr.what);
-            kvli_err_add_cause(&all, &berr);
+            kvli_reg_refused(&all, kind, d, &berr);
             continue;
         }
         st = bk->ops->mem_reg(bk->bk, &info, &r->mh[b], detail, sizeof(detail), &berr);
@@ -430,12 +451,16 @@ static kvl_status_t kvli_register_one(kvl_agent_t *a, kvli_hostchk_t *hc, size_t
             snprintf(line, sizeof(line), "%s%s%s", berr.what, berr.hint[0] ? "; fix: " : "",
                      berr.hint);
             kvli_outcome(e, bk->ops->name, st, line);
-            kvli_err_add_cause(&all, &berr);
+            kvli_reg_refused(&all, kind, d, &berr);
         }
     }
     if (ok == 0 || (policy == KVL_REG_ALL && ok != tried)) {
         kvli_region_unregister_backends(a, r);
         free(r);
+        if (all.code == KVL_OK) /* no backend was even tried */
+            kvli_err(&all, KVL_ERR_NO_BACKEND, 0, "no backend accepted %s region 0x%llx+%llu",
+                     kvl_mem_kind_name(kind), (unsigned long long)d->addr,
+                     (unsigned long long)d->len);
         if (ok != 0)
             snprintf(all.what, sizeof(all.what),
                      "policy 'all': %u of %u backends refused %s region 0x%llx+%llu (the %u that "

@@ -78,6 +78,26 @@ static void ranges(void)
     }
 }
 
+/* More distinct pages than one process_vm_readv call probes (1,024): the
+ * unreadable page is found in a later call, its neighbours pass. */
+static void many_pages(void)
+{
+    enum { NP = 2600, BAD = 1500 };
+    char *m = mmap(NULL, (size_t)NP * (size_t)pg, PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    KT_CHECK(m != MAP_FAILED);
+    KT_CHECK(mprotect(m + (size_t)BAD * (size_t)pg, (size_t)pg, PROT_NONE) == 0);
+    static kvli_host_range_t r[NP];
+    for (size_t i = 0; i < NP; i++) /* in reverse address order */
+        r[i] = (kvli_host_range_t){(uint64_t)(uintptr_t)(m + (NP - 1 - i) * (size_t)pg + 8),
+                                   (uint64_t)pg - 16, -1, 0};
+    kvli_host_readable_many(r, NP);
+    for (size_t i = 0; i < NP; i++)
+        KT_CHECK(NP - 1 - i == BAD ? r[i].err == EFAULT && r[i].bad == r[i].addr
+                                   : r[i].err == 0);
+    munmap(m, (size_t)NP * (size_t)pg);
+}
+
 /* The same checks where process_vm_readv is refused (EPERM), as a
  * container's seccomp profile may: the one-byte-at-a-time path answers. */
 static int fallback_child(void)
@@ -98,6 +118,7 @@ static int fallback_child(void)
     struct iovec l = {&c, 1}, rv = {base, 1};
     KT_CHECK(process_vm_readv(getpid(), &l, 1, &rv, 1, 0) < 0 && errno == EPERM);
     ranges();
+    many_pages();
     return 0;
 }
 
@@ -133,6 +154,7 @@ int main(void)
 {
     layout();
     ranges();
+    many_pages();
     through_registration();
     pid_t pid = fork();
     KT_CHECK(pid >= 0);
