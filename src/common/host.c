@@ -46,27 +46,44 @@ void kvli_host_dev_shm(char *buf, size_t cap)
     snprintf(buf, cap, "/dev/shm: %s, %s free", tot, fr);
 }
 
-/* One byte: write(2) copies it into a pipe and says EFAULT when it cannot. */
-static int kvli_host_byte_readable(uint64_t addr)
+/*
+ * Probes of readability: writev(2) copies one-byte iovecs into a pipe, and
+ * fails with EFAULT (writing nothing) when one cannot be read: no fault is
+ * ever taken. The pipe is this process's (a forked child makes its own),
+ * non-blocking and drained at once; at most 1,024 bytes per call, below
+ * PIPE_BUF, so writers never interleave. 1: all readable; 0: at least one
+ * is not; -1: no pipe can be made (the caller uses process_vm_readv).
+ */
+static int kvli_host_pipe_probe(const struct iovec *iov, size_t n)
 {
     static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
     static int fds[2] = {-1, -1};
-    int ok = 1;
-    char c;
+    static pid_t owner = -1;
+    char sink[1024];
+    ssize_t w;
+    int rc;
+    if (n > sizeof(sink))
+        return -1;
     pthread_mutex_lock(&lock);
-    if (fds[0] < 0 && pipe2(fds, O_CLOEXEC | O_NONBLOCK) != 0)
-        fds[0] = fds[1] = -1;
-    if (fds[0] >= 0) {
-        ssize_t n = write(fds[1], (const void *)(uintptr_t)addr, 1);
-        if (n == 1) {
-            ssize_t r = read(fds[0], &c, 1);
-            (void)r;
-        } else if (n < 0 && errno == EFAULT) {
-            ok = 0;
+    if (owner != getpid()) {
+        if (fds[0] >= 0) { /* the parent's pipe, inherited: ours to close */
+            close(fds[0]);
+            close(fds[1]);
         }
+        if (pipe2(fds, O_CLOEXEC | O_NONBLOCK) != 0)
+            fds[0] = fds[1] = -1;
+        owner = fds[0] >= 0 ? getpid() : -1;
     }
+    if (fds[0] < 0) {
+        pthread_mutex_unlock(&lock);
+        return -1;
+    }
+    w = writev(fds[1], iov, (int)n);
+    rc = w == (ssize_t)n ? 1 : w < 0 && errno == EFAULT ? 0 : -1;
+    while (read(fds[0], sink, sizeof(sink)) > 0) /* empty it, whatever was written */
+        ;
     pthread_mutex_unlock(&lock);
-    return ok;
+    return rc;
 }
 
 static int kvli_host_msync(uint64_t addr, uint64_t len, uint64_t pg)
@@ -140,42 +157,54 @@ typedef struct {
     uint32_t who[2048];          /* end e: its range, */
     uint64_t byte[2048];         /* and its byte */
     size_t m, nends;
-    int one_by_one;              /* process_vm_readv refused: the pipe method */
+    int vm_readv;                /* no pipe: process_vm_readv */
 } kvli_host_probes_t;
+
+static void kvli_host_probe_fail(kvli_host_probes_t *p, kvli_host_range_t *r, size_t k)
+{
+    for (uint32_t e = p->first[k]; e < p->first[k + 1]; e++)
+        if (r[p->who[e]].err == 0) {
+            r[p->who[e]].err = EFAULT;
+            r[p->who[e]].bad = p->byte[e];
+        }
+}
+
+/* Probes [k, k+n): one writev when all are readable, halves otherwise. */
+static void kvli_host_probe_span(kvli_host_probes_t *p, kvli_host_range_t *r, size_t k, size_t n)
+{
+    int ok = p->vm_readv ? -1 : kvli_host_pipe_probe(p->rv + k, n);
+    if (ok < 0) {
+        /* no pipe: process_vm_readv of this process, which stops at the
+         * first probe it cannot read */
+        char sink[1024];
+        p->vm_readv = 1;
+        for (size_t end = k + n; k < end;) {
+            struct iovec lv = {sink, end - k};
+            ssize_t got = process_vm_readv(getpid(), &lv, 1, p->rv + k, (unsigned long)(end - k),
+                                           0);
+            if (got < 0 && errno != EFAULT)
+                return; /* no way to look without touching: left to the transfer */
+            k += got > 0 ? (size_t)got : 0;
+            if (k < end)
+                kvli_host_probe_fail(p, r, k++);
+        }
+        return;
+    }
+    if (ok == 1)
+        return;
+    if (n == 1) {
+        kvli_host_probe_fail(p, r, k);
+        return;
+    }
+    kvli_host_probe_span(p, r, k, n / 2);
+    kvli_host_probe_span(p, r, k + n / 2, n - n / 2);
+}
 
 static void kvli_host_probe_run(kvli_host_probes_t *p, kvli_host_range_t *r)
 {
-    char sink[1024];
     p->first[p->m] = (uint32_t)p->nends;
-    for (size_t k = 0; k < p->m;) {
-        size_t fail = p->m;
-        if (!p->one_by_one) {
-            /* Reads stop at the first probe that cannot be read. */
-            struct iovec lv = {sink, p->m - k};
-            ssize_t got = process_vm_readv(getpid(), &lv, 1, p->rv + k, (unsigned long)(p->m - k),
-                                           0);
-            if (got >= 0 || errno == EFAULT) {
-                k += got > 0 ? (size_t)got : 0;
-                fail = k;
-            } else {
-                p->one_by_one = 1; /* ENOSYS, or EPERM from a seccomp filter */
-            }
-        }
-        if (p->one_by_one) {
-            if (kvli_host_byte_readable((uint64_t)(uintptr_t)p->rv[k].iov_base))
-                k++;
-            else
-                fail = k;
-        }
-        if (fail < p->m && fail == k) {
-            for (uint32_t e = p->first[k]; e < p->first[k + 1]; e++)
-                if (r[p->who[e]].err == 0) {
-                    r[p->who[e]].err = EFAULT;
-                    r[p->who[e]].bad = p->byte[e];
-                }
-            k++;
-        }
-    }
+    if (p->m > 0)
+        kvli_host_probe_span(p, r, 0, p->m);
     p->m = p->nends = 0;
 }
 
@@ -206,16 +235,20 @@ void kvli_host_readable_many(kvli_host_range_t *r, size_t n)
         r[i].bad = 0;
     if (p == NULL) {
         /* no memory for the probe table: one range at a time */
-        for (size_t i = 0; i < n; i++)
-            if (r[i].err == 0 && !kvli_host_byte_readable(r[i].addr))
-                r[i].err = EFAULT, r[i].bad = r[i].addr;
-            else if (r[i].err == 0 && !kvli_host_byte_readable(r[i].addr + r[i].len - 1))
-                r[i].err = EFAULT, r[i].bad = r[i].addr + r[i].len - 1;
+        for (size_t i = 0; i < n; i++) {
+            struct iovec v[2] = {{(void *)(uintptr_t)r[i].addr, 1},
+                                 {(void *)(uintptr_t)(r[i].addr + r[i].len - 1), 1}};
+            for (int e = 0; e < 2 && r[i].err == 0; e++)
+                if (kvli_host_pipe_probe(&v[e], 1) == 0) {
+                    r[i].err = EFAULT;
+                    r[i].bad = (uint64_t)(uintptr_t)v[e].iov_base;
+                }
+        }
         free(ord);
         return;
     }
     p->m = p->nends = 0;
-    p->one_by_one = 0;
+    p->vm_readv = 0;
     for (size_t k = 0; k < n; k++) {
         uint32_t i = (uint32_t)(ord != NULL ? ord[k].i : k);
         if (r[i].err != 0)

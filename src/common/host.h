@@ -28,10 +28,10 @@ int kvli_host_readable(uint64_t addr, uint64_t len, uint64_t *bad_p);
 
 /* The same check for many ranges at once (a registration list): err and bad
  * of each range are filled in as kvli_host_readable returns and sets them.
- * Ranges that touch or overlap share one msync; both end bytes of up to 512
- * ranges are read with one process_vm_readv (a read of this process by
- * itself: no fault). Falls back to the one-range method where the kernel or
- * a seccomp filter refuses process_vm_readv. */
+ * Ranges that touch or overlap share one msync; the end bytes are probed
+ * once per distinct page, up to 1,024 per writev(2) into a pipe (EFAULT,
+ * never a fault, for a byte that cannot be read; halves to find it), or
+ * process_vm_readv of this process where no pipe can be made. */
 typedef struct kvli_host_range {
     uint64_t addr, len;
     int err;
