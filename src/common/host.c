@@ -46,6 +46,27 @@ void kvli_host_dev_shm(char *buf, size_t cap)
     snprintf(buf, cap, "/dev/shm: %s, %s free", tot, fr);
 }
 
+/* getpid() without a system call: cached, and refreshed in a fork's child. */
+static pid_t kvli_host_pid_cached;
+static pthread_once_t kvli_host_pid_once = PTHREAD_ONCE_INIT;
+
+static void kvli_host_pid_refresh(void)
+{
+    kvli_host_pid_cached = getpid();
+}
+
+static void kvli_host_pid_init(void)
+{
+    kvli_host_pid_refresh();
+    (void)pthread_atfork(NULL, NULL, kvli_host_pid_refresh);
+}
+
+static pid_t kvli_host_pid(void)
+{
+    pthread_once(&kvli_host_pid_once, kvli_host_pid_init);
+    return kvli_host_pid_cached;
+}
+
 /*
  * Probes of readability: writev(2) copies one-byte iovecs into a pipe, and
  * fails with EFAULT (writing nothing) when one cannot be read: no fault is
@@ -65,14 +86,14 @@ static int kvli_host_pipe_probe(const struct iovec *iov, size_t n)
     if (n > sizeof(sink))
         return -1;
     pthread_mutex_lock(&lock);
-    if (owner != getpid()) {
+    if (owner != kvli_host_pid()) {
         if (fds[0] >= 0) { /* the parent's pipe, inherited: ours to close */
             close(fds[0]);
             close(fds[1]);
         }
         if (pipe2(fds, O_CLOEXEC | O_NONBLOCK) != 0)
             fds[0] = fds[1] = -1;
-        owner = fds[0] >= 0 ? getpid() : -1;
+        owner = fds[0] >= 0 ? kvli_host_pid() : -1;
     }
     if (fds[0] < 0) {
         pthread_mutex_unlock(&lock);
@@ -80,8 +101,9 @@ static int kvli_host_pipe_probe(const struct iovec *iov, size_t n)
     }
     w = writev(fds[1], iov, (int)n);
     rc = w == (ssize_t)n ? 1 : w < 0 && errno == EFAULT ? 0 : -1;
-    while (read(fds[0], sink, sizeof(sink)) > 0) /* empty it, whatever was written */
-        ;
+    if (rc != 1 || read(fds[0], sink, sizeof(sink)) != w)
+        while (read(fds[0], sink, sizeof(sink)) > 0) /* empty it, whatever was written */
+            ;
     pthread_mutex_unlock(&lock);
     return rc;
 }
