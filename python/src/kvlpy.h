@@ -71,6 +71,7 @@ extern PyTypeObject kvlpy_agent_type;
 extern PyTypeObject kvlpy_dlist_type;
 extern PyTypeObject kvlpy_prep_type;
 extern PyTypeObject kvlpy_xfer_type;
+extern PyTypeObject kvlpy_report_type;
 
 /* ---- errors (kvlpy_module.c) ---- */
 

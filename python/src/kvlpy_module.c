@@ -613,14 +613,14 @@ PyMODINIT_FUNC PyInit__kvlane(void)
         return PyErr_Format(PyExc_ImportError, "pthread_atfork failed: kvlane cannot notice "
                             "a fork of this process");
     PyTypeObject *types[] = {&kvlpy_agent_type, &kvlpy_dlist_type, &kvlpy_prep_type,
-                             &kvlpy_xfer_type};
+                             &kvlpy_xfer_type, &kvlpy_report_type};
     for (size_t i = 0; i < sizeof(types) / sizeof(types[0]); i++)
         if (PyType_Ready(types[i]) < 0)
             return NULL;
     PyObject *m = PyModule_Create(&kvlpy_module);
     if (m == NULL)
         return NULL;
-    const char *names[] = {"Agent", "DList", "Prep", "Xfer"};
+    const char *names[] = {"Agent", "DList", "Prep", "Xfer", "RegReport"};
     for (size_t i = 0; i < sizeof(types) / sizeof(types[0]); i++)
         if (PyModule_AddObjectRef(m, names[i], (PyObject *)types[i]) < 0)
             goto fail;

@@ -518,13 +518,19 @@ kvl_status_t kvl_mem_register(kvl_agent_t *a, const kvl_mem_desc_t *regions, siz
     if (report_p) {
         rep = calloc(1, sizeof(*rep));
         if (rep)
-            rep->entries = calloc(n, sizeof(*rep->entries));
+            rep->entries = kvli_buf_alloc(n * sizeof(*rep->entries));
         if (rep == NULL || rep->entries == NULL) {
             free(rep);
             return kvli_fail_simple(a, KVL_ERR_NO_MEMORY, NULL,
                                     "kvl_mem_register: cannot allocate a report for %zu regions", n);
         }
         rep->n_entries = n;
+        /* Each entry is ~17 KiB (8 outcomes of whole diagnoses) of which a
+         * registration writes the header and an outcome or two: only those
+         * are initialised, in pages the buffer cache has already faulted
+         * in for the previous list. */
+        for (size_t i = 0; i < n; i++)
+            memset(&rep->entries[i], 0, offsetof(kvl_reg_entry_t, outcomes));
     }
     kvli_region_t **done = malloc(n * sizeof(*done));
     if (done == NULL) {
@@ -821,7 +827,7 @@ void kvl_reg_report_free(kvl_reg_report_t *rep)
 {
     if (rep == NULL)
         return;
-    free(rep->entries);
+    kvli_buf_free(rep->entries, rep->n_entries * sizeof(*rep->entries));
     free(rep);
 }
 
