@@ -220,6 +220,11 @@ struct kvli_shm_iface {
     size_t poll_npeers;              /* progress thread: peers end here in its poll set */
     unsigned nworkers;
     kvli_shm_worker_t *workers;
+    /* Small transfers run in the poster's thread (inline_max bytes at most,
+     * 0: never), one at a time, with this worker's arrays. */
+    uint64_t inline_max;
+    pthread_mutex_t inline_lock;
+    kvli_shm_worker_t inline_w;
 
     pthread_mutex_t lock;
     pthread_cond_t cond;             /* replies, completions, detach */

@@ -612,6 +612,47 @@ void *kvli_shm_xfer_worker(void *arg)
     return NULL;
 }
 
+/*
+ * Whether x may run in the poster's thread: small (inline_max), every
+ * segment on a direct path (a shared mapping or cross-memory attach: no
+ * socket round trips), and nothing else of this backend posted, queued or
+ * running, so it cannot overtake an earlier transfer. Under iface->lock.
+ */
+static int kvli_shm_inline_ok(kvli_shm_iface_t *iface, const kvl_bk_xfer_t *x,
+                              const kvli_shm_peer_t *peer)
+{
+    if (x->total_bytes > iface->inline_max || iface->xfers != NULL || peer->guard == NULL)
+        return 0;
+    for (size_t i = 0; i < x->nsegs; i++) {
+        const kvli_shm_rh_t *rh = x->rmh[x->segs[i].rreg];
+        if (rh->map == NULL && !peer->cma_ok)
+            return 0;
+    }
+    return 1;
+}
+
+/* Run xp now, in this thread, as a worker would (iface->lock held on entry,
+ * released; iface->inline_lock held, released). */
+static void kvli_shm_run_inline(kvli_shm_iface_t *iface, kvli_shm_xpriv_t *xp)
+{
+    kvl_error_t e;
+    kvl_status_t st;
+    xp->state = KVLI_SHM_XRUNNING;
+    xp->next_all = iface->xfers; /* cancel finds it; later posts queue behind it */
+    iface->xfers = xp;
+    xp->peer->running++;
+    pthread_mutex_unlock(&iface->lock);
+    memset(&e, 0, offsetof(kvl_error_t, causes));
+    e.device = -1;
+    st = kvli_shm_run(&iface->inline_w, xp, &e);
+    pthread_mutex_lock(&iface->lock);
+    if (--xp->peer->running == 0 && atomic_load(&xp->peer->dead))
+        kvli_progress_wake(&iface->pg);
+    pthread_mutex_unlock(&iface->lock);
+    pthread_mutex_unlock(&iface->inline_lock);
+    kvli_shm_finish(iface, xp, st, &e);
+}
+
 kvl_status_t kvli_shm_xfer_post(void *bk, kvl_bk_xfer_t *x, kvl_error_t *err)
 {
     kvli_shm_iface_t *iface = bk;
@@ -656,6 +697,12 @@ kvl_status_t kvli_shm_xfer_post(void *bk, kvl_bk_xfer_t *x, kvl_error_t *err)
                          "xfer_post: the shm backend is closing");
         kvl_bk_error_hint(err, "do not post transfers while the agent is destroyed");
         return KVL_ERR_STATE;
+    }
+    if (iface->inline_max > 0 && kvli_shm_inline_ok(iface, x, peer) &&
+        pthread_mutex_trylock(&iface->inline_lock) == 0) {
+        /* Small and direct: done before post returns, no thread hand-off. */
+        kvli_shm_run_inline(iface, xp);
+        return KVL_OK;
     }
     xp->next_all = iface->xfers;
     iface->xfers = xp;
