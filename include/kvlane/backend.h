@@ -279,7 +279,9 @@ typedef struct kvl_backend_ops {
      * return). A non-OK return means nothing moved and xfer_done is not called. */
     kvl_status_t (*xfer_post)(void *bk, kvl_bk_xfer_t *x, kvl_error_t *err);
     /* Returns only once xfer_done was called for x: with KVL_ERR_CANCELED
-     * (no more bytes will land) or with the status it completed with. */
+     * (no more bytes will land) or with the status it completed with. When
+     * bytes of x may still land (the peer stopped answering), that is an
+     * error whose text says so and how many, never KVL_ERR_CANCELED. */
     void (*xfer_cancel)(void *bk, kvl_bk_xfer_t *x);
 
     kvl_status_t (*notif_send)(void *bk, void *peer, const void *msg, size_t len,

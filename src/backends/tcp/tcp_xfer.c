@@ -32,6 +32,19 @@ void kvli_tcp_xfer_fail(kvli_tcp_xpriv_t *xp, kvl_status_t st, const kvl_error_t
                          kvl_status_name(st));
 }
 
+void kvli_tcp_xfer_inflight_note(kvli_tcp_xpriv_t *xp)
+{
+    /* caller holds iface->lock: xp failed before its connection was given
+     * up; its error must also say what may still land */
+    size_t l;
+    if (xp->inflight == 0 || xp->err == NULL)
+        return;
+    l = strlen(xp->err->what);
+    snprintf(xp->err->what + l, sizeof(xp->err->what) - l, "; then the connection was reset: "
+             "up to %" PRIu64 " bytes of this transfer reached the peer unanswered and may "
+             "still land", xp->inflight);
+}
+
 static int kvli_tcp_span_ok(uint64_t base, uint64_t len, uint64_t stride, uint64_t count,
                             uint64_t rbase, uint64_t rlen)
 {
@@ -371,7 +384,7 @@ kvl_status_t kvli_tcp_xfer_post(void *bk, kvl_bk_xfer_t *x, kvl_error_t *err)
         return KVL_ERR_STATE;
     }
     if (peer->dead) {
-        st = kvli_tcp_peer_disconnect_error(peer, 0, 0, err);
+        st = kvli_tcp_peer_disconnect_error(peer, 0, 0, 0, err);
         pthread_mutex_unlock(&iface->lock);
         free(xp);
         return st;
