@@ -345,6 +345,17 @@ typedef struct kvl_backend_ops {
      * refused). mem_dereg follows a successful revoke.
      */
     kvl_status_t (*mem_revoke)(void *bk, void *mh, int revoke, kvl_error_t *err);
+
+    /*
+     * Optional: xfer_cancel for kvl_agent_destroy, which must not wait for a
+     * peer that stopped answering. Returns once xfer_done was called for x,
+     * without waiting for answers from the peer: requests of x still
+     * unanswered are given up at once (the connection is reset or shut
+     * down, so a kvlane target drops what it has not copied yet). x ends
+     * with KVL_ERR_CANCELED only when none of its bytes can land, else with
+     * an error that says how many may. Without it, destroy uses xfer_cancel.
+     */
+    void (*xfer_abort)(void *bk, kvl_bk_xfer_t *x);
 } kvl_backend_ops_t;
 
 /* ---- helpers for backends to fill errors (header-only, no symbols) ---- */

@@ -58,14 +58,12 @@ typedef struct kct_case {
     int nsocks;
 } kct_case_t;
 
-#if 0
 static double kct_ms(const struct timespec *t0)
 {
     struct timespec t;
     clock_gettime(CLOCK_MONOTONIC, &t);
     return (double)(t.tv_sec - t0->tv_sec) * 1e3 + (double)(t.tv_nsec - t0->tv_nsec) / 1e6;
 }
-#endif
 
 /* Inodes of the sockets process pid holds. */
 static int kct_sockets(pid_t pid, unsigned long *ino, int max)
@@ -270,7 +268,6 @@ static void kct_fail(const kct_path_t *path)
     kct_close(&c);
 }
 
-#if 0
 static void kct_destroy(const kct_path_t *path)
 {
     kct_case_t c;
@@ -289,14 +286,13 @@ static void kct_destroy(const kct_path_t *path)
     kct_check_landed(&c, "destroy", 0);
     kct_close(&c);
 }
-#endif
 
 int main(int argc, char **argv)
 {
     static const struct {
         const char *name;
         void (*run)(const kct_path_t *);
-    } cases[] = {{"cancel", kct_cancel}, {"fail", kct_fail}};
+    } cases[] = {{"cancel", kct_cancel}, {"fail", kct_fail}, {"destroy", kct_destroy}};
     char why[256];
     int ran = 0;
     signal(SIGPIPE, SIG_IGN);

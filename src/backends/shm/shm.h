@@ -183,6 +183,8 @@ struct kvli_shm_xpriv {
     kvli_shm_peer_t *peer;
     int state;
     atomic_int cancel;
+    int abort;                       /* agent destroyed: socket requests are given up */
+    int sending;                     /* a socket request is being sent */
     int finished;
     unsigned waiters;
     /* socket accounting, under iface->lock */
@@ -323,6 +325,7 @@ void kvli_shm_guard_leave(kvli_shm_peer_t *peer, const kvli_shm_rh_t *rh);
 /* shm_xfer.c */
 kvl_status_t kvli_shm_xfer_post(void *bk, kvl_bk_xfer_t *x, kvl_error_t *err);
 void kvli_shm_xfer_cancel(void *bk, kvl_bk_xfer_t *x);
+void kvli_shm_xfer_abort(void *bk, kvl_bk_xfer_t *x);
 void *kvli_shm_xfer_worker(void *arg);
 int kvli_shm_worker_init(kvli_shm_worker_t *w, kvli_shm_iface_t *iface);
 void kvli_shm_worker_fini(kvli_shm_worker_t *w);

@@ -348,6 +348,11 @@ static kvl_status_t kvli_shm_run_sock(kvli_shm_run_t *run, kvl_error_t *err)
     int i, k, n = run->n;
 
     pthread_mutex_lock(&iface->lock);
+    if (run->xp->abort) {
+        /* the agent is destroyed: nothing more goes out (see xfer_abort) */
+        pthread_mutex_unlock(&iface->lock);
+        return KVL_ERR_CANCELED;
+    }
     req = kvli_shm_slot_get(run, &st, err);
     if (req == NULL) {
         pthread_mutex_unlock(&iface->lock);
@@ -363,6 +368,7 @@ static kvl_status_t kvli_shm_run_sock(kvli_shm_run_t *run, kvl_error_t *err)
     if (!write)
         memcpy(req->iov, w->liov, sizeof(struct iovec) * (size_t)n);
     kvli_shm_peer_req_add(run->peer, req);
+    run->xp->sending = 1;
     pthread_mutex_unlock(&iface->lock);
 
     for (i = 0; i < n; i++) {
@@ -392,6 +398,9 @@ static kvl_status_t kvli_shm_run_sock(kvli_shm_run_t *run, kvl_error_t *err)
      * nothing for that long is given up in the middle of the request. */
     st = kvli_shm_peer_send_req(run->peer, req, siov[0].iov_len + siov[1].iov_len +
                                 siov[2].iov_len, siov, k, run->timeout_ms);
+    pthread_mutex_lock(&iface->lock);
+    run->xp->sending = 0;
+    pthread_mutex_unlock(&iface->lock);
     if (st != KVL_OK)
         return kvli_shm_run_gone(run, err);
     return KVL_OK;
@@ -723,10 +732,26 @@ static void kvli_shm_cancel_queued(kvli_shm_iface_t *iface, kvli_shm_xpriv_t *xp
     iface->ctx->xfer_done(x, KVL_ERR_CANCELED, &err);
 }
 
+static void kvli_shm_xfer_stop(void *bk, kvl_bk_xfer_t *x, int abort);
+
 void kvli_shm_xfer_cancel(void *bk, kvl_bk_xfer_t *x)
+{
+    kvli_shm_xfer_stop(bk, x, 0);
+}
+
+/* For kvl_agent_destroy: a transfer with socket requests unanswered or one
+ * being sent gives the peer up at once (mark_dead shuts the socket down,
+ * which also unblocks the send), so a stopped peer cannot hold us. */
+void kvli_shm_xfer_abort(void *bk, kvl_bk_xfer_t *x)
+{
+    kvli_shm_xfer_stop(bk, x, 1);
+}
+
+static void kvli_shm_xfer_stop(void *bk, kvl_bk_xfer_t *x, int abort)
 {
     kvli_shm_iface_t *iface = bk;
     kvli_shm_xpriv_t *xp;
+    int give_up;
 
     pthread_mutex_lock(&iface->lock);
     /* Looked up, not taken from x->bk_priv: a finished transfer's priv is gone. */
@@ -744,8 +769,17 @@ void kvli_shm_xfer_cancel(void *bk, kvl_bk_xfer_t *x)
         return;
     }
     atomic_store(&xp->cancel, 1);
+    xp->abort |= abort;
+    give_up = abort && (xp->outstanding > 0 || xp->sending);
     xp->waiters++;
-    /* The worker stops within one chunk and a peer wait bounded by timeouts. */
+    if (give_up) {
+        pthread_mutex_unlock(&iface->lock);
+        kvli_shm_peer_mark_dead(xp->peer, ECANCELED, "the agent is being destroyed: socket "
+                                "requests still unanswered were given up");
+        pthread_mutex_lock(&iface->lock);
+    }
+    /* The worker stops within one chunk and a peer wait bounded by timeouts
+     * (none when aborting: the peer was given up). */
     while (!xp->finished)
         pthread_cond_wait(&iface->cond, &iface->lock);
     if (--xp->waiters == 0) {

@@ -113,6 +113,7 @@ struct kvli_tcp_xpriv {
     int notice;                     /* the notif_state message is a CANCELED notice */
     int staged;                     /* a chunk was staged: the path says so */
     atomic_int cancel;
+    int abort;                      /* agent destroyed: give its requests on the wire up */
     kvl_status_t status;            /* first failure */
     kvl_error_t *err;
     int finished;                   /* 0 live, -1 being reported, 1 reported */
@@ -287,6 +288,7 @@ void kvli_tcp_conn_free(kvli_tcp_iface_t *iface, kvli_tcp_conn_t *c);
 /* tcp_xfer.c */
 kvl_status_t kvli_tcp_xfer_post(void *bk, kvl_bk_xfer_t *x, kvl_error_t *err);
 void kvli_tcp_xfer_cancel(void *bk, kvl_bk_xfer_t *x);
+void kvli_tcp_xfer_abort(void *bk, kvl_bk_xfer_t *x);
 /* Progress thread, under iface->lock: queue requests, collect finished
  * transfers into *done (xfer_done is called by kvli_tcp_xfer_complete). */
 void kvli_tcp_xfer_generate(kvli_tcp_peer_t *peer);
