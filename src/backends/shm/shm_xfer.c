@@ -441,14 +441,17 @@ static kvl_status_t kvli_shm_sock_drain(kvli_shm_run_t *run, kvl_error_t *err)
     }
     pthread_mutex_unlock(&iface->lock);
     if (timed_out) {
-        kvl_bk_error_set(err, KVL_ERR_TIMEOUT, ETIMEDOUT, KVLI_SHM_NAME, -1,
-                         "agent '%s' (pid %d) left %u socket request(s) unanswered for %"
-                         PRIu64 " ms (%" PRIu64 " of %" PRIu64 " bytes confirmed); up to %"
-                         PRIu64 " bytes of this transfer may still land", run->peer->name,
-                         (int)run->peer->pid, left, run->timeout_ms,
-                         run->moved + xp->sock_moved, run->x->total_bytes,
-                         kvli_shm_inflight(run));
-        if (kvli_shm_inflight(run) == 0)
+        /* The connection stays: the peer may still copy the WRITEs dropped
+         * here once it runs again (their bytes are in sock_inflight). */
+        uint64_t inflight = kvli_shm_inflight(run);
+        if (inflight > 0)
+            kvl_bk_error_set(err, KVL_ERR_TIMEOUT, ETIMEDOUT, KVLI_SHM_NAME, -1,
+                             "agent '%s' (pid %d) left %u socket request(s) unanswered for %"
+                             PRIu64 " ms (%" PRIu64 " of %" PRIu64 " bytes confirmed); up to %"
+                             PRIu64 " bytes of this transfer may still land", run->peer->name,
+                             (int)run->peer->pid, left, run->timeout_ms,
+                             run->moved + xp->sock_moved, run->x->total_bytes, inflight);
+        else
             kvl_bk_error_set(err, KVL_ERR_TIMEOUT, ETIMEDOUT, KVLI_SHM_NAME, -1,
                              "agent '%s' (pid %d) left %u socket READ request(s) unanswered "
                              "for %" PRIu64 " ms (%" PRIu64 " of %" PRIu64 " bytes confirmed); "
