@@ -134,8 +134,10 @@ void kvl_agent_destroy(kvl_agent_t *a)
     const kvli_agent_hooks_t *hooks = kvli_agent_hooks(a);
     if (hooks != NULL && hooks->destroy != NULL)
         hooks->destroy(a);
-    /* 1. transfers: cancel what moves, then free (the lock is not held while
-     *    waiting, completion callbacks need it) */
+    /* 1. transfers: abort what moves (no wait for a peer that stopped
+     *    answering: backends give its requests up), then free (the lock is
+     *    not held while waiting, completion callbacks need it) */
+    atomic_store(&a->destroying, true);
     for (;;) {
         pthread_mutex_lock(&a->lock);
         kvl_xfer_t *x = a->xfers;

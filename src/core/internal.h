@@ -238,6 +238,9 @@ struct kvl_agent {
     /* Held while a transfer is released or cancelled on the agent's behalf,
      * never by progress threads, so waiting under it cannot deadlock them. */
     pthread_mutex_t xfer_lock;
+    /* kvl_agent_destroy runs: transfers are aborted (ops->xfer_abort), not
+     * cancelled, so a stopped peer cannot hold the teardown. */
+    atomic_bool destroying;
 
     pthread_mutex_t notif_lock;
     pthread_cond_t notif_cond;

@@ -588,5 +588,6 @@ const kvl_backend_ops_t kvli_shm_ops = {
     .xfer_cancel = kvli_shm_xfer_cancel,
     .notif_send = kvli_shm_peer_notif_send,
     .peer_describe = kvli_shm_peer_describe,
-    .device = NULL
+    .device = NULL,
+    .xfer_abort = kvli_shm_xfer_abort
 };
