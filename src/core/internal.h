@@ -108,6 +108,7 @@ kvli_region_t *kvli_registry_find(kvl_agent_t *a, uint64_t addr, uint64_t len);
 kvli_region_t *kvli_registry_overlap(kvl_agent_t *a, uint64_t addr, uint64_t len);
 /* Nearest region to addr, for messages; NULL when none. */
 kvli_region_t *kvli_registry_nearest(kvl_agent_t *a, uint64_t addr);
+unsigned kvli_registry_unpinned(kvl_agent_t *a);
 void kvli_registry_destroy(kvl_agent_t *a);
 /* Free the allocations made by backends (before they close: backends=true)
  * or the memfd ones (backends=false). */
