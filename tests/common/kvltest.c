@@ -537,6 +537,9 @@ void kt_peer_stop(kt_peer_t *p)
     close(p->from);
     waitpid(p->pid, &status, 0);
     kt_peer_track(p->pid, 0);
+    if (!(WIFEXITED(status) && WEXITSTATUS(status) == 0))
+        fprintf(stderr, "peer %s: %s %d\n", p->name, WIFEXITED(status) ? "exit" : "signal",
+                WIFEXITED(status) ? WEXITSTATUS(status) : WTERMSIG(status));
     KT_CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
 }
 

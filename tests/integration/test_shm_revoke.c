@@ -11,6 +11,9 @@
  * 2. A dead initiator does not block a deregistration: a peer WRITEs into
  *    our buffer in a loop and is killed mid-loop (its guard entry may stay
  *    busy); our deregistration must still succeed.
+ * 3. Destroying the agent is a deregistration too: a peer WRITEs into our
+ *    buffer in a loop, we destroy the agent and fill the buffer; the
+ *    peer's loop ends with an error and the fill is intact.
  * Nothing here depends on timing: every wait is for an event, bounded. */
 #include <pthread.h>
 #include <stdatomic.h>
@@ -146,6 +149,44 @@ static void dead_initiator(void)
     munmap(buf, BUF);
 }
 
+static void destroyed_under_writer(unsigned round)
+{
+    kvl_agent_t *a = kt_agent("target3", "shm", NULL);
+    uint8_t *buf = mmap(NULL, BUF, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    KT_CHECK(buf != MAP_FAILED);
+    memset(buf, 0, BUF);
+    kvl_mem_desc_t d = {(uint64_t)(uintptr_t)buf, BUF, KVL_DEV_ANY};
+    KT_OK(kvl_mem_register(a, &d, 1, NULL, NULL));
+    kt_peer_t p;
+    kt_peer_opts_t o = {.name = "writer3", .len = BUF};
+    kt_peer_start(&p, &o, a);
+    void *blob;
+    size_t blen;
+    KT_OK(kvl_metadata_get(a, &blob, &blen));
+    kt_peer_load(&p, blob, blen);
+    kvl_free(blob);
+    kt_peer_fill(&p, 98);
+    kt_peer_write_loop(&p, "target3", d.addr);
+    uint8_t want[64];
+    kt_fill(want, sizeof(want), 98);
+    struct timespec nap = {0, 1000000};
+    for (int i = 0; i < 30000 && memcmp(buf, want, sizeof(want)) != 0; i++)
+        nanosleep(&nap, NULL); /* 30 s at most: a bound, not a measurement */
+    KT_CHECK(memcmp(buf, want, sizeof(want)) == 0);
+    kvl_agent_destroy(a); /* mid-loop */
+    kt_fill(buf, BUF, 500 + round);
+    /* the peer's loop ends with a failure, which it reports */
+    uint64_t l;
+    kvl_status_t *st = kt_recv_msg(p.from, &l, 30000);
+    KT_CHECK(st != NULL && l == sizeof(*st) && *st != KVL_OK);
+    if (round == 0)
+        printf("  the writer's loop ended with %s\n", kvl_status_name(*st));
+    free(st);
+    KT_CHECK(kt_verify(buf, BUF, 500 + round) == -1);
+    kt_peer_stop(&p);
+    munmap(buf, BUF);
+}
+
 int main(void)
 {
     printf("racing deregistration, cross-memory attach\n");
@@ -157,6 +198,9 @@ int main(void)
     printf("killed initiator\n");
     for (unsigned r = 0; r < 5; r++)
         dead_initiator();
+    printf("agent destroyed under a writer\n");
+    for (unsigned r = 0; r < 5; r++)
+        destroyed_under_writer(r);
     printf("ok\n");
     return 0;
 }
