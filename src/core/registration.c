@@ -71,7 +71,14 @@ static kvl_status_t kvli_mem_classify(kvl_agent_t *a, kvli_hostchk_t *hc, size_t
     const kvl_backend_ops_t *ops;
     kvl_error_t qerr, why; /* why: a backend's reason for not claiming declared memory */
     bool have_why = false;
-    for (size_t i = 0; (ops = kvli_backend_builtin(i)) != NULL; i++) {
+    /* Declared DRAM that this process can read is served as host memory:
+     * on PCIe hosts GPU memory does not read from the CPU (cudaMalloc
+     * ranges are inaccessible mappings there), so the device query, a
+     * driver call per region, is asked only to explain a range that fails
+     * the host check ("this is VRAM on GPU 0"). */
+    uint64_t unread0;
+    bool host_first = declared == KVL_MEM_DRAM && kvli_hostchk(hc, at, &unread0) == 0;
+    for (size_t i = 0; !host_first && (ops = kvli_backend_builtin(i)) != NULL; i++) {
         kvl_mem_kind_t k;
         int32_t dev;
         char info[256] = "";

@@ -42,6 +42,9 @@
  * launch between them. */
 #define KVLI_CUDA_IDX_UNIT_BYTES (2048ull << 20)
 #define KVLI_CUDA_IDX_THREADS 512u
+#define KVLI_CUDA_WARP_THREADS 256u        /* kvl_gather_idx_warp: 8 pairs per block */
+#define KVLI_CUDA_WARP_MAX_LEN (64u << 10) /* pairs up to this use a warp each, */
+#define KVLI_CUDA_WARP_MIN_PAIRS 4096u     /* in requests of at least this many */
 #define KVLI_CUDA_UNIT_BLOCKS 8192u        /* blocks per batch / uncached kernel launch at most */
 #define KVLI_CUDA_WINDOW 4                 /* units in flight per transfer */
 #define KVLI_CUDA_PIECE (1ull << 20)       /* kernel splits blocks above this */
@@ -424,6 +427,7 @@ typedef struct kvli_cuda_devres {
     CUmodule mod;
     CUfunction fn;                   /* NULL: batched copies */
     CUfunction fn_idx;               /* kvl_gather_idx; NULL: indexed transfers expand */
+    CUfunction fn_idx_warp;          /* kvl_gather_idx_warp; NULL: fn_idx for all */
     kvli_cuda_slot_t *free_slots;    /* under iface->lock */
     kvli_cuda_tab_t *free_tabs;      /* under iface->lock */
     unsigned n_free_tabs;

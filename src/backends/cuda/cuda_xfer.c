@@ -76,6 +76,10 @@ static kvli_cuda_devres_t *kvli_cuda_devres_get(kvli_cuda_iface_t *iface, int de
         if (cr == KVLI_CUDA_SUCCESS &&
             d->cuModuleGetFunction(&r->fn_idx, r->mod, "kvl_gather_idx") != KVLI_CUDA_SUCCESS)
             r->fn_idx = NULL;
+        if (cr == KVLI_CUDA_SUCCESS &&
+            d->cuModuleGetFunction(&r->fn_idx_warp, r->mod, "kvl_gather_idx_warp") !=
+                KVLI_CUDA_SUCCESS)
+            r->fn_idx_warp = NULL;
         if (cr != KVLI_CUDA_SUCCESS) {
             r->fn = NULL;
             iface->ctx->log(iface->ctx, KVL_LOG_WARN,
@@ -386,8 +390,16 @@ static int kvli_cuda_unit_launch(kvli_cuda_iface_t *iface, kvli_cuda_xpriv_t *xp
         }
         xc->up_units = u + 1;
     }
-    if (xc->indexed)
-        cr = d->cuLaunchKernel(iface->dres[xp->dev].fn_idx, grid, 1, 1, KVLI_CUDA_IDX_THREADS, 1,
+    const kvli_cuda_devres_t *dr = &iface->dres[xp->dev];
+    if (xc->indexed && dr->fn_idx_warp != NULL && len <= KVLI_CUDA_WARP_MAX_LEN &&
+        nb >= KVLI_CUDA_WARP_MIN_PAIRS) {
+        /* many small pairs: a warp each (kernels.cu) */
+        unsigned long long per = KVLI_CUDA_WARP_THREADS / 32u, wg = (nb + per - 1) / per;
+        cr = d->cuLaunchKernel(dr->fn_idx_warp, wg < KVLI_CUDA_GRID_MAX ? (unsigned)wg
+                                                                         : KVLI_CUDA_GRID_MAX,
+                               1, 1, KVLI_CUDA_WARP_THREADS, 1, 1, 0, xp->stream, iargs, NULL);
+    } else if (xc->indexed)
+        cr = d->cuLaunchKernel(dr->fn_idx, grid, 1, 1, KVLI_CUDA_IDX_THREADS, 1,
                                1, 0, xp->stream, iargs, NULL);
     else
         cr = d->cuLaunchKernel(iface->dres[xp->dev].fn, grid, 1, 1, 256, 1, 1, 0, xp->stream,
