@@ -2,9 +2,10 @@
  * kvlane ucx backend: private structures shared by the files of this folder.
  *
  * Objects and who owns what:
- *   iface  - one per open(): UCP context + one worker (UCS_THREAD_MODE_MULTI),
- *            the progress thread, the lists below.
- *   peer   - one per peer_load(): the UCP endpoint to a remote agent.
+ *   iface  - one per open(): UCP context + its main worker (UCS_THREAD_MODE_MULTI,
+ *            the address in our metadata), the progress thread, the lists below.
+ *   peer   - one per peer_load(): a worker of its own and on it the UCP
+ *            endpoint to a remote agent (one incarnation of it).
  *   mh/rh  - local region (ucp_mem_map'd) / remote region (unpacked rkey).
  *   xpriv  - one per posting of a transfer (x->bk_priv).
  *   token  - the user_data of one outstanding UCP request (flush, AM send),
@@ -21,8 +22,9 @@
  *   - UCX callbacks only record results; they never call into the core,
  *     except notif_deliver (a leaf that takes only the core's queue lock).
  *   - Only the progress thread calls ucp_worker_progress, issues puts/gets,
- *     flushes and closes endpoints while the iface is open; other threads
- *     queue work and wait on iface->cond, bounded by the timeout.
+ *     flushes, closes endpoints and destroys peers' workers while the iface
+ *     is open; other threads queue work and wait on iface->cond, bounded by
+ *     the timeout.
  */
 #ifndef KVLI_UCX_H
 #define KVLI_UCX_H
@@ -94,6 +96,17 @@ typedef struct kvli_ucx_rh {
     ucp_rkey_h rkey;                  /* NULL when the peer stages the region */
 } kvli_ucx_rh_t;
 
+/*
+ * A peer has a UCP worker of its own, which carries only its endpoint: when
+ * the peer goes (unloaded, or replaced by its restarted incarnation) the
+ * worker is destroyed, and with it whatever UCX could not let go of for a
+ * dead peer (UCX 1.13 keeps a failed shared-memory endpoint whose FIFO the
+ * dead process left full until its worker is destroyed: 4 MiB mapped and a
+ * pending flush retried at every progress, per kill). Requests from the
+ * peer arrive at the backend's own worker (iface->worker), whose address is
+ * the one our metadata carries; the peer's replies (staged data, UCX's own
+ * protocol) come back to the peer's worker.
+ */
 struct kvli_ucx_peer {
     kvli_ucx_peer_t *next;
     kvli_ucx_iface_t *iface;
@@ -101,6 +114,8 @@ struct kvli_ucx_peer {
     uint64_t incarnation;
     uint32_t pid;
     char remote_tls[256];             /* transports the peer's UCX offered */
+    ucp_worker_h worker;              /* this peer's own (see above) */
+    int efd;                          /* its event fd, -1 if none */
     ucp_ep_h ep;
     kvli_ucx_rh_t *rhs;
     /* under iface->lock */
@@ -108,6 +123,8 @@ struct kvli_ucx_peer {
     ucs_status_t dead_status;
     char dead_what[200];
     unsigned active;                  /* postings in flight */
+    int closing;                      /* unload asked the progress thread to close it */
+    int gone;                         /* closed: its worker destroyed, off iface->peers */
 };
 
 enum {
@@ -170,6 +187,10 @@ struct kvli_ucx_iface {
     pthread_mutex_t lock;
     pthread_cond_t cond;
     kvli_ucx_peer_t *peers;
+    /* progress thread only: the peers' workers and event fds this turn */
+    ucp_worker_h *pw;
+    int *pw_efd;
+    size_t pw_n, pw_cap;
     kvli_ucx_mh_t *mhs;
     kvli_ucx_alloc_t *allocs;         /* unmapped after mhs, before the worker */
     kvli_ucx_xpriv_t *queue;          /* posted, not yet taken by progress */
@@ -196,6 +217,11 @@ void kvli_ucx_log_install(void);
 const char *kvli_ucx_log_said(const kvli_ucx_log_t *log, char *buf, size_t len);
 
 /* ucx_iface.c */
+/* Create a worker (UCS_THREAD_MODE_MULTI) with our active-message handlers:
+ * the backend's own (main: requests and notifications) or a peer's
+ * (replies). KVL_OK or the diagnosis in err. */
+kvl_status_t kvli_ucx_worker_new(kvli_ucx_iface_t *iface, int main_worker, ucp_worker_h *w_p,
+                                 int *efd_p, kvl_error_t *err);
 
 /* ucx_diag.c */
 void kvli_ucx_diag_resources(kvli_ucx_iface_t *iface);
@@ -239,7 +265,13 @@ kvl_status_t kvli_ucx_ep_load(void *bk, const char *name, uint64_t incarnation,
                               kvl_error_t *err);
 void kvli_ucx_ep_unload(void *bk, void *peer);
 void kvli_ucx_ep_describe(void *bk, void *peer, char *buf, size_t len);
-void kvli_ucx_ep_close(kvli_ucx_iface_t *iface, kvli_ucx_peer_t *peer, int force);
+/* Close the endpoint (forced: nothing of ours is in flight any more, or it
+ * is being abandoned) and destroy the peer's worker. The progress thread
+ * (kvli_ucx_peers_sweep) or teardown, never both. */
+void kvli_ucx_ep_destroy(kvli_ucx_iface_t *iface, kvli_ucx_peer_t *peer);
+/* Progress thread: close the peers unload asked to close, then list the
+ * workers of the others in iface->pw for this turn. */
+void kvli_ucx_peers_sweep(kvli_ucx_iface_t *iface);
 uint32_t kvli_ucx_crc32(const uint8_t *p, size_t n);
 
 /* ucx_stage.c */
@@ -251,6 +283,10 @@ int kvli_ucx_stage_advance(kvli_ucx_iface_t *iface, kvli_ucx_xpriv_t *xp);
 int kvli_ucx_stage_progress(kvli_ucx_iface_t *iface);
 void kvli_ucx_stage_abandon(kvli_ucx_iface_t *iface, kvli_ucx_xpriv_t *xp);
 void kvli_ucx_stage_release_descs(kvli_ucx_iface_t *iface);
+/* A peer's worker goes: release what it holds (before ucp_worker_destroy),
+ * then free the ended requests it carried (after: no callback comes). */
+void kvli_ucx_stage_worker_release(kvli_ucx_iface_t *iface, ucp_worker_h w);
+void kvli_ucx_stage_worker_gone(kvli_ucx_iface_t *iface, ucp_worker_h w);
 void kvli_ucx_stage_free_all(kvli_ucx_iface_t *iface);
 void kvli_ucx_stage_expect(kvli_ucx_iface_t *iface);
 ucs_status_t kvli_ucx_stage_req_recv(void *arg, const void *header, size_t header_length,

@@ -1,8 +1,10 @@
 /*
  * kvlane ucx backend: endpoints. Our connection info is the UCP worker
  * address (plus the transports we offer, for diagnoses); peer_load creates
- * an endpoint with peer error handling, so a dead peer fails transfers
- * instead of hanging them.
+ * a worker for the peer and on it an endpoint with peer error handling, so
+ * a dead peer fails transfers instead of hanging them. Unload has the
+ * progress thread close the endpoint (forced) and destroy the worker, which
+ * frees everything UCX kept for the peer, dead or alive (ucx.h says why).
  *
  * Connection info (native byte order, version 1):
  *   0 magic u32 | 4 version u16 | 6 flags u16 (bit 0: peer error handling)
@@ -14,6 +16,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 #include "ucx.h"
 
@@ -157,6 +160,12 @@ kvl_status_t kvli_ucx_ep_load(void *bk, const char *name, uint64_t incarnation,
     memcpy(peer->remote_tls, conn + KVLI_UCX_CONN_FIXED, tl);
     peer->remote_tls[tl] = '\0';
 
+    peer->efd = -1;
+    if (kvli_ucx_worker_new(iface, 0, &peer->worker, &peer->efd, err) != KVL_OK) {
+        free(addr);
+        free(peer);
+        return err->code;
+    }
     memset(&ep, 0, sizeof(ep));
     ep.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
                     UCP_EP_PARAM_FIELD_ERR_HANDLER | UCP_EP_PARAM_FIELD_NAME;
@@ -166,12 +175,13 @@ kvl_status_t kvli_ucx_ep_load(void *bk, const char *name, uint64_t incarnation,
     ep.err_handler.arg = peer;
     ep.name = peer->name;
     kvli_ucx_log_begin(&log);
-    s = ucp_ep_create(iface->worker, &ep, &peer->ep);
+    s = ucp_ep_create(peer->worker, &ep, &peer->ep);
     kvli_ucx_log_end();
     free(addr);
     if (s != UCS_OK) {
         peer->ep = NULL;
         kvli_ucx_diag_unreachable(iface, peer, s, &log, err);
+        ucp_worker_destroy(peer->worker);
         free(peer);
         return err->code;
     }
@@ -179,64 +189,128 @@ kvl_status_t kvli_ucx_ep_load(void *bk, const char *name, uint64_t incarnation,
     peer->next = iface->peers;
     iface->peers = peer;
     pthread_mutex_unlock(&iface->lock);
+    kvli_progress_wake(&iface->pg); /* its worker joins the next turn */
     *peer_p = peer;
     return KVL_OK;
 }
 
-/* Close the endpoint, waiting at most the timeout. force: the peer is dead
- * or we are tearing down, do not flush. */
-void kvli_ucx_ep_close(kvli_ucx_iface_t *iface, kvli_ucx_peer_t *peer, int force)
+static void kvli_ucx_deadline(struct timespec *dl, uint64_t ms)
+{
+    clock_gettime(CLOCK_MONOTONIC, dl);
+    dl->tv_sec += (time_t)(ms / 1000u);
+    dl->tv_nsec += (long)(ms % 1000u) * 1000000L;
+    if (dl->tv_nsec >= 1000000000L) {
+        dl->tv_sec++;
+        dl->tv_nsec -= 1000000000L;
+    }
+}
+
+/* Bound on a forced close: UCX completes it at the next progress; only a
+ * UCX that misbehaves reaches this. */
+#define KVLI_UCX_CLOSE_MS 1000u
+
+void kvli_ucx_ep_destroy(kvli_ucx_iface_t *iface, kvli_ucx_peer_t *peer)
 {
     ucp_request_param_t rp;
-    void *req;
+    kvli_ucx_log_t log;
+    void *req = NULL;
     uint64_t end;
 
-    if (peer->ep == NULL)
+    if (peer->worker == NULL)
         return;
-    memset(&rp, 0, sizeof(rp));
-    rp.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
-    rp.flags = force ? UCP_EP_CLOSE_FLAG_FORCE : 0;
-    req = ucp_ep_close_nbx(peer->ep, &rp);
-    peer->ep = NULL;
-    if (req == NULL)
-        return;
+    if (peer->ep != NULL) {
+        memset(&rp, 0, sizeof(rp));
+        rp.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+        rp.flags = UCP_EP_CLOSE_FLAG_FORCE;
+        req = ucp_ep_close_nbx(peer->ep, &rp);
+        peer->ep = NULL;
+    }
     if (UCS_PTR_IS_ERR(req)) {
         iface->ctx->log(iface->ctx, KVL_LOG_DEBUG, "ucp_ep_close_nbx(agent '%s') = %s",
                         peer->name, ucs_status_string(UCS_PTR_STATUS(req)));
-        return;
+    } else if (req != NULL) {
+        end = kvli_clock_ms() + KVLI_UCX_CLOSE_MS;
+        while (ucp_request_check_status(req) == UCS_INPROGRESS && kvli_clock_ms() < end)
+            ucp_worker_progress(peer->worker);
+        if (ucp_request_check_status(req) == UCS_INPROGRESS)
+            iface->ctx->log(iface->ctx, KVL_LOG_DEBUG, "closing the endpoint to agent '%s' "
+                            "did not finish within %u ms; destroying its worker", peer->name,
+                            KVLI_UCX_CLOSE_MS);
+        ucp_request_free(req);
     }
-    end = kvli_clock_ms() + iface->timeout_ms;
-    while (ucp_request_check_status(req) == UCS_INPROGRESS) {
-        if (kvli_clock_ms() > end) {
-            iface->ctx->log(iface->ctx, KVL_LOG_WARN, "closing the endpoint to agent '%s' did "
-                            "not finish within %llu ms; leaving it to the worker's teardown",
-                            peer->name, (unsigned long long)iface->timeout_ms);
-            break;
+    kvli_ucx_stage_worker_release(iface, peer->worker);
+    /* What UCX says here is about what the dead peer left behind
+     * ("canceling user pending request", "not all pending operations were
+     * flushed"): ours to know, not the user's. */
+    kvli_ucx_log_begin(&log);
+    ucp_worker_destroy(peer->worker);
+    kvli_ucx_log_end();
+    if (log.lines != 0)
+        iface->ctx->log(iface->ctx, KVL_LOG_DEBUG, "destroyed the worker of agent '%s': UCX "
+                        "said \"%s\"", peer->name, log.text);
+    kvli_ucx_stage_worker_gone(iface, peer->worker);
+    peer->worker = NULL;
+    peer->efd = -1;
+}
+
+void kvli_ucx_peers_sweep(kvli_ucx_iface_t *iface)
+{
+    kvli_ucx_peer_t *close = NULL, *p;
+    size_t n = 0;
+
+    pthread_mutex_lock(&iface->lock);
+    for (kvli_ucx_peer_t **pp = &iface->peers; (p = *pp) != NULL;) {
+        if (p->closing) {
+            *pp = p->next;
+            p->next = close;
+            close = p;
+        } else {
+            n++;
+            pp = &p->next;
         }
-        if (iface->pg.started && !kvli_progress_stopping(&iface->pg))
-            usleep(100); /* the progress thread progresses */
-        else
-            ucp_worker_progress(iface->worker);
     }
-    ucp_request_free(req);
+    pthread_mutex_unlock(&iface->lock);
+    for (p = close; p != NULL; p = p->next)
+        kvli_ucx_ep_destroy(iface, p);
+    pthread_mutex_lock(&iface->lock);
+    if (close != NULL)
+        pthread_cond_broadcast(&iface->cond);
+    while (close != NULL) {
+        p = close;
+        close = p->next;
+        p->next = NULL;
+        p->gone = 1; /* the unloader frees it from here on */
+    }
+    if (n > iface->pw_cap) {
+        size_t cap = n * 2;
+        ucp_worker_h *pw = realloc(iface->pw, cap * sizeof(*pw));
+        if (pw != NULL)
+            iface->pw = pw;
+        int *pe = realloc(iface->pw_efd, cap * sizeof(*pe));
+        if (pe != NULL)
+            iface->pw_efd = pe;
+        if (pw != NULL && pe != NULL)
+            iface->pw_cap = cap;
+    }
+    iface->pw_n = 0;
+    for (p = iface->peers; p != NULL && iface->pw_n < iface->pw_cap; p = p->next) {
+        iface->pw[iface->pw_n] = p->worker;
+        iface->pw_efd[iface->pw_n] = p->efd;
+        iface->pw_n++;
+    }
+    pthread_mutex_unlock(&iface->lock);
 }
 
 void kvli_ucx_ep_unload(void *bk, void *peerv)
 {
     kvli_ucx_iface_t *iface = bk;
     kvli_ucx_peer_t *peer = peerv;
-    int dead;
+    struct timespec dl;
+    int gone = 0, inline_close = 0;
+
     if (peer == NULL)
         return;
     kvli_ucx_xfer_cancel_peer(iface, peer);
-    pthread_mutex_lock(&iface->lock);
-    for (kvli_ucx_peer_t **pp = &iface->peers; *pp != NULL; pp = &(*pp)->next)
-        if (*pp == peer) {
-            *pp = peer->next;
-            break;
-        }
-    dead = peer->dead;
-    pthread_mutex_unlock(&iface->lock);
     /* rkeys before the endpoint (the core unloaded them already; this only
      * guards against a leak) */
     for (kvli_ucx_rh_t *rh = peer->rhs, *nr; rh != NULL; rh = nr) {
@@ -246,8 +320,37 @@ void kvli_ucx_ep_unload(void *bk, void *peerv)
         free(rh);
     }
     peer->rhs = NULL;
-    kvli_ucx_ep_close(iface, peer, dead);
-    free(peer);
+    /* The progress thread progresses the peer's worker: it closes it. */
+    kvli_ucx_deadline(&dl, 2 * iface->timeout_ms + 1000);
+    pthread_mutex_lock(&iface->lock);
+    if (iface->pg.started && !kvli_progress_stopping(&iface->pg)) {
+        peer->closing = 1;
+        pthread_mutex_unlock(&iface->lock);
+        kvli_progress_wake(&iface->pg);
+        pthread_mutex_lock(&iface->lock);
+        while (!peer->gone && !kvli_progress_stopping(&iface->pg) &&
+               pthread_cond_timedwait(&iface->cond, &iface->lock, &dl) != ETIMEDOUT)
+            ;
+        gone = peer->gone;
+    } else {
+        for (kvli_ucx_peer_t **pp = &iface->peers; *pp != NULL; pp = &(*pp)->next)
+            if (*pp == peer) {
+                *pp = peer->next;
+                break;
+            }
+        inline_close = 1;
+    }
+    pthread_mutex_unlock(&iface->lock);
+    if (inline_close) {
+        kvli_ucx_ep_destroy(iface, peer);
+        gone = 1;
+    }
+    if (gone)
+        free(peer);
+    else /* still on iface->peers: the backend's close frees it */
+        iface->ctx->log(iface->ctx, KVL_LOG_WARN, "closing the endpoint to agent '%s' did "
+                        "not finish within %llu ms; leaving it to the backend's close",
+                        peer->name, (unsigned long long)(2 * iface->timeout_ms + 1000));
 }
 
 void kvli_ucx_ep_describe(void *bk, void *peerv, char *buf, size_t len)
