@@ -50,6 +50,7 @@
 #define KVLI_UCX_STAGE_RANGES 256u             /* ranges per staged request, at most */
 #define KVLI_UCX_BATCH_BYTES (64u << 20)       /* cancel is checked between batches */
 #define KVLI_UCX_BATCH_OPS 4096u
+#define KVLI_UCX_PIECE (4u << 20)              /* bytes per put/get, at most */
 #define KVLI_UCX_LOG_MAX 1024                  /* captured UCX log text per call */
 #define KVLI_UCX_PAD 512                       /* zero padding behind untrusted blobs */
 
@@ -118,8 +119,13 @@ struct kvli_ucx_peer {
     int efd;                          /* its event fd, -1 if none */
     ucp_ep_h ep;
     kvli_ucx_rh_t *rhs;
+    /* Liveness: the last time the peer showed progress (a put, get, flush
+     * or send to it completed), kvli_clock_ms(). A transfer times out only
+     * when neither it nor the peer moved for its timeout; death is UCX's
+     * to say (endpoint error callback: keepalive or transport error). */
+    _Atomic uint64_t heard_ms;
     /* under iface->lock */
-    int dead;                         /* error callback or watchdog */
+    int dead;                         /* UCX's endpoint error callback */
     ucs_status_t dead_status;
     char dead_what[200];
     unsigned active;                  /* postings in flight */
@@ -184,6 +190,7 @@ struct kvli_ucx_iface {
     int efd;                          /* worker event fd, -1 if none */
     kvli_progress_t pg;               /* progress thread, wake fd, stop flag */
     unsigned idle;                    /* progress thread: empty turns in a row */
+    uint64_t turn_ms;                 /* progress thread: its last transfer pass */
     pthread_mutex_t lock;
     pthread_cond_t cond;
     kvli_ucx_peer_t *peers;
@@ -305,7 +312,6 @@ void kvli_ucx_xfer_complete(kvli_ucx_iface_t *iface, kvli_ucx_xpriv_t *xp, kvl_s
                             const kvl_error_t *err);
 void kvli_ucx_xfer_fail(kvli_ucx_iface_t *iface, kvli_ucx_xpriv_t *xp, kvl_status_t code,
                         const char *why);
-void kvli_ucx_peer_stalled(kvli_ucx_iface_t *iface, kvli_ucx_peer_t *peer, uint64_t idle);
 kvl_status_t kvli_ucx_xfer_post(void *bk, kvl_bk_xfer_t *x, kvl_error_t *err);
 void kvli_ucx_xfer_cancel(void *bk, kvl_bk_xfer_t *x);
 int kvli_ucx_xfer_progress(kvli_ucx_iface_t *iface);

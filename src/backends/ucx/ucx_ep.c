@@ -161,6 +161,7 @@ kvl_status_t kvli_ucx_ep_load(void *bk, const char *name, uint64_t incarnation,
     peer->remote_tls[tl] = '\0';
 
     peer->efd = -1;
+    atomic_init(&peer->heard_ms, kvli_clock_ms());
     if (kvli_ucx_worker_new(iface, 0, &peer->worker, &peer->efd, err) != KVL_OK) {
         free(addr);
         free(peer);

@@ -548,7 +548,6 @@ int kvli_ucx_stage_advance(kvli_ucx_iface_t *iface, kvli_ucx_xpriv_t *xp)
         snprintf(why, sizeof(why), "no answer to a staged request for %llu ms (bound %llu ms): "
                  "it stopped answering", (unsigned long long)(now - xp->last_ms),
                  (unsigned long long)xp->timeout_ms);
-        kvli_ucx_peer_stalled(iface, xp->peer, now - xp->last_ms);
         kvli_ucx_xfer_fail(iface, xp, KVL_ERR_TIMEOUT, why);
         return 1;
     }

@@ -306,12 +306,27 @@ void kvli_ucx_xfer_fail(kvli_ucx_iface_t *iface, kvli_ucx_xpriv_t *xp, kvl_statu
                      (unsigned long long)x->total_bytes, xp->peer->name, why,
                      (unsigned long long)xp->confirmed, (unsigned long long)xp->issued);
     snprintf(err.agent, sizeof(err.agent), "%s", xp->peer->name);
-    kvl_bk_error_hint(&err, code == KVL_ERR_REMOTE_DISCONNECT || code == KVL_ERR_TIMEOUT
+    kvl_bk_error_hint(&err, code == KVL_ERR_REMOTE_DISCONNECT
                       ? "the peer process died or stopped answering: check it; once it "
                         "restarts, load its new metadata and post again"
+                      : code == KVL_ERR_TIMEOUT
+                      ? "the peer is alive but moved nothing for the timeout: check whether it "
+                        "is stopped, hung or starved of CPU; posting again tries again; raise "
+                        "the timeout if it is only slow"
                       : "check both agents' logs and UCX_TLS; the bytes not confirmed may or "
                         "may not have landed");
     kvli_ucx_xfer_complete(iface, xp, code, &err);
+}
+
+/* A put or get completed: the peer is making progress. Runs inside
+ * ucp_worker_progress of the peer's worker, which is destroyed before the
+ * peer is freed. */
+static void kvli_ucx_rma_cb(void *req, ucs_status_t status, void *user_data)
+{
+    kvli_ucx_peer_t *peer = user_data;
+    if (status == UCS_OK)
+        atomic_store(&peer->heard_ms, kvli_clock_ms());
+    ucp_request_free(req);
 }
 
 /* Issue the next batch of blocks; returns the first error status. */
@@ -325,10 +340,15 @@ static ucs_status_t kvli_ucx_xfer_issue(kvli_ucx_xpriv_t *xp)
     kvli_piece_t p;
 
     memset(&rp, 0, sizeof(rp));
-    rp.op_attr_mask = UCP_OP_ATTR_FIELD_MEMH;
-    /* whole blocks: RMA has no size limit per operation */
+    rp.op_attr_mask = UCP_OP_ATTR_FIELD_MEMH | UCP_OP_ATTR_FIELD_CALLBACK |
+                      UCP_OP_ATTR_FIELD_USER_DATA;
+    rp.cb.send = kvli_ucx_rma_cb;
+    rp.user_data = xp->peer;
+    /* Pieces of at most KVLI_UCX_PIECE bytes: each completion is a sign of
+     * the peer's progress, so a slow peer is never taken for a silent one
+     * (the flush of a batch can take long under load). */
     while (bytes < KVLI_UCX_BATCH_BYTES && ops < KVLI_UCX_BATCH_OPS &&
-           kvli_chunk_peek(&xp->cur, x->segs, x->nsegs, UINT64_MAX, &p)) {
+           kvli_chunk_peek(&xp->cur, x->segs, x->nsegs, KVLI_UCX_PIECE, &p)) {
         const kvl_seg_t *sg = &x->segs[p.seg];
         const kvli_ucx_mh_t *mh = x->lmh[sg->lreg];
         const kvli_ucx_rh_t *rh = x->rmh[sg->rreg];
@@ -341,27 +361,13 @@ static ucs_status_t kvli_ucx_xfer_issue(kvli_ucx_xpriv_t *xp)
             req = ucp_get_nbx(ep, l, p.len, p.raddr, rh->rkey, &rp);
         if (UCS_PTR_IS_ERR(req))
             return UCS_PTR_STATUS(req);
-        if (req != NULL)
-            ucp_request_free(req); /* completion is covered by the flush */
+        /* a request completes (callback) later; NULL: done already */
         bytes += p.len;
         ops++;
         xp->issued += p.len;
         kvli_chunk_take(&xp->cur, x->segs, p.len);
     }
     return UCS_OK;
-}
-
-/* No answer from the peer for idle ms: it counts as dead from now on. */
-void kvli_ucx_peer_stalled(kvli_ucx_iface_t *iface, kvli_ucx_peer_t *peer, uint64_t idle)
-{
-    pthread_mutex_lock(&iface->lock);
-    if (!peer->dead) {
-        peer->dead = 1;
-        peer->dead_status = UCS_ERR_TIMED_OUT;
-        snprintf(peer->dead_what, sizeof(peer->dead_what), "agent '%.60s' stopped answering "
-                 "(no UCX completion for %llu ms)", peer->name, (unsigned long long)idle);
-    }
-    pthread_mutex_unlock(&iface->lock);
 }
 
 static void kvli_ucx_xfer_advance(kvli_ucx_iface_t *iface, kvli_ucx_xpriv_t *xp)
@@ -475,16 +481,24 @@ static void kvli_ucx_xfer_advance(kvli_ucx_iface_t *iface, kvli_ucx_xpriv_t *xp)
             return;
         }
 
-        /* FLUSH or NOTIF: wait for the token, bounded */
+        /* FLUSH or NOTIF: wait for the token. The bound is on silence:
+         * it runs from the last sign of progress of this transfer or of
+         * the peer (any put/get to it completing), so a slow peer under
+         * load is never failed while it moves. A dead peer is UCX's to
+         * report (error callback), long before this. */
         if (!kvli_ucx_tok_done(iface, xp->tok, &s)) {
-            uint64_t idle = kvli_clock_ms() - xp->last_ms;
+            uint64_t now = kvli_clock_ms(), heard = atomic_load(&peer->heard_ms);
+            uint64_t last = heard > xp->last_ms ? heard : xp->last_ms;
+            uint64_t idle = now > last ? now - last : 0;
             if (dead) {
                 kvli_ucx_xfer_fail(iface, xp, KVL_ERR_REMOTE_DISCONNECT, why);
             } else if (idle > xp->timeout_ms) {
-                snprintf(why, sizeof(why), "no completion from the peer for %llu ms (bound "
-                         "%llu ms): it stopped answering", (unsigned long long)idle,
+                /* this transfer only: the peer is not declared dead, the
+                 * next posting tries again */
+                snprintf(why, sizeof(why), "no progress from the peer for %llu ms (bound "
+                         "%llu ms), although UCX still counts it alive: it is stopped or "
+                         "overloaded", (unsigned long long)idle,
                          (unsigned long long)xp->timeout_ms);
-                kvli_ucx_peer_stalled(iface, peer, idle);
                 kvli_ucx_xfer_fail(iface, xp, KVL_ERR_TIMEOUT, why);
             }
             return;
@@ -510,6 +524,7 @@ static void kvli_ucx_xfer_advance(kvli_ucx_iface_t *iface, kvli_ucx_xpriv_t *xp)
         }
         xp->confirmed = xp->issued;
         xp->last_ms = kvli_clock_ms();
+        atomic_store(&peer->heard_ms, xp->last_ms);
         xp->state = KVLI_UCX_X_ISSUE;
         /* loop: next batch, cancel, or the notification */
     }
@@ -527,9 +542,21 @@ static void kvli_ucx_xfer_release(kvli_ucx_iface_t *iface, kvli_ucx_xpriv_t *xp)
         free(xp);
 }
 
+/* The progress thread did not run for a while (this process starved of
+ * CPU): that time is not the peers' silence. While transfers run it never
+ * sleeps more than 1 ms, so a gap this long means it was not scheduled. */
+#define KVLI_UCX_STARVED_MS 100u
+
 int kvli_ucx_xfer_progress(kvli_ucx_iface_t *iface)
 {
     kvli_ucx_xpriv_t **pp, *xp;
+    uint64_t now = kvli_clock_ms(), gap = iface->turn_ms ? now - iface->turn_ms : 0;
+
+    iface->turn_ms = now;
+    if (gap > KVLI_UCX_STARVED_MS)
+        for (xp = iface->running; xp != NULL; xp = xp->next)
+            if (xp->last_ms != 0)
+                xp->last_ms += gap;
 
     pthread_mutex_lock(&iface->lock);
     if (iface->queue != NULL) {
