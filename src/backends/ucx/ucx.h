@@ -51,6 +51,8 @@
 #define KVLI_UCX_BATCH_BYTES (64u << 20)       /* cancel is checked between batches */
 #define KVLI_UCX_BATCH_OPS 4096u
 #define KVLI_UCX_PIECE (4u << 20)              /* bytes per put/get, at most */
+#define KVLI_UCX_EXIT_FLUSH_MS 20u             /* teardown: flush of live peers, all */
+#define KVLI_UCX_CLOSE_FLUSH_MS 50u            /* unload: flush of a live peer */
 #define KVLI_UCX_LOG_MAX 1024                  /* captured UCX log text per call */
 #define KVLI_UCX_PAD 512                       /* zero padding behind untrusted blobs */
 
@@ -131,6 +133,12 @@ struct kvli_ucx_peer {
     unsigned active;                  /* postings in flight */
     int closing;                      /* unload asked the progress thread to close it */
     int gone;                         /* closed: its worker destroyed, off iface->peers */
+    /* progress thread only (kvli_ucx_peers_sweep) */
+    kvli_ucx_peer_t *close_next;
+    int close_state;                  /* 0 asked, 1 flushing, 2 to destroy, 3 destroyed */
+    int close_dead;
+    void *close_req;                  /* the closing flush */
+    uint64_t close_until;
 };
 
 enum {
@@ -273,12 +281,16 @@ kvl_status_t kvli_ucx_ep_load(void *bk, const char *name, uint64_t incarnation,
 void kvli_ucx_ep_unload(void *bk, void *peer);
 void kvli_ucx_ep_describe(void *bk, void *peer, char *buf, size_t len);
 /* Close the endpoint (forced: nothing of ours is in flight any more, or it
- * is being abandoned) and destroy the peer's worker. The progress thread
- * (kvli_ucx_peers_sweep) or teardown, never both. */
-void kvli_ucx_ep_destroy(kvli_ucx_iface_t *iface, kvli_ucx_peer_t *peer);
-/* Progress thread: close the peers unload asked to close, then list the
- * workers of the others in iface->pw for this turn. */
-void kvli_ucx_peers_sweep(kvli_ucx_iface_t *iface);
+ * is being abandoned) and destroy the peer's worker. Until flush_until_ms
+ * (kvli_clock_ms(); 0: not at all) a peer not known dead first gets a
+ * flush, so a connection still being set up finishes before it is cut.
+ * The progress thread (kvli_ucx_peers_sweep) or teardown, never both. */
+void kvli_ucx_ep_destroy(kvli_ucx_iface_t *iface, kvli_ucx_peer_t *peer,
+                         uint64_t flush_until_ms);
+/* Progress thread: move on the closing of the peers unload asked to close,
+ * then list the workers of the peers in iface->pw for this turn. 1 while
+ * a closing flush is pending. */
+int kvli_ucx_peers_sweep(kvli_ucx_iface_t *iface);
 uint32_t kvli_ucx_crc32(const uint8_t *p, size_t n);
 
 /* ucx_stage.c */

@@ -210,15 +210,35 @@ static void kvli_ucx_deadline(struct timespec *dl, uint64_t ms)
  * UCX that misbehaves reaches this. */
 #define KVLI_UCX_CLOSE_MS 1000u
 
-void kvli_ucx_ep_destroy(kvli_ucx_iface_t *iface, kvli_ucx_peer_t *peer)
+void kvli_ucx_ep_destroy(kvli_ucx_iface_t *iface, kvli_ucx_peer_t *peer,
+                         uint64_t flush_until_ms)
 {
     ucp_request_param_t rp;
     kvli_ucx_log_t log;
     void *req = NULL;
     uint64_t end;
+    int dead;
 
     if (peer->worker == NULL)
         return;
+    if (peer->close_req != NULL) { /* a closing flush the sweep started */
+        ucp_request_free(peer->close_req);
+        peer->close_req = NULL;
+    }
+    pthread_mutex_lock(&iface->lock);
+    dead = peer->dead;
+    pthread_mutex_unlock(&iface->lock);
+    if (peer->ep != NULL && !dead && kvli_clock_ms() < flush_until_ms) {
+        memset(&rp, 0, sizeof(rp));
+        req = ucp_ep_flush_nbx(peer->ep, &rp);
+        if (req != NULL && !UCS_PTR_IS_ERR(req)) {
+            while (ucp_request_check_status(req) == UCS_INPROGRESS &&
+                   kvli_clock_ms() < flush_until_ms)
+                ucp_worker_progress(peer->worker);
+            ucp_request_free(req); /* the forced close below ends it if need be */
+        }
+        req = NULL;
+    }
     if (peer->ep != NULL) {
         memset(&rp, 0, sizeof(rp));
         rp.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
@@ -254,34 +274,71 @@ void kvli_ucx_ep_destroy(kvli_ucx_iface_t *iface, kvli_ucx_peer_t *peer)
     peer->efd = -1;
 }
 
-void kvli_ucx_peers_sweep(kvli_ucx_iface_t *iface)
+/* A closing peer not known dead gets a flush first, so a connection still
+ * being set up finishes before it is cut (else the peer's UCX, finding our
+ * side gone mid-setup, logs errors); the flush is followed turn by turn,
+ * never waited for: at most KVLI_UCX_CLOSE_FLUSH_MS, less once UCX reports
+ * the peer dead (the old incarnation of a restarted peer usually is). */
+int kvli_ucx_peers_sweep(kvli_ucx_iface_t *iface)
 {
-    kvli_ucx_peer_t *close = NULL, *p;
+    kvli_ucx_peer_t *closing = NULL, *p;
+    uint64_t now = kvli_clock_ms();
     size_t n = 0;
+    int pending = 0, gone = 0;
 
     pthread_mutex_lock(&iface->lock);
-    for (kvli_ucx_peer_t **pp = &iface->peers; (p = *pp) != NULL;) {
+    for (p = iface->peers; p != NULL; p = p->next)
         if (p->closing) {
+            p->close_dead = p->dead;
+            p->close_next = closing;
+            closing = p;
+        }
+    pthread_mutex_unlock(&iface->lock);
+    /* only this thread unlinks peers: those listed stay valid */
+    for (p = closing; p != NULL; p = p->close_next) {
+        if (p->close_state == 0) {
+            void *req = NULL;
+            if (p->ep != NULL && !p->close_dead) {
+                ucp_request_param_t rp;
+                memset(&rp, 0, sizeof(rp));
+                req = ucp_ep_flush_nbx(p->ep, &rp);
+            }
+            if (req != NULL && !UCS_PTR_IS_ERR(req)) {
+                p->close_req = req;
+                p->close_until = now + KVLI_UCX_CLOSE_FLUSH_MS;
+                p->close_state = 1;
+            } else {
+                p->close_state = 2;
+            }
+        }
+        if (p->close_state == 1 &&
+            (p->close_dead || now >= p->close_until ||
+             ucp_request_check_status(p->close_req) != UCS_INPROGRESS)) {
+            ucp_request_free(p->close_req); /* the forced close ends it if need be */
+            p->close_req = NULL;
+            p->close_state = 2;
+        }
+        if (p->close_state == 2) {
+            kvli_ucx_ep_destroy(iface, p, 0);
+            p->close_state = 3;
+            gone++;
+        } else {
+            pending = 1;
+        }
+    }
+    pthread_mutex_lock(&iface->lock);
+    for (kvli_ucx_peer_t **pp = &iface->peers; (p = *pp) != NULL;) {
+        if (p->close_state == 3) {
             *pp = p->next;
-            p->next = close;
-            close = p;
+            p->next = NULL;
+            p->gone = 1; /* the unloader frees it from here on */
         } else {
             n++;
             pp = &p->next;
         }
     }
-    pthread_mutex_unlock(&iface->lock);
-    for (p = close; p != NULL; p = p->next)
-        kvli_ucx_ep_destroy(iface, p);
-    pthread_mutex_lock(&iface->lock);
-    if (close != NULL)
+    if (gone)
         pthread_cond_broadcast(&iface->cond);
-    while (close != NULL) {
-        p = close;
-        close = p->next;
-        p->next = NULL;
-        p->gone = 1; /* the unloader frees it from here on */
-    }
     if (n > iface->pw_cap) {
         size_t cap = n * 2;
         ucp_worker_h *pw = realloc(iface->pw, cap * sizeof(*pw));
@@ -293,6 +350,7 @@ void kvli_ucx_peers_sweep(kvli_ucx_iface_t *iface)
         if (pw != NULL && pe != NULL)
             iface->pw_cap = cap;
     }
+    /* flushing peers too: their workers must move */
     iface->pw_n = 0;
     for (p = iface->peers; p != NULL && iface->pw_n < iface->pw_cap; p = p->next) {
         iface->pw[iface->pw_n] = p->worker;
@@ -300,6 +358,7 @@ void kvli_ucx_peers_sweep(kvli_ucx_iface_t *iface)
         iface->pw_n++;
     }
     pthread_mutex_unlock(&iface->lock);
+    return pending;
 }
 
 void kvli_ucx_ep_unload(void *bk, void *peerv)
@@ -343,7 +402,7 @@ void kvli_ucx_ep_unload(void *bk, void *peerv)
     }
     pthread_mutex_unlock(&iface->lock);
     if (inline_close) {
-        kvli_ucx_ep_destroy(iface, peer);
+        kvli_ucx_ep_destroy(iface, peer, 0);
         gone = 1;
     }
     if (gone)

@@ -46,8 +46,8 @@ static int64_t kvli_ucx_progress_prepare(void *arg, kvli_pollset_t *ps)
     int active;
     unsigned n = 0, c;
 
-    kvli_ucx_peers_sweep(iface);
-    active = kvli_ucx_xfer_progress(iface);
+    active = kvli_ucx_peers_sweep(iface);
+    active |= kvli_ucx_xfer_progress(iface);
     active |= kvli_ucx_stage_progress(iface);
     do {
         c = ucp_worker_progress(iface->worker);
@@ -348,6 +348,10 @@ static void kvli_ucx_iface_teardown(kvli_ucx_iface_t *iface)
     iface->closed = 1;
     kvli_progress_stop(&iface->pg);
     if (iface->worker != NULL) {
+        /* live peers get a flush first, all of them together within
+         * KVLI_UCX_EXIT_FLUSH_MS (a connection still being set up then
+         * finishes instead of leaving the peer's UCX to complain) */
+        uint64_t flush_until = kvli_clock_ms() + KVLI_UCX_EXIT_FLUSH_MS;
         kvli_ucx_xfer_fail_all(iface, "the ucx backend is closing");
         for (kvli_ucx_peer_t *p = iface->peers; p != NULL; p = p->next) {
             for (kvli_ucx_rh_t *rh = p->rhs; rh != NULL; rh = rh->next)
@@ -355,9 +359,9 @@ static void kvli_ucx_iface_teardown(kvli_ucx_iface_t *iface)
                     ucp_rkey_destroy(rh->rkey);
                     rh->rkey = NULL;
                 }
-            /* forced: what was in flight was just failed, and a flush to a
-             * peer that exited would wait for UCX's keepalive to notice */
-            kvli_ucx_ep_destroy(iface, p);
+            /* then forced: what was in flight was just failed, and a flush
+             * to a peer that exited would wait for UCX's keepalive */
+            kvli_ucx_ep_destroy(iface, p, flush_until);
         }
     }
     if (iface->worker != NULL)
