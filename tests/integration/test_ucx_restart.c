@@ -8,7 +8,9 @@
  * rounds while a transfer to it is in flight (that transfer must end with an
  * error naming the peer, never hang: UCX's error handling notices the dead
  * peer), on even rounds while idle. The next round's first transfer to the
- * restarted target must succeed. The initiator's resident memory and open
+ * restarted target must succeed; a bystander target that lives through all
+ * rounds stays reachable (a WRITE to it every 10 rounds). The initiator's
+ * resident memory and open
  * file descriptors after the last round are compared with those after a
  * warm-up of a few rounds: growth beyond a slack fails.
  *
@@ -63,7 +65,7 @@ static int fd_count(void)
     return n - 3; /* ".", "..", the directory's own */
 }
 
-static kvl_xfer_t *mk(kvl_agent_t *a, uint64_t l, uint64_t r, uint64_t len)
+static kvl_xfer_t *mk(kvl_agent_t *a, const char *to, uint64_t l, uint64_t r, uint64_t len)
 {
     kvl_dlist_t *ld, *rd;
     kvl_xfer_t *x;
@@ -71,7 +73,7 @@ static kvl_xfer_t *mk(kvl_agent_t *a, uint64_t l, uint64_t r, uint64_t len)
     KT_OK(kvl_dlist_create(KVL_MEM_DRAM, 1, &rd));
     KT_OK(kvl_dlist_add_strided(ld, l, 8192, len / 8192, 4096, KVL_DEV_ANY));
     KT_OK(kvl_dlist_add_strided(rd, r, 8192, len / 8192, 4096, KVL_DEV_ANY));
-    KT_OK(kvl_xfer_create(a, KVL_WRITE, ld, "target", rd, NULL, &x));
+    KT_OK(kvl_xfer_create(a, KVL_WRITE, ld, to, rd, NULL, &x));
     kvl_dlist_destroy(ld);
     kvl_dlist_destroy(rd);
     return x;
@@ -87,6 +89,12 @@ static void run_mode(const char *label, const char *params, int rounds)
     kvl_mem_desc_t d = {(uint64_t)(uintptr_t)buf, BUF, KVL_DEV_ANY};
     KT_OK(kvl_mem_register(a, &d, 1, NULL, NULL));
     kt_peer_opts_t o = {.name = "target", .len = BUF, .backend = "ucx", .params = params};
+    /* a bystander that lives through all rounds: it shares the initiator's
+     * UCX resources with the targets that die, and stays reachable */
+    kt_peer_t by;
+    kt_peer_opts_t bo = {.name = "bystander", .len = BUF, .backend = "ucx", .params = params};
+    kt_peer_start(&by, &bo, a);
+    kvl_xfer_t *xb = mk(a, "bystander", d.addr, by.base, BUF);
     long rss0 = 0;
     int fds0 = 0;
     double t_start = now_s(), dead_max = 0, dead_sum = 0;
@@ -97,7 +105,7 @@ static void run_mode(const char *label, const char *params, int rounds)
         kt_peer_start(&p, &o, a); /* loads the new incarnation's metadata */
         uint64_t seed = 1000u + (uint64_t)round;
         kt_fill(buf, BUF, seed);
-        kvl_xfer_t *x = mk(a, d.addr, p.base, BUF);
+        kvl_xfer_t *x = mk(a, "target", d.addr, p.base, BUF);
         kvl_status_t st = kvl_xfer_post(x);
         if (st == KVL_IN_PROGRESS)
             st = kvl_xfer_wait(x, 60000);
@@ -142,6 +150,14 @@ static void run_mode(const char *label, const char *params, int rounds)
             kt_peer_kill(&p);
         }
         kvl_xfer_release(x);
+        if (round % 10 == 9) {
+            kt_fill(buf, BUF, 7u + (uint64_t)round);
+            st = kvl_xfer_post(xb);
+            if (st == KVL_IN_PROGRESS)
+                st = kvl_xfer_wait(xb, 60000);
+            KT_OK(st);
+            KT_CHECK(kt_peer_verify(&by, 0, 4096, 7u + (uint64_t)round) == -1);
+        }
         if (round + 1 == WARMUP) {
             rss0 = rss_kb();
             fds0 = fd_count();
@@ -163,6 +179,8 @@ static void run_mode(const char *label, const char *params, int rounds)
         KT_CHECK(fds1 <= fds0 + 4);
         KT_CHECK(rss1 <= rss0 + 16 * 1024);
     }
+    kvl_xfer_release(xb);
+    kt_peer_stop(&by);
     kvl_agent_destroy(a);
     munmap(buf, BUF);
 }

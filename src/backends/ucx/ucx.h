@@ -4,8 +4,9 @@
  * Objects and who owns what:
  *   iface  - one per open(): UCP context + its main worker (UCS_THREAD_MODE_MULTI,
  *            the address in our metadata), the progress thread, the lists below.
- *   peer   - one per peer_load(): a worker of its own and on it the UCP
- *            endpoint to a remote agent (one incarnation of it).
+ *   dw     - a data worker: carries the endpoints to peers (see below).
+ *   peer   - one per peer_load(): the UCP endpoint to a remote agent (one
+ *            incarnation of it), on the current data worker.
  *   mh/rh  - local region (ucp_mem_map'd) / remote region (unpacked rkey).
  *   xpriv  - one per posting of a transfer (x->bk_priv).
  *   token  - the user_data of one outstanding UCP request (flush, AM send),
@@ -100,16 +101,28 @@ typedef struct kvli_ucx_rh {
 } kvli_ucx_rh_t;
 
 /*
- * A peer has a UCP worker of its own, which carries only its endpoint: when
- * the peer goes (unloaded, or replaced by its restarted incarnation) the
- * worker is destroyed, and with it whatever UCX could not let go of for a
- * dead peer (UCX 1.13 keeps a failed shared-memory endpoint whose FIFO the
- * dead process left full until its worker is destroyed: 4 MiB mapped and a
- * pending flush retried at every progress, per kill). Requests from the
- * peer arrive at the backend's own worker (iface->worker), whose address is
- * the one our metadata carries; the peer's replies (staged data, UCX's own
- * protocol) come back to the peer's worker.
+ * Data workers. Endpoints to peers live on a data worker, not on the main
+ * worker (iface->worker, whose address our metadata carries and which takes
+ * the peers' requests and notifications); the peers' replies (staged data,
+ * UCX's own protocol) come back to it. UCX 1.13 keeps a failed
+ * shared-memory endpoint whose FIFO the dead process left full (a kill
+ * during a WRITE) until its worker is destroyed: 4 MiB mapped and a flush
+ * retried at every progress call, per kill. So a data worker is retired
+ * when one of its peers dies (UCX's error callback) or is closed without a
+ * clean flush: new peers go to a fresh one (iface->dw_cur), and a retired
+ * worker is destroyed, with all UCX kept for its dead, when its last peer
+ * is unloaded. A worker costs ~4.4 MB resident and ~12 descriptors on
+ * UCX's default transports, so peers share one while nothing dies.
  */
+typedef struct kvli_ucx_dw {
+    struct kvli_ucx_dw *next;         /* iface->dws */
+    ucp_worker_h worker;
+    int efd;                          /* its event fd, -1 if none */
+    /* under iface->lock */
+    unsigned peers;                   /* peers whose endpoint is (was) on it */
+    int retired;                      /* no new peers; destroyed once empty */
+} kvli_ucx_dw_t;
+
 struct kvli_ucx_peer {
     kvli_ucx_peer_t *next;
     kvli_ucx_iface_t *iface;
@@ -117,8 +130,8 @@ struct kvli_ucx_peer {
     uint64_t incarnation;
     uint32_t pid;
     char remote_tls[256];             /* transports the peer's UCX offered */
-    ucp_worker_h worker;              /* this peer's own (see above) */
-    int efd;                          /* its event fd, -1 if none */
+    kvli_ucx_dw_t *dw;                /* the data worker of its endpoint */
+    ucp_worker_h worker;              /* dw->worker; NULL once closed */
     ucp_ep_h ep;
     kvli_ucx_rh_t *rhs;
     /* Liveness: the last time the peer showed progress (a put, get, flush
@@ -126,17 +139,24 @@ struct kvli_ucx_peer {
      * when neither it nor the peer moved for its timeout; death is UCX's
      * to say (endpoint error callback: keepalive or transport error). */
     _Atomic uint64_t heard_ms;
+    /* puts/gets UCX still holds (their callback takes the peer): a peer
+     * closed with some left, or whose close did not finish, is a zombie,
+     * kept (iface->zombies) until the backend closes */
+    atomic_uint rma_out;
     /* under iface->lock */
     int dead;                         /* UCX's endpoint error callback */
     ucs_status_t dead_status;
     char dead_what[200];
     unsigned active;                  /* postings in flight */
     int closing;                      /* unload asked the progress thread to close it */
-    int gone;                         /* closed: its worker destroyed, off iface->peers */
+    int gone;                         /* closed: its endpoint too, off iface->peers */
+    int zombie;                       /* UCX may still call back with it: never freed
+                                         before the backend closes (iface->zombies) */
     /* progress thread only (kvli_ucx_peers_sweep) */
     kvli_ucx_peer_t *close_next;
     int close_state;                  /* 0 asked, 1 flushing, 2 to destroy, 3 destroyed */
     int close_dead;
+    int close_clean;                  /* the closing flush completed: nothing left */
     void *close_req;                  /* the closing flush */
     uint64_t close_until;
 };
@@ -202,7 +222,10 @@ struct kvli_ucx_iface {
     pthread_mutex_t lock;
     pthread_cond_t cond;
     kvli_ucx_peer_t *peers;
-    /* progress thread only: the peers' workers and event fds this turn */
+    kvli_ucx_peer_t *zombies;         /* closed peers UCX may still call back with */
+    kvli_ucx_dw_t *dws;               /* data workers, under lock */
+    kvli_ucx_dw_t *dw_cur;            /* where new peers go; NULL: a new one */
+    /* progress thread only: the data workers and event fds this turn */
     ucp_worker_h *pw;
     int *pw_efd;
     size_t pw_n, pw_cap;
@@ -281,15 +304,19 @@ kvl_status_t kvli_ucx_ep_load(void *bk, const char *name, uint64_t incarnation,
 void kvli_ucx_ep_unload(void *bk, void *peer);
 void kvli_ucx_ep_describe(void *bk, void *peer, char *buf, size_t len);
 /* Close the endpoint (forced: nothing of ours is in flight any more, or it
- * is being abandoned) and destroy the peer's worker. Until flush_until_ms
- * (kvli_clock_ms(); 0: not at all) a peer not known dead first gets a
- * flush, so a connection still being set up finishes before it is cut.
- * The progress thread (kvli_ucx_peers_sweep) or teardown, never both. */
+ * is being abandoned) and let go of its data worker (retired unless the
+ * close was clean). Until flush_until_ms (kvli_clock_ms(); 0: not at all) a
+ * peer not known dead first gets a flush, so a connection still being set
+ * up finishes before it is cut. The progress thread (kvli_ucx_peers_sweep)
+ * or teardown, never both. */
 void kvli_ucx_ep_destroy(kvli_ucx_iface_t *iface, kvli_ucx_peer_t *peer,
                          uint64_t flush_until_ms);
+/* Destroy the retired data workers no peer uses any more (all: every one,
+ * at teardown). The progress thread or teardown. */
+void kvli_ucx_dw_reap(kvli_ucx_iface_t *iface, int all);
 /* Progress thread: move on the closing of the peers unload asked to close,
- * then list the workers of the peers in iface->pw for this turn. 1 while
- * a closing flush is pending. */
+ * reap data workers, then list them in iface->pw for this turn. 1 while a
+ * closing flush is pending. */
 int kvli_ucx_peers_sweep(kvli_ucx_iface_t *iface);
 uint32_t kvli_ucx_crc32(const uint8_t *p, size_t n);
 
@@ -302,7 +329,7 @@ int kvli_ucx_stage_advance(kvli_ucx_iface_t *iface, kvli_ucx_xpriv_t *xp);
 int kvli_ucx_stage_progress(kvli_ucx_iface_t *iface);
 void kvli_ucx_stage_abandon(kvli_ucx_iface_t *iface, kvli_ucx_xpriv_t *xp);
 void kvli_ucx_stage_release_descs(kvli_ucx_iface_t *iface);
-/* A peer's worker goes: release what it holds (before ucp_worker_destroy),
+/* A data worker goes: release what it holds (before ucp_worker_destroy),
  * then free the ended requests it carried (after: no callback comes). */
 void kvli_ucx_stage_worker_release(kvli_ucx_iface_t *iface, ucp_worker_h w);
 void kvli_ucx_stage_worker_gone(kvli_ucx_iface_t *iface, ucp_worker_h w);

@@ -1,10 +1,11 @@
 /*
  * kvlane ucx backend: endpoints. Our connection info is the UCP worker
  * address (plus the transports we offer, for diagnoses); peer_load creates
- * a worker for the peer and on it an endpoint with peer error handling, so
- * a dead peer fails transfers instead of hanging them. Unload has the
- * progress thread close the endpoint (forced) and destroy the worker, which
- * frees everything UCX kept for the peer, dead or alive (ucx.h says why).
+ * an endpoint with peer error handling on the current data worker, so a
+ * dead peer fails transfers instead of hanging them. Unload has the
+ * progress thread flush (bounded) and close the endpoint; a data worker
+ * that carried a dead peer is retired and destroyed once empty, which frees
+ * everything UCX kept for the dead (ucx.h says why).
  *
  * Connection info (native byte order, version 1):
  *   0 magic u32 | 4 version u16 | 6 flags u16 (bit 0: peer error handling)
@@ -69,6 +70,13 @@ static void kvli_ucx_ep_err_cb(void *arg, ucp_ep_h ep, ucs_status_t status)
     kvli_ucx_iface_t *iface = peer->iface;
     (void)ep;
     pthread_mutex_lock(&iface->lock);
+    /* whatever UCX keeps of this endpoint stays until its worker goes: no
+     * new peer joins that worker (the restarted incarnation gets a fresh one) */
+    if (peer->dw != NULL) {
+        peer->dw->retired = 1;
+        if (iface->dw_cur == peer->dw)
+            iface->dw_cur = NULL;
+    }
     if (!peer->dead) {
         peer->dead = 1;
         peer->dead_status = status;
@@ -87,6 +95,46 @@ static kvl_status_t kvli_ucx_conn_bad(kvl_error_t *err, const char *name, const 
     kvl_bk_error_hint(err, "the metadata is corrupted or comes from an incompatible kvlane; "
                       "fetch it again from the agent");
     return KVL_ERR_BAD_METADATA;
+}
+
+/* The current data worker, one more peer on it (a new one when there is
+ * none: at the first peer, or after its predecessor was retired). */
+static kvli_ucx_dw_t *kvli_ucx_dw_get(kvli_ucx_iface_t *iface, kvl_error_t *err)
+{
+    kvli_ucx_dw_t *dw, *fresh, *extra = NULL;
+
+    pthread_mutex_lock(&iface->lock);
+    dw = iface->dw_cur;
+    if (dw != NULL)
+        dw->peers++;
+    pthread_mutex_unlock(&iface->lock);
+    if (dw != NULL)
+        return dw;
+    fresh = calloc(1, sizeof(*fresh));
+    if (fresh == NULL) {
+        kvl_bk_error_set(err, KVL_ERR_NO_MEMORY, ENOMEM, KVLI_UCX_NAME, -1, "out of memory");
+        return NULL;
+    }
+    if (kvli_ucx_worker_new(iface, 0, &fresh->worker, &fresh->efd, err) != KVL_OK) {
+        free(fresh);
+        return NULL;
+    }
+    pthread_mutex_lock(&iface->lock);
+    if (iface->dw_cur == NULL) {
+        fresh->next = iface->dws;
+        iface->dws = fresh;
+        iface->dw_cur = fresh;
+    } else {
+        extra = fresh; /* another thread made one meanwhile */
+    }
+    dw = iface->dw_cur;
+    dw->peers++;
+    pthread_mutex_unlock(&iface->lock);
+    if (extra != NULL) { /* never progressed, no endpoint: nothing to wait for */
+        ucp_worker_destroy(extra->worker);
+        free(extra);
+    }
+    return dw;
 }
 
 kvl_status_t kvli_ucx_ep_load(void *bk, const char *name, uint64_t incarnation,
@@ -160,13 +208,15 @@ kvl_status_t kvli_ucx_ep_load(void *bk, const char *name, uint64_t incarnation,
     memcpy(peer->remote_tls, conn + KVLI_UCX_CONN_FIXED, tl);
     peer->remote_tls[tl] = '\0';
 
-    peer->efd = -1;
     atomic_init(&peer->heard_ms, kvli_clock_ms());
-    if (kvli_ucx_worker_new(iface, 0, &peer->worker, &peer->efd, err) != KVL_OK) {
+    atomic_init(&peer->rma_out, 0);
+    peer->dw = kvli_ucx_dw_get(iface, err);
+    if (peer->dw == NULL) {
         free(addr);
         free(peer);
         return err->code;
     }
+    peer->worker = peer->dw->worker;
     memset(&ep, 0, sizeof(ep));
     ep.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
                     UCP_EP_PARAM_FIELD_ERR_HANDLER | UCP_EP_PARAM_FIELD_NAME;
@@ -182,7 +232,9 @@ kvl_status_t kvli_ucx_ep_load(void *bk, const char *name, uint64_t incarnation,
     if (s != UCS_OK) {
         peer->ep = NULL;
         kvli_ucx_diag_unreachable(iface, peer, s, &log, err);
-        ucp_worker_destroy(peer->worker);
+        pthread_mutex_lock(&iface->lock);
+        peer->dw->peers--; /* the progress thread reaps it if retired */
+        pthread_mutex_unlock(&iface->lock);
         free(peer);
         return err->code;
     }
@@ -190,7 +242,7 @@ kvl_status_t kvli_ucx_ep_load(void *bk, const char *name, uint64_t incarnation,
     peer->next = iface->peers;
     iface->peers = peer;
     pthread_mutex_unlock(&iface->lock);
-    kvli_progress_wake(&iface->pg); /* its worker joins the next turn */
+    kvli_progress_wake(&iface->pg); /* a new data worker joins the next turn */
     *peer_p = peer;
     return KVL_OK;
 }
@@ -214,10 +266,9 @@ void kvli_ucx_ep_destroy(kvli_ucx_iface_t *iface, kvli_ucx_peer_t *peer,
                          uint64_t flush_until_ms)
 {
     ucp_request_param_t rp;
-    kvli_ucx_log_t log;
     void *req = NULL;
     uint64_t end;
-    int dead;
+    int dead, zombie = 0;
 
     if (peer->worker == NULL)
         return;
@@ -235,7 +286,10 @@ void kvli_ucx_ep_destroy(kvli_ucx_iface_t *iface, kvli_ucx_peer_t *peer,
             while (ucp_request_check_status(req) == UCS_INPROGRESS &&
                    kvli_clock_ms() < flush_until_ms)
                 ucp_worker_progress(peer->worker);
+            peer->close_clean = ucp_request_check_status(req) == UCS_OK;
             ucp_request_free(req); /* the forced close below ends it if need be */
+        } else {
+            peer->close_clean = req == NULL;
         }
         req = NULL;
     }
@@ -253,25 +307,68 @@ void kvli_ucx_ep_destroy(kvli_ucx_iface_t *iface, kvli_ucx_peer_t *peer,
         end = kvli_clock_ms() + KVLI_UCX_CLOSE_MS;
         while (ucp_request_check_status(req) == UCS_INPROGRESS && kvli_clock_ms() < end)
             ucp_worker_progress(peer->worker);
-        if (ucp_request_check_status(req) == UCS_INPROGRESS)
+        if (ucp_request_check_status(req) == UCS_INPROGRESS) {
             iface->ctx->log(iface->ctx, KVL_LOG_DEBUG, "closing the endpoint to agent '%s' "
-                            "did not finish within %u ms; destroying its worker", peer->name,
+                            "did not finish within %u ms; its worker is retired", peer->name,
                             KVLI_UCX_CLOSE_MS);
+            zombie = 1; /* its error callback may still come */
+        }
         ucp_request_free(req);
     }
-    kvli_ucx_stage_worker_release(iface, peer->worker);
-    /* What UCX says here is about what the dead peer left behind
-     * ("canceling user pending request", "not all pending operations were
-     * flushed"): ours to know, not the user's. */
-    kvli_ucx_log_begin(&log);
-    ucp_worker_destroy(peer->worker);
-    kvli_ucx_log_end();
-    if (log.lines != 0)
-        iface->ctx->log(iface->ctx, KVL_LOG_DEBUG, "destroyed the worker of agent '%s': UCX "
-                        "said \"%s\"", peer->name, log.text);
-    kvli_ucx_stage_worker_gone(iface, peer->worker);
+    if (atomic_load(&peer->rma_out) != 0) {
+        iface->ctx->log(iface->ctx, KVL_LOG_DEBUG, "endpoint to agent '%s' closed with %u "
+                        "puts/gets still held by UCX; its worker is retired", peer->name,
+                        atomic_load(&peer->rma_out));
+        zombie = 1; /* their callback takes the peer */
+    }
+    pthread_mutex_lock(&iface->lock);
+    if (zombie) {
+        peer->zombie = 1;
+        peer->close_clean = 0;
+    }
+    if (!peer->close_clean) {
+        peer->dw->retired = 1;
+        if (iface->dw_cur == peer->dw)
+            iface->dw_cur = NULL;
+    }
+    peer->dw->peers--;
+    pthread_mutex_unlock(&iface->lock);
     peer->worker = NULL;
-    peer->efd = -1;
+}
+
+void kvli_ucx_dw_reap(kvli_ucx_iface_t *iface, int all)
+{
+    kvli_ucx_dw_t *dead = NULL, *dw;
+    kvli_ucx_log_t log;
+
+    pthread_mutex_lock(&iface->lock);
+    for (kvli_ucx_dw_t **pp = &iface->dws; (dw = *pp) != NULL;) {
+        if (all || (dw->retired && dw->peers == 0)) {
+            *pp = dw->next;
+            dw->next = dead;
+            dead = dw;
+            if (iface->dw_cur == dw)
+                iface->dw_cur = NULL;
+        } else {
+            pp = &dw->next;
+        }
+    }
+    pthread_mutex_unlock(&iface->lock);
+    while ((dw = dead) != NULL) {
+        dead = dw->next;
+        kvli_ucx_stage_worker_release(iface, dw->worker);
+        /* What UCX says here is about what dead peers left behind
+         * ("canceling user pending request", "not all pending operations
+         * were flushed"): ours to know, not the user's. */
+        kvli_ucx_log_begin(&log);
+        ucp_worker_destroy(dw->worker);
+        kvli_ucx_log_end();
+        if (log.lines != 0)
+            iface->ctx->log(iface->ctx, KVL_LOG_DEBUG, "destroyed a retired data worker: UCX "
+                            "said \"%s\"", log.text);
+        kvli_ucx_stage_worker_gone(iface, dw->worker);
+        free(dw);
+    }
 }
 
 /* A closing peer not known dead gets a flush first, so a connection still
@@ -308,12 +405,15 @@ int kvli_ucx_peers_sweep(kvli_ucx_iface_t *iface)
                 p->close_until = now + KVLI_UCX_CLOSE_FLUSH_MS;
                 p->close_state = 1;
             } else {
+                p->close_clean = req == NULL && p->ep != NULL && !p->close_dead;
                 p->close_state = 2;
             }
         }
         if (p->close_state == 1 &&
             (p->close_dead || now >= p->close_until ||
              ucp_request_check_status(p->close_req) != UCS_INPROGRESS)) {
+            p->close_clean = !p->close_dead &&
+                             ucp_request_check_status(p->close_req) == UCS_OK;
             ucp_request_free(p->close_req); /* the forced close ends it if need be */
             p->close_req = NULL;
             p->close_state = 2;
@@ -331,7 +431,11 @@ int kvli_ucx_peers_sweep(kvli_ucx_iface_t *iface)
         if (p->close_state == 3) {
             *pp = p->next;
             p->next = NULL;
-            p->gone = 1; /* the unloader frees it from here on */
+            if (p->zombie) { /* freed when the backend closes */
+                p->next = iface->zombies;
+                iface->zombies = p;
+            }
+            p->gone = 1; /* the unloader frees it from here on, unless a zombie */
         } else {
             n++;
             pp = &p->next;
@@ -339,6 +443,12 @@ int kvli_ucx_peers_sweep(kvli_ucx_iface_t *iface)
     }
     if (gone)
         pthread_cond_broadcast(&iface->cond);
+    pthread_mutex_unlock(&iface->lock);
+    kvli_ucx_dw_reap(iface, 0);
+    pthread_mutex_lock(&iface->lock);
+    n = 0;
+    for (kvli_ucx_dw_t *dw = iface->dws; dw != NULL; dw = dw->next)
+        n++;
     if (n > iface->pw_cap) {
         size_t cap = n * 2;
         ucp_worker_h *pw = realloc(iface->pw, cap * sizeof(*pw));
@@ -350,11 +460,12 @@ int kvli_ucx_peers_sweep(kvli_ucx_iface_t *iface)
         if (pw != NULL && pe != NULL)
             iface->pw_cap = cap;
     }
-    /* flushing peers too: their workers must move */
+    /* retired ones too: their peers (and closing flushes) must move */
     iface->pw_n = 0;
-    for (p = iface->peers; p != NULL && iface->pw_n < iface->pw_cap; p = p->next) {
-        iface->pw[iface->pw_n] = p->worker;
-        iface->pw_efd[iface->pw_n] = p->efd;
+    for (kvli_ucx_dw_t *dw = iface->dws; dw != NULL && iface->pw_n < iface->pw_cap;
+         dw = dw->next) {
+        iface->pw[iface->pw_n] = dw->worker;
+        iface->pw_efd[iface->pw_n] = dw->efd;
         iface->pw_n++;
     }
     pthread_mutex_unlock(&iface->lock);
@@ -366,7 +477,7 @@ void kvli_ucx_ep_unload(void *bk, void *peerv)
     kvli_ucx_iface_t *iface = bk;
     kvli_ucx_peer_t *peer = peerv;
     struct timespec dl;
-    int gone = 0, inline_close = 0;
+    int gone = 0, inline_close = 0, zombie = 0;
 
     if (peer == NULL)
         return;
@@ -380,7 +491,7 @@ void kvli_ucx_ep_unload(void *bk, void *peerv)
         free(rh);
     }
     peer->rhs = NULL;
-    /* The progress thread progresses the peer's worker: it closes it. */
+    /* The progress thread progresses the data workers: it closes it. */
     kvli_ucx_deadline(&dl, 2 * iface->timeout_ms + 1000);
     pthread_mutex_lock(&iface->lock);
     if (iface->pg.started && !kvli_progress_stopping(&iface->pg)) {
@@ -391,7 +502,8 @@ void kvli_ucx_ep_unload(void *bk, void *peerv)
         while (!peer->gone && !kvli_progress_stopping(&iface->pg) &&
                pthread_cond_timedwait(&iface->cond, &iface->lock, &dl) != ETIMEDOUT)
             ;
-        gone = peer->gone;
+        gone = peer->gone && !peer->zombie;
+        zombie = peer->zombie;
     } else {
         for (kvli_ucx_peer_t **pp = &iface->peers; *pp != NULL; pp = &(*pp)->next)
             if (*pp == peer) {
@@ -403,11 +515,19 @@ void kvli_ucx_ep_unload(void *bk, void *peerv)
     pthread_mutex_unlock(&iface->lock);
     if (inline_close) {
         kvli_ucx_ep_destroy(iface, peer, 0);
-        gone = 1;
+        pthread_mutex_lock(&iface->lock);
+        zombie = peer->zombie;
+        if (zombie) {
+            peer->next = iface->zombies;
+            iface->zombies = peer;
+        }
+        pthread_mutex_unlock(&iface->lock);
+        kvli_ucx_dw_reap(iface, 0);
+        gone = !zombie;
     }
     if (gone)
         free(peer);
-    else /* still on iface->peers: the backend's close frees it */
+    else if (!zombie) /* still on iface->peers: the backend's close frees it */
         iface->ctx->log(iface->ctx, KVL_LOG_WARN, "closing the endpoint to agent '%s' did "
                         "not finish within %llu ms; leaving it to the backend's close",
                         peer->name, (unsigned long long)(2 * iface->timeout_ms + 1000));

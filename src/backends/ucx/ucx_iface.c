@@ -363,6 +363,7 @@ static void kvli_ucx_iface_teardown(kvli_ucx_iface_t *iface)
              * to a peer that exited would wait for UCX's keepalive */
             kvli_ucx_ep_destroy(iface, p, flush_until);
         }
+        kvli_ucx_dw_reap(iface, 1);
     }
     if (iface->worker != NULL)
         kvli_ucx_stage_release_descs(iface);
@@ -427,6 +428,11 @@ static void kvli_ucx_close(void *bk)
             nr = rh->next;
             free(rh);
         }
+        free(p);
+    }
+    /* their workers are destroyed: no callback can take them any more */
+    for (kvli_ucx_peer_t *p = iface->zombies, *np; p != NULL; p = np) {
+        np = p->next;
         free(p);
     }
     free(iface->pw);

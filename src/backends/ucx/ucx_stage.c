@@ -78,7 +78,7 @@ struct kvli_ucx_chunk {
     kvli_ucx_chunk_t *next;           /* xp->chunks */
     kvli_ucx_chunk_t *live_next;      /* iface->stage_live (also once orphaned) */
     kvli_ucx_xpriv_t *xp;             /* NULL once the transfer ended */
-    ucp_worker_h worker;              /* the peer's: where its reply arrives */
+    ucp_worker_h worker;              /* the peer's data worker: its reply arrives there */
     kvl_xfer_op_t op;
     uint64_t id, bytes;
     unsigned n;
@@ -992,10 +992,10 @@ void kvli_ucx_stage_worker_release(kvli_ucx_iface_t *iface, ucp_worker_h w)
         }
 }
 
-/* The peer's transfers ended before its worker went (unload cancels them
- * first), so its requests here are orphans: with the worker destroyed no
- * callback will settle their sends, and nothing of UCX holds their
- * buffers any more. */
+/* The transfers on a data worker ended before it went (its peers were
+ * unloaded, which cancels them first), so its requests here are orphans:
+ * with the worker destroyed no callback will settle their sends, and
+ * nothing of UCX holds their buffers any more. */
 void kvli_ucx_stage_worker_gone(kvli_ucx_iface_t *iface, ucp_worker_h w)
 {
     kvli_ucx_chunk_t *c, *n;

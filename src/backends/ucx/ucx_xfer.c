@@ -319,13 +319,14 @@ void kvli_ucx_xfer_fail(kvli_ucx_iface_t *iface, kvli_ucx_xpriv_t *xp, kvl_statu
 }
 
 /* A put or get completed: the peer is making progress. Runs inside
- * ucp_worker_progress of the peer's worker, which is destroyed before the
- * peer is freed. */
+ * ucp_worker_progress of the peer's data worker; a peer closed while UCX
+ * still holds some of these is kept until the worker is gone (zombie). */
 static void kvli_ucx_rma_cb(void *req, ucs_status_t status, void *user_data)
 {
     kvli_ucx_peer_t *peer = user_data;
     if (status == UCS_OK)
         atomic_store(&peer->heard_ms, kvli_clock_ms());
+    atomic_fetch_sub(&peer->rma_out, 1);
     ucp_request_free(req);
 }
 
@@ -355,10 +356,13 @@ static ucs_status_t kvli_ucx_xfer_issue(kvli_ucx_xpriv_t *xp)
         void *l = (void *)(uintptr_t)p.laddr;
         ucs_status_ptr_t req;
         rp.memh = mh->memh;
+        atomic_fetch_add(&xp->peer->rma_out, 1); /* before: the callback may run first */
         if (x->op == KVL_WRITE)
             req = ucp_put_nbx(ep, l, p.len, p.raddr, rh->rkey, &rp);
         else
             req = ucp_get_nbx(ep, l, p.len, p.raddr, rh->rkey, &rp);
+        if (req == NULL || UCS_PTR_IS_ERR(req))
+            atomic_fetch_sub(&xp->peer->rma_out, 1); /* no callback will come */
         if (UCS_PTR_IS_ERR(req))
             return UCS_PTR_STATUS(req);
         /* a request completes (callback) later; NULL: done already */
