@@ -223,6 +223,7 @@ struct kvli_ucx_iface {
     pthread_cond_t cond;
     kvli_ucx_peer_t *peers;
     kvli_ucx_peer_t *zombies;         /* closed peers UCX may still call back with */
+    atomic_int sweep;                 /* peers or data workers changed: sweep them */
     kvli_ucx_dw_t *dws;               /* data workers, under lock */
     kvli_ucx_dw_t *dw_cur;            /* where new peers go; NULL: a new one */
     /* progress thread only: the data workers and event fds this turn */

@@ -76,6 +76,7 @@ static void kvli_ucx_ep_err_cb(void *arg, ucp_ep_h ep, ucs_status_t status)
         peer->dw->retired = 1;
         if (iface->dw_cur == peer->dw)
             iface->dw_cur = NULL;
+        atomic_store(&iface->sweep, 1);
     }
     if (!peer->dead) {
         peer->dead = 1;
@@ -235,6 +236,7 @@ kvl_status_t kvli_ucx_ep_load(void *bk, const char *name, uint64_t incarnation,
         pthread_mutex_lock(&iface->lock);
         peer->dw->peers--; /* the progress thread reaps it if retired */
         pthread_mutex_unlock(&iface->lock);
+        atomic_store(&iface->sweep, 1);
         free(peer);
         return err->code;
     }
@@ -242,7 +244,8 @@ kvl_status_t kvli_ucx_ep_load(void *bk, const char *name, uint64_t incarnation,
     peer->next = iface->peers;
     iface->peers = peer;
     pthread_mutex_unlock(&iface->lock);
-    kvli_progress_wake(&iface->pg); /* a new data worker joins the next turn */
+    atomic_store(&iface->sweep, 1); /* a new data worker joins the next turn */
+    kvli_progress_wake(&iface->pg);
     *peer_p = peer;
     return KVL_OK;
 }
@@ -379,9 +382,15 @@ void kvli_ucx_dw_reap(kvli_ucx_iface_t *iface, int all)
 int kvli_ucx_peers_sweep(kvli_ucx_iface_t *iface)
 {
     kvli_ucx_peer_t *closing = NULL, *p;
-    uint64_t now = kvli_clock_ms();
+    uint64_t now;
     size_t n = 0;
     int pending = 0, gone = 0;
+
+    /* only when something changed (or a closing flush runs): the progress
+     * loop spins through here while transfers move */
+    if (!atomic_exchange(&iface->sweep, 0))
+        return 0;
+    now = kvli_clock_ms();
 
     pthread_mutex_lock(&iface->lock);
     for (p = iface->peers; p != NULL; p = p->next)
@@ -469,6 +478,8 @@ int kvli_ucx_peers_sweep(kvli_ucx_iface_t *iface)
         iface->pw_n++;
     }
     pthread_mutex_unlock(&iface->lock);
+    if (pending)
+        atomic_store(&iface->sweep, 1);
     return pending;
 }
 
@@ -497,6 +508,7 @@ void kvli_ucx_ep_unload(void *bk, void *peerv)
     if (iface->pg.started && !kvli_progress_stopping(&iface->pg)) {
         peer->closing = 1;
         pthread_mutex_unlock(&iface->lock);
+        atomic_store(&iface->sweep, 1);
         kvli_progress_wake(&iface->pg);
         pthread_mutex_lock(&iface->lock);
         while (!peer->gone && !kvli_progress_stopping(&iface->pg) &&
