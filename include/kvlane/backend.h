@@ -215,7 +215,10 @@ typedef struct kvl_device_ops {
      * 0000:1b:00.0"); KVL_ERR_NOT_FOUND when the memory is not of its kind.
      * declared_dev is the caller's device (or KVL_DEV_ANY): on a mismatch, or
      * a range the memory cannot hold (crossing an allocation), return the
-     * error with the full explanation.
+     * error with the full explanation. err may be NULL when the caller
+     * needs only the answer (registering host memory): skip work that only
+     * explains a KVL_ERR_NOT_FOUND; the caller asks again, with err, for
+     * any other error.
      */
     kvl_status_t (*mem_query)(uint64_t addr, uint64_t len, int32_t declared_dev,
                               kvl_mem_kind_t *kind_p, int32_t *dev_p, char *info,
@@ -279,7 +282,9 @@ typedef struct kvl_backend_ops {
      * return). A non-OK return means nothing moved and xfer_done is not called. */
     kvl_status_t (*xfer_post)(void *bk, kvl_bk_xfer_t *x, kvl_error_t *err);
     /* Returns only once xfer_done was called for x: with KVL_ERR_CANCELED
-     * (no more bytes will land) or with the status it completed with. */
+     * (no more bytes will land) or with the status it completed with. When
+     * bytes of x may still land (the peer stopped answering), that is an
+     * error whose text says so and how many, never KVL_ERR_CANCELED. */
     void (*xfer_cancel)(void *bk, kvl_bk_xfer_t *x);
 
     kvl_status_t (*notif_send)(void *bk, void *peer, const void *msg, size_t len,
@@ -343,6 +348,17 @@ typedef struct kvl_backend_ops {
      * refused). mem_dereg follows a successful revoke.
      */
     kvl_status_t (*mem_revoke)(void *bk, void *mh, int revoke, kvl_error_t *err);
+
+    /*
+     * Optional: xfer_cancel for kvl_agent_destroy, which must not wait for a
+     * peer that stopped answering. Returns once xfer_done was called for x,
+     * without waiting for answers from the peer: requests of x still
+     * unanswered are given up at once (the connection is reset or shut
+     * down, so a kvlane target drops what it has not copied yet). x ends
+     * with KVL_ERR_CANCELED only when none of its bytes can land, else with
+     * an error that says how many may. Without it, destroy uses xfer_cancel.
+     */
+    void (*xfer_abort)(void *bk, kvl_bk_xfer_t *x);
 } kvl_backend_ops_t;
 
 /* ---- helpers for backends to fill errors (header-only, no symbols) ---- */

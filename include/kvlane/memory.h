@@ -69,7 +69,7 @@ typedef struct kvl_reg_entry {
     kvl_status_t status;            /* the region's overall result */
     int reused;                     /* 1: same range was registered; refcount++ */
     unsigned n_outcomes;
-    kvl_reg_outcome_t outcomes[KVL_REG_MAX_OUTCOMES];
+    kvl_reg_outcome_t outcomes[KVL_REG_MAX_OUTCOMES]; /* [n_outcomes, 8): unspecified */
 } kvl_reg_entry_t;
 
 typedef struct kvl_reg_report {

@@ -86,9 +86,11 @@ kvl_status_t kvl_xfer_test(kvl_xfer_t *xfer);
 kvl_status_t kvl_xfer_wait(kvl_xfer_t *xfer, int64_t timeout_ms);
 
 /*
- * Cancel. On return the transfer is either KVL_XFER_CANCELED (no more bytes
- * will land and its notification is never delivered) or KVL_XFER_DONE (it
- * completed first; its notification was delivered). state_p gets which.
+ * Cancel. On return the transfer is KVL_XFER_CANCELED (no more bytes will
+ * land and its notification is never delivered), KVL_XFER_DONE (it completed
+ * first; its notification was delivered) or KVL_XFER_ERROR (it failed, e.g.
+ * the peer stopped answering: the returned error says whether and how many
+ * bytes may still land). state_p gets which.
  */
 kvl_status_t kvl_xfer_cancel(kvl_xfer_t *xfer, kvl_xfer_state_t *state_p);
 

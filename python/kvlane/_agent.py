@@ -64,15 +64,37 @@ class RegistrationReport:
     registered."""
 
     def __init__(self, text, entries):
-        self.text = text
-        self.entries = entries
+        self._c = None
+        self._text = text
+        self._entries = entries
 
     @classmethod
     def _from_tuple(cls, t):
+        """From what _kvlane returns: None, a RegReport (read lazily) or a
+        (text, entries) tuple."""
         if t is None:
             return None
-        text, entries = t
-        return cls(text, [RegEntry(*e) for e in entries])
+        if isinstance(t, tuple):
+            text, entries = t
+            return cls(text, [RegEntry(*e) for e in entries])
+        r = cls(None, None)
+        r._c = t
+        return r
+
+    @property
+    def text(self):
+        if self._text is None:
+            self._text = self._c.text()
+        return self._text
+
+    def __reduce__(self):
+        return (RegistrationReport, (self.text, self.entries))
+
+    @property
+    def entries(self):
+        if self._entries is None:
+            self._entries = [RegEntry(*e) for e in self._c.entries()]
+        return self._entries
 
     @property
     def outcomes(self):

@@ -71,6 +71,7 @@ extern PyTypeObject kvlpy_agent_type;
 extern PyTypeObject kvlpy_dlist_type;
 extern PyTypeObject kvlpy_prep_type;
 extern PyTypeObject kvlpy_xfer_type;
+extern PyTypeObject kvlpy_report_type;
 
 /* ---- errors (kvlpy_module.c) ---- */
 
@@ -96,6 +97,9 @@ typedef struct {
 /* obj: a C-contiguous buffer of integers (any width; 8-byte ones used in
  * place, others converted) or a sequence of ints. Signed results for
  * is_signed, else unsigned; negative values are refused when unsigned. */
+/* getpid() of this process, cached (refreshed after fork). */
+long kvlpy_getpid(void);
+
 int kvlpy_array_get(PyObject *obj, int is_signed, const char *argname, kvlpy_array_t *a);
 void kvlpy_array_free(kvlpy_array_t *a);
 

@@ -31,7 +31,7 @@ static void kvlpy_live_remove(kvlpy_agent_t *a)
 
 int kvlpy_agent_enter(kvlpy_agent_t *a)
 {
-    if (a->agent != NULL && a->pid != (long)getpid()) {
+    if (a->agent != NULL && a->pid != kvlpy_getpid()) {
         kvlpy_raise_msg(KVL_ERR_STATE, "the agent was created by another process (fork)",
                         "create agents after fork, or start workers with the 'spawn' method");
         return -1;
@@ -65,7 +65,7 @@ static void kvlpy_agent_close(kvlpy_agent_t *a)
 {
     if (a->agent == NULL || a->closing)
         return;
-    if (a->pid != (long)getpid()) {
+    if (a->pid != kvlpy_getpid()) {
         /* A forked child: the agent's threads live in the parent only. */
         kvlpy_live_remove(a);
         a->agent = NULL;
@@ -170,7 +170,7 @@ static int kvlpy_agent_init(kvlpy_agent_t *self, PyObject *args, PyObject *kw)
         return -1;
     }
     self->agent = agent;
-    self->pid = (long)getpid();
+    self->pid = kvlpy_getpid();
     kvlpy_live_add(self);
     return 0;
 }
@@ -304,31 +304,55 @@ static PyObject *kvlpy_agent_backends(kvlpy_agent_t *self, PyObject *unused)
 /* ---- registration ------------------------------------------------------------- */
 
 /* (text, [(addr, len, kind, dev, status, reused, [(backend, status, detail)])]) */
-static PyObject *kvlpy_report_tuple(const kvl_reg_report_t *rep)
+/* ---- RegReport: a registration report, turned into Python objects only
+ * when read (a list of 1,000 regions registered by an engine is never
+ * looked at unless something fails). ---- */
+
+typedef struct {
+    PyObject_HEAD
+    kvl_reg_report_t *rep;
+} kvlpy_report_t;
+
+static void kvlpy_report_dealloc(kvlpy_report_t *self)
 {
-    if (rep == NULL)
-        Py_RETURN_NONE;
-    size_t need = kvl_reg_report_render(rep, NULL, 0);
+    kvl_reg_report_free(self->rep);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+/* text() -> the readable table (kvl_reg_report_render). */
+static PyObject *kvlpy_report_text(kvlpy_report_t *self, PyObject *unused)
+{
+    (void)unused;
+    size_t need = kvl_reg_report_render(self->rep, NULL, 0);
     char *text = PyMem_Malloc(need + 1);
     if (text == NULL)
         return PyErr_NoMemory();
-    kvl_reg_report_render(rep, text, need + 1);
+    kvl_reg_report_render(self->rep, text, need + 1);
+    PyObject *r = PyUnicode_FromStringAndSize(text, (Py_ssize_t)need);
+    PyMem_Free(text);
+    return r;
+}
+
+/* entries() -> [(addr, len, kind, dev, status, reused, [(backend, status, detail)])]. */
+static PyObject *kvlpy_report_entries(kvlpy_report_t *self, PyObject *unused)
+{
+    (void)unused;
+    const kvl_reg_report_t *rep = self->rep;
     PyObject *entries = PyList_New((Py_ssize_t)rep->n_entries);
-    PyObject *r = NULL;
     if (entries == NULL)
-        goto out;
+        return NULL;
     for (size_t i = 0; i < rep->n_entries; i++) {
         const kvl_reg_entry_t *e = &rep->entries[i];
         unsigned no = e->n_outcomes < KVL_REG_MAX_OUTCOMES ? e->n_outcomes : KVL_REG_MAX_OUTCOMES;
         PyObject *outs = PyList_New(no);
         if (outs == NULL)
-            goto out;
+            goto fail;
         for (unsigned j = 0; j < no; j++) {
             const kvl_reg_outcome_t *o = &e->outcomes[j];
             PyObject *t = Py_BuildValue("(sis)", o->backend, o->status, o->detail);
             if (t == NULL) {
                 Py_DECREF(outs);
-                goto out;
+                goto fail;
             }
             PyList_SET_ITEM(outs, j, t);
         }
@@ -336,14 +360,54 @@ static PyObject *kvlpy_report_tuple(const kvl_reg_report_t *rep)
                                     (unsigned long long)e->len, kvl_mem_kind_name(e->kind),
                                     (int)e->dev, e->status, e->reused, outs);
         if (t == NULL)
-            goto out;
+            goto fail;
         PyList_SET_ITEM(entries, (Py_ssize_t)i, t);
     }
-    r = Py_BuildValue("(sO)", text, entries);
-out:
-    Py_XDECREF(entries);
-    PyMem_Free(text);
-    return r;
+    return entries;
+fail:
+    Py_DECREF(entries);
+    return NULL;
+}
+
+static Py_ssize_t kvlpy_report_len(kvlpy_report_t *self)
+{
+    return (Py_ssize_t)self->rep->n_entries;
+}
+
+static PyMethodDef kvlpy_report_methods[] = {
+    {"text", (PyCFunction)kvlpy_report_text, METH_NOARGS, "The readable table."},
+    {"entries", (PyCFunction)kvlpy_report_entries, METH_NOARGS,
+     "[(addr, len, kind, dev, status, reused, [(backend, status, detail)])]"},
+    {NULL, NULL, 0, NULL},
+};
+
+static PySequenceMethods kvlpy_report_seq = {
+    .sq_length = (lenfunc)kvlpy_report_len,
+};
+
+PyTypeObject kvlpy_report_type = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "kvlane._kvlane.RegReport",
+    .tp_basicsize = sizeof(kvlpy_report_t),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "A registration report as kvlane returned it (read through "
+              "kvlane.RegistrationReport).",
+    .tp_dealloc = (destructor)kvlpy_report_dealloc,
+    .tp_methods = kvlpy_report_methods,
+    .tp_as_sequence = &kvlpy_report_seq,
+};
+
+/* Owns rep from here on (freed with the object, or now on failure). */
+static PyObject *kvlpy_report_wrap(kvl_reg_report_t *rep)
+{
+    if (rep == NULL)
+        Py_RETURN_NONE;
+    kvlpy_report_t *r = PyObject_New(kvlpy_report_t, &kvlpy_report_type);
+    if (r == NULL) {
+        kvl_reg_report_free(rep);
+        return NULL;
+    }
+    r->rep = rep;
+    return (PyObject *)r;
 }
 
 /* Names from None, a str ("shm,tcp") or a sequence of str. keep holds the
@@ -453,8 +517,7 @@ static PyObject *kvlpy_agent_register(kvlpy_agent_t *self, PyObject *args, PyObj
     kvlpy_agent_leave(self);
     PyMem_Free(d);
     Py_DECREF(keep);
-    PyObject *r = kvlpy_report_tuple(rep);
-    kvl_reg_report_free(rep);
+    PyObject *r = kvlpy_report_wrap(rep);
     if (st != KVL_OK) {
         if (r == NULL) {
             PyErr_Clear();

@@ -3,7 +3,9 @@
  */
 #include <errno.h>
 #include <stdlib.h>
+#include <pthread.h>
 #include <string.h>
+#include <unistd.h>
 #include "kvlpy.h"
 #include "common/rdma_diag.h"
 
@@ -588,19 +590,37 @@ static struct PyModuleDef kvlpy_module = {
     "kvlane's C extension: agents, registration, descriptor lists, transfers.", -1,
     kvlpy_module_methods, NULL, NULL, NULL, NULL};
 
+/* This process's id, without a system call per Python call (getpid is a
+ * real one in glibc): set at import, refreshed in the child of a fork. */
+static volatile long kvlpy_pid_cached;
+
+static void kvlpy_pid_refresh(void)
+{
+    kvlpy_pid_cached = (long)getpid();
+}
+
+long kvlpy_getpid(void)
+{
+    return kvlpy_pid_cached;
+}
+
 PyMODINIT_FUNC PyInit__kvlane(void);
 
 PyMODINIT_FUNC PyInit__kvlane(void)
 {
+    kvlpy_pid_refresh();
+    if (pthread_atfork(NULL, NULL, kvlpy_pid_refresh) != 0)
+        return PyErr_Format(PyExc_ImportError, "pthread_atfork failed: kvlane cannot notice "
+                            "a fork of this process");
     PyTypeObject *types[] = {&kvlpy_agent_type, &kvlpy_dlist_type, &kvlpy_prep_type,
-                             &kvlpy_xfer_type};
+                             &kvlpy_xfer_type, &kvlpy_report_type};
     for (size_t i = 0; i < sizeof(types) / sizeof(types[0]); i++)
         if (PyType_Ready(types[i]) < 0)
             return NULL;
     PyObject *m = PyModule_Create(&kvlpy_module);
     if (m == NULL)
         return NULL;
-    const char *names[] = {"Agent", "DList", "Prep", "Xfer"};
+    const char *names[] = {"Agent", "DList", "Prep", "Xfer", "RegReport"};
     for (size_t i = 0; i < sizeof(types) / sizeof(types[0]); i++)
         if (PyModule_AddObjectRef(m, names[i], (PyObject *)types[i]) < 0)
             goto fail;

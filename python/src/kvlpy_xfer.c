@@ -10,7 +10,7 @@
 static int kvlpy_owner_open(kvlpy_agent_t *owner)
 {
     return owner != NULL && owner->agent != NULL && !owner->closing &&
-           owner->pid == (long)getpid();
+           owner->pid == kvlpy_getpid();
 }
 
 /* ---- Prep ----------------------------------------------------------------- */

@@ -31,6 +31,7 @@
 #include <time.h>
 #include <unistd.h>
 #include <kvlane/kvlane.h>
+#include "bench_costs.h"
 #include "cli.h"
 
 typedef struct {
@@ -57,7 +58,7 @@ typedef struct {
     kvl_model_t model;
     int have_model;
     const char *csv, *json, *plot, *target, *serve;
-    int quiet;
+    int quiet, costs;
 } kvl_bench_cfg_t;
 
 typedef struct {
@@ -491,7 +492,11 @@ static void kvl_bench_usage(FILE *f)
             "  --shareable          target memory from kvl_mem_alloc (shm: mmap path)\n"
             "  --csv FILE / --json FILE / --plot FILE.png\n"
             "  --target HOST:PORT   join a target served by `kvlane bench --serve HOST:PORT`\n"
-            "  --serve HOST:PORT    serve a target for remote benches (with --size, --backend)\n");
+            "  --serve HOST:PORT    serve a target for remote benches (with --size, --backend)\n"
+            "  --suite costs        instead of bandwidth: 4 KiB post->complete latency,\n"
+            "                       registration of 1 and 1,000 regions, per-request make\n"
+            "                       and post, each beside its reference (memcpy,\n"
+            "                       process_vm_writev, mmap+mlock)\n");
 }
 
 static int kvl_parse_list(const char *s, uint64_t *out, int max)
@@ -518,7 +523,7 @@ int kvl_cli_bench(int argc, char **argv)
         {"batch", 1, 0, 'n'}, {"threads", 1, 0, 't'}, {"warmup", 1, 0, 'w'}, {"iters", 1, 0, 'i'},
         {"verify", 0, 0, 'v'}, {"shareable", 0, 0, 'x'}, {"csv", 1, 0, 'c'}, {"json", 1, 0, 'j'},
         {"plot", 1, 0, 'P'}, {"target", 1, 0, 'g'}, {"serve", 1, 0, 'r'}, {"serve-fd", 1, 0, 'F'},
-        {"quiet", 0, 0, 'q'}, {"help", 0, 0, 'h'}, {0, 0, 0, 0}};
+        {"quiet", 0, 0, 'q'}, {"suite", 1, 0, 'U'}, {"help", 0, 0, 'h'}, {0, 0, 0, 0}};
     int o, li = 0, serve_fd = -1;
     optind = 1;
     while ((o = getopt_long(argc, argv, "h", opts, &li)) != -1) {
@@ -581,6 +586,13 @@ int kvl_cli_bench(int argc, char **argv)
         case 'r': c.serve = optarg; break;
         case 'F': serve_fd = atoi(optarg); break;
         case 'q': c.quiet = 1; break;
+        case 'U':
+            if (strcmp(optarg, "costs") != 0) {
+                fprintf(stderr, "kvlane bench: --suite takes costs\n");
+                return 2;
+            }
+            c.costs = 1;
+            break;
         case 'h': kvl_bench_usage(stdout); return 0;
         default: kvl_bench_usage(stderr); return 2;
         }
@@ -679,6 +691,20 @@ int kvl_cli_bench(int argc, char **argv)
     char *save = NULL;
     for (char *t = strtok_r(blist, ",", &save); t && nb < 8; t = strtok_r(NULL, ",", &save))
         bks[nb++] = t;
+    if (c.costs) {
+        kvl_costs_ctx_t cc = {a, "bench-target", pid, (uint64_t)(uintptr_t)lbuf, rr.addr, c.total,
+                              bks, nb, c.backends};
+        printf("kvlane bench --suite costs: backends %s, target %s\n", c.backends,
+               c.target ? c.target : "a process on this host");
+        int crc = kvl_bench_costs(&cc);
+        kvl_mem_deregister(a, &ld, 1);
+        kvl_agent_destroy(a);
+        if (pid > 0) {
+            close(sv[0]);
+            waitpid(pid, NULL, 0);
+        }
+        return crc;
+    }
     int total_runs = nb * c.nsizes, run = 0, rc = 0;
     kvl_row_t *rows = calloc((size_t)total_runs, sizeof(*rows));
     int isatty_out = isatty(1) && !c.quiet;

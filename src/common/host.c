@@ -8,7 +8,9 @@
 #include <string.h>
 #include <unistd.h>
 #include <sys/mman.h>
+#include <stdlib.h>
 #include <sys/statvfs.h>
+#include <sys/uio.h>
 #include "errname.h"
 #include "host.h"
 
@@ -44,44 +46,250 @@ void kvli_host_dev_shm(char *buf, size_t cap)
     snprintf(buf, cap, "/dev/shm: %s, %s free", tot, fr);
 }
 
-/* One byte: write(2) copies it into a pipe and says EFAULT when it cannot. */
-static int kvli_host_byte_readable(uint64_t addr)
+/* getpid() without a system call: cached, and refreshed in a fork's child. */
+static pid_t kvli_host_pid_cached;
+static pthread_once_t kvli_host_pid_once = PTHREAD_ONCE_INIT;
+
+static void kvli_host_pid_refresh(void)
+{
+    kvli_host_pid_cached = getpid();
+}
+
+static void kvli_host_pid_init(void)
+{
+    kvli_host_pid_refresh();
+    (void)pthread_atfork(NULL, NULL, kvli_host_pid_refresh);
+}
+
+static pid_t kvli_host_pid(void)
+{
+    pthread_once(&kvli_host_pid_once, kvli_host_pid_init);
+    return kvli_host_pid_cached;
+}
+
+/*
+ * Probes of readability: writev(2) copies one-byte iovecs into a pipe, and
+ * fails with EFAULT (writing nothing) when one cannot be read: no fault is
+ * ever taken. The pipe is this process's (a forked child makes its own),
+ * non-blocking and drained at once; at most 1,024 bytes per call, below
+ * PIPE_BUF, so writers never interleave. 1: all readable; 0: at least one
+ * is not; -1: no pipe can be made (the caller uses process_vm_readv).
+ */
+static int kvli_host_pipe_probe(const struct iovec *iov, size_t n)
 {
     static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
     static int fds[2] = {-1, -1};
-    int ok = 1;
-    char c;
+    static pid_t owner = -1;
+    char sink[1024];
+    ssize_t w;
+    int rc;
+    if (n > sizeof(sink))
+        return -1;
     pthread_mutex_lock(&lock);
-    if (fds[0] < 0 && pipe2(fds, O_CLOEXEC | O_NONBLOCK) != 0)
-        fds[0] = fds[1] = -1;
-    if (fds[0] >= 0) {
-        ssize_t n = write(fds[1], (const void *)(uintptr_t)addr, 1);
-        if (n == 1) {
-            ssize_t r = read(fds[0], &c, 1);
-            (void)r;
-        } else if (n < 0 && errno == EFAULT) {
-            ok = 0;
+    if (owner != kvli_host_pid()) {
+        if (fds[0] >= 0) { /* the parent's pipe, inherited: ours to close */
+            close(fds[0]);
+            close(fds[1]);
         }
+        if (pipe2(fds, O_CLOEXEC | O_NONBLOCK) != 0)
+            fds[0] = fds[1] = -1;
+        owner = fds[0] >= 0 ? kvli_host_pid() : -1;
     }
+    if (fds[0] < 0) {
+        pthread_mutex_unlock(&lock);
+        return -1;
+    }
+    w = writev(fds[1], iov, (int)n);
+    rc = w == (ssize_t)n ? 1 : w < 0 && errno == EFAULT ? 0 : -1;
+    if (rc != 1 || read(fds[0], sink, sizeof(sink)) != w)
+        while (read(fds[0], sink, sizeof(sink)) > 0) /* empty it, whatever was written */
+            ;
     pthread_mutex_unlock(&lock);
-    return ok;
+    return rc;
+}
+
+static int kvli_host_msync(uint64_t addr, uint64_t len, uint64_t pg)
+{
+    uint64_t start = addr & ~(pg - 1);
+    if (len == 0 || addr + len < addr)
+        return ENOMEM;
+    return msync((void *)(uintptr_t)start, (size_t)(addr + len - start), MS_ASYNC) == 0 ? 0
+                                                                                        : ENOMEM;
+}
+
+typedef struct {
+    uint64_t addr;
+    size_t i;
+} kvli_host_ord_t;
+
+static int kvli_host_by_addr(const void *x, const void *y)
+{
+    uint64_t a = ((const kvli_host_ord_t *)x)->addr, b = ((const kvli_host_ord_t *)y)->addr;
+    return a < b ? -1 : a > b;
+}
+
+/* msync over runs of ranges that touch or overlap (by page); a run that
+ * fails is checked range by range to name the ranges with a hole. Returns
+ * the ranges' order by address (malloc'ed), or NULL (one range, or no
+ * memory: then in list order). */
+static kvli_host_ord_t *kvli_host_mapped_many(kvli_host_range_t *r, size_t n, uint64_t pg)
+{
+    kvli_host_ord_t *ord = n > 1 ? malloc(n * sizeof(*ord)) : NULL;
+    if (ord == NULL) {
+        for (size_t i = 0; i < n; i++)
+            r[i].err = kvli_host_msync(r[i].addr, r[i].len, pg);
+        return NULL;
+    }
+    for (size_t i = 0; i < n; i++)
+        ord[i] = (kvli_host_ord_t){r[i].addr, i};
+    qsort(ord, n, sizeof(*ord), kvli_host_by_addr);
+    for (size_t i = 0; i < n;) {
+        const kvli_host_range_t *f = &r[ord[i].i];
+        uint64_t lo = f->addr & ~(pg - 1), hi = f->addr + f->len;
+        size_t j = i + 1;
+        int bad = f->len == 0 || hi < f->addr;
+        for (; j < n && !bad; j++) {
+            const kvli_host_range_t *g = &r[ord[j].i];
+            if ((g->addr & ~(pg - 1)) > ((hi + pg - 1) & ~(pg - 1)))
+                break;
+            if (g->len == 0 || g->addr + g->len < g->addr)
+                bad = 1;
+            else if (g->addr + g->len > hi)
+                hi = g->addr + g->len;
+        }
+        if (!bad && msync((void *)(uintptr_t)lo, (size_t)(hi - lo), MS_ASYNC) == 0) {
+            for (size_t k = i; k < j; k++)
+                r[ord[k].i].err = 0;
+        } else {
+            for (size_t k = i; k < j; k++)
+                r[ord[k].i].err = kvli_host_msync(r[ord[k].i].addr, r[ord[k].i].len, pg);
+        }
+        i = j;
+    }
+    return ord;
+}
+
+/* Readability of both end bytes of every mapped range: one probe (a byte
+ * read by process_vm_readv) per distinct page, in address order, so slices
+ * of one buffer share their probes. A page that cannot be read fails every
+ * range with an end byte in it. */
+typedef struct {
+    struct iovec rv[1024];       /* the probes */
+    uint32_t first[1024 + 1];    /* probe k covers ends [first[k], first[k+1]) */
+    uint32_t who[2048];          /* end e: its range, */
+    uint64_t byte[2048];         /* and its byte */
+    size_t m, nends;
+    int vm_readv;                /* no pipe: process_vm_readv */
+} kvli_host_probes_t;
+
+static void kvli_host_probe_fail(kvli_host_probes_t *p, kvli_host_range_t *r, size_t k)
+{
+    for (uint32_t e = p->first[k]; e < p->first[k + 1]; e++)
+        if (r[p->who[e]].err == 0) {
+            r[p->who[e]].err = EFAULT;
+            r[p->who[e]].bad = p->byte[e];
+        }
+}
+
+/* Probes [k, k+n): one writev when all are readable, halves otherwise. */
+static void kvli_host_probe_span(kvli_host_probes_t *p, kvli_host_range_t *r, size_t k, size_t n)
+{
+    int ok = p->vm_readv ? -1 : kvli_host_pipe_probe(p->rv + k, n);
+    if (ok < 0) {
+        /* no pipe: process_vm_readv of this process, which stops at the
+         * first probe it cannot read */
+        char sink[1024];
+        p->vm_readv = 1;
+        for (size_t end = k + n; k < end;) {
+            struct iovec lv = {sink, end - k};
+            ssize_t got = process_vm_readv(getpid(), &lv, 1, p->rv + k, (unsigned long)(end - k),
+                                           0);
+            if (got < 0 && errno != EFAULT)
+                return; /* no way to look without touching: left to the transfer */
+            k += got > 0 ? (size_t)got : 0;
+            if (k < end)
+                kvli_host_probe_fail(p, r, k++);
+        }
+        return;
+    }
+    if (ok == 1)
+        return;
+    if (n == 1) {
+        kvli_host_probe_fail(p, r, k);
+        return;
+    }
+    kvli_host_probe_span(p, r, k, n / 2);
+    kvli_host_probe_span(p, r, k + n / 2, n - n / 2);
+}
+
+static void kvli_host_probe_run(kvli_host_probes_t *p, kvli_host_range_t *r)
+{
+    p->first[p->m] = (uint32_t)p->nends;
+    if (p->m > 0)
+        kvli_host_probe_span(p, r, 0, p->m);
+    p->m = p->nends = 0;
+}
+
+static void kvli_host_probe_add(kvli_host_probes_t *p, kvli_host_range_t *r, uint32_t i,
+                                uint64_t byte, uint64_t pg)
+{
+    int same = p->m > 0 && ((uint64_t)(uintptr_t)p->rv[p->m - 1].iov_base & ~(pg - 1)) ==
+                               (byte & ~(pg - 1));
+    if (p->nends == 2048 || (!same && p->m == 1024)) {
+        kvli_host_probe_run(p, r);
+        same = 0;
+    }
+    if (!same) {
+        p->first[p->m] = (uint32_t)p->nends;
+        p->rv[p->m++] = (struct iovec){(void *)(uintptr_t)byte, 1};
+    }
+    p->who[p->nends] = i;
+    p->byte[p->nends++] = byte;
+}
+
+void kvli_host_readable_many(kvli_host_range_t *r, size_t n)
+{
+    uint64_t pg = (uint64_t)sysconf(_SC_PAGESIZE);
+    kvli_host_probes_t *p = malloc(sizeof(*p));
+    kvli_host_ord_t *ord = kvli_host_mapped_many(r, n, pg);
+
+    for (size_t i = 0; i < n; i++)
+        r[i].bad = 0;
+    if (p == NULL) {
+        /* no memory for the probe table: one range at a time */
+        for (size_t i = 0; i < n; i++) {
+            struct iovec v[2] = {{(void *)(uintptr_t)r[i].addr, 1},
+                                 {(void *)(uintptr_t)(r[i].addr + r[i].len - 1), 1}};
+            for (int e = 0; e < 2 && r[i].err == 0; e++)
+                if (kvli_host_pipe_probe(&v[e], 1) == 0) {
+                    r[i].err = EFAULT;
+                    r[i].bad = (uint64_t)(uintptr_t)v[e].iov_base;
+                }
+        }
+        free(ord);
+        return;
+    }
+    p->m = p->nends = 0;
+    p->vm_readv = 0;
+    for (size_t k = 0; k < n; k++) {
+        uint32_t i = (uint32_t)(ord != NULL ? ord[k].i : k);
+        if (r[i].err != 0)
+            continue;
+        kvli_host_probe_add(p, r, i, r[i].addr, pg);
+        kvli_host_probe_add(p, r, i, r[i].addr + r[i].len - 1, pg);
+    }
+    kvli_host_probe_run(p, r);
+    free(p);
+    free(ord);
 }
 
 int kvli_host_readable(uint64_t addr, uint64_t len, uint64_t *bad_p)
 {
-    uint64_t pg = (uint64_t)sysconf(_SC_PAGESIZE), start = addr & ~(pg - 1);
-    if (len == 0 || addr + len < addr ||
-        msync((void *)(uintptr_t)start, (size_t)(addr + len - start), MS_ASYNC) != 0)
-        return ENOMEM;
-    if (!kvli_host_byte_readable(addr)) {
-        *bad_p = addr;
-        return EFAULT;
-    }
-    if (!kvli_host_byte_readable(addr + len - 1)) {
-        *bad_p = addr + len - 1;
-        return EFAULT;
-    }
-    return 0;
+    kvli_host_range_t r = {addr, len, 0, 0};
+    kvli_host_readable_many(&r, 1);
+    if (r.err == EFAULT)
+        *bad_p = r.bad;
+    return r.err;
 }
 
 int kvli_host_boot_id(char *buf, size_t cap, char *why, size_t why_cap)

@@ -26,4 +26,17 @@ void kvli_host_dev_shm(char *buf, size_t cap);
  * driver keeps reserved after freeing GPU memory). */
 int kvli_host_readable(uint64_t addr, uint64_t len, uint64_t *bad_p);
 
+/* The same check for many ranges at once (a registration list): err and bad
+ * of each range are filled in as kvli_host_readable returns and sets them.
+ * Ranges that touch or overlap share one msync; the end bytes are probed
+ * once per distinct page, up to 1,024 per writev(2) into a pipe (EFAULT,
+ * never a fault, for a byte that cannot be read; halves to find it), or
+ * process_vm_readv of this process where no pipe can be made. */
+typedef struct kvli_host_range {
+    uint64_t addr, len;
+    int err;
+    uint64_t bad;
+} kvli_host_range_t;
+void kvli_host_readable_many(kvli_host_range_t *r, size_t n);
+
 #endif

@@ -1,5 +1,6 @@
 /* Stream-socket helpers; see sock.h. */
 #include <errno.h>
+#include <poll.h>
 #include <stdint.h>
 #include <string.h>
 #include <sys/socket.h>
@@ -113,4 +114,14 @@ int kvli_sock_send_fds(int fd, struct iovec *iov, int iovcnt, const int *fds, in
             first++;
     }
     return 0;
+}
+
+int kvli_sock_peer_gone(int fd)
+{
+    struct pollfd p = {fd, POLLRDHUP, 0};
+    int r;
+    do
+        r = poll(&p, 1, 0);
+    while (r < 0 && errno == EINTR);
+    return r == 1 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR)) != 0;
 }

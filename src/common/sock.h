@@ -30,4 +30,13 @@ int kvli_iov_advance(struct iovec *iov, int iovcnt, size_t n);
  */
 int kvli_sock_send_fds(int fd, struct iovec *iov, int iovcnt, const int *fds, int nfd);
 
+/*
+ * Has the other end of a connected stream socket shut its writing side,
+ * closed or reset it? Data it sent before may still be queued here: a
+ * target asks before copying a request's payload into registered memory,
+ * and drops the payload of a connection its initiator gave up (issue 16
+ * item 3). Does not block.
+ */
+int kvli_sock_peer_gone(int fd);
+
 #endif

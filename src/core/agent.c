@@ -134,8 +134,10 @@ void kvl_agent_destroy(kvl_agent_t *a)
     const kvli_agent_hooks_t *hooks = kvli_agent_hooks(a);
     if (hooks != NULL && hooks->destroy != NULL)
         hooks->destroy(a);
-    /* 1. transfers: cancel what moves, then free (the lock is not held while
-     *    waiting, completion callbacks need it) */
+    /* 1. transfers: abort what moves (no wait for a peer that stopped
+     *    answering: backends give its requests up), then free (the lock is
+     *    not held while waiting, completion callbacks need it) */
+    atomic_store(&a->destroying, true);
     for (;;) {
         pthread_mutex_lock(&a->lock);
         kvl_xfer_t *x = a->xfers;
@@ -160,6 +162,11 @@ void kvl_agent_destroy(kvl_agent_t *a)
      *    them mapped), 6. backends (reverse order of creation), 7. memfd
      *    allocations */
     pthread_mutex_lock(&a->lock);
+    unsigned held = kvli_registry_unpinned(a);
+    if (held != 0)
+        kvli_log(KVL_LOG_WARN, "core", "agent '%s': %u peer request(s) still held registered "
+                 "memory after %llu ms; releasing it anyway (the peer stopped mid-request)",
+                 a->name, held, (unsigned long long)a->timeout_ms);
     kvli_registry_destroy(a);
     kvli_allocs_destroy(a, true);
     pthread_mutex_unlock(&a->lock);

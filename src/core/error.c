@@ -41,6 +41,15 @@ void kvli_err_region(kvl_error_t *err, const char *fmt, ...)
     va_end(ap);
 }
 
+void kvli_err_blank(kvl_error_t *err)
+{
+    err->code = KVL_OK;
+    err->sys_errno = 0;
+    err->device = -1;
+    err->backend[0] = err->agent[0] = err->region[0] = err->what[0] = err->hint[0] = '\0';
+    err->n_causes = err->n_causes_dropped = 0;
+}
+
 void kvli_err_add_cause(kvl_error_t *err, const kvl_error_t *cause)
 {
     if (err->n_causes >= KVL_ERROR_MAX_CAUSES) {
@@ -104,8 +113,14 @@ const kvl_error_t *kvl_last_error(void)
 
 void kvl_error_clear(void)
 {
-    kvli_err_reset(&kvli_tls_err);
-    kvli_tls_err.code = KVL_OK;
+    /* Called before most API calls (the Python module: every one): an error
+     * that is already clear is not cleared again (2 KiB of memset). */
+    if (kvli_tls_err.code != KVL_OK || kvli_tls_err.what[0] || kvli_tls_err.hint[0] ||
+        kvli_tls_err.n_causes) {
+        kvli_err_reset(&kvli_tls_err);
+        kvli_tls_err.code = KVL_OK;
+    }
+    kvli_tls_err.device = -1;
 }
 
 void kvl_agent_last_error(kvl_agent_t *agent, kvl_error_t *err)

@@ -21,6 +21,9 @@ void kvli_hint(kvl_error_t *err, const char *fmt, ...) __attribute__((format(pri
 void kvli_err_region(kvl_error_t *err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* Add one cause (copied from a backend's error, or built). */
 void kvli_err_add_cause(kvl_error_t *err, const kvl_error_t *cause);
+/* An empty error (code KVL_OK, device -1), without clearing its 2 KiB of
+ * text: for errors that are usually never filled. */
+void kvli_err_blank(kvl_error_t *err);
 /* Record err as the thread's (and agent's, if not NULL) last error; returns err->code. */
 kvl_status_t kvli_fail(kvl_agent_t *agent, const kvl_error_t *err);
 /* Shortcut for usage errors with no agent context. */
@@ -105,6 +108,7 @@ kvli_region_t *kvli_registry_find(kvl_agent_t *a, uint64_t addr, uint64_t len);
 kvli_region_t *kvli_registry_overlap(kvl_agent_t *a, uint64_t addr, uint64_t len);
 /* Nearest region to addr, for messages; NULL when none. */
 kvli_region_t *kvli_registry_nearest(kvl_agent_t *a, uint64_t addr);
+unsigned kvli_registry_unpinned(kvl_agent_t *a);
 void kvli_registry_destroy(kvl_agent_t *a);
 /* Free the allocations made by backends (before they close: backends=true)
  * or the memfd ones (backends=false). */
@@ -235,6 +239,9 @@ struct kvl_agent {
     /* Held while a transfer is released or cancelled on the agent's behalf,
      * never by progress threads, so waiting under it cannot deadlock them. */
     pthread_mutex_t xfer_lock;
+    /* kvl_agent_destroy runs: transfers are aborted (ops->xfer_abort), not
+     * cancelled, so a stopped peer cannot hold the teardown. */
+    atomic_bool destroying;
 
     pthread_mutex_t notif_lock;
     pthread_cond_t notif_cond;

@@ -32,12 +32,42 @@ static bool kvli_numa_node_exists(int32_t node)
     return access(path, F_OK) == 0;
 }
 
-/* Decide kind and device of one range: ask backends that know special
- * memory (CUDA), else it must be mapped host memory. */
-static kvl_status_t kvli_mem_classify(kvl_agent_t *a, const kvl_mem_desc_t *d,
+/* The host-memory check of a registration list, made for the whole rest
+ * of the list when its first host range needs it: a list of 1,000 slices
+ * of one buffer costs one msync and two process_vm_readv, not 1,000 of
+ * each. */
+typedef struct {
+    const kvl_mem_desc_t *regions;
+    size_t n;
+    size_t from;              /* checked: [from, n); none when ranges is NULL */
+    kvli_host_range_t *ranges;
+} kvli_hostchk_t;
+
+static int kvli_hostchk(kvli_hostchk_t *hc, size_t k, uint64_t *bad_p)
+{
+    if (hc->ranges == NULL || k < hc->from) {
+        free(hc->ranges);
+        hc->from = k;
+        hc->ranges = malloc((hc->n - k) * sizeof(*hc->ranges));
+        if (hc->ranges == NULL)
+            return kvli_host_readable(hc->regions[k].addr, hc->regions[k].len, bad_p);
+        for (size_t i = k; i < hc->n; i++)
+            hc->ranges[i - k] = (kvli_host_range_t){hc->regions[i].addr, hc->regions[i].len, 0, 0};
+        kvli_host_readable_many(hc->ranges, hc->n - k);
+    }
+    const kvli_host_range_t *r = &hc->ranges[k - hc->from];
+    *bad_p = r->bad;
+    return r->err;
+}
+
+/* Decide kind and device of one range (entry k of the list hc holds): ask
+ * backends that know special memory (CUDA), else it must be mapped host
+ * memory. */
+static kvl_status_t kvli_mem_classify(kvl_agent_t *a, kvli_hostchk_t *hc, size_t at,
                                       kvl_mem_kind_t declared, kvl_mem_kind_t *kind_p,
                                       int32_t *dev_p, kvl_error_t *err)
 {
+    const kvl_mem_desc_t *d = &hc->regions[at];
     const kvl_backend_ops_t *ops;
     kvl_error_t qerr, why; /* why: a backend's reason for not claiming declared memory */
     bool have_why = false;
@@ -47,10 +77,17 @@ static kvl_status_t kvli_mem_classify(kvl_agent_t *a, const kvl_mem_desc_t *d,
         char info[256] = "";
         if (ops->device == NULL || ops->device->mem_query == NULL)
             continue;
+        /* The reason a backend does not claim memory is wanted only for a
+         * declared device kind: for AUTO and DRAM (every host region) the
+         * query may skip explaining, and is asked again for a refusal. */
+        bool want_why = declared != KVL_MEM_AUTO && declared != KVL_MEM_DRAM;
         memset(&qerr, 0, offsetof(kvl_error_t, causes));
         qerr.device = -1;
-        kvl_status_t st = ops->device->mem_query(d->addr, d->len, d->dev, &k, &dev, info, sizeof(info),
-                                         &qerr);
+        kvl_status_t st = ops->device->mem_query(d->addr, d->len, d->dev, &k, &dev, info,
+                                                 sizeof(info), want_why ? &qerr : NULL);
+        if (!want_why && st != KVL_OK && st != KVL_ERR_NOT_FOUND)
+            st = ops->device->mem_query(d->addr, d->len, d->dev, &k, &dev, info, sizeof(info),
+                                        &qerr);
         if (st == KVL_ERR_NOT_FOUND) {
             /* A backend may say why it does not claim the memory (no CUDA
              * driver, freed GPU memory): keep the first such reason from a
@@ -132,7 +169,7 @@ static kvl_status_t kvli_mem_classify(kvl_agent_t *a, const kvl_mem_desc_t *d,
      * every transfer later. */
     long pg = sysconf(_SC_PAGESIZE);
     uint64_t start = d->addr & ~((uint64_t)pg - 1), unreadable = 0;
-    int he = kvli_host_readable(d->addr, d->len, &unreadable);
+    int he = kvli_hostchk(hc, at, &unreadable);
     if (he == ENOMEM) {
         kvli_err(err, KVL_ERR_INVALID_ARG, he,
                  "msync(0x%llx, %llu, MS_ASYNC) failed: the range is not (fully) mapped in "
@@ -236,10 +273,23 @@ static kvl_status_t kvli_reg_candidates(kvl_agent_t *a, const kvl_reg_params_t *
 }
 
 /* Register one range; on success *r_p is the region (new or reused). */
-static kvl_status_t kvli_register_one(kvl_agent_t *a, const kvl_mem_desc_t *d,
+/* A backend refused region d: its reason becomes a cause of all, which is
+ * made at the first refusal. */
+static void kvli_reg_refused(kvl_error_t *all, kvl_mem_kind_t kind, const kvl_mem_desc_t *d,
+                             const kvl_error_t *berr)
+{
+    if (all->code == KVL_OK)
+        kvli_err(all, KVL_ERR_NO_BACKEND, 0, "no backend accepted %s region 0x%llx+%llu",
+                 kvl_mem_kind_name(kind), (unsigned long long)d->addr,
+                 (unsigned long long)d->len);
+    kvli_err_add_cause(all, berr);
+}
+
+static kvl_status_t kvli_register_one(kvl_agent_t *a, kvli_hostchk_t *hc, size_t k,
                                       const kvl_reg_params_t *p, kvl_reg_entry_t *e,
                                       kvli_region_t **r_p, bool *reused_p, kvl_error_t *err)
 {
+    const kvl_mem_desc_t *d = &hc->regions[k];
     kvl_mem_kind_t declared = (p && (p->field_mask & KVL_REG_PARAM_KIND)) ? p->kind : KVL_MEM_AUTO;
     kvl_reg_policy_t policy = (p && (p->field_mask & KVL_REG_PARAM_POLICY)) ? p->policy : KVL_REG_ANY;
     kvl_mem_kind_t kind = KVL_MEM_AUTO;
@@ -308,7 +358,7 @@ static kvl_status_t kvli_register_one(kvl_agent_t *a, const kvl_mem_desc_t *d,
                        "it with kind AUTO and the device it has");
         return KVL_ERR_DEVICE_MISMATCH;
     }
-    st = kvli_mem_classify(a, d, declared, &kind, &dev, err);
+    st = kvli_mem_classify(a, hc, k, declared, &kind, &dev, err);
     if (st != KVL_OK)
         return st;
     if (e) {
@@ -364,25 +414,27 @@ static kvl_status_t kvli_register_one(kvl_agent_t *a, const kvl_mem_desc_t *d,
         r->shm_id = al->id;
     }
 
+    /* The error that gathers every backend's refusal is made at the first
+     * refusal: a registration that succeeds (1,000 in a list) formats and
+     * clears nothing it does not use. */
     kvl_error_t all;
-    kvli_err(&all, KVL_ERR_NO_BACKEND, 0, "no backend accepted %s region 0x%llx+%llu",
-             kvl_mem_kind_name(kind), (unsigned long long)d->addr, (unsigned long long)d->len);
+    all.code = KVL_OK;
     unsigned ok = 0, tried = 0;
     for (unsigned b = 0; b < a->nbks; b++) {
         if (!(mask & (1u << b)))
             continue;
         struct kvl_backend *bk = a->bks[b];
-        char detail[1024] = "";
+        char detail[1024];
         kvl_error_t berr;
-        memset(&berr, 0, offsetof(kvl_error_t, causes));
-        berr.device = -1;
+        detail[0] = '\0';
+        kvli_err_blank(&berr);
         tried++;
         if (!(bk->ops->mem_local & KVL_MEM_BIT(kind))) {
             kvl_bk_error_set(&berr, KVL_ERR_UNSUPPORTED, 0, bk->ops->name, dev,
                              "backend %s does not serve %s memory", bk->ops->name,
                              kvl_mem_kind_name(kind));
             kvli_outcome(e, bk->ops->name, berr.code, berr.what);
-            kvli_err_add_cause(&all, &berr);
+            kvli_reg_refused(&all, kind, d, &berr);
             continue;
         }
         st = bk->ops->mem_reg(bk->bk, &info, &r->mh[b], detail, sizeof(detail), &berr);
@@ -399,12 +451,16 @@ static kvl_status_t kvli_register_one(kvl_agent_t *a, const kvl_mem_desc_t *d,
             snprintf(line, sizeof(line), "%s%s%s", berr.what, berr.hint[0] ? "; fix: " : "",
                      berr.hint);
             kvli_outcome(e, bk->ops->name, st, line);
-            kvli_err_add_cause(&all, &berr);
+            kvli_reg_refused(&all, kind, d, &berr);
         }
     }
     if (ok == 0 || (policy == KVL_REG_ALL && ok != tried)) {
         kvli_region_unregister_backends(a, r);
         free(r);
+        if (all.code == KVL_OK) /* no backend was even tried */
+            kvli_err(&all, KVL_ERR_NO_BACKEND, 0, "no backend accepted %s region 0x%llx+%llu",
+                     kvl_mem_kind_name(kind), (unsigned long long)d->addr,
+                     (unsigned long long)d->len);
         if (ok != 0)
             snprintf(all.what, sizeof(all.what),
                      "policy 'all': %u of %u backends refused %s region 0x%llx+%llu (the %u that "
@@ -462,13 +518,19 @@ kvl_status_t kvl_mem_register(kvl_agent_t *a, const kvl_mem_desc_t *regions, siz
     if (report_p) {
         rep = calloc(1, sizeof(*rep));
         if (rep)
-            rep->entries = calloc(n, sizeof(*rep->entries));
+            rep->entries = kvli_buf_alloc(n * sizeof(*rep->entries));
         if (rep == NULL || rep->entries == NULL) {
             free(rep);
             return kvli_fail_simple(a, KVL_ERR_NO_MEMORY, NULL,
                                     "kvl_mem_register: cannot allocate a report for %zu regions", n);
         }
         rep->n_entries = n;
+        /* Each entry is ~17 KiB (8 outcomes of whole diagnoses) of which a
+         * registration writes the header and an outcome or two: only those
+         * are initialised, in pages the buffer cache has already faulted
+         * in for the previous list. */
+        for (size_t i = 0; i < n; i++)
+            memset(&rep->entries[i], 0, offsetof(kvl_reg_entry_t, outcomes));
     }
     kvli_region_t **done = malloc(n * sizeof(*done));
     if (done == NULL) {
@@ -476,11 +538,12 @@ kvl_status_t kvl_mem_register(kvl_agent_t *a, const kvl_mem_desc_t *regions, siz
         return kvli_fail_simple(a, KVL_ERR_NO_MEMORY, NULL, "kvl_mem_register: out of memory");
     }
 
+    kvli_hostchk_t hc = {regions, n, 0, NULL};
     pthread_mutex_lock(&a->lock);
     size_t k;
     for (k = 0; k < n; k++) {
         bool reused = false;
-        st = kvli_register_one(a, &regions[k], params, rep ? &rep->entries[k] : NULL, &done[k],
+        st = kvli_register_one(a, &hc, k, params, rep ? &rep->entries[k] : NULL, &done[k],
                                &reused, &err);
         if (st != KVL_OK) {
             if (rep) {
@@ -528,6 +591,7 @@ kvl_status_t kvl_mem_register(kvl_agent_t *a, const kvl_mem_desc_t *regions, siz
         atomic_fetch_add(&a->generation, 1);
     }
     pthread_mutex_unlock(&a->lock);
+    free(hc.ranges);
     free(done);
     if (report_p)
         *report_p = rep;
@@ -536,19 +600,62 @@ kvl_status_t kvl_mem_register(kvl_agent_t *a, const kvl_mem_desc_t *regions, siz
     return KVL_OK;
 }
 
-/* Whether entry i drops the last registration of its region (counted at
- * the region's first entry in the list only). */
-static bool kvli_dereg_final(kvl_agent_t *a, const kvl_mem_desc_t *regions, size_t n, size_t i)
+/* Entry i of a deregistration list: its region, which drop of that region
+ * it is (0 for the region's first entry in the list) and how many entries
+ * name it. Sorting once keeps a list of 1,000 regions linear in practice. */
+typedef struct {
+    kvli_region_t *r;
+    uint32_t nth, total;
+} kvli_drop_t;
+
+typedef struct {
+    uint64_t addr, len;
+    size_t i;
+} kvli_drop_ord_t;
+
+static int kvli_drop_cmp(const void *x, const void *y)
 {
-    kvli_region_t *r = kvli_registry_exact(a, regions[i].addr, regions[i].len);
-    uint32_t drops = 0;
-    for (size_t j = 0; j < n; j++)
-        if (regions[j].addr == r->addr && regions[j].len == r->len) {
-            if (j < i)
-                return false;
-            drops++;
+    const kvli_drop_ord_t *a = x, *b = y;
+    if (a->addr != b->addr)
+        return a->addr < b->addr ? -1 : 1;
+    if (a->len != b->len)
+        return a->len < b->len ? -1 : 1;
+    return a->i < b->i ? -1 : a->i > b->i;
+}
+
+/* drops[i].nth and .total for every entry; -1 without memory. */
+static int kvli_drops_count(const kvl_mem_desc_t *regions, size_t n, kvli_drop_t *drops)
+{
+    if (n == 1) {
+        drops[0].nth = 0;
+        drops[0].total = 1;
+        return 0;
+    }
+    kvli_drop_ord_t *o = malloc(n * sizeof(*o));
+    if (o == NULL)
+        return -1;
+    for (size_t i = 0; i < n; i++)
+        o[i] = (kvli_drop_ord_t){regions[i].addr, regions[i].len, i};
+    qsort(o, n, sizeof(*o), kvli_drop_cmp);
+    for (size_t g = 0; g < n;) {
+        size_t e = g + 1;
+        while (e < n && o[e].addr == o[g].addr && o[e].len == o[g].len)
+            e++;
+        for (size_t k = g; k < e; k++) {
+            drops[o[k].i].nth = (uint32_t)(k - g);
+            drops[o[k].i].total = (uint32_t)(e - g);
         }
-    return drops == r->refcount;
+        g = e;
+    }
+    free(o);
+    return 0;
+}
+
+/* Whether this entry drops the last registration of its region (counted at
+ * the region's first entry in the list only). */
+static bool kvli_dereg_final(const kvli_drop_t *d)
+{
+    return d->nth == 0 && d->total == d->r->refcount;
 }
 
 static void kvli_region_revoke_undo(kvl_agent_t *a, kvli_region_t *r, unsigned upto)
@@ -561,13 +668,13 @@ static void kvli_region_revoke_undo(kvl_agent_t *a, kvli_region_t *r, unsigned u
 /* Under the agent lock: every backend stops peers' direct access to the
  * regions this call drops for good (ops->mem_revoke, bounded by the
  * backend's timeout). All or nothing: on a refusal, access is restored. */
-static kvl_status_t kvli_regions_revoke(kvl_agent_t *a, const kvl_mem_desc_t *regions, size_t n,
+static kvl_status_t kvli_regions_revoke(kvl_agent_t *a, const kvli_drop_t *drops, size_t n,
                                         kvl_error_t *err)
 {
     for (size_t i = 0; i < n; i++) {
-        if (!kvli_dereg_final(a, regions, n, i))
+        if (!kvli_dereg_final(&drops[i]))
             continue;
-        kvli_region_t *r = kvli_registry_exact(a, regions[i].addr, regions[i].len);
+        kvli_region_t *r = drops[i].r;
         for (unsigned b = 0; b < a->nbks; b++) {
             const kvl_backend_ops_t *ops = a->bks[b]->ops;
             kvl_error_t e;
@@ -583,10 +690,8 @@ static kvl_status_t kvli_regions_revoke(kvl_agent_t *a, const kvl_mem_desc_t *re
                 err->code = KVL_ERR_INTERNAL;
             kvli_region_revoke_undo(a, r, b);
             for (size_t k = 0; k < i; k++)
-                if (kvli_dereg_final(a, regions, n, k))
-                    kvli_region_revoke_undo(a, kvli_registry_exact(a, regions[k].addr,
-                                                                   regions[k].len),
-                                            a->nbks);
+                if (kvli_dereg_final(&drops[k]))
+                    kvli_region_revoke_undo(a, drops[k].r, a->nbks);
             return err->code;
         }
     }
@@ -599,6 +704,12 @@ kvl_status_t kvl_mem_deregister(kvl_agent_t *a, const kvl_mem_desc_t *regions, s
     if (a == NULL || regions == NULL || n == 0)
         return kvli_fail_simple(a, KVL_ERR_INVALID_ARG, NULL,
                                 "kvl_mem_deregister: agent or regions is NULL, or n = 0");
+    kvli_drop_t *drops = malloc(n * sizeof(*drops));
+    if (drops == NULL || kvli_drops_count(regions, n, drops) != 0) {
+        free(drops);
+        return kvli_fail_simple(a, KVL_ERR_NO_MEMORY, NULL,
+                                "kvl_mem_deregister: out of memory for a list of %zu regions", n);
+    }
     pthread_mutex_lock(&a->lock);
     /* Check everything first so a refused call changes nothing. Counting
      * duplicates in the request matters: two drops of a refcount-1 range
@@ -619,18 +730,16 @@ kvl_status_t kvl_mem_deregister(kvl_agent_t *a, const kvl_mem_desc_t *regions, s
                 kvli_hint(&err, "nothing is registered on this agent (already deregistered?)");
             goto fail;
         }
-        uint32_t drops = 0;
-        for (size_t j = 0; j <= i; j++)
-            if (regions[j].addr == r->addr && regions[j].len == r->len)
-                drops++;
-        if (drops > r->refcount) {
+        drops[i].r = r;
+        uint32_t ndrops = drops[i].nth + 1; /* drops of r in entries 0..i */
+        if (ndrops > r->refcount) {
             kvli_err(&err, KVL_ERR_NOT_FOUND, 0,
                      "deregister: region 0x%llx+%llu is registered %u time(s) but this call "
                      "drops it %u times", (unsigned long long)r->addr,
-                     (unsigned long long)r->len, r->refcount, drops);
+                     (unsigned long long)r->len, r->refcount, ndrops);
             goto fail;
         }
-        if (drops == r->refcount &&
+        if (ndrops == r->refcount &&
             (atomic_load(&r->inflight) > 0 || atomic_load(&r->pins) > 0)) {
             bool local = atomic_load(&r->inflight) > 0;
             kvli_err(&err, KVL_ERR_IN_USE, 0,
@@ -645,18 +754,20 @@ kvl_status_t kvl_mem_deregister(kvl_agent_t *a, const kvl_mem_desc_t *regions, s
     }
     /* Peers that copy without asking (shm's cross-memory attach) stop before
      * anything is dropped; a refusal restores their access and changes nothing. */
-    if (kvli_regions_revoke(a, regions, n, &err) != KVL_OK)
+    if (kvli_regions_revoke(a, drops, n, &err) != KVL_OK)
         goto fail;
     for (size_t i = 0; i < n; i++)
-        kvli_region_drop(a, kvli_registry_exact(a, regions[i].addr, regions[i].len));
+        kvli_region_drop(a, drops[i].r);
     atomic_fetch_add(&a->generation, 1);
     const kvli_agent_hooks_t *hooks = a->hooks;
     pthread_mutex_unlock(&a->lock);
+    free(drops);
     if (hooks != NULL && hooks->regions_changed != NULL)
         hooks->regions_changed(a);
     return KVL_OK;
 fail:
     pthread_mutex_unlock(&a->lock);
+    free(drops);
     kvli_err_region(&err, "region 0x%llx+%llu", (unsigned long long)regions[0].addr,
                     (unsigned long long)regions[0].len);
     return kvli_fail(a, &err);
@@ -716,7 +827,7 @@ void kvl_reg_report_free(kvl_reg_report_t *rep)
 {
     if (rep == NULL)
         return;
-    free(rep->entries);
+    kvli_buf_free(rep->entries, rep->n_entries * sizeof(*rep->entries));
     free(rep);
 }
 

@@ -10,6 +10,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <unistd.h>
+#include <time.h>
 #include "internal.h"
 
 void kvli_region_get(kvli_region_t *r)
@@ -145,6 +146,26 @@ kvli_region_t *kvli_registry_exact(kvl_agent_t *a, uint64_t addr, uint64_t len)
 }
 
 
+/* kvl_agent_destroy, a->lock held, after region_pin started refusing: wait
+ * (lock released meanwhile) until no backend thread serving a peer holds a
+ * region, bounded by the agent's timeout; only then do backends release
+ * their handles. Returns the pins still held when the bound passed. */
+unsigned kvli_registry_unpinned(kvl_agent_t *a)
+{
+    uint64_t deadline = kvli_now_ns() + a->timeout_ms * 1000000ull;
+    for (;;) {
+        unsigned pins = 0;
+        for (size_t i = 0; i < a->nregs; i++)
+            pins += atomic_load(&a->regs[i]->pins);
+        if (pins == 0 || kvli_now_ns() > deadline)
+            return pins;
+        pthread_mutex_unlock(&a->lock);
+        struct timespec ts = {0, 200000}; /* a request finishing a copy */
+        nanosleep(&ts, NULL);
+        pthread_mutex_lock(&a->lock);
+    }
+}
+
 void kvli_registry_destroy(kvl_agent_t *a)
 {
     /* Reverse order of addresses is what we have; registration order is not
@@ -207,6 +228,16 @@ kvl_status_t kvli_ctx_region_pin(kvl_bk_ctx_t *ctx, uint64_t addr, uint64_t len,
     struct kvl_backend *bk = ctx->core;
     kvl_agent_t *a = bk->agent;
     pthread_mutex_lock(&a->lock);
+    if (atomic_load(&a->destroying)) {
+        /* The agent's memory is about to be released: no new peer request
+         * may start using it (kvl_agent_destroy waits for those that did). */
+        kvl_bk_error_set(err, KVL_ERR_STATE, 0, bk->ops->name, -1,
+                         "request for 0x%llx+%llu refused: agent '%s' is being destroyed",
+                         (unsigned long long)addr, (unsigned long long)len, a->name);
+        kvl_bk_error_hint(err, "the target is shutting down; its memory is no longer served");
+        pthread_mutex_unlock(&a->lock);
+        return KVL_ERR_STATE;
+    }
     kvli_region_t *r = (len == 0 || kvli_add_overflows(addr, len)) ? NULL
                                                                     : kvli_registry_find(a, addr, len);
     if (r == NULL || !(r->bk_mask & (1u << bk->index))) {

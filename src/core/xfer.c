@@ -810,7 +810,11 @@ kvl_status_t kvl_xfer_wait(kvl_xfer_t *x, int64_t timeout_ms)
 
 void kvli_xfer_quiesce(kvl_xfer_t *x)
 {
-    if (atomic_load(&x->state) == KVL_XFER_POSTED)
+    if (atomic_load(&x->state) != KVL_XFER_POSTED)
+        return;
+    if (atomic_load(&x->agent->destroying) && x->bk->ops->xfer_abort != NULL)
+        x->bk->ops->xfer_abort(x->bk->bk, &x->bx);
+    else
         x->bk->ops->xfer_cancel(x->bk->bk, &x->bx);
 }
 

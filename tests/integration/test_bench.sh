@@ -31,7 +31,18 @@ for _ in $(seq 50); do grep -q serving "$tmp/serve" && break; sleep 0.1; done
 kill "$srv"; wait "$srv" 2>/dev/null || true
 grep -q '^tcp .*262144 .*yes$' "$tmp/out"
 
+# the costs suite: every row printed beside its reference (no number asserted)
+"$bin" bench --suite costs --backend shm,tcp --size 32M | tee "$tmp/out"
+grep -q '^4 KiB WRITE, post -> complete  *shm .*process_vm_writev 4 KiB' "$tmp/out"
+grep -q '^4 KiB WRITE, post -> complete  *tcp .*memcpy 4 KiB' "$tmp/out"
+grep -q '^register, 1000 regions, per region  *shm,tcp ' "$tmp/out"
+grep -q '^deregister, 1 region, per region  *shm,tcp ' "$tmp/out"
+grep -q '^make, per descriptor (n=1024), transfers between  *tcp ' "$tmp/out"
+grep -q '^post of a 1024-pair request  *shm ' "$tmp/out"
+
 # refusals
+if "$bin" bench --suite speed 2>"$tmp/err"; then exit 1; fi
+grep -q -- '--suite takes costs' "$tmp/err"
 if "$bin" bench --pattern zigzag 2>"$tmp/err"; then exit 1; fi
 grep -q 'takes contiguous, kv or strided' "$tmp/err"
 if "$bin" bench --model gpt-9 2>"$tmp/err"; then exit 1; fi

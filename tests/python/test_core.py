@@ -348,3 +348,27 @@ def test_closed_agent_objects(uniq):
     with pytest.raises(kvlane.StateError):
         a.register_memory(arr)
     assert "closed" in repr(a)
+
+
+def test_agent_used_after_fork_is_refused(uniq):
+    """An agent belongs to the process that made it: a forked child using it
+    gets a StateError naming the fork (the module notices the fork without
+    a getpid per call, through an atfork handler), the parent goes on."""
+    import os
+    with kvlane.Agent(uniq) as a:
+        arr = np.zeros(4096, dtype=np.uint8)
+        a.register_memory(arr)
+        pid = os.fork()
+        if pid == 0:
+            code = 3
+            try:
+                a.get_metadata()
+                code = 1
+            except kvlane.StateError as e:
+                code = 0 if "another process (fork)" in str(e) else 2
+            finally:
+                os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, status
+        assert a.get_metadata()
+        a.deregister_memory(arr)

@@ -83,3 +83,44 @@ def test_host_memory_declared_vram_is_a_kind_mismatch(uniq):
         assert "cannot be read" in text or "not (fully) mapped" in text, text
     finally:
         a.close()
+
+
+def test_vram_freed_while_registered_is_named(uniq):
+    """Issue 17 item 10: GPU memory registered (as engines do, by address,
+    so kvlane keeps no reference) and then freed: the next transfer from it
+    fails naming that region, its device and that it was freed, not a kind
+    mismatch and not a generic CUDA error."""
+    torch = _torch_cuda()
+    if torch is None:
+        pytest.skip("needs torch with a CUDA GPU (runs on the GPU machine)")
+    n = 64 << 20
+    a = kvlane.Agent(uniq + "-a", backends=("cuda",))
+    b = kvlane.Agent(uniq + "-b", backends=("cuda",))
+    try:
+        src = torch.ones(n, dtype=torch.uint8, device="cuda")
+        dst = torch.zeros(n, dtype=torch.uint8, device="cuda")
+        ptr = src.data_ptr()
+        a.register_memory((ptr, n, 0), kind="VRAM")
+        b.register_memory(dst)
+        name = a.load_metadata(b.get_metadata())
+        x = a.xfer("WRITE", kvlane.DList.from_descs([(ptr, n, 0)], kind="VRAM"), name,
+                   kvlane.DList.from_descs([(dst.data_ptr(), n, 0)], kind="VRAM"))
+        x.post()
+        x.wait(10000)
+        torch.cuda.synchronize()
+        assert bool(dst[-1] == 1)
+        del src
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()    # the allocation goes back to the driver
+        with pytest.raises(kvlane.Error) as ei:
+            x.post()
+            x.wait(10000)
+        text = str(ei.value)
+        assert "was freed" in text and f"0x{ptr:x}+{n}" in text, text
+        assert "device 0" in text and "deregister GPU memory before freeing it" in text, text
+        assert "list is VRAM but" not in text, text
+        x.release()
+        a.deregister_memory((ptr, n, 0))
+    finally:
+        a.close()
+        b.close()

@@ -134,6 +134,8 @@ kvl_status_t kvli_cuda_md_query(uint64_t addr, uint64_t len, int32_t declared_de
         return KVL_ERR_NOT_FOUND;
     }
     type = kvli_cuda_memtype(d, addr, &r);
+    if (err == NULL && type != KVLI_CU_MEMTYPE_DEVICE && type != KVLI_CU_MEMTYPE_UNIFIED)
+        return KVL_ERR_NOT_FOUND; /* not ours, and no one asked why */
     if (type == KVLI_CU_MEMTYPE_HOST || (type != KVLI_CU_MEMTYPE_DEVICE &&
                                          type != KVLI_CU_MEMTYPE_UNIFIED &&
                                          kvli_host_readable(addr, len, &bad) == 0)) {

@@ -104,6 +104,7 @@ struct kvli_shm_req {
     struct iovec *iov;               /* READ: where the payload lands */
     int iovcnt;
     uint64_t bytes;
+    uint64_t landable;               /* WRITE: payload bytes handed to the socket (bound) */
     int in_flight;
     int done;
     kvl_status_t status;
@@ -167,6 +168,10 @@ struct kvli_shm_conn {
     kvli_shm_guard_t *guard;         /* its guard table, from HELLO on */
     kvli_shm_outq_t *out_head, *out_tail;
     int closing;
+    /* The initiator shut the connection down: what is still queued in it
+     * belongs to requests it gave up. WRITE payloads are dropped, not
+     * copied; nothing is answered. */
+    int abandoned;
 };
 
 enum { KVLI_SHM_XQUEUED = 0, KVLI_SHM_XRUNNING = 1 };
@@ -178,6 +183,8 @@ struct kvli_shm_xpriv {
     kvli_shm_peer_t *peer;
     int state;
     atomic_int cancel;
+    int abort;                       /* agent destroyed: socket requests are given up */
+    int sending;                     /* a socket request is being sent */
     int finished;
     unsigned waiters;
     /* socket accounting, under iface->lock */
@@ -187,6 +194,8 @@ struct kvli_shm_xpriv {
     int sock_errno;
     char sock_text[KVLI_SHM_TEXT_MAX + 64];
     uint64_t sock_moved;
+    uint64_t sock_inflight;          /* WRITE bytes of requests given up unanswered:
+                                      * they may still land */
 };
 
 struct kvli_shm_worker {
@@ -220,6 +229,11 @@ struct kvli_shm_iface {
     size_t poll_npeers;              /* progress thread: peers end here in its poll set */
     unsigned nworkers;
     kvli_shm_worker_t *workers;
+    /* Small transfers run in the poster's thread (inline_max bytes at most,
+     * 0: never), one at a time, with this worker's arrays. */
+    uint64_t inline_max;
+    pthread_mutex_t inline_lock;
+    kvli_shm_worker_t inline_w;
 
     pthread_mutex_t lock;
     pthread_cond_t cond;             /* replies, completions, detach */
@@ -268,8 +282,16 @@ void kvli_shm_peer_progress(kvli_shm_peer_t *peer);
 void kvli_shm_peer_release(kvli_shm_peer_t *peer);
 kvl_status_t kvli_shm_peer_send(kvli_shm_peer_t *peer, struct iovec *iov,
                                 int iovcnt, kvl_error_t *err);
+/* A data request: bounded by timeout_ms without progress (the transfer's
+ * own timeout); req's landable is lowered to what was handed over when the
+ * send fails. A failed send marks the peer dead. */
+kvl_status_t kvli_shm_peer_send_req(kvli_shm_peer_t *peer, kvli_shm_req_t *req, size_t head_len,
+                                    struct iovec *iov, int iovcnt, uint64_t timeout_ms);
+/* inflight: bytes of the transfer that may still land (handed to the socket
+ * unanswered before it was shut down). */
 kvl_status_t kvli_shm_peer_disconnect_error(kvli_shm_peer_t *peer, uint64_t moved,
-                                            uint64_t total, kvl_error_t *err);
+                                            uint64_t total, uint64_t inflight,
+                                            kvl_error_t *err);
 void kvli_shm_peer_req_add(kvli_shm_peer_t *peer, kvli_shm_req_t *req);
 void kvli_shm_peer_req_drop(kvli_shm_peer_t *peer, kvli_shm_req_t *req);
 kvl_status_t kvli_shm_peer_fd_request(kvli_shm_peer_t *peer, uint64_t shm_id, int *fd_p,
@@ -308,6 +330,7 @@ void kvli_shm_guard_leave(kvli_shm_peer_t *peer, const kvli_shm_rh_t *rh);
 /* shm_xfer.c */
 kvl_status_t kvli_shm_xfer_post(void *bk, kvl_bk_xfer_t *x, kvl_error_t *err);
 void kvli_shm_xfer_cancel(void *bk, kvl_bk_xfer_t *x);
+void kvli_shm_xfer_abort(void *bk, kvl_bk_xfer_t *x);
 void *kvli_shm_xfer_worker(void *arg);
 int kvli_shm_worker_init(kvli_shm_worker_t *w, kvli_shm_iface_t *iface);
 void kvli_shm_worker_fini(kvli_shm_worker_t *w);

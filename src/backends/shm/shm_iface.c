@@ -28,6 +28,7 @@ static const kvl_param_t kvli_shm_params[] = {
     { "cma", "auto" },
     { "socket_dir", "" },
     { "allow_uids", "self" },     /* self | any | comma-separated uids besides ours */
+    { "inline_max", "65536" },    /* bytes a transfer may have to run in the poster's thread */
     { NULL, NULL }
 };
 
@@ -213,6 +214,24 @@ static kvl_status_t kvli_shm_available(char *reason, size_t len)
     return KVL_OK;
 }
 
+/* "65536", "64K", "1M": 0 and the bytes, or -1. */
+static int kvli_shm_parse_bytes(const char *v, uint64_t *out)
+{
+    char *end;
+    errno = 0;
+    unsigned long long b = strtoull(v, &end, 10);
+    if (end == v || errno != 0 || *v == '-')
+        return -1;
+    if (*end == 'K' || *end == 'k')
+        b <<= 10, end++;
+    else if (*end == 'M' || *end == 'm')
+        b <<= 20, end++;
+    if (*end != '\0')
+        return -1;
+    *out = b;
+    return 0;
+}
+
 static kvl_status_t kvli_shm_parse_params(kvli_shm_iface_t *iface,
                                           const kvl_param_t *params, size_t n,
                                           const char **dir_p, kvl_error_t *err)
@@ -235,6 +254,17 @@ static kvl_status_t kvli_shm_parse_params(kvli_shm_iface_t *iface,
             }
         } else if (strcmp(k, "socket_dir") == 0) {
             *dir_p = v;
+        } else if (strcmp(k, "inline_max") == 0) {
+            uint64_t b;
+            if (kvli_shm_parse_bytes(v, &b) != 0 || b > (16ull << 20)) {
+                kvl_bk_error_set(err, KVL_ERR_INVALID_ARG, 0, KVLI_SHM_NAME, -1,
+                                 "parameter inline_max=\"%.100s\" is not a byte count from 0 "
+                                 "to 16M", v);
+                kvl_bk_error_hint(err, "e.g. inline_max=64K (the default) or 0 to hand every "
+                                  "transfer to the copy workers");
+                return KVL_ERR_INVALID_ARG;
+            }
+            iface->inline_max = b;
         } else if (strcmp(k, "allow_uids") == 0) {
             iface->uid_any = strcmp(v, "any") == 0;
             iface->nuids = 0;
@@ -260,7 +290,7 @@ static kvl_status_t kvli_shm_parse_params(kvli_shm_iface_t *iface,
         } else {
             kvl_bk_error_set(err, KVL_ERR_INVALID_ARG, 0, KVLI_SHM_NAME, -1,
                              "unknown parameter \"%s\" (the shm backend knows: cma, "
-                             "socket_dir, allow_uids)", k);
+                             "socket_dir, allow_uids, inline_max)", k);
             kvl_bk_error_hint(err, "remove it or fix its spelling");
             return KVL_ERR_INVALID_ARG;
         }
@@ -359,6 +389,7 @@ static kvl_status_t kvli_shm_open(kvl_bk_ctx_t *ctx, const kvl_param_t *params,
     iface->listen_fd = -1;
     kvli_progress_init(&iface->pg, ctx, KVLI_SHM_NAME);
     iface->nworkers = ctx->workers ? ctx->workers : 1;
+    iface->inline_max = 64u << 10;
 
     st = kvli_shm_parse_params(iface, params, n, &dir, err);
     if (st != KVL_OK)
@@ -375,6 +406,7 @@ static kvl_status_t kvli_shm_open(kvl_bk_ctx_t *ctx, const kvl_param_t *params,
 
     kvli_lock_init(&iface->lock, &iface->cond);
     kvli_cond_init(&iface->qcond);
+    pthread_mutex_init(&iface->inline_lock, NULL);
 
     iface->scratch_len = KVLI_SHM_SCRATCH;
     iface->scratch = malloc(iface->scratch_len);
@@ -399,6 +431,13 @@ static kvl_status_t kvli_shm_open(kvl_bk_ctx_t *ctx, const kvl_param_t *params,
     if (st != KVL_OK)
         goto err_close;
 
+    if (kvli_shm_worker_init(&iface->inline_w, iface) != 0) {
+        kvl_bk_error_set(err, KVL_ERR_NO_MEMORY, ENOMEM, KVLI_SHM_NAME, -1,
+                         "malloc() of the inline copier's iovec arrays failed");
+        kvl_bk_error_hint(err, "the process is out of memory");
+        st = KVL_ERR_NO_MEMORY;
+        goto err_close;
+    }
     for (i = 0; i < iface->nworkers; i++) {
         kvli_shm_worker_t *w = &iface->workers[i];
         if (kvli_shm_worker_init(w, iface) != 0) {
@@ -457,6 +496,7 @@ static void kvli_shm_close(void *bk)
             pthread_join(iface->workers[i].thread, NULL);
         kvli_shm_worker_fini(&iface->workers[i]);
     }
+    kvli_shm_worker_fini(&iface->inline_w);
     /* The core releases everything first; this only guards against leaks. */
     kvli_shm_xfer_cancel_queued_all(iface);
     for (c = iface->conns; c != NULL; c = nc) {
@@ -482,6 +522,7 @@ static void kvli_shm_close(void *bk)
     kvli_progress_close(&iface->pg);
     pthread_cond_destroy(&iface->cond);
     pthread_cond_destroy(&iface->qcond);
+    pthread_mutex_destroy(&iface->inline_lock);
     pthread_mutex_destroy(&iface->lock);
     free(iface->workers);
     free(iface->slot_gen);
@@ -547,5 +588,6 @@ const kvl_backend_ops_t kvli_shm_ops = {
     .xfer_cancel = kvli_shm_xfer_cancel,
     .notif_send = kvli_shm_peer_notif_send,
     .peer_describe = kvli_shm_peer_describe,
-    .device = NULL
+    .device = NULL,
+    .xfer_abort = kvli_shm_xfer_abort
 };

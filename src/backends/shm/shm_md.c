@@ -23,7 +23,6 @@ kvl_status_t kvli_shm_md_reg(void *bk, const kvl_region_info_t *r, void **mh_p,
     kvli_shm_iface_t *iface = bk;
     kvli_shm_mh_t *mh;
     uintptr_t ps = (uintptr_t)sysconf(_SC_PAGESIZE);
-    uintptr_t start, end;
     kvl_status_t st;
 
     if (r == NULL || mh_p == NULL || r->len == 0 || r->addr + r->len < r->addr ||
@@ -42,18 +41,8 @@ kvl_status_t kvli_shm_md_reg(void *bk, const kvl_region_info_t *r, void **mh_p,
                           "backend for GPU memory");
         return KVL_ERR_UNSUPPORTED;
     }
-    /* Cheaper than touching every page and never faults: msync only asks the
-     * kernel whether the pages are mapped. */
-    start = (uintptr_t)r->addr & ~(ps - 1);
-    end = ((uintptr_t)(r->addr + r->len) + ps - 1) & ~(ps - 1);
-    if (msync((void *)start, end - start, MS_ASYNC) != 0 && errno == ENOMEM) {
-        kvl_bk_error_set(err, KVL_ERR_INVALID_ARG, ENOMEM, KVLI_SHM_NAME, -1,
-                         "msync(0x%" PRIxPTR ", %" PRIuPTR ", MS_ASYNC) = ENOMEM: range "
-                         "is not mapped in this process", start, end - start);
-        kvl_bk_error_hint(err, "the address or length is wrong, or the memory was freed "
-                          "before registration; register only live allocations");
-        return KVL_ERR_INVALID_ARG;
-    }
+    /* That the range is mapped and readable host memory the core checked
+     * for the whole registration list at once (common/host.c). */
     if (r->shm_fd >= 0 && (r->shm_off > r->shm_size || r->len > r->shm_size - r->shm_off)) {
         kvl_bk_error_set(err, KVL_ERR_INVALID_ARG, 0, KVLI_SHM_NAME, -1,
                          "register [0x%" PRIx64 ", +%" PRIu64 "): offset %" PRIu64

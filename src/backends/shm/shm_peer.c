@@ -61,7 +61,9 @@ void kvli_shm_peer_mark_dead(kvli_shm_peer_t *peer, int sys_errno, const char *f
         vsnprintf(peer->dead_what, sizeof(peer->dead_what), fmt, ap);
         va_end(ap);
         atomic_store(&peer->dead, 1);
-        /* Every request still waiting ends now; none gets a reply any more. */
+        /* Every request still waiting ends now; none gets a reply any more.
+         * The socket is shut down below, so the target (protocol 4) drops
+         * what it has not copied; what it may have is kept for the error. */
         while ((r = peer->pending) != NULL) {
             peer->pending = r->next;
             r->done = 1;
@@ -69,6 +71,8 @@ void kvli_shm_peer_mark_dead(kvli_shm_peer_t *peer, int sys_errno, const char *f
             r->sys_errno = sys_errno;
             if (r->xp != NULL && r->xp->outstanding > 0)
                 r->xp->outstanding--;
+            if (r->xp != NULL && r->expect == KVLI_SHM_MSG_WRITE_ACK)
+                r->xp->sock_inflight += r->landable;
         }
         pthread_cond_broadcast(&iface->cond);
         /* Wakes any thread blocked sending to it. Under the lock: the
@@ -101,7 +105,8 @@ void kvli_shm_peer_release(kvli_shm_peer_t *peer)
 }
 
 kvl_status_t kvli_shm_peer_disconnect_error(kvli_shm_peer_t *peer, uint64_t moved,
-                                            uint64_t total, kvl_error_t *err)
+                                            uint64_t total, uint64_t inflight,
+                                            kvl_error_t *err)
 {
     char what[200];
     int e;
@@ -109,19 +114,29 @@ kvl_status_t kvli_shm_peer_disconnect_error(kvli_shm_peer_t *peer, uint64_t move
     snprintf(what, sizeof(what), "%s", peer->dead_what);
     e = peer->dead_errno;
     pthread_mutex_unlock(&peer->iface->lock);
-    if (total > 0)
+    if (total > 0 && inflight > 0)
         kvl_bk_error_set(err, KVL_ERR_REMOTE_DISCONNECT, e, KVLI_SHM_NAME, -1,
                          "agent '%s' (pid %d) disconnected after %" PRIu64 " of %" PRIu64
-                         " bytes moved: %s", peer->name, (int)peer->pid, moved, total,
-                         what);
+                         " bytes moved: %s; up to %" PRIu64 " bytes of this transfer reached "
+                         "its socket unanswered and may still land", peer->name,
+                         (int)peer->pid, moved, total, what, inflight);
+    else if (total > 0)
+        kvl_bk_error_set(err, KVL_ERR_REMOTE_DISCONNECT, e, KVLI_SHM_NAME, -1,
+                         "agent '%s' (pid %d) disconnected after %" PRIu64 " of %" PRIu64
+                         " bytes moved: %s; none of its bytes can land any more", peer->name,
+                         (int)peer->pid, moved, total, what);
     else
         kvl_bk_error_set(err, KVL_ERR_REMOTE_DISCONNECT, e, KVLI_SHM_NAME, -1,
                          "agent '%s' (pid %d) disconnected: %s", peer->name,
                          (int)peer->pid, what);
     if (err != NULL)
         snprintf(err->agent, sizeof(err->agent), "%s", peer->name);
-    kvl_bk_error_hint(err, "the peer process exited, crashed or closed its agent; "
-                      "check its logs, load its new metadata once it is back, retry");
+    kvl_bk_error_hint(err, inflight > 0
+                      ? "the connection was shut down, so a kvlane target (shm protocol 4) "
+                        "drops what it had not copied yet; still, treat the destination "
+                        "blocks as undefined and write them again"
+                      : "the peer process exited, crashed or closed its agent; "
+                        "check its logs, load its new metadata once it is back, retry");
     return KVL_ERR_REMOTE_DISCONNECT;
 }
 
@@ -142,6 +157,7 @@ void kvli_shm_peer_req_add(kvli_shm_peer_t *peer, kvli_shm_req_t *req)
 {
     /* caller holds iface->lock */
     req->id = ++peer->next_id;
+    req->landable = req->expect == KVLI_SHM_MSG_WRITE_ACK ? req->bytes : 0;
     req->done = 0;
     req->status = KVL_OK;
     req->sys_errno = 0;
@@ -162,6 +178,8 @@ void kvli_shm_peer_req_drop(kvli_shm_peer_t *peer, kvli_shm_req_t *req)
             *rp = req->next;
             if (req->xp != NULL && req->xp->outstanding > 0)
                 req->xp->outstanding--;
+            if (req->xp != NULL && req->expect == KVLI_SHM_MSG_WRITE_ACK)
+                req->xp->sock_inflight += req->landable;
             req->done = 1;
             return;
         }
@@ -298,7 +316,7 @@ kvl_status_t kvli_shm_peer_send(kvli_shm_peer_t *peer, struct iovec *iov, int io
 {
     int rc;
     if (atomic_load(&peer->dead))
-        return kvli_shm_peer_disconnect_error(peer, 0, 0, err);
+        return kvli_shm_peer_disconnect_error(peer, 0, 0, 0, err);
     pthread_mutex_lock(&peer->send_lock);
     /* released (dead) since the check: its fd is closed */
     rc = peer->fd >= 0 ? kvli_shm_proto_sendv(peer->fd, iov, iovcnt) : ECONNRESET;
@@ -311,9 +329,41 @@ kvl_status_t kvli_shm_peer_send(kvli_shm_peer_t *peer, struct iovec *iov, int io
         else
             kvli_shm_peer_mark_dead(peer, rc, "sendmsg() = -1 %s (%s)",
                                     kvli_errno_name(rc), strerror(rc));
-        return kvli_shm_peer_disconnect_error(peer, 0, 0, err);
+        return kvli_shm_peer_disconnect_error(peer, 0, 0, 0, err);
     }
     return KVL_OK;
+}
+
+kvl_status_t kvli_shm_peer_send_req(kvli_shm_peer_t *peer, kvli_shm_req_t *req, size_t head_len,
+                                    struct iovec *iov, int iovcnt, uint64_t timeout_ms)
+{
+    kvli_shm_iface_t *iface = peer->iface;
+    uint64_t sent = 0;
+    int rc;
+    if (atomic_load(&peer->dead))
+        return KVL_ERR_REMOTE_DISCONNECT;
+    pthread_mutex_lock(&peer->send_lock);
+    /* released (dead) since the check: its fd is closed */
+    rc = peer->fd >= 0 ? kvli_shm_proto_sendv_tmo(peer->fd, iov, iovcnt, timeout_ms, &sent)
+                       : ECONNRESET;
+    pthread_mutex_unlock(&peer->send_lock);
+    if (rc == 0)
+        return KVL_OK;
+    /* A message cut short breaks the stream: the peer is given up. Only the
+     * payload bytes the socket took can land. */
+    pthread_mutex_lock(&iface->lock);
+    req->landable = sent > head_len ? sent - head_len : 0;
+    if (req->landable > req->bytes)
+        req->landable = req->bytes;
+    pthread_mutex_unlock(&iface->lock);
+    if (rc == ETIMEDOUT)
+        kvli_shm_peer_mark_dead(peer, ETIMEDOUT, "sendmsg(): the peer took no data for %" PRIu64
+                                " ms (the transfer's timeout) in the middle of a request",
+                                timeout_ms);
+    else
+        kvli_shm_peer_mark_dead(peer, rc, "sendmsg() = -1 %s (%s)", kvli_errno_name(rc),
+                                strerror(rc));
+    return KVL_ERR_REMOTE_DISCONNECT;
 }
 
 kvl_status_t kvli_shm_peer_fd_request(kvli_shm_peer_t *peer, uint64_t shm_id, int *fd_p,
@@ -364,7 +414,7 @@ kvl_status_t kvli_shm_peer_fd_request(kvli_shm_peer_t *peer, uint64_t shm_id, in
     if (st != KVL_OK)
         return st;
     if (req.status == KVL_ERR_REMOTE_DISCONNECT)
-        return kvli_shm_peer_disconnect_error(peer, 0, 0, err);
+        return kvli_shm_peer_disconnect_error(peer, 0, 0, 0, err);
     if (req.status != KVL_OK || req.fd < 0) {
         if (req.fd >= 0)
             close(req.fd);
@@ -701,11 +751,20 @@ static kvl_status_t kvli_shm_peer_hello_xchg(kvli_shm_peer_t *peer, int *gfd_p,
                          : rc == EAGAIN ? "no answer within the timeout"
                          : strerror(rc));
         kvl_bk_error_hint(err, "the peer closed the connection: it requires a proof of its "
-                          "shared secret (set the same secret on both agents) or it is "
-                          "exiting or stuck; its log (WARN) says which");
+                          "shared secret (set the same secret on both agents), it runs "
+                          "another kvlane version (shm protocol), or it is exiting or stuck; "
+                          "its log (WARN) says which");
         return KVL_ERR_REMOTE_DISCONNECT;
     }
     memcpy(&m, body, sizeof(m));
+    if (m.version != KVLI_SHM_PROTO_VERSION) {
+        kvl_bk_error_set(err, KVL_ERR_UNSUPPORTED, 0, KVLI_SHM_NAME, -1,
+                         "agent '%s' on %s speaks kvlane shm protocol %u, this agent "
+                         "protocol %u", peer->name, peer->sock_desc, m.version,
+                         KVLI_SHM_PROTO_VERSION);
+        kvl_bk_error_hint(err, "run the same kvlane version on both agents");
+        return KVL_ERR_UNSUPPORTED;
+    }
     if (m.name_len > KVL_NAME_MAX - 1 ||
         h.len != sizeof(m) + m.name_len + ((m.flags & KVLI_SHM_HELLO_MAC) ? KVLI_MAC_LEN : 0)) {
         kvl_bk_error_set(err, KVL_ERR_REMOTE, EPROTO, KVLI_SHM_NAME, -1,

@@ -1,5 +1,7 @@
 /* kvlane shm backend: framing helpers for the Unix socket protocol. */
 #include <errno.h>
+#include <poll.h>
+#include <stdint.h>
 #include <string.h>
 #include <unistd.h>
 #include <sys/socket.h>
@@ -9,6 +11,45 @@
 int kvli_shm_proto_sendv(int fd, struct iovec *iov, int iovcnt)
 {
     return kvli_sock_send_fds(fd, iov, iovcnt, NULL, 0);
+}
+
+int kvli_shm_proto_sendv_tmo(int fd, struct iovec *iov, int iovcnt, uint64_t timeout_ms,
+                             uint64_t *sent_p)
+{
+    int first = 0;
+    *sent_p = 0;
+    while (first < iovcnt && iov[first].iov_len == 0)
+        first++;
+    while (first < iovcnt) {
+        struct msghdr mh;
+        ssize_t n;
+        memset(&mh, 0, sizeof(mh));
+        mh.msg_iov = iov + first;
+        mh.msg_iovlen = (size_t)(iovcnt - first);
+        if (mh.msg_iovlen > 1024)
+            mh.msg_iovlen = 1024;
+        n = sendmsg(fd, &mh, MSG_DONTWAIT | MSG_NOSIGNAL);
+        if (n < 0) {
+            struct pollfd p = {fd, POLLOUT, 0};
+            int r;
+            if (errno == EINTR)
+                continue;
+            if (errno != EAGAIN && errno != EWOULDBLOCK)
+                return errno;
+            /* the peer takes nothing: wait, bounded from the last progress */
+            r = poll(&p, 1, timeout_ms > INT32_MAX ? INT32_MAX : (int)timeout_ms);
+            if (r < 0 && errno != EINTR)
+                return errno;
+            if (r == 0)
+                return ETIMEDOUT;
+            continue;
+        }
+        *sent_p += (uint64_t)n;
+        first += kvli_iov_advance(iov + first, iovcnt - first, (size_t)n);
+        while (first < iovcnt && iov[first].iov_len == 0)
+            first++;
+    }
+    return 0;
 }
 
 int kvli_shm_proto_recvv(int fd, struct iovec *iov, int iovcnt)

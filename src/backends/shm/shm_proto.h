@@ -19,7 +19,10 @@
 #include "common/sock.h" /* kvli_iov_advance */
 
 #define KVLI_SHM_MSG_MAGIC 0x4b4c534du     /* "KLSM" */
-#define KVLI_SHM_PROTO_VERSION 3u
+/* 4: a target copies a WRITE's payload only while the initiator holds the
+ * connection (checked before every receive into registered memory); an
+ * initiator gives requests up by shutting the connection down. */
+#define KVLI_SHM_PROTO_VERSION 4u
 /* Upper bound of a data request's payload; we send at most KVLI_SHM_CHUNK. */
 #define KVLI_SHM_PAYLOAD_MAX (64ull << 20)
 
@@ -99,6 +102,10 @@ typedef struct kvli_shm_msg_fdreq {
 
 /* Helpers return 0, a positive errno, or KVLI_SHM_EOF. They modify iov. */
 int kvli_shm_proto_sendv(int fd, struct iovec *iov, int iovcnt);
+/* Like sendv, without blocking longer than timeout_ms without progress
+ * (ETIMEDOUT then); *sent_p gets the bytes handed over. */
+int kvli_shm_proto_sendv_tmo(int fd, struct iovec *iov, int iovcnt, uint64_t timeout_ms,
+                             uint64_t *sent_p);
 int kvli_shm_proto_recvv(int fd, struct iovec *iov, int iovcnt);
 /* Receive exactly len bytes; a passed fd (at most one) lands in *fd_p,
  * any other is closed. fd_p may be NULL (then every passed fd is closed). */

@@ -15,6 +15,7 @@
 #include <sys/socket.h>
 #include "common/errname.h"
 #include "common/mac.h"
+#include "common/sock.h"
 #include "shm.h"
 #include "shm_proto.h"
 
@@ -204,8 +205,13 @@ static void kvli_shm_conn_hello(kvli_shm_iface_t *iface, kvli_shm_conn_t *c,
     }
     memcpy(&m, iface->scratch, sizeof(m));
     if (m.version != KVLI_SHM_PROTO_VERSION) {
-        kvli_shm_conn_proto_error(iface, c, "HELLO protocol version not supported",
-                                  m.version);
+        /* An older initiator does not read a version in HELLO_ACK: closing
+         * is the refusal it understands (its error says the peer closed). */
+        iface->ctx->log(iface->ctx, KVL_LOG_WARN, "refused the connection from pid %d: it "
+                        "speaks kvlane shm protocol %u, this agent protocol %u; run the same "
+                        "kvlane version on both agents", (int)c->cred_pid, m.version,
+                        KVLI_SHM_PROTO_VERSION);
+        c->closing = 1;
         return;
     }
     size_t maclen = (m.flags & KVLI_SHM_HELLO_MAC) ? KVLI_MAC_LEN : 0;
@@ -332,6 +338,51 @@ static void kvli_shm_conn_fdreq(kvli_shm_iface_t *iface, kvli_shm_conn_t *c,
 }
 
 /*
+ * A WRITE's payload into registered memory, one receive at a time, each
+ * after checking that the initiator still holds the connection (protocol
+ * 4): once it shut it down, it gave the request up, and the rest is read
+ * and dropped, as is every later WRITE on the connection (c->abandoned).
+ */
+static int kvli_shm_conn_recv_payload(kvli_shm_iface_t *iface, kvli_shm_conn_t *c,
+                                      struct iovec *iov, int iovcnt, uint64_t payload)
+{
+    uint64_t got = 0;
+    int first = 0;
+    while (got < payload) {
+        struct msghdr mh;
+        ssize_t n;
+        if (kvli_sock_peer_gone(c->fd)) {
+            iface->ctx->log(iface->ctx, KVL_LOG_INFO, "agent '%s' (pid %d) shut its "
+                            "connection down with a WRITE of %" PRIu64 " bytes unanswered (%"
+                            PRIu64 " copied): the rest of it and every later request on the "
+                            "connection are dropped, not written", c->name, (int)c->cred_pid,
+                            payload, got);
+            c->abandoned = 1;
+            return kvli_shm_proto_drain(c->fd, payload - got, iface->scratch,
+                                        iface->scratch_len);
+        }
+        memset(&mh, 0, sizeof(mh));
+        mh.msg_iov = iov + first;
+        mh.msg_iovlen = (size_t)(iovcnt - first);
+        if (mh.msg_iovlen > KVLI_SHM_IOV_MAX)
+            mh.msg_iovlen = KVLI_SHM_IOV_MAX;
+        n = recvmsg(c->fd, &mh, MSG_CMSG_CLOEXEC);
+        if (n < 0) {
+            if (errno == EINTR)
+                continue;
+            return errno; /* EAGAIN: SO_RCVTIMEO expired */
+        }
+        if (n == 0)
+            return KVLI_SHM_EOF;
+        got += (uint64_t)n;
+        first += kvli_iov_advance(iov + first, iovcnt - first, (size_t)n);
+        while (first < iovcnt && iov[first].iov_len == 0)
+            first++;
+    }
+    return 0;
+}
+
+/*
  * WRITE and READ from a peer: every range must lie in memory this agent
  * registered (ctx->region_pin); a refused request touches no byte.
  */
@@ -386,6 +437,14 @@ static void kvli_shm_conn_rw(kvli_shm_iface_t *iface, kvli_shm_conn_t *c,
     }
     if (sum != m.payload) {
         kvli_shm_conn_proto_error(iface, c, "ranges do not add up to the payload", sum);
+        return;
+    }
+    if (c->abandoned) {
+        /* a request of a connection its initiator gave up: dropped */
+        rc = write ? kvli_shm_proto_drain(c->fd, m.payload, iface->scratch,
+                                          iface->scratch_len) : 0;
+        if (rc != 0)
+            kvli_shm_conn_io_error(iface, c, "dropped WRITE payload", rc);
         return;
     }
 
@@ -454,7 +513,7 @@ static void kvli_shm_conn_rw(kvli_shm_iface_t *iface, kvli_shm_conn_t *c,
     }
 
     if (st == KVL_OK) {
-        rc = kvli_shm_proto_recvv(c->fd, iov, (int)m.nranges);
+        rc = kvli_shm_conn_recv_payload(iface, c, iov, (int)m.nranges, m.payload);
     } else {
         rc = kvli_shm_proto_drain(c->fd, m.payload, iface->scratch, iface->scratch_len);
     }
@@ -465,6 +524,8 @@ static void kvli_shm_conn_rw(kvli_shm_iface_t *iface, kvli_shm_conn_t *c,
         kvli_shm_conn_io_error(iface, c, "WRITE payload", rc);
         return;
     }
+    if (c->abandoned)
+        return; /* nobody waits for the answer */
     kvli_shm_conn_push(iface, c, kvli_shm_reply_new(KVLI_SHM_MSG_WRITE_ACK, h->id, st,
                                                     st == KVL_OK ? NULL : text, 0));
 }

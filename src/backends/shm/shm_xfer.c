@@ -77,6 +77,22 @@ static uint64_t kvli_shm_moved(kvli_shm_run_t *run)
     return v;
 }
 
+static uint64_t kvli_shm_inflight(kvli_shm_run_t *run)
+{
+    uint64_t v;
+    pthread_mutex_lock(&run->w->iface->lock);
+    v = run->xp->sock_inflight;
+    pthread_mutex_unlock(&run->w->iface->lock);
+    return v;
+}
+
+/* The peer is dead: the transfer's error, with what of it may still land. */
+static kvl_status_t kvli_shm_run_gone(kvli_shm_run_t *run, kvl_error_t *err)
+{
+    return kvli_shm_peer_disconnect_error(run->peer, kvli_shm_moved(run), run->x->total_bytes,
+                                          kvli_shm_inflight(run), err);
+}
+
 static int kvli_shm_span_ok(uint64_t base, uint64_t len, uint64_t stride, uint64_t count,
                             uint64_t rbase, uint64_t rlen)
 {
@@ -260,8 +276,7 @@ static kvl_status_t kvli_shm_run_cma(kvli_shm_run_t *run, kvl_error_t *err)
         if (e == ESRCH) {
             kvli_shm_peer_mark_dead(run->peer, ESRCH, "%s(pid %d) = -1 ESRCH (%s)", call,
                                     (int)run->peer->pid, strerror(ESRCH));
-            return kvli_shm_peer_disconnect_error(run->peer, kvli_shm_moved(run),
-                                                  run->x->total_bytes, err);
+            return kvli_shm_run_gone(run, err);
         }
         kvl_bk_error_set(err, e == EFAULT ? KVL_ERR_REMOTE : e == EPERM ? KVL_ERR_PERMISSION
                          : KVL_ERR_SYSTEM, e, KVLI_SHM_NAME, -1,
@@ -333,12 +348,16 @@ static kvl_status_t kvli_shm_run_sock(kvli_shm_run_t *run, kvl_error_t *err)
     int i, k, n = run->n;
 
     pthread_mutex_lock(&iface->lock);
+    if (run->xp->abort) {
+        /* the agent is destroyed: nothing more goes out (see xfer_abort) */
+        pthread_mutex_unlock(&iface->lock);
+        return KVL_ERR_CANCELED;
+    }
     req = kvli_shm_slot_get(run, &st, err);
     if (req == NULL) {
         pthread_mutex_unlock(&iface->lock);
         if (st == KVL_ERR_REMOTE_DISCONNECT)
-            return kvli_shm_peer_disconnect_error(run->peer, kvli_shm_moved(run),
-                                                  run->x->total_bytes, err);
+            return kvli_shm_run_gone(run, err);
         return st;
     }
     req->expect = write ? KVLI_SHM_MSG_WRITE_ACK : KVLI_SHM_MSG_READ_DATA;
@@ -349,6 +368,7 @@ static kvl_status_t kvli_shm_run_sock(kvli_shm_run_t *run, kvl_error_t *err)
     if (!write)
         memcpy(req->iov, w->liov, sizeof(struct iovec) * (size_t)n);
     kvli_shm_peer_req_add(run->peer, req);
+    run->xp->sending = 1;
     pthread_mutex_unlock(&iface->lock);
 
     for (i = 0; i < n; i++) {
@@ -374,10 +394,15 @@ static kvl_status_t kvli_shm_run_sock(kvli_shm_run_t *run, kvl_error_t *err)
     siov[2].iov_base = w->ranges;
     siov[2].iov_len = 16u * (size_t)n;
     k = 3 + (write ? n : 0);
-    st = kvli_shm_peer_send(run->peer, siov, k, err);
+    /* Bounded by the transfer's timeout, not the agent's: a peer that takes
+     * nothing for that long is given up in the middle of the request. */
+    st = kvli_shm_peer_send_req(run->peer, req, siov[0].iov_len + siov[1].iov_len +
+                                siov[2].iov_len, siov, k, run->timeout_ms);
+    pthread_mutex_lock(&iface->lock);
+    run->xp->sending = 0;
+    pthread_mutex_unlock(&iface->lock);
     if (st != KVL_OK)
-        return kvli_shm_peer_disconnect_error(run->peer, kvli_shm_moved(run),
-                                              run->x->total_bytes, err);
+        return kvli_shm_run_gone(run, err);
     return KVL_OK;
 }
 
@@ -416,11 +441,23 @@ static kvl_status_t kvli_shm_sock_drain(kvli_shm_run_t *run, kvl_error_t *err)
     }
     pthread_mutex_unlock(&iface->lock);
     if (timed_out) {
-        kvl_bk_error_set(err, KVL_ERR_TIMEOUT, ETIMEDOUT, KVLI_SHM_NAME, -1,
-                         "agent '%s' (pid %d) left %u socket request(s) unanswered for %"
-                         PRIu64 " ms (%" PRIu64 " of %" PRIu64 " bytes confirmed); bytes "
-                         "may still land", run->peer->name, (int)run->peer->pid, left,
-                         run->timeout_ms, run->moved + xp->sock_moved, run->x->total_bytes);
+        /* The connection stays: the peer may still copy the WRITEs dropped
+         * here once it runs again (their bytes are in sock_inflight). */
+        uint64_t inflight = kvli_shm_inflight(run);
+        if (inflight > 0)
+            kvl_bk_error_set(err, KVL_ERR_TIMEOUT, ETIMEDOUT, KVLI_SHM_NAME, -1,
+                             "agent '%s' (pid %d) left %u socket request(s) unanswered for %"
+                             PRIu64 " ms (%" PRIu64 " of %" PRIu64 " bytes confirmed); up to %"
+                             PRIu64 " bytes of this transfer may still land", run->peer->name,
+                             (int)run->peer->pid, left, run->timeout_ms,
+                             run->moved + xp->sock_moved, run->x->total_bytes, inflight);
+        else
+            kvl_bk_error_set(err, KVL_ERR_TIMEOUT, ETIMEDOUT, KVLI_SHM_NAME, -1,
+                             "agent '%s' (pid %d) left %u socket READ request(s) unanswered "
+                             "for %" PRIu64 " ms (%" PRIu64 " of %" PRIu64 " bytes confirmed); "
+                             "none of its bytes can land any more (late answers are dropped)",
+                             run->peer->name, (int)run->peer->pid, left, run->timeout_ms,
+                             run->moved + xp->sock_moved, run->x->total_bytes);
         if (err != NULL)
             snprintf(err->agent, sizeof(err->agent), "%s", run->peer->name);
         kvl_bk_error_hint(err, "the peer is stuck or overloaded; check it, or raise the "
@@ -469,8 +506,7 @@ static kvl_status_t kvli_shm_run(kvli_shm_worker_t *w, kvli_shm_xpriv_t *xp,
             kvli_shm_peer_mark_dead(run.peer, ESRCH, "pidfd of pid %d reports the process "
                                     "exited", (int)run.peer->pid);
         if (atomic_load(&run.peer->dead)) {
-            st = kvli_shm_peer_disconnect_error(run.peer, kvli_shm_moved(&run),
-                                                x->total_bytes, err);
+            st = kvli_shm_run_gone(&run, err);
             break;
         }
         if (run.paths & KVLI_SHM_PATH_SOCK) {
@@ -524,19 +560,17 @@ static kvl_status_t kvli_shm_run(kvli_shm_worker_t *w, kvli_shm_xpriv_t *xp,
             } else {
                 pthread_mutex_unlock(&iface->lock);
                 if (atomic_load(&run.peer->dead))
-                    st = kvli_shm_peer_disconnect_error(run.peer, kvli_shm_moved(&run),
-                                                        x->total_bytes, err);
+                    st = kvli_shm_run_gone(&run, err);
             }
         }
     }
     /* Data copied into a dead peer's mapping reached nobody. */
     if (st == KVL_OK && atomic_load(&run.peer->dead))
-        st = kvli_shm_peer_disconnect_error(run.peer, kvli_shm_moved(&run),
-                                            x->total_bytes, err);
+        st = kvli_shm_run_gone(&run, err);
     if (st == KVL_OK && x->notif != NULL) {
         st = kvli_shm_peer_notif_send(iface, run.peer, x->notif, x->notif_len, err);
         if (st == KVL_ERR_REMOTE_DISCONNECT)
-            st = kvli_shm_peer_disconnect_error(run.peer, x->total_bytes, x->total_bytes,
+            st = kvli_shm_peer_disconnect_error(run.peer, x->total_bytes, x->total_bytes, 0,
                                                 err);
     }
     if (st == KVL_ERR_CANCELED)
@@ -612,6 +646,47 @@ void *kvli_shm_xfer_worker(void *arg)
     return NULL;
 }
 
+/*
+ * Whether x may run in the poster's thread: small (inline_max), every
+ * segment on a direct path (a shared mapping or cross-memory attach: no
+ * socket round trips), and nothing else of this backend posted, queued or
+ * running, so it cannot overtake an earlier transfer. Under iface->lock.
+ */
+static int kvli_shm_inline_ok(kvli_shm_iface_t *iface, const kvl_bk_xfer_t *x,
+                              const kvli_shm_peer_t *peer)
+{
+    if (x->total_bytes > iface->inline_max || iface->xfers != NULL || peer->guard == NULL)
+        return 0;
+    for (size_t i = 0; i < x->nsegs; i++) {
+        const kvli_shm_rh_t *rh = x->rmh[x->segs[i].rreg];
+        if (rh->map == NULL && !peer->cma_ok)
+            return 0;
+    }
+    return 1;
+}
+
+/* Run xp now, in this thread, as a worker would (iface->lock held on entry,
+ * released; iface->inline_lock held, released). */
+static void kvli_shm_run_inline(kvli_shm_iface_t *iface, kvli_shm_xpriv_t *xp)
+{
+    kvl_error_t e;
+    kvl_status_t st;
+    xp->state = KVLI_SHM_XRUNNING;
+    xp->next_all = iface->xfers; /* cancel finds it; later posts queue behind it */
+    iface->xfers = xp;
+    xp->peer->running++;
+    pthread_mutex_unlock(&iface->lock);
+    memset(&e, 0, offsetof(kvl_error_t, causes));
+    e.device = -1;
+    st = kvli_shm_run(&iface->inline_w, xp, &e);
+    pthread_mutex_lock(&iface->lock);
+    if (--xp->peer->running == 0 && atomic_load(&xp->peer->dead))
+        kvli_progress_wake(&iface->pg);
+    pthread_mutex_unlock(&iface->lock);
+    pthread_mutex_unlock(&iface->inline_lock);
+    kvli_shm_finish(iface, xp, st, &e);
+}
+
 kvl_status_t kvli_shm_xfer_post(void *bk, kvl_bk_xfer_t *x, kvl_error_t *err)
 {
     kvli_shm_iface_t *iface = bk;
@@ -635,7 +710,7 @@ kvl_status_t kvli_shm_xfer_post(void *bk, kvl_bk_xfer_t *x, kvl_error_t *err)
     }
     peer = x->peer;
     if (atomic_load(&peer->dead))
-        return kvli_shm_peer_disconnect_error(peer, 0, 0, err);
+        return kvli_shm_peer_disconnect_error(peer, 0, 0, 0, err);
     xp = calloc(1, sizeof(*xp));
     if (xp == NULL) {
         kvl_bk_error_set(err, KVL_ERR_NO_MEMORY, ENOMEM, KVLI_SHM_NAME, -1,
@@ -656,6 +731,12 @@ kvl_status_t kvli_shm_xfer_post(void *bk, kvl_bk_xfer_t *x, kvl_error_t *err)
                          "xfer_post: the shm backend is closing");
         kvl_bk_error_hint(err, "do not post transfers while the agent is destroyed");
         return KVL_ERR_STATE;
+    }
+    if (iface->inline_max > 0 && kvli_shm_inline_ok(iface, x, peer) &&
+        pthread_mutex_trylock(&iface->inline_lock) == 0) {
+        /* Small and direct: done before post returns, no thread hand-off. */
+        kvli_shm_run_inline(iface, xp);
+        return KVL_OK;
     }
     xp->next_all = iface->xfers;
     iface->xfers = xp;
@@ -701,10 +782,26 @@ static void kvli_shm_cancel_queued(kvli_shm_iface_t *iface, kvli_shm_xpriv_t *xp
     iface->ctx->xfer_done(x, KVL_ERR_CANCELED, &err);
 }
 
+static void kvli_shm_xfer_stop(void *bk, kvl_bk_xfer_t *x, int abort);
+
 void kvli_shm_xfer_cancel(void *bk, kvl_bk_xfer_t *x)
+{
+    kvli_shm_xfer_stop(bk, x, 0);
+}
+
+/* For kvl_agent_destroy: a transfer with socket requests unanswered or one
+ * being sent gives the peer up at once (mark_dead shuts the socket down,
+ * which also unblocks the send), so a stopped peer cannot hold us. */
+void kvli_shm_xfer_abort(void *bk, kvl_bk_xfer_t *x)
+{
+    kvli_shm_xfer_stop(bk, x, 1);
+}
+
+static void kvli_shm_xfer_stop(void *bk, kvl_bk_xfer_t *x, int abort)
 {
     kvli_shm_iface_t *iface = bk;
     kvli_shm_xpriv_t *xp;
+    int give_up;
 
     pthread_mutex_lock(&iface->lock);
     /* Looked up, not taken from x->bk_priv: a finished transfer's priv is gone. */
@@ -722,8 +819,17 @@ void kvli_shm_xfer_cancel(void *bk, kvl_bk_xfer_t *x)
         return;
     }
     atomic_store(&xp->cancel, 1);
+    xp->abort |= abort;
+    give_up = abort && (xp->outstanding > 0 || xp->sending);
     xp->waiters++;
-    /* The worker stops within one chunk and a peer wait bounded by timeouts. */
+    if (give_up) {
+        pthread_mutex_unlock(&iface->lock);
+        kvli_shm_peer_mark_dead(xp->peer, ECANCELED, "the agent is being destroyed: socket "
+                                "requests still unanswered were given up");
+        pthread_mutex_lock(&iface->lock);
+    }
+    /* The worker stops within one chunk and a peer wait bounded by timeouts
+     * (none when aborting: the peer was given up). */
     while (!xp->finished)
         pthread_cond_wait(&iface->cond, &iface->lock);
     if (--xp->waiters == 0) {

@@ -51,6 +51,8 @@
 #define KVLI_TCP_CANCEL_PREFIX "kvlane:canceled:"
 #define KVLI_TCP_STAGE_BUFS 12u                /* pinned chunk buffers for VRAM staging */
 #define KVLI_TCP_STAGE_MAX (256ull << 20)      /* largest request a target stages */
+#define KVLI_TCP_HUP_CHECK (1u << 20)          /* WRITE bytes copied between checks that
+                                                * the initiator still holds the connection */
 
 typedef struct kvli_tcp_iface kvli_tcp_iface_t;
 typedef struct kvli_tcp_peer kvli_tcp_peer_t;
@@ -77,6 +79,7 @@ struct kvli_tcp_msg {
     uint16_t type;
     uint64_t id;
     uint64_t bytes;                 /* WRITE: payload sent; READ: payload expected */
+    uint64_t off0;                  /* connection stream offset of its first byte (once sent) */
     size_t head_len;                /* header + ranges or notification bytes */
     size_t total, sent;
     int niov;                       /* WRITE: source; READ: where the reply lands */
@@ -104,10 +107,13 @@ struct kvli_tcp_xpriv {
     int all_queued;
     unsigned outstanding;           /* requests queued or waiting for a reply */
     uint64_t moved;                 /* bytes confirmed by the target */
+    uint64_t inflight;              /* WRITE bytes that reached the peer's kernel unanswered
+                                     * when the connection was given up: they may still land */
     int notif_state;
     int notice;                     /* the notif_state message is a CANCELED notice */
     int staged;                     /* a chunk was staged: the path says so */
     atomic_int cancel;
+    int abort;                      /* agent destroyed: give its requests on the wire up */
     kvl_status_t status;            /* first failure */
     kvl_error_t *err;
     int finished;                   /* 0 live, -1 being reported, 1 reported */
@@ -138,6 +144,7 @@ struct kvli_tcp_peer {
     kvli_tcp_msg_t *up_head;        /* READ replies being uploaded to VRAM */
     unsigned sq_unsent;
     uint64_t next_id;
+    uint64_t tx_off;                /* bytes handed to the kernel on this connection */
     uint64_t win_bytes;
     unsigned win_reqs;
     uint64_t progress_ns;
@@ -202,6 +209,11 @@ struct kvli_tcp_conn {
     uint64_t pay_got;
     kvl_status_t refuse;
     char refuse_text[KVLI_TCP_TEXT_MAX];
+    /* The initiator reset or closed the connection: what is still queued in
+     * it belongs to requests it gave up on. WRITE payloads are dropped, not
+     * copied; nothing is answered. */
+    int abandoned;
+    uint64_t hup_at;                /* pay_got when the connection was last checked */
     /* VRAM ranges of the request: staged through bounce */
     kvl_stage_piece_t *sp;
     int nsp;
@@ -254,8 +266,10 @@ kvl_status_t kvli_tcp_peer_ensure(kvli_tcp_peer_t *peer, uint64_t timeout_ms, kv
 /* Under iface->lock: close the connection and fail what was on it. */
 void kvli_tcp_peer_mark_dead(kvli_tcp_peer_t *peer, int sys_errno, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
+/* inflight: bytes of the transfer that may still land (they reached the
+ * peer's kernel unanswered before the connection was reset). */
 kvl_status_t kvli_tcp_peer_disconnect_error(kvli_tcp_peer_t *peer, uint64_t moved, uint64_t total,
-                                            kvl_error_t *err);
+                                            uint64_t inflight, kvl_error_t *err);
 /* Progress thread, under iface->lock. */
 void kvli_tcp_peer_rx(kvli_tcp_peer_t *peer);
 void kvli_tcp_peer_tx(kvli_tcp_peer_t *peer);
@@ -274,11 +288,15 @@ void kvli_tcp_conn_free(kvli_tcp_iface_t *iface, kvli_tcp_conn_t *c);
 /* tcp_xfer.c */
 kvl_status_t kvli_tcp_xfer_post(void *bk, kvl_bk_xfer_t *x, kvl_error_t *err);
 void kvli_tcp_xfer_cancel(void *bk, kvl_bk_xfer_t *x);
+void kvli_tcp_xfer_abort(void *bk, kvl_bk_xfer_t *x);
 /* Progress thread, under iface->lock: queue requests, collect finished
  * transfers into *done (xfer_done is called by kvli_tcp_xfer_complete). */
 void kvli_tcp_xfer_generate(kvli_tcp_peer_t *peer);
 void kvli_tcp_xfer_reap(kvli_tcp_peer_t *peer, kvli_tcp_xpriv_t **done);
 void kvli_tcp_xfer_fail(kvli_tcp_xpriv_t *xp, kvl_status_t st, const kvl_error_t *err);
+/* A failed transfer whose connection was then reset: its error gets what
+ * may still land (xp->inflight). */
+void kvli_tcp_xfer_inflight_note(kvli_tcp_xpriv_t *xp);
 void kvli_tcp_xfer_complete(kvli_tcp_iface_t *iface, kvli_tcp_xpriv_t *done);
 int kvli_tcp_peer_busy(const kvli_tcp_peer_t *peer);
 

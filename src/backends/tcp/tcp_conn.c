@@ -15,6 +15,7 @@
 #include <string.h>
 #include <unistd.h>
 #include "common/errname.h"
+#include "common/sock.h"
 #include "tcp.h"
 
 /* ---- replies ---- */
@@ -299,6 +300,17 @@ static void kvli_tcp_conn_hello(kvli_tcp_iface_t *iface, kvli_tcp_conn_t *c)
     uint8_t tail[8 + KVLI_TCP_NAME_MAX];
     char why[160] = "", text[KVLI_TCP_TEXT_MAX];
     size_t nl = strlen(ctx->agent_name);
+    if (c->body_len >= 4 && kvli_get32(c->body) != KVLI_TCP_PROTO_VERSION) {
+        /* another kvlane version: said to it (it prints our text), not just dropped */
+        snprintf(text, sizeof(text), "agent '%.63s' speaks kvlane tcp protocol %u, the "
+                 "initiator protocol %u: run the same kvlane version on both agents",
+                 ctx->agent_name, KVLI_TCP_PROTO_VERSION, kvli_get32(c->body));
+        ctx->log(ctx, KVL_LOG_WARN, "refused the tcp connection from %s: %s", c->addr, text);
+        kvli_tcp_conn_push(iface, c, kvli_tcp_reply_new(KVLI_TCP_MSG_HELLO_ACK, c->h.id,
+                                                        KVL_ERR_UNSUPPORTED, text, 0, NULL, 0));
+        c->state = KVLI_TCP_CONN_DRAINING;
+        return;
+    }
     if (kvli_tcp_proto_hello_parse(c->body, c->body_len, &h, why, sizeof(why)) != 0) {
         kvli_tcp_conn_proto_error(iface, c, why);
         return;
@@ -453,6 +465,26 @@ static void kvli_tcp_conn_stage_poll(kvli_tcp_iface_t *iface, kvli_tcp_conn_t *c
     kvli_tcp_conn_stage_finish(iface, c);
 }
 
+/*
+ * The initiator reset or closed the connection in the middle of a WRITE's
+ * payload (checked before copying, every KVLI_TCP_HUP_CHECK bytes): it gave
+ * the request up, so the rest is read and dropped, not written, and so is
+ * every later WRITE still queued in the connection; nothing is answered.
+ */
+static void kvli_tcp_conn_abandon(kvli_tcp_iface_t *iface, kvli_tcp_conn_t *c)
+{
+    iface->ctx->log(iface->ctx, KVL_LOG_INFO, "agent '%s' (%s) reset or closed its tcp "
+                    "connection with a WRITE of %" PRIu64 " bytes unanswered (%" PRIu64
+                    " copied): the rest of it and every later request on the connection "
+                    "are dropped, not written", c->name, c->addr, c->h.payload, c->pay_got);
+    c->abandoned = 1;
+    kvli_bounce_put(&iface->bounce, c->bounce);
+    c->bounce = NULL;
+    c->nsp = 0;
+    kvli_tcp_conn_unpin(iface, c);
+    c->rphase = KVLI_TCP_RX_DRAIN;
+}
+
 /* WRITE/READ ranges are in: check every one before touching anything. */
 static void kvli_tcp_conn_rw(kvli_tcp_iface_t *iface, kvli_tcp_conn_t *c)
 {
@@ -474,6 +506,13 @@ static void kvli_tcp_conn_rw(kvli_tcp_iface_t *iface, kvli_tcp_conn_t *c)
     }
     if (kvli_tcp_proto_ranges_parse(c->body, n, c->h.payload, c->ranges, why, sizeof(why)) != 0) {
         kvli_tcp_conn_proto_error(iface, c, why);
+        return;
+    }
+    c->pay_got = 0;
+    c->hup_at = 0;
+    if (c->abandoned) {
+        /* a request of a connection its initiator gave up: dropped */
+        c->rphase = write ? KVLI_TCP_RX_DRAIN : KVLI_TCP_RX_HDR;
         return;
     }
     c->refuse = KVL_OK;
@@ -624,9 +663,17 @@ static int kvli_tcp_conn_rx_step(kvli_tcp_iface_t *iface, kvli_tcp_conn_t *c, ui
         }
         return c->state == KVLI_TCP_CONN_CLOSED ? -1 : 1;
     case KVLI_TCP_RX_PAYLOAD: {
-        /* WRITE data lands straight in our registered memory. */
+        /* WRITE data lands straight in our registered memory, but only
+         * while the initiator still holds the connection. */
         struct msghdr mh;
         ssize_t n;
+        if (c->pay_got == 0 || c->pay_got - c->hup_at >= KVLI_TCP_HUP_CHECK) {
+            c->hup_at = c->pay_got;
+            if (kvli_sock_peer_gone(c->fd)) {
+                kvli_tcp_conn_abandon(iface, c);
+                return 1;
+            }
+        }
         int k = kvli_tcp_iov_append(iface->tx_iov, 0, 1024, c->iov, c->niov,
                                     (size_t)c->pay_got);
         memset(&mh, 0, sizeof(mh));
@@ -671,8 +718,10 @@ static int kvli_tcp_conn_rx_step(kvli_tcp_iface_t *iface, kvli_tcp_conn_t *c, ui
         if (c->pay_got < c->h.payload)
             return r;
         c->rphase = KVLI_TCP_RX_HDR;
-        kvli_tcp_conn_push(iface, c, kvli_tcp_reply_new(KVLI_TCP_MSG_WRITE_ACK, c->h.id,
-                                                        c->refuse, c->refuse_text, 0, NULL, 0));
+        if (!c->abandoned)
+            kvli_tcp_conn_push(iface, c, kvli_tcp_reply_new(KVLI_TCP_MSG_WRITE_ACK, c->h.id,
+                                                            c->refuse, c->refuse_text, 0, NULL,
+                                                            0));
         return 1;
     }
     default:

@@ -448,5 +448,6 @@ const kvl_backend_ops_t kvli_tcp_ops = {
     .notif_send = kvli_tcp_peer_notif_send,
     .peer_describe = kvli_tcp_peer_describe,
     .device = NULL,
-    .probe = NULL
+    .probe = NULL,
+    .xfer_abort = kvli_tcp_xfer_abort
 };

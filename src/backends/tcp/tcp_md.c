@@ -10,7 +10,7 @@
 kvl_status_t kvli_tcp_md_reg(void *bk, const kvl_region_info_t *r, void **mh_p, char *detail,
                              size_t detail_len, kvl_error_t *err)
 {
-    uintptr_t ps = (uintptr_t)sysconf(_SC_PAGESIZE), start, end;
+    uintptr_t ps = (uintptr_t)sysconf(_SC_PAGESIZE);
     kvli_tcp_iface_t *iface = bk;
     kvli_tcp_mh_t *mh;
     int staged = 0;
@@ -48,16 +48,8 @@ kvl_status_t kvli_tcp_md_reg(void *bk, const kvl_region_info_t *r, void **mh_p, 
                           "through host memory; read files into registered memory first");
         return KVL_ERR_UNSUPPORTED;
     }
-    start = (uintptr_t)r->addr & ~(ps - 1);
-    end = ((uintptr_t)(r->addr + r->len) + ps - 1) & ~(ps - 1);
-    if (!staged && msync((void *)start, end - start, MS_ASYNC) != 0 && errno == ENOMEM) {
-        kvl_bk_error_set(err, KVL_ERR_INVALID_ARG, ENOMEM, KVLI_TCP_NAME, -1,
-                         "tcp register: msync(0x%" PRIxPTR ", %" PRIuPTR ", MS_ASYNC) = ENOMEM: "
-                         "range is not mapped in this process", start, end - start);
-        kvl_bk_error_hint(err, "the address or length is wrong, or the memory was freed "
-                          "before registration; register only live allocations");
-        return KVL_ERR_INVALID_ARG;
-    }
+    /* Host memory: the core checked that it is mapped and readable, for
+     * the whole registration list at once (common/host.c). */
     mh = calloc(1, sizeof(*mh));
     if (mh == NULL) {
         kvl_bk_error_set(err, KVL_ERR_NO_MEMORY, ENOMEM, KVLI_TCP_NAME, -1,

@@ -14,6 +14,8 @@
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
+#include <linux/sockios.h>
+#include <sys/ioctl.h>
 #include "common/errname.h"
 #include "tcp.h"
 
@@ -69,6 +71,57 @@ static void kvli_tcp_msgs_free(kvli_tcp_iface_t *iface, kvli_tcp_msg_t *m)
 
 /* ---- death ---- */
 
+/* WRITE payload bytes of m that reached the peer: handed to our kernel and
+ * below cut, where the bytes our kernel never transmitted begin (those die
+ * with the reset). */
+static uint64_t kvli_tcp_msg_landable(const kvli_tcp_msg_t *m, uint64_t cut)
+{
+    uint64_t start = m->off0 + m->head_len, end = m->off0 + m->sent;
+    if (m->type != KVLI_TCP_MSG_WRITE || m->sent == 0)
+        return 0;
+    if (end > cut)
+        end = cut;
+    return end > start ? end - start : 0;
+}
+
+/*
+ * Give up the connection. When WRITE requests are unanswered, it is reset
+ * (SO_LINGER 0): what our kernel has not transmitted is dropped, and the
+ * target, which checks for the reset before copying a payload (tcp_conn.c),
+ * drops what it has not copied yet. Only bytes that reached the peer's
+ * kernel unanswered may still land: each transfer's count is kept for its
+ * error. Otherwise an orderly close lets sent notifications through.
+ */
+static void kvli_tcp_peer_close_fd(kvli_tcp_peer_t *peer)
+{
+    uint64_t cut = peer->tx_off;
+    int unsent = 0, abandon = 0;
+    if (peer->fd < 0)
+        return;
+    if (ioctl(peer->fd, SIOCOUTQNSD, &unsent) == 0 && unsent > 0 && (uint64_t)unsent <= cut)
+        cut -= (uint64_t)unsent;
+    for (int q = 0; q < 2; q++)
+        for (kvli_tcp_msg_t *m = q ? peer->sq_head : peer->wq_head; m != NULL; m = m->next) {
+            if (m->type != KVLI_TCP_MSG_WRITE || m->sent == 0)
+                continue;
+            abandon = 1;
+            if (m->xp != NULL)
+                m->xp->inflight += kvli_tcp_msg_landable(m, cut);
+        }
+    if (abandon) {
+        struct linger lg = {1, 0};
+        if (setsockopt(peer->fd, SOL_SOCKET, SO_LINGER, &lg, sizeof(lg)) != 0)
+            peer->iface->ctx->log(peer->iface->ctx, KVL_LOG_WARN, "setsockopt(SO_LINGER) on the "
+                                  "connection to agent '%s' = -1 %s (%s): it closes without "
+                                  "a reset", peer->name, kvli_errno_name(errno),
+                                  strerror(errno));
+    } else {
+        shutdown(peer->fd, SHUT_RDWR);
+    }
+    close(peer->fd);
+    peer->fd = -1;
+}
+
 void kvli_tcp_peer_mark_dead(kvli_tcp_peer_t *peer, int sys_errno, const char *fmt, ...)
 {
     kvli_tcp_iface_t *iface = peer->iface;
@@ -82,11 +135,7 @@ void kvli_tcp_peer_mark_dead(kvli_tcp_peer_t *peer, int sys_errno, const char *f
     va_start(ap, fmt);
     vsnprintf(peer->dead_what, sizeof(peer->dead_what), fmt, ap);
     va_end(ap);
-    if (peer->fd >= 0) {
-        shutdown(peer->fd, SHUT_RDWR);
-        close(peer->fd);
-        peer->fd = -1;
-    }
+    kvli_tcp_peer_close_fd(peer);
     /* Nothing on this connection can land any more: every request ends. */
     kvli_tcp_msgs_free(iface, peer->sq_head);
     kvli_tcp_msgs_free(iface, peer->wq_head);
@@ -101,12 +150,32 @@ void kvli_tcp_peer_mark_dead(kvli_tcp_peer_t *peer, int sys_errno, const char *f
     peer->rphase = 0;
     for (xp = peer->xfers; xp != NULL; xp = xp->next) {
         kvl_error_t e;
+        if (xp->finished)
+            continue; /* its outcome is decided and being reported */
         xp->outstanding = 0;
         if (xp->notif_state == KVLI_TCP_NOTIF_QUEUED)
             xp->notif_state = KVLI_TCP_NOTIF_NONE;
-        if (atomic_load(&xp->cancel) && xp->moved == 0 && xp->status == KVL_OK)
-            continue; /* nothing of it reached the peer: it ends as cancelled */
-        kvli_tcp_peer_disconnect_error(peer, xp->moved, xp->x->total_bytes, &e);
+        if (atomic_load(&xp->cancel) && xp->inflight == 0 && xp->status == KVL_OK)
+            continue; /* nothing of it can land any more: it ends as cancelled */
+        if (xp->status != KVL_OK) {
+            kvli_tcp_xfer_inflight_note(xp);
+            continue;
+        }
+        if (atomic_load(&xp->cancel)) {
+            kvl_bk_error_set(&e, KVL_ERR_REMOTE_DISCONNECT, peer->dead_errno, KVLI_TCP_NAME, -1,
+                             "transfer to agent '%s' (tcp %s) was cancelled but the peer did "
+                             "not confirm it (%s): up to %" PRIu64 " bytes of it reached the "
+                             "peer unanswered and may still land (%" PRIu64 " of %" PRIu64
+                             " bytes confirmed before)", peer->name, peer->addr,
+                             peer->dead_what, xp->inflight, xp->moved, xp->x->total_bytes);
+            snprintf(e.agent, sizeof(e.agent), "%s", peer->name);
+            kvl_bk_error_hint(&e, "the connection was reset, so a kvlane target (tcp protocol "
+                              "2) drops what it had not copied yet; still, treat the "
+                              "destination blocks as undefined and write them again");
+        } else {
+            kvli_tcp_peer_disconnect_error(peer, xp->moved, xp->x->total_bytes, xp->inflight,
+                                           &e);
+        }
         kvli_tcp_xfer_fail(xp, KVL_ERR_REMOTE_DISCONNECT, &e);
     }
     pthread_cond_broadcast(&iface->cond);
@@ -116,14 +185,20 @@ void kvli_tcp_peer_mark_dead(kvli_tcp_peer_t *peer, int sys_errno, const char *f
 }
 
 kvl_status_t kvli_tcp_peer_disconnect_error(kvli_tcp_peer_t *peer, uint64_t moved, uint64_t total,
-                                            kvl_error_t *err)
+                                            uint64_t inflight, kvl_error_t *err)
 {
     /* caller holds iface->lock or the peer is no longer shared */
-    if (total > 0)
+    if (total > 0 && inflight > 0)
         kvl_bk_error_set(err, KVL_ERR_REMOTE_DISCONNECT, peer->dead_errno, KVLI_TCP_NAME, -1,
                          "agent '%s' (tcp %s) disconnected after %" PRIu64 " of %" PRIu64
-                         " bytes moved: %s", peer->name, peer->addr, moved, total,
-                         peer->dead_what);
+                         " bytes moved: %s; up to %" PRIu64 " bytes of this transfer reached "
+                         "the peer unanswered and may still land", peer->name, peer->addr,
+                         moved, total, peer->dead_what, inflight);
+    else if (total > 0)
+        kvl_bk_error_set(err, KVL_ERR_REMOTE_DISCONNECT, peer->dead_errno, KVLI_TCP_NAME, -1,
+                         "agent '%s' (tcp %s) disconnected after %" PRIu64 " of %" PRIu64
+                         " bytes moved: %s; none of its bytes can land any more", peer->name,
+                         peer->addr, moved, total, peer->dead_what);
     else
         kvl_bk_error_set(err, KVL_ERR_REMOTE_DISCONNECT, peer->dead_errno, KVLI_TCP_NAME, -1,
                          "agent '%s' (tcp %s) disconnected: %s", peer->name, peer->addr,
@@ -133,7 +208,11 @@ kvl_status_t kvli_tcp_peer_disconnect_error(kvli_tcp_peer_t *peer, uint64_t move
     int net = peer->dead_errno == ETIMEDOUT || peer->dead_errno == ENETUNREACH ||
               peer->dead_errno == EHOSTUNREACH || peer->dead_errno == ENETDOWN ||
               peer->dead_errno == EHOSTDOWN;
-    kvl_bk_error_hint(err, net
+    kvl_bk_error_hint(err, inflight > 0
+                      ? "the connection was reset, so a kvlane target (tcp protocol 2) drops "
+                        "what it had not copied yet; still, treat the destination blocks as "
+                        "undefined and write them again once the peer answers"
+                      : net
                       ? "the peer stopped answering (host down, link down, process stopped); "
                         "check the network and the peer; the next transfer reconnects"
                       : "the peer process exited, crashed or closed its agent; check its "
@@ -235,7 +314,9 @@ io_err:
     if (err != NULL)
         snprintf(err->agent, sizeof(err->agent), "%s", peer->name);
     kvl_bk_error_hint(err, "the peer closed the connection or did not answer (it may have "
-                      "refused us: see its log); check it and load its metadata again");
+                      "refused us: see its log; a target of tcp protocol 1, an older kvlane, "
+                      "closes the connection on our protocol 2 HELLO); check it and load its "
+                      "metadata again");
     return rc == ETIMEDOUT ? KVL_ERR_TIMEOUT : KVL_ERR_REMOTE_DISCONNECT;
 }
 
@@ -280,6 +361,7 @@ static kvl_status_t kvli_tcp_peer_connect(kvli_tcp_peer_t *peer, uint64_t timeou
     peer->dead_what[0] = '\0';
     peer->rhdr_got = 0;
     peer->rphase = 0;
+    peer->tx_off = 0;
     peer->progress_ns = kvli_clock_ns();
     peer->connects++;
     pthread_mutex_unlock(&iface->lock);
@@ -625,8 +707,11 @@ void kvli_tcp_peer_tx(kvli_tcp_peer_t *peer)
             return;
         }
         peer->progress_ns = kvli_clock_ns();
-        if (m->sent == 0 && n > 0)
+        if (m->sent == 0 && n > 0) {
             peer->sq_unsent--;
+            m->off0 = peer->tx_off;
+        }
+        peer->tx_off += (uint64_t)n;
         m->sent += (size_t)n;
         budget = (uint64_t)n >= budget ? 0 : budget - (uint64_t)n;
         if (m->sent < m->total)
@@ -682,7 +767,7 @@ kvl_status_t kvli_tcp_peer_notif_send(void *bk, void *peer_h, const void *msg, s
         memcpy(m->head + KVLI_TCP_HDR_LEN, msg, len);
     pthread_mutex_lock(&iface->lock);
     if (peer->dead) {
-        st = kvli_tcp_peer_disconnect_error(peer, 0, 0, err);
+        st = kvli_tcp_peer_disconnect_error(peer, 0, 0, 0, err);
         pthread_mutex_unlock(&iface->lock);
         free(m);
         return st;
@@ -702,7 +787,7 @@ kvl_status_t kvli_tcp_peer_notif_send(void *bk, void *peer_h, const void *msg, s
         m->sent_flag = NULL;
         sent = -1;
     }
-    st = sent > 0 ? KVL_OK : kvli_tcp_peer_disconnect_error(peer, 0, 0, err);
+    st = sent > 0 ? KVL_OK : kvli_tcp_peer_disconnect_error(peer, 0, 0, 0, err);
     pthread_mutex_unlock(&iface->lock);
     return st;
 }

@@ -11,6 +11,13 @@
  *   3. requests from the initiator (WRITE, READ, NOTIF, CANCELED), answered
  *      in order by the target (WRITE_ACK, READ_DATA; NOTIF and CANCELED have
  *      no answer).
+ *   4. the end: an orderly close, or a reset (SO_LINGER 0) when the
+ *      initiator gives up requests still unanswered (peer timeout, cancel
+ *      the peer does not confirm, agent destroyed). Before copying WRITE
+ *      payload into registered memory (at its start and every
+ *      KVLI_TCP_HUP_CHECK bytes) the target checks that the connection is
+ *      not closed or reset; once it is, the rest of that connection's WRITE
+ *      payloads are read and dropped, nothing is answered (protocol 2).
  *
  * Message header, 32 bytes:
  *    0 magic u32 ("KVTC")  4 type u16  6 flags u16 (0)
@@ -37,7 +44,11 @@
 #include <string.h>
 
 #define KVLI_TCP_MAGIC 0x4354564bu          /* "KVTC" */
-#define KVLI_TCP_PROTO_VERSION 1u
+/* 2: a target copies a WRITE's payload only while the initiator holds the
+ * connection (checked before copying), so an initiator gives requests up by
+ * resetting it; a target refuses a HELLO of another version with a
+ * HELLO_ACK that says both versions. */
+#define KVLI_TCP_PROTO_VERSION 2u
 #define KVLI_TCP_HDR_LEN 32u
 #define KVLI_TCP_RANGES_MAX 1022u           /* + header + ranges = UIO_MAXIOV */
 #define KVLI_TCP_PAYLOAD_MAX (64ull << 20)  /* of one request */

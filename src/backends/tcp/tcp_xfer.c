@@ -32,6 +32,19 @@ void kvli_tcp_xfer_fail(kvli_tcp_xpriv_t *xp, kvl_status_t st, const kvl_error_t
                          kvl_status_name(st));
 }
 
+void kvli_tcp_xfer_inflight_note(kvli_tcp_xpriv_t *xp)
+{
+    /* caller holds iface->lock: xp failed before its connection was given
+     * up; its error must also say what may still land */
+    size_t l;
+    if (xp->inflight == 0 || xp->err == NULL)
+        return;
+    l = strlen(xp->err->what);
+    snprintf(xp->err->what + l, sizeof(xp->err->what) - l, "; then the connection was reset: "
+             "up to %" PRIu64 " bytes of this transfer reached the peer unanswered and may "
+             "still land", xp->inflight);
+}
+
 static int kvli_tcp_span_ok(uint64_t base, uint64_t len, uint64_t stride, uint64_t count,
                             uint64_t rbase, uint64_t rlen)
 {
@@ -262,6 +275,12 @@ void kvli_tcp_xfer_reap(kvli_tcp_peer_t *peer, kvli_tcp_xpriv_t **done)
             continue;
         if (xp->status != KVL_OK || (cancelled && xp->notif_state == KVLI_TCP_NOTIF_NONE))
             kvli_tcp_xfer_unqueue(peer, xp);
+        if (xp->abort && !peer->dead && xp->outstanding > 0) {
+            /* The agent is destroyed: no waiting for answers. The reset makes
+             * a target drop what it has not copied (tcp_conn.c). */
+            kvli_tcp_peer_mark_dead(peer, ECANCELED, "the agent is being destroyed: requests "
+                                    "still on the wire were given up");
+        }
         if (xp->outstanding > 0 ||
             (peer->sq_head != NULL && peer->sq_head->xp == xp && peer->sq_head->sent > 0))
             continue;
@@ -272,7 +291,7 @@ void kvli_tcp_xfer_reap(kvli_tcp_peer_t *peer, kvli_tcp_xpriv_t **done)
         } else if (xp->notif_state == KVLI_TCP_NOTIF_SENT) {
             kvli_tcp_xfer_finish(xp, xp->notice ? KVL_ERR_CANCELED : KVL_OK, done);
         } else if (cancelled) {
-            if (x->notif != NULL && !peer->dead) {
+            if (x->notif != NULL && !peer->dead && !xp->abort) {
                 /* The remote expected a notification: it gets the notice. */
                 if (kvli_tcp_xfer_notice(peer, xp, KVLI_TCP_MSG_CANCELED) == 0) {
                     xp->notice = 1;
@@ -371,7 +390,7 @@ kvl_status_t kvli_tcp_xfer_post(void *bk, kvl_bk_xfer_t *x, kvl_error_t *err)
         return KVL_ERR_STATE;
     }
     if (peer->dead) {
-        st = kvli_tcp_peer_disconnect_error(peer, 0, 0, err);
+        st = kvli_tcp_peer_disconnect_error(peer, 0, 0, 0, err);
         pthread_mutex_unlock(&iface->lock);
         free(xp);
         return st;
@@ -386,7 +405,19 @@ kvl_status_t kvli_tcp_xfer_post(void *bk, kvl_bk_xfer_t *x, kvl_error_t *err)
     return KVL_OK;
 }
 
+static void kvli_tcp_xfer_stop(void *bk, kvl_bk_xfer_t *x, int abort);
+
 void kvli_tcp_xfer_cancel(void *bk, kvl_bk_xfer_t *x)
+{
+    kvli_tcp_xfer_stop(bk, x, 0);
+}
+
+void kvli_tcp_xfer_abort(void *bk, kvl_bk_xfer_t *x)
+{
+    kvli_tcp_xfer_stop(bk, x, 1);
+}
+
+static void kvli_tcp_xfer_stop(void *bk, kvl_bk_xfer_t *x, int abort)
 {
     kvli_tcp_iface_t *iface = bk;
     kvli_tcp_xpriv_t *xp = NULL;
@@ -403,12 +434,15 @@ void kvli_tcp_xfer_cancel(void *bk, kvl_bk_xfer_t *x)
         return;
     }
     atomic_store(&xp->cancel, 1);
+    if (abort)
+        xp->abort = 1;
     xp->waiters++;
     pthread_mutex_unlock(&iface->lock);
     kvli_progress_wake(&iface->pg);
     pthread_mutex_lock(&iface->lock);
     /* The progress thread ends it once its requests on the wire are answered,
-     * or the peer is declared dead after timeout_ms without an answer. */
+     * or the peer is declared dead after timeout_ms without an answer; when
+     * aborting, at once (the connection is reset). */
     while (xp->finished != 1)
         pthread_cond_wait(&iface->cond, &iface->lock);
     if (--xp->waiters == 0) {

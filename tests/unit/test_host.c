@@ -1,0 +1,189 @@
+/* The host-memory check registration runs on every DRAM range
+ * (src/common/host.c): mapped (msync over runs of touching ranges) and
+ * readable at both ends (one-byte probes written to a pipe, or read with
+ * process_vm_readv where no pipe can be made). Checked on pages made
+ * unreadable and unmapped on purpose, on more pages than one probe call
+ * takes, in children under a seccomp filter that refuses process_vm_readv
+ * and without file descriptors for a pipe, and through kvl_mem_register on
+ * a 1,000-region list. */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <stddef.h>
+#include <string.h>
+#include <unistd.h>
+#include <sys/mman.h>
+#include <sys/prctl.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <sys/uio.h>
+#include <sys/wait.h>
+#include <linux/filter.h>
+#include <linux/seccomp.h>
+#include "common/kvltest.h"
+#include "common/host.h"
+
+static long pg;
+static char *base; /* 8 pages: 3 unreadable, 6 unmapped */
+
+static uint64_t at(size_t page, size_t off)
+{
+    return (uint64_t)(uintptr_t)(base + page * (size_t)pg + off);
+}
+
+static void layout(void)
+{
+    pg = sysconf(_SC_PAGESIZE);
+    base = mmap(NULL, 8 * (size_t)pg, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1,
+                0);
+    KT_CHECK(base != MAP_FAILED);
+    memset(base, 7, 8 * (size_t)pg);
+    KT_CHECK(mprotect(base + 3 * pg, (size_t)pg, PROT_NONE) == 0);
+    KT_CHECK(munmap(base + 6 * pg, (size_t)pg) == 0);
+}
+
+static void ranges(void)
+{
+    kvli_host_range_t r[] = {
+        {at(0, 0), 2 * (uint64_t)pg, -1, 1},   /* 0 ok */
+        {at(2, 100), 200, -1, 1},              /* 1 ok, touches 0 */
+        {at(3, 0), 10, -1, 1},                 /* 2 unreadable first byte */
+        {at(2, 0), 2 * (uint64_t)pg, -1, 1},   /* 3 unreadable last byte */
+        {at(5, 0), 2 * (uint64_t)pg, -1, 1},   /* 4 a hole (page 6) */
+        {at(7, 1), 17, -1, 1},                 /* 5 ok, after the hole */
+        {at(1, 0), 0, -1, 1},                  /* 6 empty */
+        {at(4, 0), (uint64_t)pg, -1, 1},       /* 7 ok, between 3 and the hole */
+    };
+    kvli_host_readable_many(r, sizeof(r) / sizeof(r[0]));
+    KT_CHECK(r[0].err == 0 && r[1].err == 0 && r[5].err == 0 && r[7].err == 0);
+    KT_CHECK(r[2].err == EFAULT && r[2].bad == at(3, 0));
+    KT_CHECK(r[3].err == EFAULT && r[3].bad == at(3, (size_t)pg - 1));
+    KT_CHECK(r[4].err == ENOMEM);
+    KT_CHECK(r[6].err == ENOMEM);
+
+    /* One range: the same answers. */
+    uint64_t bad = 0;
+    KT_CHECK(kvli_host_readable(at(0, 5), 100, &bad) == 0);
+    KT_CHECK(kvli_host_readable(at(2, 5), (uint64_t)pg, &bad) == EFAULT && bad == at(3, 4));
+    KT_CHECK(kvli_host_readable(at(6, 0), 1, &bad) == ENOMEM);
+
+    /* 1,500 one-byte ranges (three process_vm_readv calls): only the one
+     * in the unreadable page fails, wherever it falls. */
+    enum { N = 1500 };
+    static kvli_host_range_t many[N];
+    for (size_t bad_at = 0; bad_at < N; bad_at += 511) {
+        for (size_t i = 0; i < N; i++)
+            many[i] = (kvli_host_range_t){i == bad_at ? at(3, i % 64) : at(i % 3, i), 1, -1, 0};
+        kvli_host_readable_many(many, N);
+        for (size_t i = 0; i < N; i++)
+            KT_CHECK(i == bad_at ? many[i].err == EFAULT && many[i].bad == at(3, i % 64)
+                                 : many[i].err == 0);
+    }
+}
+
+/* More distinct pages than one process_vm_readv call probes (1,024): the
+ * unreadable page is found in a later call, its neighbours pass. */
+static void many_pages(void)
+{
+    enum { NP = 2600, BAD = 1500 };
+    char *m = mmap(NULL, (size_t)NP * (size_t)pg, PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    KT_CHECK(m != MAP_FAILED);
+    KT_CHECK(mprotect(m + (size_t)BAD * (size_t)pg, (size_t)pg, PROT_NONE) == 0);
+    static kvli_host_range_t r[NP];
+    for (size_t i = 0; i < NP; i++) /* in reverse address order */
+        r[i] = (kvli_host_range_t){(uint64_t)(uintptr_t)(m + (NP - 1 - i) * (size_t)pg + 8),
+                                   (uint64_t)pg - 16, -1, 0};
+    kvli_host_readable_many(r, NP);
+    for (size_t i = 0; i < NP; i++)
+        KT_CHECK(NP - 1 - i == BAD ? r[i].err == EFAULT && r[i].bad == r[i].addr
+                                   : r[i].err == 0);
+    munmap(m, (size_t)NP * (size_t)pg);
+}
+
+/* The same checks where process_vm_readv is refused (EPERM), as a
+ * container's seccomp profile may: the pipe probes answer. */
+static int seccomp_child(void)
+{
+    struct sock_filter f[] = {
+        BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, nr)),
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, __NR_process_vm_readv, 0, 1),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | (EPERM & SECCOMP_RET_DATA)),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+    };
+    struct sock_fprog prog = {(unsigned short)(sizeof(f) / sizeof(f[0])), f};
+    if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 ||
+        prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &prog) != 0) {
+        printf("seccomp filter not installed (errno %d): not checked\n", errno);
+        return 0;
+    }
+    char c;
+    struct iovec l = {&c, 1}, rv = {base, 1};
+    KT_CHECK(process_vm_readv(getpid(), &l, 1, &rv, 1, 0) < 0 && errno == EPERM);
+    ranges();
+    many_pages();
+    return 0;
+}
+
+/* No descriptor left for a pipe (RLIMIT_NOFILE): process_vm_readv answers.
+ * The child also drops the pipe it inherited. */
+static int nofile_child(void)
+{
+    struct rlimit rl = {3, 3};
+    KT_CHECK(setrlimit(RLIMIT_NOFILE, &rl) == 0);
+    int fds[2];
+    KT_CHECK(pipe(fds) != 0 && errno == EMFILE);
+    ranges();
+    many_pages();
+    return 0;
+}
+
+static void in_child(int (*fn)(void))
+{
+    pid_t pid = fork();
+    KT_CHECK(pid >= 0);
+    if (pid == 0)
+        _exit(fn());
+    int ws;
+    KT_CHECK(waitpid(pid, &ws, 0) == pid);
+    KT_CHECK(WIFEXITED(ws) && WEXITSTATUS(ws) == 0);
+}
+
+static void through_registration(void)
+{
+    kvl_agent_config_t cfg = {.field_mask = KVL_AGENT_CFG_BACKENDS, .create_backends = "shm"};
+    kvl_agent_t *a;
+    KT_OK(kvl_agent_create("host-check", &cfg, &a));
+    enum { N = 1000 };
+    static kvl_mem_desc_t d[N];
+    static char buf[N * 64];
+    for (size_t i = 0; i < N; i++)
+        d[i] = (kvl_mem_desc_t){(uint64_t)(uintptr_t)(buf + i * 64), 64, KVL_DEV_ANY};
+    KT_OK(kvl_mem_register(a, d, N, NULL, NULL));
+    KT_OK(kvl_mem_deregister(a, d, N));
+    d[700] = (kvl_mem_desc_t){at(3, 8), 64, KVL_DEV_ANY};
+    KT_STATUS(kvl_mem_register(a, d, N, NULL, NULL), KVL_ERR_INVALID_ARG);
+    KT_ERROR_HAS("region 700 of 1000");
+    KT_ERROR_HAS("is mapped in this process but");
+    KT_ERROR_HAS("cannot be read");
+    d[700] = (kvl_mem_desc_t){at(6, 8), 64, KVL_DEV_ANY};
+    KT_STATUS(kvl_mem_register(a, d, N, NULL, NULL), KVL_ERR_INVALID_ARG);
+    KT_ERROR_HAS("region 700 of 1000");
+    KT_ERROR_HAS("the range is not (fully) mapped in this process");
+    /* Nothing stayed registered: the whole list registers again. */
+    d[700] = (kvl_mem_desc_t){(uint64_t)(uintptr_t)(buf + 700 * 64), 64, KVL_DEV_ANY};
+    KT_OK(kvl_mem_register(a, d, N, NULL, NULL));
+    KT_OK(kvl_mem_deregister(a, d, N));
+    kvl_agent_destroy(a);
+}
+
+int main(void)
+{
+    layout();
+    ranges();
+    many_pages();
+    through_registration();
+    in_child(seccomp_child);
+    in_child(nofile_child);
+    printf("ok\n");
+    return 0;
+}
