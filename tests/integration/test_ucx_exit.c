@@ -10,7 +10,12 @@
  *      timeout 20 s): the exit must not wait for UCX to find the peer dead.
  *      Ten times; the time from exit() to the child's end is printed
  *      (median, max) and bounded only as a hang guard (5 s; closing the
- *      endpoints with a flush used to wait the full 20 s here).
+ *      endpoints with a flush used to wait the full 20 s here);
+ *   5. kvl_agent_destroy with a transfer outstanding to a peer just killed,
+ *   6. ... to a peer stopped with SIGSTOP (alive to UCX, silent): destroy
+ *      gives the transfer up (xfer_abort) instead of waiting for the peer;
+ *      timed around destroy, ten times each, the same 5 s hang guard
+ *      (cancel-and-wait took the agent's 20 s).
  * Each scenario runs in a child whose stderr (UCX logs there, at
  * UCX_LOG_LEVEL=warn) is captured and checked. Under ASan the child's
  * leak check runs too. Skips (77) without the ucx module.
@@ -36,8 +41,9 @@ static uint64_t now_ns(void)
     return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
-/* kill_first: the peer is killed before the transfer is posted, so the
- * transfer is outstanding to a dead peer (UCX has not noticed yet). */
+/* kill_first 1: the peer is killed before the transfer is posted, so the
+ * transfer is outstanding to a dead peer (UCX has not noticed yet); 2: it
+ * is stopped (SIGSTOP) instead, alive to UCX but silent. */
 static kvl_agent_t *busy_agent(kt_peer_t *p, uint64_t timeout_ms, int kill_first)
 {
     kvl_agent_t *a = kt_agent_tmo("leaver", "ucx", NULL, timeout_ms);
@@ -63,7 +69,10 @@ static kvl_agent_t *busy_agent(kt_peer_t *p, uint64_t timeout_ms, int kill_first
     if (kill_first) {
         /* UCX may or may not have noticed by the time we post: either way
          * the exit below must be quick and clean */
-        kt_peer_kill(p);
+        if (kill_first == 1)
+            kt_peer_kill(p);
+        else
+            kt_peer_stop_signal(p);
         kvl_xfer_post(x);
         return a;
     }
@@ -96,6 +105,24 @@ static void scenario(int which)
         fclose(f);
         exit(0);
     }
+    case 5:
+    case 6: {
+        /* kvl_agent_destroy with the transfer outstanding to a peer just
+         * killed (5) or stopped (6): timed around destroy alone */
+        a = busy_agent(&p, 20000, which == 5 ? 1 : 2);
+        printf("transfer %s at destroy\n", kvl_xfer_state(x_live) == KVL_XFER_POSTED
+               ? "outstanding" : "already ended");
+        uint64_t t0 = now_ns();
+        kvl_agent_destroy(a);
+        uint64_t t1 = now_ns();
+        if (which == 6)
+            kt_peer_kill(&p);
+        FILE *f = fopen(exit_stamp, "w");
+        KT_CHECK(f != NULL);
+        fprintf(f, "%llu\n", (unsigned long long)(t1 - t0));
+        fclose(f);
+        exit(0);
+    }
     default:
         a = kt_agent("half", "shm", NULL);
         setenv("UCX_TLS", "rc", 1);
@@ -124,28 +151,34 @@ int main(void)
 
     setenv("UCX_KEEPALIVE_INTERVAL", "60s", 1);
     snprintf(exit_stamp, sizeof(exit_stamp), "/tmp/kvl-ucx-exit-%d.t", (int)getpid());
-    double ms[10];
-    int n = (int)(sizeof(ms) / sizeof(ms[0]));
-    for (int i = 0; i < n; i++) {
-        kt_clean_exit(scenario, 4, "exit() with a transfer outstanding to a peer just killed");
-        uint64_t end = now_ns();
-        unsigned long long start = 0;
-        FILE *f = fopen(exit_stamp, "r");
-        KT_CHECK(f != NULL && fscanf(f, "%llu", &start) == 1);
-        fclose(f);
-        unlink(exit_stamp);
-        ms[i] = (double)(end - start) / 1e6;
-        printf("exit took %.1f ms\n", ms[i]);
-        KT_CHECK(ms[i] < 5000.0); /* hang guard, not a speed check */
-    }
-    for (int i = 1; i < n; i++) /* sort for the median */
-        for (int j = i; j > 0 && ms[j] < ms[j - 1]; j--) {
-            double t = ms[j];
-            ms[j] = ms[j - 1];
-            ms[j - 1] = t;
+    static const char *const what[] = {
+        "exit() with a transfer outstanding to a peer just killed",
+        "kvl_agent_destroy with a transfer outstanding to a peer just killed",
+        "kvl_agent_destroy with a transfer outstanding to a stopped peer"};
+    for (int sc = 4; sc <= 6; sc++) {
+        double ms[10];
+        int n = (int)(sizeof(ms) / sizeof(ms[0]));
+        for (int i = 0; i < n; i++) {
+            kt_clean_exit(scenario, sc, what[sc - 4]);
+            uint64_t end = now_ns();
+            unsigned long long v = 0;
+            FILE *f = fopen(exit_stamp, "r");
+            KT_CHECK(f != NULL && fscanf(f, "%llu", &v) == 1);
+            fclose(f);
+            unlink(exit_stamp);
+            ms[i] = (double)(sc == 4 ? end - v : v) / 1e6;
+            printf("took %.1f ms\n", ms[i]);
+            KT_CHECK(ms[i] < 5000.0); /* hang guard, not a speed check */
         }
-    printf("exit with a transfer outstanding to a dead peer: median %.1f ms, max %.1f ms "
-           "(%d runs)\n", (ms[n / 2 - 1] + ms[n / 2]) / 2, ms[n - 1], n);
+        for (int i = 1; i < n; i++) /* sort for the median */
+            for (int j = i; j > 0 && ms[j] < ms[j - 1]; j--) {
+                double t = ms[j];
+                ms[j] = ms[j - 1];
+                ms[j - 1] = t;
+            }
+        printf("%s: median %.1f ms, max %.1f ms (%d runs)\n", what[sc - 4],
+               (ms[n / 2 - 1] + ms[n / 2]) / 2, ms[n - 1], n);
+    }
     printf("PASS\n");
     return 0;
 }

@@ -192,6 +192,7 @@ struct kvli_ucx_xpriv {
     kvli_ucx_chunk_t *chunks;         /* requests in flight, oldest first */
     /* under iface->lock */
     int cancel;
+    int abort;                        /* kvl_agent_destroy: no waiting for the peer */
     int finished;                     /* xfer_done called, off the lists */
     unsigned waiters;
     atomic_int done_called;           /* xfer_done exactly once */
@@ -303,6 +304,10 @@ kvl_status_t kvli_ucx_ep_load(void *bk, const char *name, uint64_t incarnation,
                               const uint8_t *conn, size_t len, void **peer_p,
                               kvl_error_t *err);
 void kvli_ucx_ep_unload(void *bk, void *peer);
+/* Under iface->lock: the peer counts as dead from now on (what), and its
+ * data worker takes no new peers. */
+void kvli_ucx_peer_mark_dead(kvli_ucx_iface_t *iface, kvli_ucx_peer_t *peer,
+                             ucs_status_t status, const char *what);
 void kvli_ucx_ep_describe(void *bk, void *peer, char *buf, size_t len);
 /* Close the endpoint (forced: nothing of ours is in flight any more, or it
  * is being abandoned) and let go of its data worker (retired unless the
@@ -329,6 +334,9 @@ int kvli_ucx_stage_needed(kvli_ucx_iface_t *iface, const kvl_bk_xfer_t *x);
 int kvli_ucx_stage_advance(kvli_ucx_iface_t *iface, kvli_ucx_xpriv_t *xp);
 int kvli_ucx_stage_progress(kvli_ucx_iface_t *iface);
 void kvli_ucx_stage_abandon(kvli_ucx_iface_t *iface, kvli_ucx_xpriv_t *xp);
+/* Bytes of xp's staged WRITE requests out and not acknowledged: what may
+ * still land at the target if xp is given up now. */
+uint64_t kvli_ucx_stage_unconfirmed(const kvli_ucx_xpriv_t *xp);
 void kvli_ucx_stage_release_descs(kvli_ucx_iface_t *iface);
 /* A data worker goes: release what it holds (before ucp_worker_destroy),
  * then free the ended requests it carried (after: no callback comes). */
@@ -354,6 +362,7 @@ void kvli_ucx_xfer_fail(kvli_ucx_iface_t *iface, kvli_ucx_xpriv_t *xp, kvl_statu
                         const char *why);
 kvl_status_t kvli_ucx_xfer_post(void *bk, kvl_bk_xfer_t *x, kvl_error_t *err);
 void kvli_ucx_xfer_cancel(void *bk, kvl_bk_xfer_t *x);
+void kvli_ucx_xfer_abort(void *bk, kvl_bk_xfer_t *x);
 int kvli_ucx_xfer_progress(kvli_ucx_iface_t *iface);
 void kvli_ucx_xfer_fail_all(kvli_ucx_iface_t *iface, const char *why);
 void kvli_ucx_xfer_cancel_peer(kvli_ucx_iface_t *iface, kvli_ucx_peer_t *peer);

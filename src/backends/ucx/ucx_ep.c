@@ -64,12 +64,9 @@ kvl_status_t kvli_ucx_ep_conn_pack(void *bk, uint8_t *buf, size_t cap, size_t *l
 
 /* UCX calls this (inside ucp_worker_progress) when the endpoint fails:
  * record it; the progress thread fails the peer's transfers. */
-static void kvli_ucx_ep_err_cb(void *arg, ucp_ep_h ep, ucs_status_t status)
+void kvli_ucx_peer_mark_dead(kvli_ucx_iface_t *iface, kvli_ucx_peer_t *peer,
+                             ucs_status_t status, const char *what)
 {
-    kvli_ucx_peer_t *peer = arg;
-    kvli_ucx_iface_t *iface = peer->iface;
-    (void)ep;
-    pthread_mutex_lock(&iface->lock);
     /* whatever UCX keeps of this endpoint stays until its worker goes: no
      * new peer joins that worker (the restarted incarnation gets a fresh one) */
     if (peer->dw != NULL) {
@@ -81,10 +78,20 @@ static void kvli_ucx_ep_err_cb(void *arg, ucp_ep_h ep, ucs_status_t status)
     if (!peer->dead) {
         peer->dead = 1;
         peer->dead_status = status;
-        snprintf(peer->dead_what, sizeof(peer->dead_what),
-                 "UCX reported the endpoint to agent '%.60s' failed: %s", peer->name,
-                 ucs_status_string(status));
+        snprintf(peer->dead_what, sizeof(peer->dead_what), "%s", what);
     }
+}
+
+static void kvli_ucx_ep_err_cb(void *arg, ucp_ep_h ep, ucs_status_t status)
+{
+    kvli_ucx_peer_t *peer = arg;
+    kvli_ucx_iface_t *iface = peer->iface;
+    char what[200];
+    (void)ep;
+    snprintf(what, sizeof(what), "UCX reported the endpoint to agent '%.60s' failed: %s",
+             peer->name, ucs_status_string(status));
+    pthread_mutex_lock(&iface->lock);
+    kvli_ucx_peer_mark_dead(iface, peer, status, what);
     pthread_mutex_unlock(&iface->lock);
     kvli_progress_wake(&iface->pg);
 }

@@ -518,6 +518,7 @@ static const kvl_backend_ops_t kvli_ucx_ops = {
     .rregion_unload = kvli_ucx_md_runload,
     .xfer_post = kvli_ucx_xfer_post,
     .xfer_cancel = kvli_ucx_xfer_cancel,
+    .xfer_abort = kvli_ucx_xfer_abort,
     .notif_send = kvli_ucx_notif_send,
     .peer_describe = kvli_ucx_ep_describe,
     .device = NULL,

@@ -558,6 +558,15 @@ fail:
     return 1;
 }
 
+uint64_t kvli_ucx_stage_unconfirmed(const kvli_ucx_xpriv_t *xp)
+{
+    uint64_t n = 0;
+    for (const kvli_ucx_chunk_t *c = xp->chunks; c != NULL; c = c->next)
+        if (c->op == KVL_WRITE && c->state == KVLI_UCX_C_SENT)
+            n += c->bytes;
+    return n;
+}
+
 /* The transfer ended: its requests in flight are orphaned. Replies for them
  * are dropped; each keeps its bounce buffer until UCX is done with it. */
 void kvli_ucx_stage_abandon(kvli_ucx_iface_t *iface, kvli_ucx_xpriv_t *xp)

@@ -374,23 +374,65 @@ static ucs_status_t kvli_ucx_xfer_issue(kvli_ucx_xpriv_t *xp)
     return UCS_OK;
 }
 
+/* kvl_agent_destroy: end xp now, whatever the peer does. CANCELED when
+ * nothing of it can land any more; else the peer is given up (its endpoint
+ * is closed forced when destroy unloads it) and the error says how many
+ * bytes may still land. */
+static void kvli_ucx_xfer_give_up(kvli_ucx_iface_t *iface, kvli_ucx_xpriv_t *xp)
+{
+    kvl_bk_xfer_t *x = xp->x;
+    uint64_t may = xp->staged ? kvli_ucx_stage_unconfirmed(xp) : xp->issued - xp->confirmed;
+    int notif_out = xp->state == KVLI_UCX_X_NOTIF;
+    kvl_error_t err;
+
+    if (may == 0 && !notif_out) {
+        kvli_ucx_xfer_complete(iface, xp, KVL_ERR_CANCELED, NULL);
+        return;
+    }
+    pthread_mutex_lock(&iface->lock);
+    kvli_ucx_peer_mark_dead(iface, xp->peer, UCS_ERR_CANCELED, "the agent is being destroyed: "
+                            "requests still in flight were given up");
+    pthread_mutex_unlock(&iface->lock);
+    if (notif_out)
+        kvl_bk_error_set(&err, KVL_ERR_REMOTE_DISCONNECT, 0, KVLI_UCX_NAME, -1,
+                         "%s of %llu bytes with agent '%.60s' given up as the agent is "
+                         "destroyed: every byte is in place, its notification may or may not "
+                         "arrive", x->op == KVL_WRITE ? "WRITE" : "READ",
+                         (unsigned long long)x->total_bytes, xp->peer->name);
+    else
+        kvl_bk_error_set(&err, KVL_ERR_REMOTE_DISCONNECT, 0, KVLI_UCX_NAME, -1,
+                         "%s of %llu bytes with agent '%.60s' given up as the agent is "
+                         "destroyed: up to %llu bytes issued and not confirmed may still land "
+                         "(%llu confirmed in place before)", x->op == KVL_WRITE ? "WRITE" : "READ",
+                         (unsigned long long)x->total_bytes, xp->peer->name,
+                         (unsigned long long)may, (unsigned long long)xp->confirmed);
+    snprintf(err.agent, sizeof(err.agent), "%s", xp->peer->name);
+    kvl_bk_error_hint(&err, "treat the destination blocks as undefined and write them again");
+    kvli_ucx_xfer_complete(iface, xp, KVL_ERR_REMOTE_DISCONNECT, &err);
+}
+
 static void kvli_ucx_xfer_advance(kvli_ucx_iface_t *iface, kvli_ucx_xpriv_t *xp)
 {
     kvl_bk_xfer_t *x = xp->x;
     kvli_ucx_peer_t *peer = xp->peer;
     char why[300];
     ucs_status_t s;
-    int cancel, dead;
+    int cancel, dead, abort;
 
     for (;;) {
         pthread_mutex_lock(&iface->lock);
         cancel = xp->cancel;
+        abort = xp->abort;
         dead = peer->dead;
         if (dead)
             snprintf(why, sizeof(why), "%.200s", peer->dead_what);
         pthread_mutex_unlock(&iface->lock);
         if (xp->last_ms == 0)
             xp->last_ms = kvli_clock_ms();
+        if (abort) {
+            kvli_ucx_xfer_give_up(iface, xp);
+            return;
+        }
 
         if (xp->state == KVLI_UCX_X_ISSUE && xp->staged) {
             if (dead) {
@@ -600,13 +642,15 @@ static kvli_ucx_xpriv_t *kvli_ucx_xfer_find(kvli_ucx_iface_t *iface, const kvl_b
 
 /* Ask the progress thread to stop xp and wait until xfer_done was called.
  * Called and returns with iface->lock held. */
-static void kvli_ucx_xfer_stop_wait(kvli_ucx_iface_t *iface, kvli_ucx_xpriv_t *xp)
+static void kvli_ucx_xfer_stop_wait(kvli_ucx_iface_t *iface, kvli_ucx_xpriv_t *xp, int abort)
 {
     struct timespec dl;
     uint64_t ms = 2 * xp->timeout_ms + 1000;
     int expect = 0, free_now;
 
     xp->cancel = 1;
+    if (abort)
+        xp->abort = 1;
     xp->waiters++;
     clock_gettime(CLOCK_MONOTONIC, &dl);
     dl.tv_sec += (time_t)(ms / 1000u);
@@ -641,15 +685,27 @@ static void kvli_ucx_xfer_stop_wait(kvli_ucx_iface_t *iface, kvli_ucx_xpriv_t *x
         free(xp);
 }
 
-void kvli_ucx_xfer_cancel(void *bk, kvl_bk_xfer_t *x)
+static void kvli_ucx_xfer_stop(void *bk, kvl_bk_xfer_t *x, int abort)
 {
     kvli_ucx_iface_t *iface = bk;
     kvli_ucx_xpriv_t *xp;
     pthread_mutex_lock(&iface->lock);
     xp = kvli_ucx_xfer_find(iface, x, NULL);
     if (xp != NULL && atomic_load(&xp->done_called) == 0)
-        kvli_ucx_xfer_stop_wait(iface, xp);
+        kvli_ucx_xfer_stop_wait(iface, xp, abort);
     pthread_mutex_unlock(&iface->lock);
+}
+
+void kvli_ucx_xfer_cancel(void *bk, kvl_bk_xfer_t *x)
+{
+    kvli_ucx_xfer_stop(bk, x, 0);
+}
+
+/* kvl_agent_destroy: like cancel, but without waiting for answers from the
+ * peer (a stopped one would hold destroy for the transfer's timeout). */
+void kvli_ucx_xfer_abort(void *bk, kvl_bk_xfer_t *x)
+{
+    kvli_ucx_xfer_stop(bk, x, 1);
 }
 
 void kvli_ucx_xfer_cancel_peer(kvli_ucx_iface_t *iface, kvli_ucx_peer_t *peer)
@@ -658,7 +714,7 @@ void kvli_ucx_xfer_cancel_peer(kvli_ucx_iface_t *iface, kvli_ucx_peer_t *peer)
     pthread_mutex_lock(&iface->lock);
     while ((xp = kvli_ucx_xfer_find(iface, NULL, peer)) != NULL &&
            atomic_load(&xp->done_called) == 0)
-        kvli_ucx_xfer_stop_wait(iface, xp);
+        kvli_ucx_xfer_stop_wait(iface, xp, 0);
     pthread_mutex_unlock(&iface->lock);
 }
 
