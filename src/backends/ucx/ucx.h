@@ -2,9 +2,11 @@
  * kvlane ucx backend: private structures shared by the files of this folder.
  *
  * Objects and who owns what:
- *   iface  - one per open(): UCP context + one worker (UCS_THREAD_MODE_MULTI),
- *            the progress thread, the lists below.
- *   peer   - one per peer_load(): the UCP endpoint to a remote agent.
+ *   iface  - one per open(): UCP context + its main worker (UCS_THREAD_MODE_MULTI,
+ *            the address in our metadata), the progress thread, the lists below.
+ *   dw     - a data worker: carries the endpoints to peers (see below).
+ *   peer   - one per peer_load(): the UCP endpoint to a remote agent (one
+ *            incarnation of it), on the current data worker.
  *   mh/rh  - local region (ucp_mem_map'd) / remote region (unpacked rkey).
  *   xpriv  - one per posting of a transfer (x->bk_priv).
  *   token  - the user_data of one outstanding UCP request (flush, AM send),
@@ -21,8 +23,9 @@
  *   - UCX callbacks only record results; they never call into the core,
  *     except notif_deliver (a leaf that takes only the core's queue lock).
  *   - Only the progress thread calls ucp_worker_progress, issues puts/gets,
- *     flushes and closes endpoints while the iface is open; other threads
- *     queue work and wait on iface->cond, bounded by the timeout.
+ *     flushes, closes endpoints and destroys peers' workers while the iface
+ *     is open; other threads queue work and wait on iface->cond, bounded by
+ *     the timeout.
  */
 #ifndef KVLI_UCX_H
 #define KVLI_UCX_H
@@ -48,6 +51,9 @@
 #define KVLI_UCX_STAGE_RANGES 256u             /* ranges per staged request, at most */
 #define KVLI_UCX_BATCH_BYTES (64u << 20)       /* cancel is checked between batches */
 #define KVLI_UCX_BATCH_OPS 4096u
+#define KVLI_UCX_PIECE (4u << 20)              /* bytes per put/get, at most */
+#define KVLI_UCX_EXIT_FLUSH_MS 20u             /* teardown: flush of live peers, all */
+#define KVLI_UCX_CLOSE_FLUSH_MS 50u            /* unload: flush of a live peer */
 #define KVLI_UCX_LOG_MAX 1024                  /* captured UCX log text per call */
 #define KVLI_UCX_PAD 512                       /* zero padding behind untrusted blobs */
 
@@ -94,6 +100,29 @@ typedef struct kvli_ucx_rh {
     ucp_rkey_h rkey;                  /* NULL when the peer stages the region */
 } kvli_ucx_rh_t;
 
+/*
+ * Data workers. Endpoints to peers live on a data worker, not on the main
+ * worker (iface->worker, whose address our metadata carries and which takes
+ * the peers' requests and notifications); the peers' replies (staged data,
+ * UCX's own protocol) come back to it. UCX 1.13 keeps a failed
+ * shared-memory endpoint whose FIFO the dead process left full (a kill
+ * during a WRITE) until its worker is destroyed: 4 MiB mapped and a flush
+ * retried at every progress call, per kill. So a data worker is retired
+ * when one of its peers dies (UCX's error callback) or is closed without a
+ * clean flush: new peers go to a fresh one (iface->dw_cur), and a retired
+ * worker is destroyed, with all UCX kept for its dead, when its last peer
+ * is unloaded. A worker costs ~4.4 MB resident and ~12 descriptors on
+ * UCX's default transports, so peers share one while nothing dies.
+ */
+typedef struct kvli_ucx_dw {
+    struct kvli_ucx_dw *next;         /* iface->dws */
+    ucp_worker_h worker;
+    int efd;                          /* its event fd, -1 if none */
+    /* under iface->lock */
+    unsigned peers;                   /* peers whose endpoint is (was) on it */
+    int retired;                      /* no new peers; destroyed once empty */
+} kvli_ucx_dw_t;
+
 struct kvli_ucx_peer {
     kvli_ucx_peer_t *next;
     kvli_ucx_iface_t *iface;
@@ -101,13 +130,35 @@ struct kvli_ucx_peer {
     uint64_t incarnation;
     uint32_t pid;
     char remote_tls[256];             /* transports the peer's UCX offered */
+    kvli_ucx_dw_t *dw;                /* the data worker of its endpoint */
+    ucp_worker_h worker;              /* dw->worker; NULL once closed */
     ucp_ep_h ep;
     kvli_ucx_rh_t *rhs;
+    /* Liveness: the last time the peer showed progress (a put, get, flush
+     * or send to it completed), kvli_clock_ms(). A transfer times out only
+     * when neither it nor the peer moved for its timeout; death is UCX's
+     * to say (endpoint error callback: keepalive or transport error). */
+    _Atomic uint64_t heard_ms;
+    /* puts/gets UCX still holds (their callback takes the peer): a peer
+     * closed with some left, or whose close did not finish, is a zombie,
+     * kept (iface->zombies) until the backend closes */
+    atomic_uint rma_out;
     /* under iface->lock */
-    int dead;                         /* error callback or watchdog */
+    int dead;                         /* UCX's endpoint error callback */
     ucs_status_t dead_status;
     char dead_what[200];
     unsigned active;                  /* postings in flight */
+    int closing;                      /* unload asked the progress thread to close it */
+    int gone;                         /* closed: its endpoint too, off iface->peers */
+    int zombie;                       /* UCX may still call back with it: never freed
+                                         before the backend closes (iface->zombies) */
+    /* progress thread only (kvli_ucx_peers_sweep) */
+    kvli_ucx_peer_t *close_next;
+    int close_state;                  /* 0 asked, 1 flushing, 2 to destroy, 3 destroyed */
+    int close_dead;
+    int close_clean;                  /* the closing flush completed: nothing left */
+    void *close_req;                  /* the closing flush */
+    uint64_t close_until;
 };
 
 enum {
@@ -141,6 +192,7 @@ struct kvli_ucx_xpriv {
     kvli_ucx_chunk_t *chunks;         /* requests in flight, oldest first */
     /* under iface->lock */
     int cancel;
+    int abort;                        /* kvl_agent_destroy: no waiting for the peer */
     int finished;                     /* xfer_done called, off the lists */
     unsigned waiters;
     atomic_int done_called;           /* xfer_done exactly once */
@@ -167,9 +219,18 @@ struct kvli_ucx_iface {
     int efd;                          /* worker event fd, -1 if none */
     kvli_progress_t pg;               /* progress thread, wake fd, stop flag */
     unsigned idle;                    /* progress thread: empty turns in a row */
+    uint64_t turn_ms;                 /* progress thread: its last transfer pass */
     pthread_mutex_t lock;
     pthread_cond_t cond;
     kvli_ucx_peer_t *peers;
+    kvli_ucx_peer_t *zombies;         /* closed peers UCX may still call back with */
+    atomic_int sweep;                 /* peers or data workers changed: sweep them */
+    kvli_ucx_dw_t *dws;               /* data workers, under lock */
+    kvli_ucx_dw_t *dw_cur;            /* where new peers go; NULL: a new one */
+    /* progress thread only: the data workers and event fds this turn */
+    ucp_worker_h *pw;
+    int *pw_efd;
+    size_t pw_n, pw_cap;
     kvli_ucx_mh_t *mhs;
     kvli_ucx_alloc_t *allocs;         /* unmapped after mhs, before the worker */
     kvli_ucx_xpriv_t *queue;          /* posted, not yet taken by progress */
@@ -196,6 +257,11 @@ void kvli_ucx_log_install(void);
 const char *kvli_ucx_log_said(const kvli_ucx_log_t *log, char *buf, size_t len);
 
 /* ucx_iface.c */
+/* Create a worker (UCS_THREAD_MODE_MULTI) with our active-message handlers:
+ * the backend's own (main: requests and notifications) or a peer's
+ * (replies). KVL_OK or the diagnosis in err. */
+kvl_status_t kvli_ucx_worker_new(kvli_ucx_iface_t *iface, int main_worker, ucp_worker_h *w_p,
+                                 int *efd_p, kvl_error_t *err);
 
 /* ucx_diag.c */
 void kvli_ucx_diag_resources(kvli_ucx_iface_t *iface);
@@ -238,8 +304,26 @@ kvl_status_t kvli_ucx_ep_load(void *bk, const char *name, uint64_t incarnation,
                               const uint8_t *conn, size_t len, void **peer_p,
                               kvl_error_t *err);
 void kvli_ucx_ep_unload(void *bk, void *peer);
+/* Under iface->lock: the peer counts as dead from now on (what), and its
+ * data worker takes no new peers. */
+void kvli_ucx_peer_mark_dead(kvli_ucx_iface_t *iface, kvli_ucx_peer_t *peer,
+                             ucs_status_t status, const char *what);
 void kvli_ucx_ep_describe(void *bk, void *peer, char *buf, size_t len);
-void kvli_ucx_ep_close(kvli_ucx_iface_t *iface, kvli_ucx_peer_t *peer, int force);
+/* Close the endpoint (forced: nothing of ours is in flight any more, or it
+ * is being abandoned) and let go of its data worker (retired unless the
+ * close was clean). Until flush_until_ms (kvli_clock_ms(); 0: not at all) a
+ * peer not known dead first gets a flush, so a connection still being set
+ * up finishes before it is cut. The progress thread (kvli_ucx_peers_sweep)
+ * or teardown, never both. */
+void kvli_ucx_ep_destroy(kvli_ucx_iface_t *iface, kvli_ucx_peer_t *peer,
+                         uint64_t flush_until_ms);
+/* Destroy the retired data workers no peer uses any more (all: every one,
+ * at teardown). The progress thread or teardown. */
+void kvli_ucx_dw_reap(kvli_ucx_iface_t *iface, int all);
+/* Progress thread: move on the closing of the peers unload asked to close,
+ * reap data workers, then list them in iface->pw for this turn. 1 while a
+ * closing flush is pending. */
+int kvli_ucx_peers_sweep(kvli_ucx_iface_t *iface);
 uint32_t kvli_ucx_crc32(const uint8_t *p, size_t n);
 
 /* ucx_stage.c */
@@ -250,7 +334,14 @@ int kvli_ucx_stage_needed(kvli_ucx_iface_t *iface, const kvl_bk_xfer_t *x);
 int kvli_ucx_stage_advance(kvli_ucx_iface_t *iface, kvli_ucx_xpriv_t *xp);
 int kvli_ucx_stage_progress(kvli_ucx_iface_t *iface);
 void kvli_ucx_stage_abandon(kvli_ucx_iface_t *iface, kvli_ucx_xpriv_t *xp);
+/* Bytes of xp's staged WRITE requests out and not acknowledged: what may
+ * still land at the target if xp is given up now. */
+uint64_t kvli_ucx_stage_unconfirmed(const kvli_ucx_xpriv_t *xp);
 void kvli_ucx_stage_release_descs(kvli_ucx_iface_t *iface);
+/* A data worker goes: release what it holds (before ucp_worker_destroy),
+ * then free the ended requests it carried (after: no callback comes). */
+void kvli_ucx_stage_worker_release(kvli_ucx_iface_t *iface, ucp_worker_h w);
+void kvli_ucx_stage_worker_gone(kvli_ucx_iface_t *iface, ucp_worker_h w);
 void kvli_ucx_stage_free_all(kvli_ucx_iface_t *iface);
 void kvli_ucx_stage_expect(kvli_ucx_iface_t *iface);
 ucs_status_t kvli_ucx_stage_req_recv(void *arg, const void *header, size_t header_length,
@@ -269,9 +360,9 @@ void kvli_ucx_xfer_complete(kvli_ucx_iface_t *iface, kvli_ucx_xpriv_t *xp, kvl_s
                             const kvl_error_t *err);
 void kvli_ucx_xfer_fail(kvli_ucx_iface_t *iface, kvli_ucx_xpriv_t *xp, kvl_status_t code,
                         const char *why);
-void kvli_ucx_peer_stalled(kvli_ucx_iface_t *iface, kvli_ucx_peer_t *peer, uint64_t idle);
 kvl_status_t kvli_ucx_xfer_post(void *bk, kvl_bk_xfer_t *x, kvl_error_t *err);
 void kvli_ucx_xfer_cancel(void *bk, kvl_bk_xfer_t *x);
+void kvli_ucx_xfer_abort(void *bk, kvl_bk_xfer_t *x);
 int kvli_ucx_xfer_progress(kvli_ucx_iface_t *iface);
 void kvli_ucx_xfer_fail_all(kvli_ucx_iface_t *iface, const char *why);
 void kvli_ucx_xfer_cancel_peer(kvli_ucx_iface_t *iface, kvli_ucx_peer_t *peer);

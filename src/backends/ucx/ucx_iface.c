@@ -43,11 +43,16 @@ static kvli_ucx_iface_t *kvli_ucx_live;
 static int64_t kvli_ucx_progress_prepare(void *arg, kvli_pollset_t *ps)
 {
     kvli_ucx_iface_t *iface = arg;
-    int active = kvli_ucx_xfer_progress(iface);
+    int active;
     unsigned n = 0, c;
+
+    active = kvli_ucx_peers_sweep(iface);
+    active |= kvli_ucx_xfer_progress(iface);
     active |= kvli_ucx_stage_progress(iface);
     do {
         c = ucp_worker_progress(iface->worker);
+        for (size_t i = 0; i < iface->pw_n; i++)
+            c += ucp_worker_progress(iface->pw[i]);
         n += c;
     } while (c != 0 && n < 256);
     if (n != 0) {
@@ -59,15 +64,19 @@ static int64_t kvli_ucx_progress_prepare(void *arg, kvli_pollset_t *ps)
     if (active && ++iface->idle < 64)
         return KVLI_PROGRESS_AGAIN;
     iface->idle = 0;
-    if (iface->efd >= 0) {
-        ucs_status_t s = ucp_worker_arm(iface->worker);
+    if (kvli_pollset_reserve(&iface->pg, ps, 2 + iface->pw_n) != 0)
+        return KVLI_PROGRESS_BACKOFF;
+    for (size_t i = 0; i <= iface->pw_n; i++) {
+        ucp_worker_h w = i == 0 ? iface->worker : iface->pw[i - 1];
+        int efd = i == 0 ? iface->efd : iface->pw_efd[i - 1];
+        ucs_status_t s;
+        if (efd < 0)
+            continue;
+        s = ucp_worker_arm(w);
         if (s == UCS_ERR_BUSY)
             return KVLI_PROGRESS_AGAIN;
-        if (s == UCS_OK) {
-            if (kvli_pollset_reserve(&iface->pg, ps, 2) != 0)
-                return KVLI_PROGRESS_BACKOFF;
-            kvli_pollset_add(ps, iface->efd, POLLIN, NULL);
-        }
+        if (s == UCS_OK)
+            kvli_pollset_add(ps, efd, POLLIN, NULL);
     }
     return (active ? 1 : 20) * 1000000LL;
 }
@@ -235,7 +244,8 @@ static kvl_status_t kvli_ucx_context_open(kvli_ucx_iface_t *iface, const char *t
     return KVL_OK;
 }
 
-static kvl_status_t kvli_ucx_worker_open(kvli_ucx_iface_t *iface, kvl_error_t *err)
+kvl_status_t kvli_ucx_worker_new(kvli_ucx_iface_t *iface, int main_worker, ucp_worker_h *w_p,
+                                 int *efd_p, kvl_error_t *err)
 {
     ucp_worker_params_t wp = {.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE,
                               .thread_mode = UCS_THREAD_MODE_MULTI};
@@ -249,20 +259,23 @@ static kvl_status_t kvli_ucx_worker_open(kvli_ucx_iface_t *iface, kvl_error_t *e
     };
     ucp_worker_attr_t wa = {.field_mask = UCP_WORKER_ATTR_FIELD_THREAD_MODE |
                                           UCP_WORKER_ATTR_FIELD_MAX_AM_HEADER};
+    ucp_worker_h w;
     kvli_ucx_log_t log;
     char said[1100];
     ucs_status_t s;
 
+    *w_p = NULL;
+    *efd_p = -1;
     kvli_ucx_log_begin(&log);
-    s = ucp_worker_create(iface->context, &wp, &iface->worker);
+    s = ucp_worker_create(iface->context, &wp, &w);
     kvli_ucx_log_end();
     if (s != UCS_OK) {
-        iface->worker = NULL;
         kvli_ucx_diag_init_failed(err, "ucp_worker_create(UCS_THREAD_MODE_MULTI)", s, &log, "",
                                   "");
         return err->code;
     }
-    if (ucp_worker_query(iface->worker, &wa) == UCS_OK && wa.thread_mode != UCS_THREAD_MODE_MULTI) {
+    if (ucp_worker_query(w, &wa) == UCS_OK && wa.thread_mode != UCS_THREAD_MODE_MULTI) {
+        ucp_worker_destroy(w);
         kvl_bk_error_set(err, KVL_ERR_UNSUPPORTED, 0, KVLI_UCX_NAME, -1,
                          "ucp_worker_create(UCS_THREAD_MODE_MULTI) gave a worker of thread "
                          "mode %d: this UCX was built without multi-thread support",
@@ -270,24 +283,50 @@ static kvl_status_t kvli_ucx_worker_open(kvli_ucx_iface_t *iface, kvl_error_t *e
         kvl_bk_error_hint(err, "use a UCX built with --enable-mt (Debian's is)");
         return KVL_ERR_UNSUPPORTED;
     }
-    /* staged requests carry their ranges in the AM header */
-    iface->stage_max_ranges = KVLI_UCX_STAGE_RANGES;
-    if (wa.max_am_header < 24u + 16u * KVLI_UCX_STAGE_RANGES)
-        iface->stage_max_ranges = wa.max_am_header > 24u + 16u ? (unsigned)((wa.max_am_header - 24u) / 16u) : 1u;
+    if (main_worker) {
+        /* staged requests carry their ranges in the AM header */
+        iface->stage_max_ranges = KVLI_UCX_STAGE_RANGES;
+        if (wa.max_am_header < 24u + 16u * KVLI_UCX_STAGE_RANGES)
+            iface->stage_max_ranges = wa.max_am_header > 24u + 16u
+                                      ? (unsigned)((wa.max_am_header - 24u) / 16u) : 1u;
+    }
+    /* Both take notifications (a peer's replies never are, but a sender
+     * that is not kvlane gets the same warning either way); requests only
+     * come to the main worker, replies only to a peer's. */
     kvli_ucx_log_begin(&log);
-    s = ucp_worker_set_am_recv_handler(iface->worker, &ap);
+    s = ucp_worker_set_am_recv_handler(w, &ap);
     if (s == UCS_OK) {
-        ap.id = KVLI_UCX_AM_STAGE;
-        ap.cb = kvli_ucx_stage_req_recv;
-        s = ucp_worker_set_am_recv_handler(iface->worker, &ap);
+        ap.id = main_worker ? KVLI_UCX_AM_STAGE : KVLI_UCX_AM_STAGE_REPLY;
+        ap.cb = main_worker ? kvli_ucx_stage_req_recv : kvli_ucx_stage_reply_recv;
+        s = ucp_worker_set_am_recv_handler(w, &ap);
     }
-    if (s == UCS_OK) {
-        ap.id = KVLI_UCX_AM_STAGE_REPLY;
-        ap.cb = kvli_ucx_stage_reply_recv;
-        s = ucp_worker_set_am_recv_handler(iface->worker, &ap);
+    kvli_ucx_log_end();
+    if (s != UCS_OK) {
+        ucp_worker_destroy(w);
+        kvl_bk_error_set(err, KVL_ERR_SYSTEM, 0, KVLI_UCX_NAME, -1,
+                         "setting up the UCP worker (AM handler, address) failed: %s%s",
+                         ucs_status_string(s), kvli_ucx_log_said(&log, said, sizeof(said)));
+        kvl_bk_error_hint(err, "run ucx_info -d to check UCX's transports");
+        return KVL_ERR_SYSTEM;
     }
-    if (s == UCS_OK)
-        s = ucp_worker_get_address(iface->worker, &iface->addr, &iface->addr_len);
+    if (ucp_worker_get_efd(w, efd_p) != UCS_OK)
+        *efd_p = -1; /* no wakeup support: the progress thread polls */
+    *w_p = w;
+    return KVL_OK;
+}
+
+static kvl_status_t kvli_ucx_worker_open(kvli_ucx_iface_t *iface, kvl_error_t *err)
+{
+    kvli_ucx_log_t log;
+    char said[1100];
+    ucs_status_t s;
+    kvl_status_t st;
+
+    st = kvli_ucx_worker_new(iface, 1, &iface->worker, &iface->efd, err);
+    if (st != KVL_OK)
+        return st;
+    kvli_ucx_log_begin(&log);
+    s = ucp_worker_get_address(iface->worker, &iface->addr, &iface->addr_len);
     kvli_ucx_log_end();
     if (s != UCS_OK) {
         iface->addr = NULL;
@@ -297,8 +336,6 @@ static kvl_status_t kvli_ucx_worker_open(kvli_ucx_iface_t *iface, kvl_error_t *e
         kvl_bk_error_hint(err, "run ucx_info -d to check UCX's transports");
         return KVL_ERR_SYSTEM;
     }
-    if (ucp_worker_get_efd(iface->worker, &iface->efd) != UCS_OK)
-        iface->efd = -1; /* no wakeup support: the progress thread polls */
     return KVL_OK;
 }
 
@@ -311,6 +348,10 @@ static void kvli_ucx_iface_teardown(kvli_ucx_iface_t *iface)
     iface->closed = 1;
     kvli_progress_stop(&iface->pg);
     if (iface->worker != NULL) {
+        /* live peers get a flush first, all of them together within
+         * KVLI_UCX_EXIT_FLUSH_MS (a connection still being set up then
+         * finishes instead of leaving the peer's UCX to complain) */
+        uint64_t flush_until = kvli_clock_ms() + KVLI_UCX_EXIT_FLUSH_MS;
         kvli_ucx_xfer_fail_all(iface, "the ucx backend is closing");
         for (kvli_ucx_peer_t *p = iface->peers; p != NULL; p = p->next) {
             for (kvli_ucx_rh_t *rh = p->rhs; rh != NULL; rh = rh->next)
@@ -318,10 +359,11 @@ static void kvli_ucx_iface_teardown(kvli_ucx_iface_t *iface)
                     ucp_rkey_destroy(rh->rkey);
                     rh->rkey = NULL;
                 }
-            /* flush-close live peers (bounded): a forced close of an
-             * endpoint with operations in flight leaks UCX's internals */
-            kvli_ucx_ep_close(iface, p, p->dead);
+            /* then forced: what was in flight was just failed, and a flush
+             * to a peer that exited would wait for UCX's keepalive */
+            kvli_ucx_ep_destroy(iface, p, flush_until);
         }
+        kvli_ucx_dw_reap(iface, 1);
     }
     if (iface->worker != NULL)
         kvli_ucx_stage_release_descs(iface);
@@ -388,6 +430,13 @@ static void kvli_ucx_close(void *bk)
         }
         free(p);
     }
+    /* their workers are destroyed: no callback can take them any more */
+    for (kvli_ucx_peer_t *p = iface->zombies, *np; p != NULL; p = np) {
+        np = p->next;
+        free(p);
+    }
+    free(iface->pw);
+    free(iface->pw_efd);
     kvli_progress_close(&iface->pg);
     pthread_cond_destroy(&iface->cond);
     pthread_mutex_destroy(&iface->lock);
@@ -469,6 +518,7 @@ static const kvl_backend_ops_t kvli_ucx_ops = {
     .rregion_unload = kvli_ucx_md_runload,
     .xfer_post = kvli_ucx_xfer_post,
     .xfer_cancel = kvli_ucx_xfer_cancel,
+    .xfer_abort = kvli_ucx_xfer_abort,
     .notif_send = kvli_ucx_notif_send,
     .peer_describe = kvli_ucx_ep_describe,
     .device = NULL,

@@ -78,6 +78,7 @@ struct kvli_ucx_chunk {
     kvli_ucx_chunk_t *next;           /* xp->chunks */
     kvli_ucx_chunk_t *live_next;      /* iface->stage_live (also once orphaned) */
     kvli_ucx_xpriv_t *xp;             /* NULL once the transfer ended */
+    ucp_worker_h worker;              /* the peer's data worker: its reply arrives there */
     kvl_xfer_op_t op;
     uint64_t id, bytes;
     unsigned n;
@@ -230,6 +231,7 @@ static kvli_ucx_chunk_t *kvli_ucx_chunk_cut(kvli_ucx_iface_t *iface, kvli_ucx_xp
         return NULL;
     }
     c->xp = xp;
+    c->worker = xp->peer->worker;
     c->op = x->op;
     c->buf = buf;
     c->id = ++iface->stage_next_id;
@@ -434,7 +436,7 @@ static int kvli_ucx_chunk_step(kvli_ucx_iface_t *iface, kvli_ucx_chunk_t *c, kvl
             rp.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
             rp.cb.recv_am = kvli_ucx_stage_recv_cb;
             rp.user_data = c->rtok;
-            req = ucp_am_recv_data_nbx(iface->worker, c->desc, c->buf, c->bytes, &rp);
+            req = ucp_am_recv_data_nbx(c->worker, c->desc, c->buf, c->bytes, &rp);
             c->desc = NULL; /* UCX owns it now */
             if (UCS_PTR_IS_ERR(req)) {
                 free(c->rtok);
@@ -546,7 +548,6 @@ int kvli_ucx_stage_advance(kvli_ucx_iface_t *iface, kvli_ucx_xpriv_t *xp)
         snprintf(why, sizeof(why), "no answer to a staged request for %llu ms (bound %llu ms): "
                  "it stopped answering", (unsigned long long)(now - xp->last_ms),
                  (unsigned long long)xp->timeout_ms);
-        kvli_ucx_peer_stalled(iface, xp->peer, now - xp->last_ms);
         kvli_ucx_xfer_fail(iface, xp, KVL_ERR_TIMEOUT, why);
         return 1;
     }
@@ -555,6 +556,15 @@ int kvli_ucx_stage_advance(kvli_ucx_iface_t *iface, kvli_ucx_xpriv_t *xp)
 fail:
     kvli_ucx_xfer_fail(iface, xp, err.code, err.what);
     return 1;
+}
+
+uint64_t kvli_ucx_stage_unconfirmed(const kvli_ucx_xpriv_t *xp)
+{
+    uint64_t n = 0;
+    for (const kvli_ucx_chunk_t *c = xp->chunks; c != NULL; c = c->next)
+        if (c->op == KVL_WRITE && c->state == KVLI_UCX_C_SENT)
+            n += c->bytes;
+    return n;
 }
 
 /* The transfer ended: its requests in flight are orphaned. Replies for them
@@ -570,8 +580,8 @@ void kvli_ucx_stage_abandon(kvli_ucx_iface_t *iface, kvli_ucx_xpriv_t *xp)
             iface->ctx->stage_test(iface->ctx, c->ticket, 1, &e); /* no copy may still run */
             c->ticket = NULL;
         }
-        if (c->desc != NULL && iface->worker != NULL)
-            ucp_am_data_release(iface->worker, c->desc);
+        if (c->desc != NULL)
+            ucp_am_data_release(c->worker, c->desc);
         c->desc = NULL;
     }
     xp->chunks = NULL;
@@ -976,10 +986,37 @@ void kvli_ucx_stage_release_descs(kvli_ucx_iface_t *iface)
             j->desc = NULL;
         }
     for (kvli_ucx_chunk_t *c = iface->stage_live; c != NULL; c = c->live_next)
-        if (c->desc != NULL) {
-            ucp_am_data_release(iface->worker, c->desc);
+        if (c->desc != NULL && c->worker != NULL) {
+            ucp_am_data_release(c->worker, c->desc);
             c->desc = NULL;
         }
+}
+
+void kvli_ucx_stage_worker_release(kvli_ucx_iface_t *iface, ucp_worker_h w)
+{
+    for (kvli_ucx_chunk_t *c = iface->stage_live; c != NULL; c = c->live_next)
+        if (c->worker == w && c->desc != NULL) {
+            ucp_am_data_release(w, c->desc);
+            c->desc = NULL;
+        }
+}
+
+/* The transfers on a data worker ended before it went (its peers were
+ * unloaded, which cancels them first), so its requests here are orphans:
+ * with the worker destroyed no callback will settle their sends, and
+ * nothing of UCX holds their buffers any more. */
+void kvli_ucx_stage_worker_gone(kvli_ucx_iface_t *iface, ucp_worker_h w)
+{
+    kvli_ucx_chunk_t *c, *n;
+    for (c = iface->stage_live; c != NULL; c = n) {
+        n = c->live_next;
+        if (c->worker != w)
+            continue;
+        c->worker = NULL;
+        if (c->xp != NULL)
+            continue; /* cannot be: its transfer still runs */
+        kvli_ucx_chunk_free(iface, c); /* its tokens too: no callback holds them */
+    }
 }
 
 /* Teardown, after the worker is destroyed: no UCX callback can run now. */

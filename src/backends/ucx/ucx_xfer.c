@@ -306,12 +306,28 @@ void kvli_ucx_xfer_fail(kvli_ucx_iface_t *iface, kvli_ucx_xpriv_t *xp, kvl_statu
                      (unsigned long long)x->total_bytes, xp->peer->name, why,
                      (unsigned long long)xp->confirmed, (unsigned long long)xp->issued);
     snprintf(err.agent, sizeof(err.agent), "%s", xp->peer->name);
-    kvl_bk_error_hint(&err, code == KVL_ERR_REMOTE_DISCONNECT || code == KVL_ERR_TIMEOUT
+    kvl_bk_error_hint(&err, code == KVL_ERR_REMOTE_DISCONNECT
                       ? "the peer process died or stopped answering: check it; once it "
                         "restarts, load its new metadata and post again"
+                      : code == KVL_ERR_TIMEOUT
+                      ? "the peer is alive but moved nothing for the timeout: check whether it "
+                        "is stopped, hung or starved of CPU; posting again tries again; raise "
+                        "the timeout if it is only slow"
                       : "check both agents' logs and UCX_TLS; the bytes not confirmed may or "
                         "may not have landed");
     kvli_ucx_xfer_complete(iface, xp, code, &err);
+}
+
+/* A put or get completed: the peer is making progress. Runs inside
+ * ucp_worker_progress of the peer's data worker; a peer closed while UCX
+ * still holds some of these is kept until the worker is gone (zombie). */
+static void kvli_ucx_rma_cb(void *req, ucs_status_t status, void *user_data)
+{
+    kvli_ucx_peer_t *peer = user_data;
+    if (status == UCS_OK)
+        atomic_store(&peer->heard_ms, kvli_clock_ms());
+    atomic_fetch_sub(&peer->rma_out, 1);
+    ucp_request_free(req);
 }
 
 /* Issue the next batch of blocks; returns the first error status. */
@@ -325,24 +341,31 @@ static ucs_status_t kvli_ucx_xfer_issue(kvli_ucx_xpriv_t *xp)
     kvli_piece_t p;
 
     memset(&rp, 0, sizeof(rp));
-    rp.op_attr_mask = UCP_OP_ATTR_FIELD_MEMH;
-    /* whole blocks: RMA has no size limit per operation */
+    rp.op_attr_mask = UCP_OP_ATTR_FIELD_MEMH | UCP_OP_ATTR_FIELD_CALLBACK |
+                      UCP_OP_ATTR_FIELD_USER_DATA;
+    rp.cb.send = kvli_ucx_rma_cb;
+    rp.user_data = xp->peer;
+    /* Pieces of at most KVLI_UCX_PIECE bytes: each completion is a sign of
+     * the peer's progress, so a slow peer is never taken for a silent one
+     * (the flush of a batch can take long under load). */
     while (bytes < KVLI_UCX_BATCH_BYTES && ops < KVLI_UCX_BATCH_OPS &&
-           kvli_chunk_peek(&xp->cur, x->segs, x->nsegs, UINT64_MAX, &p)) {
+           kvli_chunk_peek(&xp->cur, x->segs, x->nsegs, KVLI_UCX_PIECE, &p)) {
         const kvl_seg_t *sg = &x->segs[p.seg];
         const kvli_ucx_mh_t *mh = x->lmh[sg->lreg];
         const kvli_ucx_rh_t *rh = x->rmh[sg->rreg];
         void *l = (void *)(uintptr_t)p.laddr;
         ucs_status_ptr_t req;
         rp.memh = mh->memh;
+        atomic_fetch_add(&xp->peer->rma_out, 1); /* before: the callback may run first */
         if (x->op == KVL_WRITE)
             req = ucp_put_nbx(ep, l, p.len, p.raddr, rh->rkey, &rp);
         else
             req = ucp_get_nbx(ep, l, p.len, p.raddr, rh->rkey, &rp);
+        if (req == NULL || UCS_PTR_IS_ERR(req))
+            atomic_fetch_sub(&xp->peer->rma_out, 1); /* no callback will come */
         if (UCS_PTR_IS_ERR(req))
             return UCS_PTR_STATUS(req);
-        if (req != NULL)
-            ucp_request_free(req); /* completion is covered by the flush */
+        /* a request completes (callback) later; NULL: done already */
         bytes += p.len;
         ops++;
         xp->issued += p.len;
@@ -351,17 +374,41 @@ static ucs_status_t kvli_ucx_xfer_issue(kvli_ucx_xpriv_t *xp)
     return UCS_OK;
 }
 
-/* No answer from the peer for idle ms: it counts as dead from now on. */
-void kvli_ucx_peer_stalled(kvli_ucx_iface_t *iface, kvli_ucx_peer_t *peer, uint64_t idle)
+/* kvl_agent_destroy: end xp now, whatever the peer does. CANCELED when
+ * nothing of it can land any more; else the peer is given up (its endpoint
+ * is closed forced when destroy unloads it) and the error says how many
+ * bytes may still land. */
+static void kvli_ucx_xfer_give_up(kvli_ucx_iface_t *iface, kvli_ucx_xpriv_t *xp)
 {
-    pthread_mutex_lock(&iface->lock);
-    if (!peer->dead) {
-        peer->dead = 1;
-        peer->dead_status = UCS_ERR_TIMED_OUT;
-        snprintf(peer->dead_what, sizeof(peer->dead_what), "agent '%.60s' stopped answering "
-                 "(no UCX completion for %llu ms)", peer->name, (unsigned long long)idle);
+    kvl_bk_xfer_t *x = xp->x;
+    uint64_t may = xp->staged ? kvli_ucx_stage_unconfirmed(xp) : xp->issued - xp->confirmed;
+    int notif_out = xp->state == KVLI_UCX_X_NOTIF;
+    kvl_error_t err;
+
+    if (may == 0 && !notif_out) {
+        kvli_ucx_xfer_complete(iface, xp, KVL_ERR_CANCELED, NULL);
+        return;
     }
+    pthread_mutex_lock(&iface->lock);
+    kvli_ucx_peer_mark_dead(iface, xp->peer, UCS_ERR_CANCELED, "the agent is being destroyed: "
+                            "requests still in flight were given up");
     pthread_mutex_unlock(&iface->lock);
+    if (notif_out)
+        kvl_bk_error_set(&err, KVL_ERR_REMOTE_DISCONNECT, 0, KVLI_UCX_NAME, -1,
+                         "%s of %llu bytes with agent '%.60s' given up as the agent is "
+                         "destroyed: every byte is in place, its notification may or may not "
+                         "arrive", x->op == KVL_WRITE ? "WRITE" : "READ",
+                         (unsigned long long)x->total_bytes, xp->peer->name);
+    else
+        kvl_bk_error_set(&err, KVL_ERR_REMOTE_DISCONNECT, 0, KVLI_UCX_NAME, -1,
+                         "%s of %llu bytes with agent '%.60s' given up as the agent is "
+                         "destroyed: up to %llu bytes issued and not confirmed may still land "
+                         "(%llu confirmed in place before)", x->op == KVL_WRITE ? "WRITE" : "READ",
+                         (unsigned long long)x->total_bytes, xp->peer->name,
+                         (unsigned long long)may, (unsigned long long)xp->confirmed);
+    snprintf(err.agent, sizeof(err.agent), "%s", xp->peer->name);
+    kvl_bk_error_hint(&err, "treat the destination blocks as undefined and write them again");
+    kvli_ucx_xfer_complete(iface, xp, KVL_ERR_REMOTE_DISCONNECT, &err);
 }
 
 static void kvli_ucx_xfer_advance(kvli_ucx_iface_t *iface, kvli_ucx_xpriv_t *xp)
@@ -370,17 +417,22 @@ static void kvli_ucx_xfer_advance(kvli_ucx_iface_t *iface, kvli_ucx_xpriv_t *xp)
     kvli_ucx_peer_t *peer = xp->peer;
     char why[300];
     ucs_status_t s;
-    int cancel, dead;
+    int cancel, dead, abort;
 
     for (;;) {
         pthread_mutex_lock(&iface->lock);
         cancel = xp->cancel;
+        abort = xp->abort;
         dead = peer->dead;
         if (dead)
             snprintf(why, sizeof(why), "%.200s", peer->dead_what);
         pthread_mutex_unlock(&iface->lock);
         if (xp->last_ms == 0)
             xp->last_ms = kvli_clock_ms();
+        if (abort) {
+            kvli_ucx_xfer_give_up(iface, xp);
+            return;
+        }
 
         if (xp->state == KVLI_UCX_X_ISSUE && xp->staged) {
             if (dead) {
@@ -475,16 +527,24 @@ static void kvli_ucx_xfer_advance(kvli_ucx_iface_t *iface, kvli_ucx_xpriv_t *xp)
             return;
         }
 
-        /* FLUSH or NOTIF: wait for the token, bounded */
+        /* FLUSH or NOTIF: wait for the token. The bound is on silence:
+         * it runs from the last sign of progress of this transfer or of
+         * the peer (any put/get to it completing), so a slow peer under
+         * load is never failed while it moves. A dead peer is UCX's to
+         * report (error callback), long before this. */
         if (!kvli_ucx_tok_done(iface, xp->tok, &s)) {
-            uint64_t idle = kvli_clock_ms() - xp->last_ms;
+            uint64_t now = kvli_clock_ms(), heard = atomic_load(&peer->heard_ms);
+            uint64_t last = heard > xp->last_ms ? heard : xp->last_ms;
+            uint64_t idle = now > last ? now - last : 0;
             if (dead) {
                 kvli_ucx_xfer_fail(iface, xp, KVL_ERR_REMOTE_DISCONNECT, why);
             } else if (idle > xp->timeout_ms) {
-                snprintf(why, sizeof(why), "no completion from the peer for %llu ms (bound "
-                         "%llu ms): it stopped answering", (unsigned long long)idle,
+                /* this transfer only: the peer is not declared dead, the
+                 * next posting tries again */
+                snprintf(why, sizeof(why), "no progress from the peer for %llu ms (bound "
+                         "%llu ms), although UCX still counts it alive: it is stopped or "
+                         "overloaded", (unsigned long long)idle,
                          (unsigned long long)xp->timeout_ms);
-                kvli_ucx_peer_stalled(iface, peer, idle);
                 kvli_ucx_xfer_fail(iface, xp, KVL_ERR_TIMEOUT, why);
             }
             return;
@@ -510,6 +570,7 @@ static void kvli_ucx_xfer_advance(kvli_ucx_iface_t *iface, kvli_ucx_xpriv_t *xp)
         }
         xp->confirmed = xp->issued;
         xp->last_ms = kvli_clock_ms();
+        atomic_store(&peer->heard_ms, xp->last_ms);
         xp->state = KVLI_UCX_X_ISSUE;
         /* loop: next batch, cancel, or the notification */
     }
@@ -527,9 +588,21 @@ static void kvli_ucx_xfer_release(kvli_ucx_iface_t *iface, kvli_ucx_xpriv_t *xp)
         free(xp);
 }
 
+/* The progress thread did not run for a while (this process starved of
+ * CPU): that time is not the peers' silence. While transfers run it never
+ * sleeps more than 1 ms, so a gap this long means it was not scheduled. */
+#define KVLI_UCX_STARVED_MS 100u
+
 int kvli_ucx_xfer_progress(kvli_ucx_iface_t *iface)
 {
     kvli_ucx_xpriv_t **pp, *xp;
+    uint64_t now = kvli_clock_ms(), gap = iface->turn_ms ? now - iface->turn_ms : 0;
+
+    iface->turn_ms = now;
+    if (gap > KVLI_UCX_STARVED_MS)
+        for (xp = iface->running; xp != NULL; xp = xp->next)
+            if (xp->last_ms != 0)
+                xp->last_ms += gap;
 
     pthread_mutex_lock(&iface->lock);
     if (iface->queue != NULL) {
@@ -569,13 +642,15 @@ static kvli_ucx_xpriv_t *kvli_ucx_xfer_find(kvli_ucx_iface_t *iface, const kvl_b
 
 /* Ask the progress thread to stop xp and wait until xfer_done was called.
  * Called and returns with iface->lock held. */
-static void kvli_ucx_xfer_stop_wait(kvli_ucx_iface_t *iface, kvli_ucx_xpriv_t *xp)
+static void kvli_ucx_xfer_stop_wait(kvli_ucx_iface_t *iface, kvli_ucx_xpriv_t *xp, int abort)
 {
     struct timespec dl;
     uint64_t ms = 2 * xp->timeout_ms + 1000;
     int expect = 0, free_now;
 
     xp->cancel = 1;
+    if (abort)
+        xp->abort = 1;
     xp->waiters++;
     clock_gettime(CLOCK_MONOTONIC, &dl);
     dl.tv_sec += (time_t)(ms / 1000u);
@@ -610,15 +685,27 @@ static void kvli_ucx_xfer_stop_wait(kvli_ucx_iface_t *iface, kvli_ucx_xpriv_t *x
         free(xp);
 }
 
-void kvli_ucx_xfer_cancel(void *bk, kvl_bk_xfer_t *x)
+static void kvli_ucx_xfer_stop(void *bk, kvl_bk_xfer_t *x, int abort)
 {
     kvli_ucx_iface_t *iface = bk;
     kvli_ucx_xpriv_t *xp;
     pthread_mutex_lock(&iface->lock);
     xp = kvli_ucx_xfer_find(iface, x, NULL);
     if (xp != NULL && atomic_load(&xp->done_called) == 0)
-        kvli_ucx_xfer_stop_wait(iface, xp);
+        kvli_ucx_xfer_stop_wait(iface, xp, abort);
     pthread_mutex_unlock(&iface->lock);
+}
+
+void kvli_ucx_xfer_cancel(void *bk, kvl_bk_xfer_t *x)
+{
+    kvli_ucx_xfer_stop(bk, x, 0);
+}
+
+/* kvl_agent_destroy: like cancel, but without waiting for answers from the
+ * peer (a stopped one would hold destroy for the transfer's timeout). */
+void kvli_ucx_xfer_abort(void *bk, kvl_bk_xfer_t *x)
+{
+    kvli_ucx_xfer_stop(bk, x, 1);
 }
 
 void kvli_ucx_xfer_cancel_peer(kvli_ucx_iface_t *iface, kvli_ucx_peer_t *peer)
@@ -627,7 +714,7 @@ void kvli_ucx_xfer_cancel_peer(kvli_ucx_iface_t *iface, kvli_ucx_peer_t *peer)
     pthread_mutex_lock(&iface->lock);
     while ((xp = kvli_ucx_xfer_find(iface, NULL, peer)) != NULL &&
            atomic_load(&xp->done_called) == 0)
-        kvli_ucx_xfer_stop_wait(iface, xp);
+        kvli_ucx_xfer_stop_wait(iface, xp, 0);
     pthread_mutex_unlock(&iface->lock);
 }
 
