@@ -108,6 +108,11 @@ kvli_region_t *kvli_registry_find(kvl_agent_t *a, uint64_t addr, uint64_t len);
 kvli_region_t *kvli_registry_overlap(kvl_agent_t *a, uint64_t addr, uint64_t len);
 /* Nearest region to addr, for messages; NULL when none. */
 kvli_region_t *kvli_registry_nearest(kvl_agent_t *a, uint64_t addr);
+/* Backend b stops peers' direct access to region r and waits for their
+ * copies in progress (ops->mem_revoke with revoke 1); KVL_OK also when r is
+ * not on b or b has no such slot. Agent lock held. */
+kvl_status_t kvli_region_revoke_on(kvl_agent_t *a, kvli_region_t *r, unsigned b,
+                                   kvl_error_t *e);
 unsigned kvli_registry_unpinned(kvl_agent_t *a);
 void kvli_registry_destroy(kvl_agent_t *a);
 /* Free the allocations made by backends (before they close: backends=true)

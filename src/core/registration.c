@@ -672,6 +672,17 @@ static void kvli_region_revoke_undo(kvl_agent_t *a, kvli_region_t *r, unsigned u
             a->bks[b]->ops->mem_revoke(a->bks[b]->bk, r->mh[b], 0, NULL);
 }
 
+kvl_status_t kvli_region_revoke_on(kvl_agent_t *a, kvli_region_t *r, unsigned b,
+                                   kvl_error_t *e)
+{
+    const kvl_backend_ops_t *ops = a->bks[b]->ops;
+    if (!(r->bk_mask & (1u << b)) || ops->mem_revoke == NULL)
+        return KVL_OK;
+    memset(e, 0, offsetof(kvl_error_t, causes));
+    e->device = -1;
+    return ops->mem_revoke(a->bks[b]->bk, r->mh[b], 1, e);
+}
+
 /* Under the agent lock: every backend stops peers' direct access to the
  * regions this call drops for good (ops->mem_revoke, bounded by the
  * backend's timeout). All or nothing: on a refusal, access is restored. */
@@ -683,13 +694,8 @@ static kvl_status_t kvli_regions_revoke(kvl_agent_t *a, const kvli_drop_t *drops
             continue;
         kvli_region_t *r = drops[i].r;
         for (unsigned b = 0; b < a->nbks; b++) {
-            const kvl_backend_ops_t *ops = a->bks[b]->ops;
             kvl_error_t e;
-            if (!(r->bk_mask & (1u << b)) || ops->mem_revoke == NULL)
-                continue;
-            memset(&e, 0, offsetof(kvl_error_t, causes));
-            e.device = -1;
-            if (ops->mem_revoke(a->bks[b]->bk, r->mh[b], 1, &e) == KVL_OK)
+            if (kvli_region_revoke_on(a, r, b, &e) == KVL_OK)
                 continue;
             memcpy(err, &e, offsetof(kvl_error_t, causes));
             err->n_causes = err->n_causes_dropped = 0;

@@ -178,17 +178,12 @@ void kvli_registry_destroy(kvl_agent_t *a)
          * mapped memfds) stop, and copies in progress finish, before the
          * memory is given back: as for kvl_mem_deregister. */
         for (unsigned b = 0; b < a->nbks; b++) {
-            const kvl_backend_ops_t *ops = a->bks[b]->ops;
             kvl_error_t e;
-            if (!(r->bk_mask & (1u << b)) || ops->mem_revoke == NULL)
-                continue;
-            memset(&e, 0, offsetof(kvl_error_t, causes));
-            e.device = -1;
-            if (ops->mem_revoke(a->bks[b]->bk, r->mh[b], 1, &e) != KVL_OK)
+            if (kvli_region_revoke_on(a, r, b, &e) != KVL_OK)
                 kvli_log(KVL_LOG_WARN, "core", "agent '%s' destroyed while a peer still "
                          "copied into 0x%llx+%llu over %s: %.400s", a->name,
-                         (unsigned long long)r->addr, (unsigned long long)r->len, ops->name,
-                         e.what);
+                         (unsigned long long)r->addr, (unsigned long long)r->len,
+                         a->bks[b]->ops->name, e.what);
         }
         kvli_region_unregister_backends(a, r);
         kvli_region_put(r);

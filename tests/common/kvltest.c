@@ -64,6 +64,32 @@ void kt_fill(void *p, size_t len, uint64_t seed)
         b[i] = (unsigned char)kt_mix(seed ^ (i >> 3)) >> ((i & 7) ? 0 : 0) ^ (unsigned char)(i * 131);
 }
 
+int kt_count_fds(void)
+{
+    DIR *d = opendir("/proc/self/fd");
+    struct dirent *e;
+    int n = 0;
+    KT_CHECK(d != NULL);
+    while ((e = readdir(d)) != NULL)
+        if (e->d_name[0] != '.')
+            n++;
+    closedir(d);
+    return n - 1; /* the directory's own fd */
+}
+
+int kt_count_maps(const char *needle)
+{
+    FILE *f = fopen("/proc/self/maps", "r");
+    char line[512];
+    int n = 0;
+    KT_CHECK(f != NULL);
+    while (fgets(line, sizeof(line), f) != NULL)
+        if (needle == NULL || strstr(line, needle) != NULL)
+            n++;
+    fclose(f);
+    return n;
+}
+
 long kt_verify(const void *p, size_t len, uint64_t seed)
 {
     const unsigned char *b = p;

@@ -43,6 +43,11 @@ void kt_fail_at(const char *file, int line, const char *expr, int with_error);
         exit(77);                                        \
     } while (0)
 
+/* This process's open file descriptors, and its mappings whose line in
+ * /proc/self/maps contains needle (NULL: all): for "nothing grows" checks. */
+int kt_count_fds(void);
+int kt_count_maps(const char *needle);
+
 /* The last error's rendered text contains needle. */
 int kt_error_has(const char *needle);
 #define KT_ERROR_HAS(needle)                                                    \

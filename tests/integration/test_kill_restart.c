@@ -12,38 +12,12 @@
  * descriptors and mappings do not grow, and our memory stays registered
  * and deregisters (no request of a dead peer holds it).
  * Nothing is timed: each wait is for an event, bounded. */
-#include <dirent.h>
 #include <string.h>
 #include <time.h>
 #include "common/kvltest.h"
 
 #define BUF (1u << 20)
 #define ROUNDS 100
-
-static int count_fds(void)
-{
-    DIR *d = opendir("/proc/self/fd");
-    struct dirent *e;
-    int n = 0;
-    KT_CHECK(d != NULL);
-    while ((e = readdir(d)) != NULL)
-        if (e->d_name[0] != '.')
-            n++;
-    closedir(d);
-    return n - 1;
-}
-
-static int count_maps(void)
-{
-    FILE *f = fopen("/proc/self/maps", "r");
-    char line[512];
-    int n = 0;
-    KT_CHECK(f != NULL);
-    while (fgets(line, sizeof(line), f) != NULL)
-        n++;
-    fclose(f);
-    return n;
-}
 
 static kvl_xfer_t *write_to(kvl_agent_t *a, uint8_t *buf, const kt_peer_t *p)
 {
@@ -91,11 +65,11 @@ static void rounds(const char *backend, int shareable)
         KT_CHECK(st != KVL_OK && st != KVL_IN_PROGRESS);
         kvl_xfer_release(x);
         if (i == 4) {
-            fds0 = count_fds();
-            maps0 = count_maps();
+            fds0 = kt_count_fds();
+            maps0 = kt_count_maps(NULL);
         }
     }
-    int fds = count_fds(), maps = count_maps();
+    int fds = kt_count_fds(), maps = kt_count_maps(NULL);
     printf("%s%s: %d rounds; fds %d -> %d, mappings %d -> %d\n", backend,
            shareable ? " (shareable)" : "", ROUNDS, fds0, fds, maps0, maps);
     KT_CHECK(fds <= fds0 + 4);
@@ -124,19 +98,19 @@ static void initiators_killed(const char *backend)
         kt_peer_write_loop(&p, "kr-target2", d.addr);
         kt_peer_kill(&p);
         if (i == 4) {
-            fds0 = count_fds();
-            maps0 = count_maps();
+            fds0 = kt_count_fds();
+            maps0 = kt_count_maps(NULL);
         }
     }
     /* every dead writer's connection is noticed and closed: wait for that
      * (bounded), then compare */
-    int fds = count_fds();
+    int fds = kt_count_fds();
     for (int w = 0; w < 2000 && fds > fds0 + 4; w++) {
         struct timespec ts = {0, 5000000};
         nanosleep(&ts, NULL);
-        fds = count_fds();
+        fds = kt_count_fds();
     }
-    int maps = count_maps();
+    int maps = kt_count_maps(NULL);
     printf("%s target, %d initiators killed mid-WRITE: fds %d -> %d, mappings %d -> %d\n",
            backend, ROUNDS, fds0, fds, maps0, maps);
     KT_CHECK(fds <= fds0 + 4);

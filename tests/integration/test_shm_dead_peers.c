@@ -4,7 +4,6 @@
  * each death is noticed, its socket, pidfd, mapping and guard table must be
  * given back, although the peer stays loaded (a transfer to it says
  * "disconnected"). Counted from /proc/self: no timing, bounded waits. */
-#include <dirent.h>
 #include <string.h>
 #include <time.h>
 #include <sys/mman.h>
@@ -13,33 +12,6 @@
 #define BUF (4u << 20)
 #define PEERS 20
 
-static int count_fds(void)
-{
-    DIR *d = opendir("/proc/self/fd");
-    struct dirent *e;
-    int n = 0;
-    KT_CHECK(d != NULL);
-    while ((e = readdir(d)) != NULL)
-        if (e->d_name[0] != '.')
-            n++;
-    closedir(d);
-    return n - 1; /* the directory's own fd */
-}
-
-/* Mappings of other agents' memfds ("kvlane" buffers and guard tables). */
-static int count_peer_maps(void)
-{
-    FILE *f = fopen("/proc/self/maps", "r");
-    char line[512];
-    int n = 0;
-    KT_CHECK(f != NULL);
-    while (fgets(line, sizeof(line), f) != NULL)
-        if (strstr(line, "/memfd:") != NULL)
-            n++;
-    fclose(f);
-    return n;
-}
-
 int main(void)
 {
     kvl_agent_t *a = kt_agent("survivor", "shm", NULL);
@@ -47,7 +19,7 @@ int main(void)
     KT_CHECK(buf != MAP_FAILED);
     kvl_mem_desc_t d = {(uint64_t)(uintptr_t)buf, BUF, KVL_DEV_ANY};
     KT_OK(kvl_mem_register(a, &d, 1, NULL, NULL));
-    int fds0 = count_fds(), maps0 = count_peer_maps();
+    int fds0 = kt_count_fds(), maps0 = kt_count_maps("/memfd:");
     printf("before: %d fds, %d memfd mappings\n", fds0, maps0);
 
     kt_peer_t p[PEERS];
@@ -57,7 +29,7 @@ int main(void)
         kt_peer_opts_t o = {.name = name[i], .len = BUF, .shareable = 1};
         kt_peer_start(&p[i], &o, a); /* loads its metadata here: maps its buffer */
     }
-    int fds1 = count_fds(), maps1 = count_peer_maps();
+    int fds1 = kt_count_fds(), maps1 = kt_count_maps("/memfd:");
     printf("with %d live peers: %d fds, %d memfd mappings\n", PEERS, fds1, maps1);
     KT_CHECK(maps1 >= maps0 + PEERS); /* the test sees what it is meant to */
     for (int i = 0; i < PEERS; i++)
@@ -67,8 +39,8 @@ int main(void)
     struct timespec nap = {0, 2000000};
     int fds2 = 0, maps2 = 0;
     for (int i = 0; i < 10000; i++) {
-        fds2 = count_fds();
-        maps2 = count_peer_maps();
+        fds2 = kt_count_fds();
+        maps2 = kt_count_maps("/memfd:");
         if (fds2 <= fds0 && maps2 <= maps0)
             break;
         nanosleep(&nap, NULL);

@@ -114,31 +114,49 @@ static void race_round(int shareable, unsigned round)
     munmap(buf, BUF);
 }
 
-static void dead_initiator(void)
-{
-    kvl_agent_t *a = kt_agent("target2", "shm", NULL);
-    uint8_t *buf = mmap(NULL, BUF, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    KT_CHECK(buf != MAP_FAILED);
-    memset(buf, 0, BUF);
-    kvl_mem_desc_t d = {(uint64_t)(uintptr_t)buf, BUF, KVL_DEV_ANY};
-    KT_OK(kvl_mem_register(a, &d, 1, NULL, NULL));
+/* An agent `name` with a 4 MiB buffer registered, and a peer `writer` that
+ * WRITEs its buffer (pattern of seed) into ours in a loop; returns once
+ * its bytes have arrived (a whole transfer landed). */
+typedef struct looped {
+    kvl_agent_t *a;
+    uint8_t *buf;
+    kvl_mem_desc_t d;
     kt_peer_t p;
-    kt_peer_opts_t o = {.name = "writer", .len = BUF};
-    kt_peer_start(&p, &o, a);
+} looped_t;
+
+static void writer_looping(looped_t *l, const char *name, const char *writer, uint64_t seed)
+{
+    l->a = kt_agent(name, "shm", NULL);
+    l->buf = mmap(NULL, BUF, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    KT_CHECK(l->buf != MAP_FAILED);
+    memset(l->buf, 0, BUF);
+    l->d = (kvl_mem_desc_t){(uint64_t)(uintptr_t)l->buf, BUF, KVL_DEV_ANY};
+    KT_OK(kvl_mem_register(l->a, &l->d, 1, NULL, NULL));
+    kt_peer_opts_t o = {.name = writer, .len = BUF};
+    kt_peer_start(&l->p, &o, l->a);
     void *blob;
     size_t blen;
-    KT_OK(kvl_metadata_get(a, &blob, &blen));
-    kt_peer_load(&p, blob, blen);
+    KT_OK(kvl_metadata_get(l->a, &blob, &blen));
+    kt_peer_load(&l->p, blob, blen);
     kvl_free(blob);
-    kt_peer_fill(&p, 99);
-    kt_peer_write_loop(&p, "target2", d.addr);
-    /* wait until its bytes arrive (its last byte: a whole transfer landed) */
+    kt_peer_fill(&l->p, seed);
+    kt_peer_write_loop(&l->p, name, l->d.addr);
     uint8_t want[64];
-    kt_fill(want, sizeof(want), 99);
+    kt_fill(want, sizeof(want), seed);
     struct timespec nap = {0, 1000000};
-    for (int i = 0; i < 30000 && memcmp(buf, want, sizeof(want)) != 0; i++)
+    for (int i = 0; i < 30000 && memcmp(l->buf, want, sizeof(want)) != 0; i++)
         nanosleep(&nap, NULL); /* 30 s at most: a bound, not a measurement */
-    KT_CHECK(memcmp(buf, want, sizeof(want)) == 0);
+    KT_CHECK(memcmp(l->buf, want, sizeof(want)) == 0);
+}
+
+static void dead_initiator(void)
+{
+    looped_t l;
+    writer_looping(&l, "target2", "writer", 99);
+    kvl_agent_t *a = l.a;
+    kvl_mem_desc_t d = l.d;
+    uint8_t *buf = l.buf;
+    kt_peer_t p = l.p;
     kt_peer_kill(&p); /* mid-loop: its guard entry may well stay busy */
     kvl_status_t st = kvl_mem_deregister(a, &d, 1);
     if (st != KVL_OK)
@@ -151,34 +169,17 @@ static void dead_initiator(void)
 
 static void destroyed_under_writer(unsigned round)
 {
-    kvl_agent_t *a = kt_agent("target3", "shm", NULL);
-    uint8_t *buf = mmap(NULL, BUF, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    KT_CHECK(buf != MAP_FAILED);
-    memset(buf, 0, BUF);
-    kvl_mem_desc_t d = {(uint64_t)(uintptr_t)buf, BUF, KVL_DEV_ANY};
-    KT_OK(kvl_mem_register(a, &d, 1, NULL, NULL));
-    kt_peer_t p;
-    kt_peer_opts_t o = {.name = "writer3", .len = BUF};
-    kt_peer_start(&p, &o, a);
-    void *blob;
-    size_t blen;
-    KT_OK(kvl_metadata_get(a, &blob, &blen));
-    kt_peer_load(&p, blob, blen);
-    kvl_free(blob);
-    kt_peer_fill(&p, 98);
-    kt_peer_write_loop(&p, "target3", d.addr);
-    uint8_t want[64];
-    kt_fill(want, sizeof(want), 98);
-    struct timespec nap = {0, 1000000};
-    for (int i = 0; i < 30000 && memcmp(buf, want, sizeof(want)) != 0; i++)
-        nanosleep(&nap, NULL); /* 30 s at most: a bound, not a measurement */
-    KT_CHECK(memcmp(buf, want, sizeof(want)) == 0);
+    looped_t l;
+    writer_looping(&l, "target3", "writer3", 98);
+    kvl_agent_t *a = l.a;
+    uint8_t *buf = l.buf;
+    kt_peer_t p = l.p;
     kvl_agent_destroy(a); /* mid-loop */
     kt_fill(buf, BUF, 500 + round);
     /* the peer's loop ends with a failure, which it reports */
-    uint64_t l;
-    kvl_status_t *st = kt_recv_msg(p.from, &l, 30000);
-    KT_CHECK(st != NULL && l == sizeof(*st) && *st != KVL_OK);
+    uint64_t mlen;
+    kvl_status_t *st = kt_recv_msg(p.from, &mlen, 30000);
+    KT_CHECK(st != NULL && mlen == sizeof(*st) && *st != KVL_OK);
     if (round == 0)
         printf("  the writer's loop ended with %s\n", kvl_status_name(*st));
     free(st);

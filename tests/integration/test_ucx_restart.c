@@ -23,7 +23,6 @@
  * guards). Skips (77) without the ucx module.
  * KVL_TEST_LABELS: ucx
  */
-#include <dirent.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -70,17 +69,6 @@ static long rss_kb(void)
             kb = strtol(line + 6, NULL, 10);
     fclose(f);
     return kb;
-}
-
-static int fd_count(void)
-{
-    int n = 0;
-    DIR *d = opendir("/proc/self/fd");
-    KT_CHECK(d != NULL);
-    while (readdir(d) != NULL)
-        n++;
-    closedir(d);
-    return n - 3; /* ".", "..", the directory's own */
 }
 
 static kvl_xfer_t *mk(kvl_agent_t *a, const char *to, uint64_t l, uint64_t r, uint64_t len)
@@ -178,16 +166,16 @@ static void run_mode(const char *label, const char *params, int rounds)
         }
         if (round + 1 == WARMUP) {
             rss0 = rss_kb();
-            fds0 = fd_count();
+            fds0 = kt_count_fds();
         }
         if ((round + 1) % 20 == 0) {
             printf("round %d: %.1f s, RSS %ld kB, %d fds\n", round + 1, now_s() - t_start,
-                   rss_kb(), fd_count());
+                   rss_kb(), kt_count_fds());
             fflush(stdout);
         }
     }
     long rss1 = rss_kb();
-    int fds1 = fd_count();
+    int fds1 = kt_count_fds();
     printf("%s: %d rounds in %.1f s; a peer killed mid-transfer noticed after %.3f s on "
            "average, %.3f s at most; RSS %ld -> %ld kB, fds %d -> %d (after round %d -> "
            "after round %d)\n", label, rounds, now_s() - t_start,
