@@ -24,8 +24,12 @@ enum {
     KVL_AGENT_CFG_BACKENDS = 1u << 0,   /* create_backends is set */
     KVL_AGENT_CFG_TIMEOUT = 1u << 1,    /* timeout_ms is set */
     KVL_AGENT_CFG_WORKERS = 1u << 2,    /* workers is set */
-    KVL_AGENT_CFG_SECRET = 1u << 3      /* secret is set */
+    KVL_AGENT_CFG_SECRET = 1u << 3,     /* secret is set */
+    KVL_AGENT_CFG_NOTIF_BOUND = 1u << 4 /* notif_max_bytes, notif_max_msgs are set */
 };
+
+#define KVL_NOTIF_QUEUE_BYTES_DEFAULT (64ull << 20)
+#define KVL_NOTIF_QUEUE_MSGS_DEFAULT 65536u
 
 /*
  * Agent configuration. Set field_mask to the fields you filled in; other
@@ -43,6 +47,13 @@ typedef struct kvl_agent_config {
     /* Shared secret (NUL-terminated) that the listener and network data
      * connections require from peers; default none. */
     const char *secret;
+    /* Bound of the notifications received and not yet taken by the
+     * application (kvl_notif_poll): total message bytes and message count
+     * (0: the default, KVL_NOTIF_QUEUE_BYTES_DEFAULT = 64 MiB and
+     * KVL_NOTIF_QUEUE_MSGS_DEFAULT = 65536). A notification that would pass
+     * either is refused: its sender gets KVL_ERR_REMOTE_FULL. */
+    uint64_t notif_max_bytes;
+    uint64_t notif_max_msgs;
 } kvl_agent_config_t;
 
 /*

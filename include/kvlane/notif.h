@@ -20,7 +20,9 @@ typedef struct kvl_notif {
 } kvl_notif_t;
 
 /* Send a message to a loaded remote agent, over the first backend of both
- * that carries notifications. */
+ * that carries notifications. Returns once the remote agent queued it (shm,
+ * tcp, cuda): KVL_ERR_REMOTE_FULL when its queue is full (its application
+ * has not taken its notifications: see kvl_notif_queue_info). */
 kvl_status_t kvl_notif_send(kvl_agent_t *agent, const char *remote,
                             const void *msg, size_t len);
 
@@ -36,6 +38,21 @@ kvl_status_t kvl_notif_poll(kvl_agent_t *agent, kvl_notif_t *out, size_t max,
 kvl_status_t kvl_notif_wait(kvl_agent_t *agent, int64_t timeout_ms);
 
 void kvl_notif_free(kvl_notif_t *n);
+
+/*
+ * The queue of received notifications the application has not taken yet,
+ * and its bound (kvl_agent_config_t notif_max_bytes / notif_max_msgs). A
+ * notification that would take msgs past max_msgs or bytes (message bytes)
+ * past max_bytes is refused and its sender gets KVL_ERR_REMOTE_FULL;
+ * refused counts them since the agent was created.
+ */
+typedef struct kvl_notif_queue_info {
+    uint64_t msgs, bytes;
+    uint64_t max_msgs, max_bytes;
+    uint64_t refused;
+} kvl_notif_queue_info_t;
+
+kvl_status_t kvl_notif_queue_info(kvl_agent_t *agent, kvl_notif_queue_info_t *info);
 
 #ifdef __cplusplus
 }

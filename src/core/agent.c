@@ -67,6 +67,14 @@ kvl_status_t kvl_agent_create(const char *name, const kvl_agent_config_t *cfg, k
         }
         memcpy(a->secret, cfg->secret, a->secret_len);
     }
+    a->nq_max_bytes = KVL_NOTIF_QUEUE_BYTES_DEFAULT;
+    a->nq_max_msgs = KVL_NOTIF_QUEUE_MSGS_DEFAULT;
+    if (cfg && (cfg->field_mask & KVL_AGENT_CFG_NOTIF_BOUND)) {
+        if (cfg->notif_max_bytes)
+            a->nq_max_bytes = cfg->notif_max_bytes;
+        if (cfg->notif_max_msgs)
+            a->nq_max_msgs = cfg->notif_max_msgs;
+    }
     a->last_err.device = -1;
     pthread_mutex_init(&a->lock, NULL);
     pthread_mutex_init(&a->notif_lock, NULL);

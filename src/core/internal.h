@@ -209,6 +209,8 @@ typedef struct kvli_notif {
 } kvli_notif_t;
 
 void kvli_notif_deliver(kvl_bk_ctx_t *ctx, const char *from, const void *msg, size_t len);
+kvl_status_t kvli_notif_offer(kvl_bk_ctx_t *ctx, const char *from, const void *msg, size_t len,
+                              char *why, size_t why_len);
 void kvli_notifs_destroy(kvl_agent_t *a);
 
 /* ---- the agent (agent.c) ---- */
@@ -245,6 +247,8 @@ struct kvl_agent {
     pthread_mutex_t notif_lock;
     pthread_cond_t notif_cond;
     kvli_notif_t *nhead, *ntail;
+    /* what the queue holds and its bound (kvl_agent_config_t), under notif_lock */
+    uint64_t nq_bytes, nq_msgs, nq_max_bytes, nq_max_msgs, nq_refused;
 
     pthread_mutex_t err_lock;
     kvl_error_t last_err;

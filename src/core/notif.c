@@ -1,22 +1,55 @@
 /* Notifications: received messages queue on the agent in arrival order. */
 #include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 #include "internal.h"
 
-void kvli_notif_deliver(kvl_bk_ctx_t *ctx, const char *from, const void *msg, size_t len)
+/*
+ * Queue a received notification within the agent's bound. The bound is on
+ * what the application has not taken yet: past it, the notification is
+ * refused (why says so, for the sender), never dropped silently and never
+ * held beyond the bound.
+ */
+kvl_status_t kvli_notif_offer(kvl_bk_ctx_t *ctx, const char *from, const void *msg, size_t len,
+                              char *why, size_t why_len)
 {
     struct kvl_backend *bk = ctx->core;
     kvl_agent_t *a = bk->agent;
+    if (from == NULL)
+        from = "";
+    pthread_mutex_lock(&a->notif_lock);
+    if (a->nq_msgs + 1 > a->nq_max_msgs || a->nq_bytes + len > a->nq_max_bytes) {
+        uint64_t msgs = a->nq_msgs, bytes = a->nq_bytes;
+        a->nq_refused++;
+        pthread_mutex_unlock(&a->notif_lock);
+        if (why != NULL && why_len > 0)
+            snprintf(why, why_len, "agent '%s' holds %" PRIu64 " notifications (%" PRIu64
+                     " bytes) its application has not taken; its bound is %" PRIu64
+                     " notifications or %" PRIu64 " bytes: no room for %zu bytes more",
+                     a->name, msgs, bytes, a->nq_max_msgs, a->nq_max_bytes, len);
+        return KVL_ERR_REMOTE_FULL;
+    }
+    /* counted before the allocation, so concurrent offers cannot pass the bound */
+    a->nq_msgs++;
+    a->nq_bytes += len;
+    pthread_mutex_unlock(&a->notif_lock);
     kvli_notif_t *n = malloc(sizeof(*n) + len + 1);
     if (n == NULL) {
-        kvli_log(KVL_LOG_ERROR, "core", "agent '%s': dropped a %zu-byte notification from '%s': "
-                 "out of memory", a->name, len, from);
-        return;
+        pthread_mutex_lock(&a->notif_lock);
+        a->nq_msgs--;
+        a->nq_bytes -= len;
+        a->nq_refused++;
+        pthread_mutex_unlock(&a->notif_lock);
+        if (why != NULL && why_len > 0)
+            snprintf(why, why_len, "agent '%s' is out of memory: malloc(%zu) of a "
+                     "notification failed", a->name, sizeof(*n) + len + 1);
+        return KVL_ERR_NO_MEMORY;
     }
     n->next = NULL;
-    kvli_scopy(n->from, sizeof(n->from), from ? from : "");
+    kvli_scopy(n->from, sizeof(n->from), from);
     n->len = len;
     if (len)
         memcpy(n->msg, msg, len);
@@ -29,6 +62,18 @@ void kvli_notif_deliver(kvl_bk_ctx_t *ctx, const char *from, const void *msg, si
     a->ntail = n;
     pthread_cond_broadcast(&a->notif_cond);
     pthread_mutex_unlock(&a->notif_lock);
+    return KVL_OK;
+}
+
+/* For backends that cannot answer their sender: a refusal is only logged. */
+void kvli_notif_deliver(kvl_bk_ctx_t *ctx, const char *from, const void *msg, size_t len)
+{
+    char why[400];
+    if (kvli_notif_offer(ctx, from, msg, len, why, sizeof(why)) != KVL_OK) {
+        struct kvl_backend *bk = ctx->core;
+        kvli_log(KVL_LOG_WARN, bk->ops->name, "dropped a notification from '%s': %s; the %s "
+                 "backend cannot tell the sender", from ? from : "", why, bk->ops->name);
+    }
 }
 
 kvl_status_t kvl_notif_poll(kvl_agent_t *a, kvl_notif_t *out, size_t max, size_t *n_p)
@@ -47,6 +92,8 @@ kvl_status_t kvl_notif_poll(kvl_agent_t *a, kvl_notif_t *out, size_t max, size_t
         out[n].len = q->len;
         out[n].msg = m;
         n++;
+        a->nq_msgs--;
+        a->nq_bytes -= q->len;
         a->nhead = q->next;
         if (a->nhead == NULL)
             a->ntail = NULL;
@@ -106,6 +153,22 @@ void kvli_notifs_destroy(kvl_agent_t *a)
         free(q);
     }
     a->ntail = NULL;
+    a->nq_msgs = 0;
+    a->nq_bytes = 0;
+}
+
+kvl_status_t kvl_notif_queue_info(kvl_agent_t *a, kvl_notif_queue_info_t *info)
+{
+    if (a == NULL || info == NULL)
+        return kvli_fail_simple(a, KVL_ERR_INVALID_ARG, NULL, "kvl_notif_queue_info: NULL argument");
+    pthread_mutex_lock(&a->notif_lock);
+    info->msgs = a->nq_msgs;
+    info->bytes = a->nq_bytes;
+    info->max_msgs = a->nq_max_msgs;
+    info->max_bytes = a->nq_max_bytes;
+    info->refused = a->nq_refused;
+    pthread_mutex_unlock(&a->notif_lock);
+    return KVL_OK;
 }
 
 kvl_status_t kvl_notif_send(kvl_agent_t *a, const char *remote, const void *msg, size_t len)
@@ -139,6 +202,14 @@ kvl_status_t kvl_notif_send(kvl_agent_t *a, const char *remote, const void *msg,
         memset(&berr, 0, offsetof(kvl_error_t, causes));
         berr.device = -1;
         st = bk->ops->notif_send(bk->bk, r->peer[b], msg, len, &berr);
+        if (st == KVL_ERR_REMOTE_FULL) {
+            /* the target's answer, not a transport's failure: no other backend
+             * reaches another queue */
+            kvli_remote_put(a, r);
+            if (!berr.backend[0])
+                kvli_scopy(berr.backend, sizeof(berr.backend), bk->ops->name);
+            return kvli_fail(a, &berr);
+        }
         if (st != KVL_OK) {
             if (!berr.backend[0])
                 kvli_scopy(berr.backend, sizeof(berr.backend), bk->ops->name);
