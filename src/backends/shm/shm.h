@@ -296,6 +296,8 @@ void kvli_shm_peer_req_add(kvli_shm_peer_t *peer, kvli_shm_req_t *req);
 void kvli_shm_peer_req_drop(kvli_shm_peer_t *peer, kvli_shm_req_t *req);
 kvl_status_t kvli_shm_peer_fd_request(kvli_shm_peer_t *peer, uint64_t shm_id, int *fd_p,
                                       uint64_t *size_p, kvl_error_t *err);
+kvl_status_t kvli_shm_peer_notif(kvli_shm_peer_t *peer, const void *msg, size_t len,
+                                 uint64_t xfer_bytes, uint64_t timeout_ms, kvl_error_t *err);
 kvl_status_t kvli_shm_peer_notif_send(void *bk, void *peer, const void *msg,
                                       size_t len, kvl_error_t *err);
 

@@ -22,7 +22,9 @@
 /* 4: a target copies a WRITE's payload only while the initiator holds the
  * connection (checked before every receive into registered memory); an
  * initiator gives requests up by shutting the connection down. */
-#define KVLI_SHM_PROTO_VERSION 4u
+/* 5: NOTIF is answered (NOTIF_ACK): the target queues it within its bound or
+ * refuses it (KVL_ERR_REMOTE_FULL and why), so the sender knows. */
+#define KVLI_SHM_PROTO_VERSION 5u
 /* Upper bound of a data request's payload; we send at most KVLI_SHM_CHUNK. */
 #define KVLI_SHM_PAYLOAD_MAX (64ull << 20)
 
@@ -35,7 +37,8 @@ enum {
     KVLI_SHM_MSG_WRITE = 6,
     KVLI_SHM_MSG_WRITE_ACK = 7,
     KVLI_SHM_MSG_READ = 8,
-    KVLI_SHM_MSG_READ_DATA = 9
+    KVLI_SHM_MSG_READ_DATA = 9,
+    KVLI_SHM_MSG_NOTIF_ACK = 10
 };
 
 typedef struct kvli_shm_msg_hdr {

@@ -15,6 +15,7 @@
 #include <sys/socket.h>
 #include "common/errname.h"
 #include "common/mac.h"
+#include "common/notif_full.h"
 #include "common/sock.h"
 #include "shm.h"
 #include "shm_proto.h"
@@ -560,7 +561,16 @@ void kvli_shm_conn_progress(kvli_shm_iface_t *iface, kvli_shm_conn_t *c)
             kvli_shm_conn_io_error(iface, c, "NOTIF", rc);
             return;
         }
-        iface->ctx->notif_deliver(iface->ctx, c->name, iface->scratch, (size_t)h.len);
+        {
+            char why[KVLI_SHM_TEXT_MAX];
+            kvl_status_t st = kvli_notif_take(iface->ctx, c->name, iface->scratch,
+                                              (size_t)h.len, why, sizeof(why));
+            if (st != KVL_OK)
+                iface->ctx->log(iface->ctx, KVL_LOG_INFO, "refused a notification from "
+                                "'%s': %s; the sender is told", c->name, why);
+            kvli_shm_conn_push(iface, c, kvli_shm_reply_new(KVLI_SHM_MSG_NOTIF_ACK, h.id, st,
+                                                            st == KVL_OK ? NULL : why, 0));
+        }
         break;
     case KVLI_SHM_MSG_FD_REQ:
         kvli_shm_conn_fdreq(iface, c, &h);

@@ -73,6 +73,13 @@ typedef struct kvli_tcp_rh {
     uint64_t addr, len;
 } kvli_tcp_rh_t;
 
+/* A kvl_notif_send waiting for its answer (under iface->lock). */
+typedef struct kvli_tcp_nwait {
+    int state;                      /* 0 waiting, 1 queued, 2 refused, -1 lost */
+    kvl_status_t status;            /* the refusal's */
+    char text[KVLI_TCP_TEXT_MAX + 1];
+} kvli_tcp_nwait_t;
+
 struct kvli_tcp_msg {
     kvli_tcp_msg_t *next;
     kvli_tcp_xpriv_t *xp;           /* transfer it belongs to, NULL for kvl_notif_send */
@@ -85,7 +92,7 @@ struct kvli_tcp_msg {
     int niov;                       /* WRITE: source; READ: where the reply lands */
     struct iovec *iov;
     uint8_t *head;
-    int *sent_flag;                 /* kvl_notif_send waits: 1 sent, -1 dropped */
+    kvli_tcp_nwait_t *wait;         /* kvl_notif_send waits for the NOTIF_ACK */
     /* VRAM staging: the chunk's VRAM pieces go through bounce (iovs point
      * into it). WRITE: ticket is the download, sent once done. READ: the
      * reply lands in bounce, then the upload (ticket) runs before the

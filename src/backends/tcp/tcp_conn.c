@@ -15,6 +15,7 @@
 #include <string.h>
 #include <unistd.h>
 #include "common/errname.h"
+#include "common/notif_full.h"
 #include "common/sock.h"
 #include "tcp.h"
 
@@ -582,8 +583,16 @@ static void kvli_tcp_conn_rw(kvli_tcp_iface_t *iface, kvli_tcp_conn_t *c)
 static void kvli_tcp_conn_notif(kvli_tcp_iface_t *iface, kvli_tcp_conn_t *c)
 {
     kvl_bk_ctx_t *ctx = iface->ctx;
+    char why[KVLI_TCP_TEXT_MAX];
+    kvl_status_t st;
     if (c->h.type == KVLI_TCP_MSG_NOTIF) {
-        ctx->notif_deliver(ctx, c->name, c->body, c->body_len);
+        /* answered (protocol 3): queued, or refused and the sender told why */
+        st = kvli_notif_take(ctx, c->name, c->body, c->body_len, why, sizeof(why));
+        if (st != KVL_OK)
+            ctx->log(ctx, KVL_LOG_INFO, "refused a notification from '%s': %s; the sender is "
+                     "told", c->name, why);
+        kvli_tcp_conn_push(iface, c, kvli_tcp_reply_new(KVLI_TCP_MSG_NOTIF_ACK, c->h.id, st,
+                                                        st == KVL_OK ? NULL : why, 0, NULL, 0));
         return;
     }
     /* A cancelled transfer's notification: the prefix tells the application. */
@@ -598,7 +607,11 @@ static void kvli_tcp_conn_notif(kvli_tcp_iface_t *iface, kvli_tcp_conn_t *c)
     }
     memcpy(b, KVLI_TCP_CANCEL_PREFIX, pl);
     memcpy(b + pl, c->body, ml);
-    ctx->notif_deliver(ctx, c->name, b, pl + ml);
+    /* unanswered: its transfer already ended as cancelled on the sender */
+    st = kvli_notif_take(ctx, c->name, b, pl + ml, why, sizeof(why));
+    if (st != KVL_OK)
+        ctx->log(ctx, KVL_LOG_WARN, "dropped the CANCELED notice of a transfer from '%s': %s",
+                 c->name, why);
     free(b);
 }
 

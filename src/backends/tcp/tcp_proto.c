@@ -85,8 +85,9 @@ int kvli_tcp_proto_hdr_parse(const uint8_t *b, int dir, kvli_tcp_hdr_t *h, char 
             return kvli_tcp_proto_bad(why, why_cap, "refusing HELLO_ACK carries data", h->len);
         return 0;
     case KVLI_TCP_MSG_WRITE_ACK:
+    case KVLI_TCP_MSG_NOTIF_ACK:
         if (h->len != h->text_len)
-            return kvli_tcp_proto_bad(why, why_cap, "WRITE_ACK carries data", h->len);
+            return kvli_tcp_proto_bad(why, why_cap, "WRITE_ACK/NOTIF_ACK carries data", h->len);
         return 0;
     case KVLI_TCP_MSG_READ_DATA:
         h->payload = h->len - h->text_len;
@@ -253,6 +254,7 @@ const char *kvli_tcp_proto_type_name(unsigned type)
     case KVLI_TCP_MSG_READ: return "READ";
     case KVLI_TCP_MSG_READ_DATA: return "READ_DATA";
     case KVLI_TCP_MSG_CANCELED: return "CANCELED";
+    case KVLI_TCP_MSG_NOTIF_ACK: return "NOTIF_ACK";
     default: return "unknown";
     }
 }

@@ -9,8 +9,9 @@
  *   2. HELLO -> HELLO_ACK (names, incarnations: a restarted target is refused
  *      as stale here)
  *   3. requests from the initiator (WRITE, READ, NOTIF, CANCELED), answered
- *      in order by the target (WRITE_ACK, READ_DATA; NOTIF and CANCELED have
- *      no answer).
+ *      in order by the target (WRITE_ACK, READ_DATA, NOTIF_ACK: queued, or
+ *      refused when its notification queue is full; CANCELED has no
+ *      answer).
  *   4. the end: an orderly close, or a reset (SO_LINGER 0) when the
  *      initiator gives up requests still unanswered (peer timeout, cancel
  *      the peer does not confirm, agent destroyed). Before copying WRITE
@@ -48,7 +49,9 @@
  * connection (checked before copying), so an initiator gives requests up by
  * resetting it; a target refuses a HELLO of another version with a
  * HELLO_ACK that says both versions. */
-#define KVLI_TCP_PROTO_VERSION 2u
+/* 3: NOTIF is answered (NOTIF_ACK, status and text like every reply): the
+ * target queues it within its bound or refuses it (KVL_ERR_REMOTE_FULL). */
+#define KVLI_TCP_PROTO_VERSION 3u
 #define KVLI_TCP_HDR_LEN 32u
 #define KVLI_TCP_RANGES_MAX 1022u           /* + header + ranges = UIO_MAXIOV */
 #define KVLI_TCP_PAYLOAD_MAX (64ull << 20)  /* of one request */
@@ -67,7 +70,8 @@ enum {
     KVLI_TCP_MSG_WRITE_ACK = 5,
     KVLI_TCP_MSG_READ = 6,
     KVLI_TCP_MSG_READ_DATA = 7,
-    KVLI_TCP_MSG_CANCELED = 8
+    KVLI_TCP_MSG_CANCELED = 8,
+    KVLI_TCP_MSG_NOTIF_ACK = 9
 };
 
 /* What the receiver of a header is: the target reads requests, the

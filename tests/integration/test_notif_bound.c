@@ -1,0 +1,300 @@
+/*
+ * The notification queue is bounded (issue 16: "256 MiB of notifications
+ * from one peer raised the target's RSS from 8 to 266 MiB"). On each backend
+ * that carries notifications itself (shm, tcp, and cuda between host
+ * buffers when the backend starts here), a target that does not take its
+ * notifications:
+ *   1. count bound: with notif_max_msgs 16, sixteen notifications are
+ *      queued, the seventeenth is refused: the sender gets
+ *      KVL_ERR_REMOTE_FULL naming the target and its bound, nothing more is
+ *      queued (kvl_notif_queue_info), and once the target took one, sending
+ *      works again;
+ *   2. byte bound: with notif_max_bytes 256 KiB, four 64 KiB messages fit,
+ *      the fifth is refused;
+ *   3. a WRITE whose notification finds the queue full fails with
+ *      KVL_ERR_REMOTE_FULL, saying its data is in place, and the data is
+ *      there; after the target took its notifications the same transfer
+ *      completes and its notification arrives;
+ *   4. the issue's flood: 256 MiB of 64 KiB notifications at a target with
+ *      the default bound (64 MiB): exactly 1024 are queued, every other is
+ *      refused, the queue holds at most 64 MiB, and the process's RSS grows
+ *      by no more than the bound plus 48 MiB of slack.
+ * Nothing here depends on timing: every send returns the target's answer.
+ */
+#include <stdio.h>
+#include <string.h>
+#include <sys/mman.h>
+#include "common/kvltest.h"
+
+#define BUF (1u << 20)
+
+typedef struct nb_path {
+    const char *name, *backend, *params;
+    int shareable;               /* the target's buffer from kvl_mem_alloc */
+} nb_path_t;
+
+static const nb_path_t paths[] = {
+    {"shm", "shm", NULL, 0},
+    {"tcp", "tcp", "host=127.0.0.1", 0},
+    {"cuda/host", "cuda", NULL, 1},
+};
+
+static kvl_agent_t *nb_agent(const nb_path_t *p, const char *name, uint64_t max_bytes,
+                             uint64_t max_msgs)
+{
+    kvl_agent_t *a;
+    kvl_agent_config_t cfg = {.field_mask = KVL_AGENT_CFG_BACKENDS | KVL_AGENT_CFG_TIMEOUT |
+                                            KVL_AGENT_CFG_NOTIF_BOUND,
+                              .create_backends = "", .timeout_ms = 10000,
+                              .notif_max_bytes = max_bytes, .notif_max_msgs = max_msgs};
+    kvl_param_t prm[1];
+    size_t np = 0;
+    KT_OK(kvl_agent_create(name, &cfg, &a));
+    if (p->params) {
+        prm[0] = (kvl_param_t){"host", "127.0.0.1"};
+        np = 1;
+    }
+    KT_OK(kvl_backend_create(a, p->backend, prm, np, NULL));
+    return a;
+}
+
+/* The target's metadata into the sender. */
+static void nb_connect(kvl_agent_t *s, kvl_agent_t *t)
+{
+    void *md;
+    size_t len;
+    KT_OK(kvl_metadata_get(t, &md, &len));
+    KT_OK(kvl_metadata_load(s, md, len, NULL, 0));
+    kvl_free(md);
+}
+
+static kvl_notif_queue_info_t nb_info(kvl_agent_t *t)
+{
+    kvl_notif_queue_info_t q;
+    KT_OK(kvl_notif_queue_info(t, &q));
+    return q;
+}
+
+static size_t nb_take(kvl_agent_t *t, size_t max)
+{
+    kvl_notif_t n[64];
+    size_t got = 0, k;
+    while (got < max) {
+        size_t want = max - got < 64 ? max - got : 64;
+        KT_OK(kvl_notif_poll(t, n, want, &k));
+        for (size_t i = 0; i < k; i++)
+            kvl_notif_free(&n[i]);
+        got += k;
+        if (k < want)
+            break;
+    }
+    return got;
+}
+
+static void nb_expect_full(const char *target, const char *bound)
+{
+    const kvl_error_t *e = kvl_last_error();
+    char want[128];
+    KT_CHECK(e->code == KVL_ERR_REMOTE_FULL);
+    snprintf(want, sizeof(want), "agent '%s'", target);
+    KT_ERROR_HAS(want);
+    KT_ERROR_HAS(bound);
+    KT_ERROR_HAS("kvl_notif_poll");
+    KT_CHECK(strcmp(e->agent, target) == 0);
+}
+
+static void nb_count(const nb_path_t *p)
+{
+    kvl_agent_t *t = nb_agent(p, "nb-target", 0, 16);
+    kvl_agent_t *s = nb_agent(p, "nb-sender", 0, 0);
+    char msg[100];
+    nb_connect(s, t);
+    memset(msg, 'c', sizeof(msg));
+    for (int i = 0; i < 16; i++)
+        KT_OK(kvl_notif_send(s, "nb-target", msg, sizeof(msg)));
+    KT_STATUS(kvl_notif_send(s, "nb-target", msg, sizeof(msg)), KVL_ERR_REMOTE_FULL);
+    nb_expect_full("nb-target", "its bound is 16 notifications");
+    char text[2048];
+    kvl_error_render(NULL, text, sizeof(text));
+    printf("%s: the 17th notification:\n%s\n", p->name, text);
+    kvl_notif_queue_info_t q = nb_info(t);
+    KT_CHECK(q.msgs == 16 && q.bytes == 16 * sizeof(msg) && q.max_msgs == 16 && q.refused == 1);
+    KT_CHECK(q.max_bytes == KVL_NOTIF_QUEUE_BYTES_DEFAULT);
+    /* taken one: room for one */
+    KT_CHECK(nb_take(t, 1) == 1);
+    KT_OK(kvl_notif_send(s, "nb-target", msg, sizeof(msg)));
+    KT_STATUS(kvl_notif_send(s, "nb-target", msg, sizeof(msg)), KVL_ERR_REMOTE_FULL);
+    KT_CHECK(nb_take(t, 100) == 16);
+    q = nb_info(t);
+    KT_CHECK(q.msgs == 0 && q.bytes == 0 && q.refused == 2);
+    KT_OK(kvl_notif_send(s, "nb-target", msg, sizeof(msg)));
+    KT_CHECK(nb_take(t, 100) == 1);
+    kvl_agent_destroy(s);
+    kvl_agent_destroy(t);
+}
+
+static void nb_bytes(const nb_path_t *p)
+{
+    kvl_agent_t *t = nb_agent(p, "nb-target", 256u << 10, 0);
+    kvl_agent_t *s = nb_agent(p, "nb-sender", 0, 0);
+    static char msg[KVL_NOTIF_MAX];
+    nb_connect(s, t);
+    memset(msg, 'b', sizeof(msg));
+    for (int i = 0; i < 4; i++)
+        KT_OK(kvl_notif_send(s, "nb-target", msg, sizeof(msg)));
+    KT_STATUS(kvl_notif_send(s, "nb-target", msg, sizeof(msg)), KVL_ERR_REMOTE_FULL);
+    nb_expect_full("nb-target", "or 262144 bytes");
+    /* a small one still fits the count, not the bytes */
+    KT_STATUS(kvl_notif_send(s, "nb-target", msg, 1), KVL_ERR_REMOTE_FULL);
+    kvl_notif_queue_info_t q = nb_info(t);
+    KT_CHECK(q.msgs == 4 && q.bytes == 4 * sizeof(msg) && q.refused == 2);
+    KT_CHECK(q.max_msgs == KVL_NOTIF_QUEUE_MSGS_DEFAULT);
+    KT_CHECK(nb_take(t, 1) == 1);
+    KT_OK(kvl_notif_send(s, "nb-target", msg, sizeof(msg)));
+    KT_CHECK(nb_take(t, 100) == 4);
+    kvl_agent_destroy(s);
+    kvl_agent_destroy(t);
+}
+
+static void nb_xfer(const nb_path_t *p)
+{
+    kvl_agent_t *t = nb_agent(p, "nb-target", 0, 2);
+    kvl_agent_t *s = nb_agent(p, "nb-sender", 0, 0);
+    uint8_t *tb, *sb;
+    if (p->shareable) {
+        void *v;
+        KT_OK(kvl_mem_alloc(t, BUF, &v));
+        tb = v;
+    } else {
+        tb = mmap(NULL, BUF, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        KT_CHECK(tb != MAP_FAILED);
+    }
+    sb = mmap(NULL, BUF, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    KT_CHECK(sb != MAP_FAILED);
+    memset(tb, 0, BUF);
+    kvl_mem_desc_t td = {(uint64_t)(uintptr_t)tb, BUF, KVL_DEV_ANY};
+    kvl_mem_desc_t sd = {(uint64_t)(uintptr_t)sb, BUF, KVL_DEV_ANY};
+    KT_OK(kvl_mem_register(t, &td, 1, NULL, NULL));
+    KT_OK(kvl_mem_register(s, &sd, 1, NULL, NULL));
+    nb_connect(s, t);
+    KT_OK(kvl_notif_send(s, "nb-target", "one", 3));
+    KT_OK(kvl_notif_send(s, "nb-target", "two", 3));
+
+    kvl_dlist_t *ld, *rd;
+    kvl_xfer_t *x;
+    kvl_xfer_params_t xp = {.field_mask = KVL_XFER_PARAM_NOTIF, .notif = "written",
+                            .notif_len = 7};
+    KT_OK(kvl_dlist_create(KVL_MEM_DRAM, 1, &ld));
+    KT_OK(kvl_dlist_create(KVL_MEM_DRAM, 1, &rd));
+    KT_OK(kvl_dlist_add(ld, (uint64_t)(uintptr_t)sb, 64u << 10, KVL_DEV_ANY));
+    KT_OK(kvl_dlist_add(rd, (uint64_t)(uintptr_t)tb + 4096, 64u << 10, KVL_DEV_ANY));
+    KT_OK(kvl_xfer_create(s, KVL_WRITE, ld, "nb-target", rd, &xp, &x));
+    kvl_dlist_destroy(ld);
+    kvl_dlist_destroy(rd);
+
+    kt_fill(sb, 64u << 10, 5);
+    kvl_status_t st = kvl_xfer_post(x);
+    if (st == KVL_OK || st == KVL_IN_PROGRESS)
+        st = kvl_xfer_wait(x, 30000);
+    KT_CHECK(st == KVL_ERR_REMOTE_FULL);
+    KT_CHECK(kvl_xfer_state(x) == KVL_XFER_ERROR);
+    nb_expect_full("nb-target", "its bound is 2 notifications");
+    KT_ERROR_HAS("bytes are in place");
+    char text[2048];
+    kvl_error_render(NULL, text, sizeof(text));
+    printf("%s: a WRITE with a notification to a full queue:\n%s\n", p->name, text);
+    KT_CHECK(kt_verify(tb + 4096, 64u << 10, 5) == -1); /* the data is there */
+    KT_CHECK(nb_info(t).msgs == 2);
+
+    /* the target takes its notifications: the same transfer goes through */
+    KT_CHECK(nb_take(t, 10) == 2);
+    kt_fill(sb, 64u << 10, 6);
+    st = kvl_xfer_post(x);
+    if (st == KVL_OK || st == KVL_IN_PROGRESS)
+        st = kvl_xfer_wait(x, 30000);
+    KT_OK(st);
+    KT_CHECK(kt_verify(tb + 4096, 64u << 10, 6) == -1);
+    kvl_notif_t n;
+    size_t k;
+    KT_OK(kvl_notif_poll(t, &n, 1, &k));
+    KT_CHECK(k == 1 && n.len == 7 && memcmp(n.msg, "written", 7) == 0 &&
+             strcmp(n.from, "nb-sender") == 0);
+    kvl_notif_free(&n);
+    kvl_xfer_release(x);
+    kvl_agent_destroy(s);
+    kvl_agent_destroy(t);
+    munmap(sb, BUF);
+    if (!p->shareable)
+        munmap(tb, BUF);
+}
+
+static long rss_kib(void)
+{
+    char line[256];
+    long v = -1;
+    FILE *f = fopen("/proc/self/status", "r");
+    KT_CHECK(f != NULL);
+    while (fgets(line, sizeof(line), f))
+        if (sscanf(line, "VmRSS: %ld kB", &v) == 1)
+            break;
+    fclose(f);
+    return v;
+}
+
+static void nb_flood(const nb_path_t *p)
+{
+    kvl_agent_t *t = nb_agent(p, "nb-target", 0, 0); /* the defaults */
+    kvl_agent_t *s = nb_agent(p, "nb-sender", 0, 0);
+    static char msg[KVL_NOTIF_MAX];
+    unsigned ok = 0, full = 0;
+    nb_connect(s, t);
+    memset(msg, 'f', sizeof(msg));
+    long before = rss_kib();
+    for (unsigned i = 0; i < (256u << 20) / sizeof(msg); i++) {
+        kvl_status_t st = kvl_notif_send(s, "nb-target", msg, sizeof(msg));
+        if (st == KVL_OK)
+            ok++;
+        else if (st == KVL_ERR_REMOTE_FULL)
+            full++;
+        else
+            KT_OK(st);
+    }
+    long after = rss_kib();
+    kvl_notif_queue_info_t q = nb_info(t);
+    printf("%s: 256 MiB of 64 KiB notifications at a target that takes none: %u queued, %u "
+           "refused; the queue holds %llu bytes (bound %llu); RSS %ld -> %ld MiB\n", p->name,
+           ok, full, (unsigned long long)q.bytes, (unsigned long long)q.max_bytes, before >> 10,
+           after >> 10);
+    KT_CHECK(ok == 1024 && full == 3072 && q.msgs == 1024);
+    KT_CHECK(q.bytes == KVL_NOTIF_QUEUE_BYTES_DEFAULT && q.refused == 3072);
+    KT_CHECK(after - before <= (long)((KVL_NOTIF_QUEUE_BYTES_DEFAULT >> 10) + (48 << 10)));
+    KT_CHECK(nb_take(t, 2000) == 1024);
+    KT_OK(kvl_notif_send(s, "nb-target", msg, sizeof(msg)));
+    kvl_agent_destroy(s);
+    kvl_agent_destroy(t);
+}
+
+int main(void)
+{
+    unsigned ran = 0;
+    for (size_t i = 0; i < sizeof(paths) / sizeof(paths[0]); i++) {
+        const nb_path_t *p = &paths[i];
+        char why[512];
+        if (kvl_backend_available(p->backend, why, sizeof(why)) != KVL_OK) {
+            if (strcmp(p->backend, "cuda") != 0) {
+                fprintf(stderr, "%s backend not available: %s\n", p->backend, why);
+                return 1;
+            }
+            printf("%s: skipped, the cuda backend is not available here: %s\n", p->name, why);
+            continue;
+        }
+        nb_count(p);
+        nb_bytes(p);
+        nb_xfer(p);
+        nb_flood(p);
+        printf("%s: bounded, refusals reach the sender\n", p->name);
+        ran++;
+    }
+    KT_CHECK(ran >= 2);
+    return 0;
+}
