@@ -50,6 +50,11 @@ typedef struct kvl_notif_queue_info {
     uint64_t msgs, bytes;
     uint64_t max_msgs, max_bytes;
     uint64_t refused;
+    /* Room reserved for peers (shm) so that they need not wait for an answer
+     * to each small notification: counted in the bound (msgs + reserved_msgs
+     * <= max_msgs, bytes + reserved_bytes <= max_bytes). At most 256
+     * notifications of 1 KiB per peer, and no more than 1/256 of the bound. */
+    uint64_t reserved_msgs, reserved_bytes;
 } kvl_notif_queue_info_t;
 
 kvl_status_t kvl_notif_queue_info(kvl_agent_t *agent, kvl_notif_queue_info_t *info);

@@ -793,11 +793,13 @@ static PyObject *kvlpy_agent_notif_queue_info(kvlpy_agent_t *self, PyObject *noa
     kvlpy_agent_leave(self);
     if (st != KVL_OK)
         return kvlpy_raise(st, NULL);
-    return Py_BuildValue("{s:K,s:K,s:K,s:K,s:K}", "msgs", (unsigned long long)q.msgs, "bytes",
-                         (unsigned long long)q.bytes, "max_msgs",
+    return Py_BuildValue("{s:K,s:K,s:K,s:K,s:K,s:K,s:K}", "msgs", (unsigned long long)q.msgs,
+                         "bytes", (unsigned long long)q.bytes, "max_msgs",
                          (unsigned long long)q.max_msgs, "max_bytes",
                          (unsigned long long)q.max_bytes, "refused",
-                         (unsigned long long)q.refused);
+                         (unsigned long long)q.refused, "reserved_msgs",
+                         (unsigned long long)q.reserved_msgs, "reserved_bytes",
+                         (unsigned long long)q.reserved_bytes);
 }
 
 /* [(from, bytes)], up to max (all when max < 0). */
@@ -1020,7 +1022,8 @@ static PyMethodDef kvlpy_agent_methods[] = {
     {"send_notif", (PyCFunction)kvlpy_agent_send_notif, METH_VARARGS,
      "send_notif(remote, msg)"},
     {"notif_queue_info", (PyCFunction)kvlpy_agent_notif_queue_info, METH_NOARGS,
-     "notif_queue_info() -> {msgs, bytes, max_msgs, max_bytes, refused}"},
+     "notif_queue_info() -> {msgs, bytes, max_msgs, max_bytes, refused, reserved_msgs, "
+     "reserved_bytes}"},
     {"poll_notifs", (PyCFunction)kvlpy_agent_poll_notifs, METH_VARARGS,
      "poll_notifs(max=-1) -> [(from, bytes)]"},
     {"wait_notif", (PyCFunction)kvlpy_agent_wait_notif, METH_VARARGS,

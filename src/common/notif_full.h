@@ -26,6 +26,14 @@ static inline kvl_status_t kvli_notif_take(kvl_bk_ctx_t *ctx, const char *from, 
     return KVL_OK;
 }
 
+/* Grants (kvl_bk_ctx_t notif_reserve ...): none from a core without them. */
+static inline int kvli_notif_grants(const kvl_bk_ctx_t *ctx)
+{
+    return ctx->size >= offsetof(kvl_bk_ctx_t, notif_unreserve) + sizeof(ctx->notif_unreserve) &&
+           ctx->notif_reserve != NULL && ctx->notif_offer_reserved != NULL &&
+           ctx->notif_unreserve != NULL;
+}
+
 /*
  * Fill err for a notification that agent peer refused with status (from
  * the target, KVL_ERR_REMOTE_FULL or KVL_ERR_NO_MEMORY) and text. xfer_bytes:

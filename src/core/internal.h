@@ -211,6 +211,10 @@ typedef struct kvli_notif {
 void kvli_notif_deliver(kvl_bk_ctx_t *ctx, const char *from, const void *msg, size_t len);
 kvl_status_t kvli_notif_offer(kvl_bk_ctx_t *ctx, const char *from, const void *msg, size_t len,
                               char *why, size_t why_len);
+uint32_t kvli_notif_reserve(kvl_bk_ctx_t *ctx, uint32_t held, size_t slot_len);
+kvl_status_t kvli_notif_offer_reserved(kvl_bk_ctx_t *ctx, const char *from, const void *msg,
+                                       size_t len, size_t slot_len);
+void kvli_notif_unreserve(kvl_bk_ctx_t *ctx, uint32_t slots, size_t slot_len);
 void kvli_notifs_destroy(kvl_agent_t *a);
 
 /* ---- the agent (agent.c) ---- */
@@ -249,6 +253,7 @@ struct kvl_agent {
     kvli_notif_t *nhead, *ntail;
     /* what the queue holds and its bound (kvl_agent_config_t), under notif_lock */
     uint64_t nq_bytes, nq_msgs, nq_max_bytes, nq_max_msgs, nq_refused;
+    uint64_t nq_res_bytes, nq_res_msgs;   /* granted to peers, not used yet */
 
     pthread_mutex_t err_lock;
     kvl_error_t last_err;

@@ -21,15 +21,22 @@ kvl_status_t kvli_notif_offer(kvl_bk_ctx_t *ctx, const char *from, const void *m
     if (from == NULL)
         from = "";
     pthread_mutex_lock(&a->notif_lock);
-    if (a->nq_msgs + 1 > a->nq_max_msgs || a->nq_bytes + len > a->nq_max_bytes) {
-        uint64_t msgs = a->nq_msgs, bytes = a->nq_bytes;
+    if (a->nq_msgs + a->nq_res_msgs + 1 > a->nq_max_msgs ||
+        a->nq_bytes + a->nq_res_bytes + len > a->nq_max_bytes) {
+        uint64_t msgs = a->nq_msgs, bytes = a->nq_bytes, rm = a->nq_res_msgs;
+        uint64_t rb = a->nq_res_bytes;
         a->nq_refused++;
         pthread_mutex_unlock(&a->notif_lock);
-        if (why != NULL && why_len > 0)
+        if (why != NULL && why_len > 0) {
+            char res[80] = "";
+            if (rm > 0)
+                snprintf(res, sizeof(res), " (+%" PRIu64 " and %" PRIu64 " bytes granted to "
+                         "peers)", rm, rb);
             snprintf(why, why_len, "agent '%s' holds %" PRIu64 " notifications (%" PRIu64
-                     " bytes) its application has not taken; its bound is %" PRIu64
+                     " bytes) its application has not taken%s; its bound is %" PRIu64
                      " notifications or %" PRIu64 " bytes: no room for %zu bytes more",
-                     a->name, msgs, bytes, a->nq_max_msgs, a->nq_max_bytes, len);
+                     a->name, msgs, bytes, res, a->nq_max_msgs, a->nq_max_bytes, len);
+        }
         return KVL_ERR_REMOTE_FULL;
     }
     /* counted before the allocation, so concurrent offers cannot pass the bound */
@@ -55,6 +62,83 @@ kvl_status_t kvli_notif_offer(kvl_bk_ctx_t *ctx, const char *from, const void *m
         memcpy(n->msg, msg, len);
     n->msg[len] = '\0';
     pthread_mutex_lock(&a->notif_lock);
+    if (a->ntail)
+        a->ntail->next = n;
+    else
+        a->nhead = n;
+    a->ntail = n;
+    pthread_cond_broadcast(&a->notif_cond);
+    pthread_mutex_unlock(&a->notif_lock);
+    return KVL_OK;
+}
+
+/* A peer's grant: 256 slots, and at most 1/256 of either bound. */
+#define KVLI_NOTIF_GRANT_MAX 256u
+#define KVLI_NOTIF_GRANT_SHARE 256u
+
+uint32_t kvli_notif_reserve(kvl_bk_ctx_t *ctx, uint32_t held, size_t slot_len)
+{
+    struct kvl_backend *bk = ctx->core;
+    kvl_agent_t *a = bk->agent;
+    uint64_t k, n, room_m, room_b;
+    if (slot_len == 0)
+        return 0;
+    pthread_mutex_lock(&a->notif_lock);
+    k = KVLI_NOTIF_GRANT_MAX;
+    if (k > a->nq_max_msgs / KVLI_NOTIF_GRANT_SHARE)
+        k = a->nq_max_msgs / KVLI_NOTIF_GRANT_SHARE;
+    if (k > a->nq_max_bytes / KVLI_NOTIF_GRANT_SHARE / slot_len)
+        k = a->nq_max_bytes / KVLI_NOTIF_GRANT_SHARE / slot_len;
+    n = k > held ? k - held : 0;
+    room_m = a->nq_max_msgs - a->nq_msgs - a->nq_res_msgs;
+    room_b = (a->nq_max_bytes - a->nq_bytes - a->nq_res_bytes) / slot_len;
+    if (n > room_m)
+        n = room_m;
+    if (n > room_b)
+        n = room_b;
+    a->nq_res_msgs += n;
+    a->nq_res_bytes += n * slot_len;
+    pthread_mutex_unlock(&a->notif_lock);
+    return (uint32_t)n;
+}
+
+void kvli_notif_unreserve(kvl_bk_ctx_t *ctx, uint32_t slots, size_t slot_len)
+{
+    struct kvl_backend *bk = ctx->core;
+    kvl_agent_t *a = bk->agent;
+    pthread_mutex_lock(&a->notif_lock);
+    a->nq_res_msgs -= slots <= a->nq_res_msgs ? slots : a->nq_res_msgs;
+    a->nq_res_bytes -= (uint64_t)slots * slot_len <= a->nq_res_bytes ? (uint64_t)slots * slot_len
+                                                                      : a->nq_res_bytes;
+    pthread_mutex_unlock(&a->notif_lock);
+}
+
+/* A notification in a slot reserved for its sender: the slot becomes it. */
+kvl_status_t kvli_notif_offer_reserved(kvl_bk_ctx_t *ctx, const char *from, const void *msg,
+                                       size_t len, size_t slot_len)
+{
+    struct kvl_backend *bk = ctx->core;
+    kvl_agent_t *a = bk->agent;
+    kvli_notif_t *n = malloc(sizeof(*n) + len + 1);
+    pthread_mutex_lock(&a->notif_lock);
+    a->nq_res_msgs -= a->nq_res_msgs > 0;
+    a->nq_res_bytes -= slot_len <= a->nq_res_bytes ? slot_len : a->nq_res_bytes;
+    if (n == NULL) {
+        a->nq_refused++;
+        pthread_mutex_unlock(&a->notif_lock);
+        kvli_log(KVL_LOG_ERROR, bk->ops->name, "agent '%s': dropped a %zu-byte notification "
+                 "from '%s' sent within its grant: malloc(%zu) failed (out of memory)", a->name,
+                 len, from ? from : "", sizeof(*n) + len + 1);
+        return KVL_ERR_NO_MEMORY;
+    }
+    a->nq_msgs++;
+    a->nq_bytes += len;
+    n->next = NULL;
+    kvli_scopy(n->from, sizeof(n->from), from ? from : "");
+    n->len = len;
+    if (len)
+        memcpy(n->msg, msg, len);
+    n->msg[len] = '\0';
     if (a->ntail)
         a->ntail->next = n;
     else
@@ -167,6 +251,8 @@ kvl_status_t kvl_notif_queue_info(kvl_agent_t *a, kvl_notif_queue_info_t *info)
     info->max_msgs = a->nq_max_msgs;
     info->max_bytes = a->nq_max_bytes;
     info->refused = a->nq_refused;
+    info->reserved_msgs = a->nq_res_msgs;
+    info->reserved_bytes = a->nq_res_bytes;
     pthread_mutex_unlock(&a->notif_lock);
     return KVL_OK;
 }
