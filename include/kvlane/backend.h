@@ -217,18 +217,21 @@ struct kvl_bk_ctx {
      * Grants, so that a peer need not wait for an answer to every
      * notification: room for `slots` notifications of at most slot_len bytes
      * each, reserved in the queue's bound for one connection. notif_reserve
-     * tops a connection that holds `held` unused slots up to the agent's
-     * per-peer grant, within the room left; it returns how many it added
+     * tops a connection (of agent `from`) that holds `held` unused slots up
+     * to the agent's per-peer grant, within the room left (in the bound and
+     * in that peer's share); it returns how many it added
      * (0: none, the queue is (nearly) full). notif_offer_reserved queues a
      * notification (len <= slot_len) in one of them: never refused for room
      * (KVL_ERR_NO_MEMORY only when malloc fails: logged, the slot is freed).
      * notif_unreserve gives unused slots back (the connection closed).
      * Present when ctx->size covers them.
      */
-    uint32_t (*notif_reserve)(kvl_bk_ctx_t *ctx, uint32_t held, size_t slot_len);
+    uint32_t (*notif_reserve)(kvl_bk_ctx_t *ctx, const char *from, uint32_t held,
+                              size_t slot_len);
     kvl_status_t (*notif_offer_reserved)(kvl_bk_ctx_t *ctx, const char *from, const void *msg,
                                          size_t len, size_t slot_len);
-    void (*notif_unreserve)(kvl_bk_ctx_t *ctx, uint32_t slots, size_t slot_len);
+    void (*notif_unreserve)(kvl_bk_ctx_t *ctx, const char *from, uint32_t slots,
+                            size_t slot_len);
 };
 
 /*

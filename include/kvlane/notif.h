@@ -20,9 +20,12 @@ typedef struct kvl_notif {
 } kvl_notif_t;
 
 /* Send a message to a loaded remote agent, over the first backend of both
- * that carries notifications. Returns once the remote agent queued it (shm,
- * tcp, cuda): KVL_ERR_REMOTE_FULL when its queue is full (its application
- * has not taken its notifications: see kvl_notif_queue_info). */
+ * that carries notifications. Returns once the remote agent queued it (tcp,
+ * cuda, shm), or, for a small one the shm backend sends within the room the
+ * remote granted it, once it is on its way to that room (it is queued for
+ * sure unless the remote dies): KVL_ERR_REMOTE_FULL when its queue is full
+ * (its application has not taken its notifications: see
+ * kvl_notif_queue_info). */
 kvl_status_t kvl_notif_send(kvl_agent_t *agent, const char *remote,
                             const void *msg, size_t len);
 
@@ -43,8 +46,9 @@ void kvl_notif_free(kvl_notif_t *n);
  * The queue of received notifications the application has not taken yet,
  * and its bound (kvl_agent_config_t notif_max_bytes / notif_max_msgs). A
  * notification that would take msgs past max_msgs or bytes (message bytes)
- * past max_bytes is refused and its sender gets KVL_ERR_REMOTE_FULL;
- * refused counts them since the agent was created.
+ * past max_bytes, or the sender's holdings past max_peer_msgs or
+ * max_peer_bytes (its share), is refused and its sender gets
+ * KVL_ERR_REMOTE_FULL; refused counts them since the agent was created.
  */
 typedef struct kvl_notif_queue_info {
     uint64_t msgs, bytes;
@@ -55,6 +59,8 @@ typedef struct kvl_notif_queue_info {
      * <= max_msgs, bytes + reserved_bytes <= max_bytes). At most 256
      * notifications of 1 KiB per peer, and no more than 1/256 of the bound. */
     uint64_t reserved_msgs, reserved_bytes;
+    /* One sending agent's share of the bound (notif_peer_percent). */
+    uint64_t max_peer_msgs, max_peer_bytes;
 } kvl_notif_queue_info_t;
 
 kvl_status_t kvl_notif_queue_info(kvl_agent_t *agent, kvl_notif_queue_info_t *info);

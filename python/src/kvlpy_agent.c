@@ -114,15 +114,15 @@ static PyObject *kvlpy_agent_new(PyTypeObject *type, PyObject *args, PyObject *k
 static int kvlpy_agent_init(kvlpy_agent_t *self, PyObject *args, PyObject *kw)
 {
     static char *kwlist[] = {"name", "backends", "timeout_ms", "secret", "workers",
-                             "notif_max_bytes", "notif_max_msgs", NULL};
+                             "notif_max_bytes", "notif_max_msgs", "notif_peer_percent", NULL};
     const char *name;
     PyObject *backends = NULL;
     unsigned long long timeout_ms = 0, notif_max_bytes = 0, notif_max_msgs = 0;
     const char *secret = NULL;
-    unsigned int workers = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "s|OKzIKK:Agent", kwlist, &name, &backends,
+    unsigned int workers = 0, notif_peer_percent = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "s|OKzIKKI:Agent", kwlist, &name, &backends,
                                      &timeout_ms, &secret, &workers, &notif_max_bytes,
-                                     &notif_max_msgs))
+                                     &notif_max_msgs, &notif_peer_percent))
         return -1;
     if (self->agent != NULL) {
         kvlpy_raise_msg(KVL_ERR_EXISTS, "Agent.__init__ called twice", NULL);
@@ -164,6 +164,10 @@ static int kvlpy_agent_init(kvlpy_agent_t *self, PyObject *args, PyObject *kw)
         cfg.field_mask |= KVL_AGENT_CFG_NOTIF_BOUND;
         cfg.notif_max_bytes = notif_max_bytes;
         cfg.notif_max_msgs = notif_max_msgs;
+    }
+    if (notif_peer_percent) {
+        cfg.field_mask |= KVL_AGENT_CFG_NOTIF_SHARE;
+        cfg.notif_peer_percent = notif_peer_percent;
     }
     kvl_agent_t *agent = NULL;
     kvl_status_t st;
@@ -793,13 +797,16 @@ static PyObject *kvlpy_agent_notif_queue_info(kvlpy_agent_t *self, PyObject *noa
     kvlpy_agent_leave(self);
     if (st != KVL_OK)
         return kvlpy_raise(st, NULL);
-    return Py_BuildValue("{s:K,s:K,s:K,s:K,s:K,s:K,s:K}", "msgs", (unsigned long long)q.msgs,
+    return Py_BuildValue("{s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K}", "msgs",
+                         (unsigned long long)q.msgs,
                          "bytes", (unsigned long long)q.bytes, "max_msgs",
                          (unsigned long long)q.max_msgs, "max_bytes",
                          (unsigned long long)q.max_bytes, "refused",
                          (unsigned long long)q.refused, "reserved_msgs",
                          (unsigned long long)q.reserved_msgs, "reserved_bytes",
-                         (unsigned long long)q.reserved_bytes);
+                         (unsigned long long)q.reserved_bytes, "max_peer_msgs",
+                         (unsigned long long)q.max_peer_msgs, "max_peer_bytes",
+                         (unsigned long long)q.max_peer_bytes);
 }
 
 /* [(from, bytes)], up to max (all when max < 0). */
@@ -1023,7 +1030,7 @@ static PyMethodDef kvlpy_agent_methods[] = {
      "send_notif(remote, msg)"},
     {"notif_queue_info", (PyCFunction)kvlpy_agent_notif_queue_info, METH_NOARGS,
      "notif_queue_info() -> {msgs, bytes, max_msgs, max_bytes, refused, reserved_msgs, "
-     "reserved_bytes}"},
+     "reserved_bytes, max_peer_msgs, max_peer_bytes}"},
     {"poll_notifs", (PyCFunction)kvlpy_agent_poll_notifs, METH_VARARGS,
      "poll_notifs(max=-1) -> [(from, bytes)]"},
     {"wait_notif", (PyCFunction)kvlpy_agent_wait_notif, METH_VARARGS,

@@ -19,11 +19,12 @@
  *      pass the bound: with room for 512, 600 sends queue exactly 512;
  *   5. four threads sending at once, the target taking as they come: all
  *      8100 delivered, none refused, the connection never dropped;
- *   6. the issue's flood: 256 MiB of 64 KiB notifications at a target with
- *      the default bound (64 MiB): the queue fills to the bound (less what
- *      is granted to the sender for small ones, at most 256 KiB), every
- *      other is refused, and the process's RSS grows by no more than the
- *      bound plus 48 MiB of slack.
+ *   6. one peer's share (notif_peer_percent 50): a flooding peer is refused
+ *      at half the bound while another still gets the other half;
+ *   7. the issue's flood: 256 MiB of 64 KiB notifications from one peer at a
+ *      target with the defaults (64 MiB, a peer's share 50%): exactly 512
+ *      (32 MiB) are queued, every other is refused, and the process's RSS
+ *      grows by no more than 32 MiB plus 48 MiB of slack.
  * Nothing here depends on timing: every send returns the target's answer.
  */
 #include <pthread.h>
@@ -45,14 +46,16 @@ static const nb_path_t paths[] = {
     {"cuda/host", "cuda", NULL, 1},
 };
 
-static kvl_agent_t *nb_agent(const nb_path_t *p, const char *name, uint64_t max_bytes,
-                             uint64_t max_msgs)
+/* pct: one peer's share in percent (0: the default, 50) */
+static kvl_agent_t *nb_agent_pct(const nb_path_t *p, const char *name, uint64_t max_bytes,
+                                 uint64_t max_msgs, unsigned pct)
 {
     kvl_agent_t *a;
     kvl_agent_config_t cfg = {.field_mask = KVL_AGENT_CFG_BACKENDS | KVL_AGENT_CFG_TIMEOUT |
-                                            KVL_AGENT_CFG_NOTIF_BOUND,
+                                            KVL_AGENT_CFG_NOTIF_BOUND | KVL_AGENT_CFG_NOTIF_SHARE,
                               .create_backends = "", .timeout_ms = 10000,
-                              .notif_max_bytes = max_bytes, .notif_max_msgs = max_msgs};
+                              .notif_max_bytes = max_bytes, .notif_max_msgs = max_msgs,
+                              .notif_peer_percent = pct};
     kvl_param_t prm[1];
     size_t np = 0;
     KT_OK(kvl_agent_create(name, &cfg, &a));
@@ -62,6 +65,13 @@ static kvl_agent_t *nb_agent(const nb_path_t *p, const char *name, uint64_t max_
     }
     KT_OK(kvl_backend_create(a, p->backend, prm, np, NULL));
     return a;
+}
+
+/* one peer may fill the whole bound */
+static kvl_agent_t *nb_agent(const nb_path_t *p, const char *name, uint64_t max_bytes,
+                             uint64_t max_msgs)
+{
+    return nb_agent_pct(p, name, max_bytes, max_msgs, 100);
 }
 
 /* The target's metadata into the sender. */
@@ -267,6 +277,20 @@ static void nb_grant(const nb_path_t *p)
     KT_CHECK(nb_take(t, 1000) == 512);
     kvl_agent_destroy(s);
     kvl_agent_destroy(t);
+
+    /* nor past the sender's share: room 2048, a peer's share 1024 */
+    t = nb_agent_pct(p, "nb-target", 0, 2048, 50);
+    s = nb_agent(p, "nb-sender", 0, 0);
+    nb_connect(s, t);
+    ok = 0;
+    for (int i = 0; i < 1100; i++)
+        ok += kvl_notif_send(s, "nb-target", "tiny", 4) == KVL_OK;
+    q = nb_info(t);
+    printf("%s: 1100 small notifications, a peer's share 1024: %u queued\n", p->name, ok);
+    KT_CHECK(ok == 1024 && q.msgs == 1024 && q.max_peer_msgs == 1024);
+    KT_CHECK(nb_take(t, 2000) == 1024);
+    kvl_agent_destroy(s);
+    kvl_agent_destroy(t);
 }
 
 /* Four threads send small notifications at once while the target takes
@@ -308,13 +332,47 @@ static void nb_threads(const nb_path_t *p)
     }
     for (int i = 0; i < 4; i++)
         KT_CHECK(pthread_join(th[i], NULL) == 0);
-    got += nb_take(t, 100000);
+    /* small ones within a grant (shm) are on their way when send returns */
+    for (int i = 0; got < 8100 && i < 600; i++)
+        if (kvl_notif_wait(t, 100) == KVL_OK)
+            got += nb_take(t, 100000);
     printf("%s: 4 threads x 2000 notifications and 100 of 2 KiB, taken as they come: %zu "
            "delivered\n", p->name, got);
     KT_CHECK(got == 8100);
     kvl_notif_queue_info_t q = nb_info(t);
     KT_CHECK(q.msgs == 0 && q.refused == 0);
     kvl_agent_destroy(s);
+    kvl_agent_destroy(t);
+}
+
+/* One peer's share (50%): a flooding peer leaves the other half to others. */
+static void nb_share(const nb_path_t *p)
+{
+    kvl_agent_t *t = nb_agent_pct(p, "nb-target", 0, 16, 50);
+    kvl_agent_t *f = nb_agent(p, "nb-flooder", 0, 0);
+    kvl_agent_t *o = nb_agent(p, "nb-other", 0, 0);
+    nb_connect(f, t);
+    nb_connect(o, t);
+    for (int i = 0; i < 8; i++)
+        KT_OK(kvl_notif_send(f, "nb-target", "f", 1));
+    KT_STATUS(kvl_notif_send(f, "nb-target", "f", 1), KVL_ERR_REMOTE_FULL);
+    nb_expect_full("nb-target", "one peer's share is 8 notifications");
+    char text[2048];
+    kvl_error_render(NULL, text, sizeof(text));
+    printf("%s: a peer past its share:\n%s\n", p->name, text);
+    for (int i = 0; i < 8; i++)
+        KT_OK(kvl_notif_send(o, "nb-target", "o", 1)); /* the other half is there */
+    KT_STATUS(kvl_notif_send(o, "nb-target", "o", 1), KVL_ERR_REMOTE_FULL);
+    nb_expect_full("nb-target", "its bound is 16 notifications");
+    kvl_notif_queue_info_t q = nb_info(t);
+    KT_CHECK(q.msgs == 16 && q.max_peer_msgs == 8 && q.refused == 2);
+    KT_CHECK(nb_take(t, 4) == 4); /* the flooder's first four */
+    for (int i = 0; i < 4; i++)
+        KT_OK(kvl_notif_send(f, "nb-target", "f", 1));
+    KT_STATUS(kvl_notif_send(f, "nb-target", "f", 1), KVL_ERR_REMOTE_FULL);
+    KT_CHECK(nb_take(t, 100) == 16);
+    kvl_agent_destroy(o);
+    kvl_agent_destroy(f);
     kvl_agent_destroy(t);
 }
 
@@ -333,7 +391,7 @@ static long rss_kib(void)
 
 static void nb_flood(const nb_path_t *p)
 {
-    kvl_agent_t *t = nb_agent(p, "nb-target", 0, 0); /* the defaults */
+    kvl_agent_t *t = nb_agent_pct(p, "nb-target", 0, 0, 0); /* the defaults */
     kvl_agent_t *s = nb_agent(p, "nb-sender", 0, 0);
     static char msg[KVL_NOTIF_MAX];
     unsigned ok = 0, full = 0;
@@ -355,11 +413,11 @@ static void nb_flood(const nb_path_t *p)
            "refused; the queue holds %llu bytes (bound %llu); RSS %ld -> %ld MiB\n", p->name,
            ok, full, (unsigned long long)q.bytes, (unsigned long long)q.max_bytes, before >> 10,
            after >> 10);
-    /* full: what is not queued is granted to the sender for small ones (shm) */
-    KT_CHECK(q.bytes + q.reserved_bytes == KVL_NOTIF_QUEUE_BYTES_DEFAULT);
-    KT_CHECK(ok == q.msgs && q.bytes == (uint64_t)ok * sizeof(msg) && ok + full == 4096);
-    KT_CHECK(q.reserved_bytes <= (256u << 10) && ok >= 1020 && q.refused == full);
-    KT_CHECK(after - before <= (long)((KVL_NOTIF_QUEUE_BYTES_DEFAULT >> 10) + (48 << 10)));
+    /* one peer's share of the default bound: half of 64 MiB */
+    KT_CHECK(q.max_peer_bytes == KVL_NOTIF_QUEUE_BYTES_DEFAULT / 2);
+    KT_CHECK(ok == 512 && q.msgs == 512 && q.bytes == q.max_peer_bytes && full == 3584);
+    KT_CHECK(q.refused == full && q.reserved_bytes == 0);
+    KT_CHECK(after - before <= (long)((KVL_NOTIF_QUEUE_BYTES_DEFAULT >> 11) + (48 << 10)));
     KT_CHECK(nb_take(t, 2000) == ok);
     KT_OK(kvl_notif_send(s, "nb-target", msg, sizeof(msg)));
     kvl_agent_destroy(s);
@@ -385,6 +443,7 @@ int main(void)
         nb_xfer(p);
         nb_grant(p);
         nb_threads(p);
+        nb_share(p);
         nb_flood(p);
         printf("%s: bounded, refusals reach the sender\n", p->name);
         ran++;

@@ -11,7 +11,8 @@ from kvlane.errors import nixlBackendError
 
 
 def test_nixl_send_notif_to_a_full_queue(uniq):
-    t = nixl_agent(uniq + "-t", nixl_agent_config(backends=["SHM"], notif_max_msgs=2))
+    t = nixl_agent(uniq + "-t", nixl_agent_config(backends=["SHM"], notif_max_msgs=2,
+                                                 notif_peer_percent=100))
     s = nixl_agent(uniq + "-s", nixl_agent_config(backends=["SHM"]))
     try:
         name = s.add_remote_agent(t.get_agent_metadata())
@@ -36,7 +37,7 @@ def test_nixl_send_notif_to_a_full_queue(uniq):
 
 
 def test_agent_byte_bound(uniq):
-    with kvlane.Agent(uniq + "-t", notif_max_bytes=100) as t, \
+    with kvlane.Agent(uniq + "-t", notif_max_bytes=100, notif_peer_percent=100) as t, \
             kvlane.Agent(uniq + "-s") as s:
         s.load_metadata(t.get_metadata())
         s.send_notif(t.name, b"x" * 100)
@@ -47,3 +48,20 @@ def test_agent_byte_bound(uniq):
         assert t.poll_notifs() == [(s.name, b"x" * 100)]
         s.send_notif(t.name, b"y")
         assert kvlane.error_class(-305) is kvlane.RemoteFull
+
+
+def test_peer_share(uniq):
+    with kvlane.Agent(uniq + "-t", notif_max_msgs=4) as t, kvlane.Agent(uniq + "-a") as a, \
+            kvlane.Agent(uniq + "-b") as b:
+        a.load_metadata(t.get_metadata())
+        b.load_metadata(t.get_metadata())
+        a.send_notif(t.name, b"1")
+        a.send_notif(t.name, b"2")
+        with pytest.raises(kvlane.RemoteFull) as ei:
+            a.send_notif(t.name, b"3")
+        assert "one peer's share is 2 notifications" in str(ei.value)
+        b.send_notif(t.name, b"x")
+        q = t.notif_queue_info()
+        assert q["max_peer_msgs"] == 2 and q["msgs"] == 3
+        with pytest.raises(kvlane.InvalidArgument):
+            kvlane.Agent(uniq + "-bad", notif_peer_percent=101)

@@ -41,7 +41,7 @@ void kvli_shm_conn_free(kvli_shm_iface_t *iface, kvli_shm_conn_t *c)
     }
     kvli_shm_guard_close(iface, c);
     if (c->notif_slots > 0)
-        iface->ctx->notif_unreserve(iface->ctx, c->notif_slots, KVLI_SHM_NOTIF_SLOT);
+        iface->ctx->notif_unreserve(iface->ctx, c->name, c->notif_slots, KVLI_SHM_NOTIF_SLOT);
     close(c->fd);
     free(c);
 }
@@ -580,7 +580,8 @@ void kvli_shm_conn_progress(kvli_shm_iface_t *iface, kvli_shm_conn_t *c)
             }
             if (nm.surrender > 0) {
                 c->notif_slots -= nm.surrender;
-                iface->ctx->notif_unreserve(iface->ctx, nm.surrender, KVLI_SHM_NOTIF_SLOT);
+                iface->ctx->notif_unreserve(iface->ctx, c->name, nm.surrender,
+                                            KVLI_SHM_NOTIF_SLOT);
             }
             h.len -= sizeof(nm);
         }
@@ -611,10 +612,10 @@ void kvli_shm_conn_progress(kvli_shm_iface_t *iface, kvli_shm_conn_t *c)
             }
             /* top its grant up, within the room left */
             if (kvli_notif_grants(iface->ctx))
-                add = iface->ctx->notif_reserve(iface->ctx, c->notif_slots,
+                add = iface->ctx->notif_reserve(iface->ctx, c->name, c->notif_slots,
                                                 KVLI_SHM_NOTIF_SLOT);
             if (add > KVLI_SHM_NOTIF_GRANT_MAX) {
-                iface->ctx->notif_unreserve(iface->ctx, add - KVLI_SHM_NOTIF_GRANT_MAX,
+                iface->ctx->notif_unreserve(iface->ctx, c->name, add - KVLI_SHM_NOTIF_GRANT_MAX,
                                             KVLI_SHM_NOTIF_SLOT);
                 add = KVLI_SHM_NOTIF_GRANT_MAX;
             }
