@@ -21,17 +21,25 @@
  *      8100 delivered, none refused, the connection never dropped;
  *   6. one peer's share (notif_peer_percent 50): a flooding peer is refused
  *      at half the bound while another still gets the other half;
+ *   8. (shm) a raw peer that sends past its grant, or gives back more than it
+ *      holds, is cut off and nothing of it passes the bound;
  *   7. the issue's flood: 256 MiB of 64 KiB notifications from one peer at a
  *      target with the defaults (64 MiB, a peer's share 50%): exactly 512
  *      (32 MiB) are queued, every other is refused, and the process's RSS
  *      grows by no more than 32 MiB plus 48 MiB of slack.
  * Nothing here depends on timing: every send returns the target's answer.
  */
+#include <errno.h>
 #include <pthread.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 #include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/un.h>
 #include "common/kvltest.h"
+#include "backends/shm/shm_proto.h"
 
 #define BUF (1u << 20)
 
@@ -376,6 +384,112 @@ static void nb_share(const nb_path_t *p)
     kvl_agent_destroy(t);
 }
 
+/* ---- a raw shm peer that does not keep to its grant ---- */
+
+/* Connected and past HELLO (current protocol) to agent t's shm socket. */
+static int raw_connect(kvl_agent_t *t)
+{
+    struct sockaddr_un a = {.sun_family = AF_UNIX};
+    char sock[96];
+    const char *me = "nb-raw";
+    kvli_shm_msg_hdr_t h = {KVLI_SHM_MSG_MAGIC, KVLI_SHM_MSG_HELLO, 1,
+                            sizeof(kvli_shm_msg_hello_t) + strlen(me)};
+    kvli_shm_msg_hello_t m = {KVLI_SHM_PROTO_VERSION, (uint32_t)strlen(me), 42,
+                              (uint32_t)getpid(), 0};
+    uint8_t buf[512];
+    struct timeval tv = {10, 0};
+    snprintf(sock, sizeof(sock), "kvlane-shm-%d-%016llx", (int)getpid(),
+             (unsigned long long)kvl_agent_incarnation(t));
+    memcpy(a.sun_path + 1, sock, strlen(sock));
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    KT_CHECK(fd >= 0);
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+    KT_CHECK(connect(fd, (struct sockaddr *)&a,
+                     (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + strlen(sock))) == 0);
+    memcpy(buf, &h, sizeof(h));
+    memcpy(buf + sizeof(h), &m, sizeof(m));
+    memcpy(buf + sizeof(h) + sizeof(m), me, strlen(me));
+    KT_CHECK(send(fd, buf, sizeof(h) + sizeof(m) + strlen(me), MSG_NOSIGNAL) > 0);
+    KT_CHECK(recv(fd, &h, sizeof(h), MSG_WAITALL) == (ssize_t)sizeof(h));
+    KT_CHECK(h.type == KVLI_SHM_MSG_HELLO_ACK && h.len < sizeof(buf));
+    KT_CHECK(recv(fd, buf, (size_t)h.len, MSG_WAITALL) == (ssize_t)h.len);
+    return fd;
+}
+
+/* 1: the target closed the connection (a protocol error), 0: it answered. */
+static int raw_closed(int fd, kvli_shm_msg_reply_t *r)
+{
+    kvli_shm_msg_hdr_t h;
+    char text[1024];
+    ssize_t n = recv(fd, &h, sizeof(h), MSG_WAITALL);
+    if (n == 0 || (n < 0 && errno == ECONNRESET))
+        return 1; /* closed (reset when it left our requests unread) */
+    if (n != (ssize_t)sizeof(h))
+        fprintf(stderr, "recv = %zd (%s)\n", n, n < 0 ? strerror(errno) : "short");
+    KT_CHECK(n == (ssize_t)sizeof(h) && h.type == KVLI_SHM_MSG_NOTIF_ACK);
+    KT_CHECK(recv(fd, r, sizeof(*r), MSG_WAITALL) == (ssize_t)sizeof(*r));
+    KT_CHECK(r->text_len <= sizeof(text));
+    if (r->text_len)
+        KT_CHECK(recv(fd, text, r->text_len, MSG_WAITALL) == (ssize_t)r->text_len);
+    return 0;
+}
+
+static void raw_send(int fd, uint32_t type, uint64_t id, const void *pre, size_t pre_len,
+                     const char *msg)
+{
+    uint8_t buf[256];
+    kvli_shm_msg_hdr_t h = {KVLI_SHM_MSG_MAGIC, type, id, pre_len + strlen(msg)};
+    memcpy(buf, &h, sizeof(h));
+    memcpy(buf + sizeof(h), pre, pre_len);
+    memcpy(buf + sizeof(h) + pre_len, msg, strlen(msg));
+    KT_CHECK(send(fd, buf, sizeof(h) + pre_len + strlen(msg), MSG_NOSIGNAL) > 0);
+}
+
+/*
+ * A peer that sends more than it was granted (an attacker, or a bug) is cut
+ * off; nothing of it passes the bound: NOTIF_GRANTED with no grant, and a
+ * NOTIF giving back more slots than it holds, each drop the connection.
+ */
+static void nb_raw_shm(void)
+{
+    const nb_path_t *p = &paths[0];
+    kvl_agent_t *t = nb_agent(p, "nb-target", 0, 0);
+    kvli_shm_msg_notif_t nm = {0, 0};
+    kvli_shm_msg_reply_t r;
+
+    int fd = raw_connect(t);
+    raw_send(fd, KVLI_SHM_MSG_NOTIF_GRANTED, 0, NULL, 0, "free ride");
+    KT_CHECK(raw_closed(fd, &r) == 1);
+    close(fd);
+
+    /* answered: queued, and a grant comes with the answer */
+    fd = raw_connect(t);
+    raw_send(fd, KVLI_SHM_MSG_NOTIF, 7, &nm, sizeof(nm), "asked");
+    KT_CHECK(raw_closed(fd, &r) == 0 && r.status == KVL_OK && r.payload > 0);
+    uint64_t granted = r.payload;
+    for (uint64_t i = 0; i < granted; i++)
+        raw_send(fd, KVLI_SHM_MSG_NOTIF_GRANTED, 0, NULL, 0, "granted");
+    raw_send(fd, KVLI_SHM_MSG_NOTIF_GRANTED, 0, NULL, 0, "one too many");
+    KT_CHECK(raw_closed(fd, &r) == 1);
+    close(fd);
+
+    fd = raw_connect(t);
+    raw_send(fd, KVLI_SHM_MSG_NOTIF, 8, &nm, sizeof(nm), "asked");
+    KT_CHECK(raw_closed(fd, &r) == 0 && r.status == KVL_OK);
+    nm.surrender = (uint32_t)r.payload + 1;
+    raw_send(fd, KVLI_SHM_MSG_NOTIF, 9, &nm, sizeof(nm), "gives back too much");
+    KT_CHECK(raw_closed(fd, &r) == 1);
+    close(fd);
+
+    kvl_notif_queue_info_t q = nb_info(t);
+    printf("shm: a raw peer past its grant (%llu slots) is cut off: %llu queued, %llu "
+           "reserved after it left\n", (unsigned long long)granted, (unsigned long long)q.msgs,
+           (unsigned long long)q.reserved_msgs);
+    KT_CHECK(q.msgs == 2 + granted && q.reserved_msgs == 0);
+    KT_CHECK(nb_take(t, 1000) == 2 + granted);
+    kvl_agent_destroy(t);
+}
+
 static long rss_kib(void)
 {
     char line[256];
@@ -449,5 +563,6 @@ int main(void)
         ran++;
     }
     KT_CHECK(ran >= 2);
+    nb_raw_shm();
     return 0;
 }
