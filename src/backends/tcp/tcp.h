@@ -92,7 +92,8 @@ struct kvli_tcp_msg {
     int niov;                       /* WRITE: source; READ: where the reply lands */
     struct iovec *iov;
     uint8_t *head;
-    kvli_tcp_nwait_t *wait;         /* kvl_notif_send waits for the NOTIF_ACK */
+    kvli_tcp_nwait_t *wait;         /* kvl_notif_send waits for the NOTIF_ACK (or the send) */
+    uint8_t grant[4];               /* NOTIF_ACK's tail: slots added */
     /* VRAM staging: the chunk's VRAM pieces go through bounce (iovs point
      * into it). WRITE: ticket is the download, sent once done. READ: the
      * reply lands in bounce, then the upload (ticket) runs before the
@@ -150,6 +151,9 @@ struct kvli_tcp_peer {
     kvli_tcp_msg_t *wq_head, *wq_tail;
     kvli_tcp_msg_t *up_head;        /* READ replies being uploaded to VRAM */
     unsigned sq_unsent;
+    uint32_t notif_slots;           /* our notification grant there (under iface->lock) */
+    uint32_t notif_slots_hi;        /* the most it held: more is asked at half */
+    int notif_topup;                /* a NOTIF_GRANTED asking for more is unanswered */
     uint64_t next_id;
     uint64_t tx_off;                /* bytes handed to the kernel on this connection */
     uint64_t win_bytes;
@@ -231,6 +235,7 @@ struct kvli_tcp_conn {
     /* replies */
     kvli_tcp_reply_t *oq_head, *oq_tail;
     unsigned oq_n;
+    uint32_t notif_slots;           /* its notification grant (tcp_proto.h): unused */
 };
 
 struct kvli_tcp_iface {
@@ -283,6 +288,8 @@ void kvli_tcp_peer_tx(kvli_tcp_peer_t *peer);
 kvl_status_t kvli_tcp_peer_notif_send(void *bk, void *peer, const void *msg, size_t len,
                                       kvl_error_t *err);
 kvli_tcp_msg_t *kvli_tcp_msg_new(uint16_t type, int niov, size_t head_len);
+kvli_tcp_msg_t *kvli_tcp_notif_new(size_t len);
+int kvli_tcp_notif_form(kvli_tcp_peer_t *peer, kvli_tcp_msg_t *m, size_t len);
 void kvli_tcp_peer_enqueue(kvli_tcp_peer_t *peer, kvli_tcp_msg_t *m);
 
 /* tcp_conn.c (target side, progress thread only) */
