@@ -20,11 +20,11 @@ typedef struct kvl_notif {
 } kvl_notif_t;
 
 /* Send a message to a loaded remote agent, over the first backend of both
- * that carries notifications. Returns once the remote agent queued it (tcp,
- * cuda, shm), or, for a small one the shm backend sends within the room the
- * remote granted it, once it is on its way to that room (it is queued for
- * sure unless the remote dies): KVL_ERR_REMOTE_FULL when its queue is full
- * (its application has not taken its notifications: see
+ * that carries notifications. Returns once the remote agent queued it, or,
+ * for a small one (<= 1 KiB) the shm or tcp backend sends within the room
+ * the remote granted it, once it is on its way to that room (it is queued
+ * for sure unless the remote dies): KVL_ERR_REMOTE_FULL when its queue is
+ * full (its application has not taken its notifications: see
  * kvl_notif_queue_info). */
 kvl_status_t kvl_notif_send(kvl_agent_t *agent, const char *remote,
                             const void *msg, size_t len);
@@ -54,7 +54,7 @@ typedef struct kvl_notif_queue_info {
     uint64_t msgs, bytes;
     uint64_t max_msgs, max_bytes;
     uint64_t refused;
-    /* Room reserved for peers (shm) so that they need not wait for an answer
+    /* Room reserved for peers (shm, tcp) so that they need not wait for an answer
      * to each small notification: counted in the bound (msgs + reserved_msgs
      * <= max_msgs, bytes + reserved_bytes <= max_bytes). At most 256
      * notifications of 1 KiB per peer, and no more than 1/256 of the bound. */
