@@ -24,8 +24,14 @@ enum {
     KVL_AGENT_CFG_BACKENDS = 1u << 0,   /* create_backends is set */
     KVL_AGENT_CFG_TIMEOUT = 1u << 1,    /* timeout_ms is set */
     KVL_AGENT_CFG_WORKERS = 1u << 2,    /* workers is set */
-    KVL_AGENT_CFG_SECRET = 1u << 3      /* secret is set */
+    KVL_AGENT_CFG_SECRET = 1u << 3,     /* secret is set */
+    KVL_AGENT_CFG_NOTIF_BOUND = 1u << 4, /* notif_max_bytes, notif_max_msgs are set */
+    KVL_AGENT_CFG_NOTIF_SHARE = 1u << 5  /* notif_peer_percent is set */
 };
+
+#define KVL_NOTIF_QUEUE_BYTES_DEFAULT (64ull << 20)
+#define KVL_NOTIF_QUEUE_MSGS_DEFAULT 65536u
+#define KVL_NOTIF_PEER_PERCENT_DEFAULT 50u
 
 /*
  * Agent configuration. Set field_mask to the fields you filled in; other
@@ -43,6 +49,17 @@ typedef struct kvl_agent_config {
     /* Shared secret (NUL-terminated) that the listener and network data
      * connections require from peers; default none. */
     const char *secret;
+    /* Bound of the notifications received and not yet taken by the
+     * application (kvl_notif_poll): total message bytes and message count
+     * (0: the default, KVL_NOTIF_QUEUE_BYTES_DEFAULT = 64 MiB and
+     * KVL_NOTIF_QUEUE_MSGS_DEFAULT = 65536). A notification that would pass
+     * either is refused: its sender gets KVL_ERR_REMOTE_FULL. */
+    uint64_t notif_max_bytes;
+    uint64_t notif_max_msgs;
+    /* The share of either bound one sending agent may hold, in percent
+     * (1..100; 0: the default, 50), so that one flooding peer cannot take
+     * the room of the others. */
+    unsigned notif_peer_percent;
 } kvl_agent_config_t;
 
 /*

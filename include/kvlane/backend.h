@@ -146,7 +146,9 @@ struct kvl_bk_ctx {
     /* Completion of a posted transfer; exactly once per posting. status is
      * KVL_OK, KVL_ERR_CANCELED or an error (err filled). */
     void (*xfer_done)(kvl_bk_xfer_t *x, kvl_status_t status, const kvl_error_t *err);
-    /* Hand a received notification to the agent. */
+    /* Hand a received notification to the agent; when its queue is full
+     * the notification is dropped with a warning in the log: backends that
+     * can tell the sender use notif_offer (below) instead. */
     void (*notif_deliver)(kvl_bk_ctx_t *ctx, const char *from, const void *msg,
                           size_t len);
     /*
@@ -199,6 +201,37 @@ struct kvl_bk_ctx {
      * none: peers that connect must prove it, as must those we connect to. */
     const uint8_t *secret;
     size_t secret_len;
+    /*
+     * Hand a received notification to the agent, within its bound (total
+     * bytes and count of notifications the application has not taken yet).
+     * KVL_OK: queued. KVL_ERR_REMOTE_FULL (the queue is full) or
+     * KVL_ERR_NO_MEMORY: refused, nothing queued, why gets the text to send
+     * back to the sender (what the bound is, what the target must do).
+     * A backend that can answer its sender calls this, never notif_deliver
+     * (which refuses silently but for a log line). Present when ctx->size
+     * covers it.
+     */
+    kvl_status_t (*notif_offer)(kvl_bk_ctx_t *ctx, const char *from, const void *msg,
+                                size_t len, char *why, size_t why_len);
+    /*
+     * Grants, so that a peer need not wait for an answer to every
+     * notification: room for `slots` notifications of at most slot_len bytes
+     * each, reserved in the queue's bound for one connection. notif_reserve
+     * tops a connection (of agent `from`) that holds `held` unused slots up
+     * to the agent's per-peer grant, within the room left (in the bound and
+     * in that peer's share); it returns how many it added
+     * (0: none, the queue is (nearly) full). notif_offer_reserved queues a
+     * notification (len <= slot_len) in one of them: never refused for room
+     * (KVL_ERR_NO_MEMORY only when malloc fails: logged, the slot is freed).
+     * notif_unreserve gives unused slots back (the connection closed).
+     * Present when ctx->size covers them.
+     */
+    uint32_t (*notif_reserve)(kvl_bk_ctx_t *ctx, const char *from, uint32_t held,
+                              size_t slot_len);
+    kvl_status_t (*notif_offer_reserved)(kvl_bk_ctx_t *ctx, const char *from, const void *msg,
+                                         size_t len, size_t slot_len);
+    void (*notif_unreserve)(kvl_bk_ctx_t *ctx, const char *from, uint32_t slots,
+                            size_t slot_len);
 };
 
 /*

@@ -40,6 +40,7 @@ enum {
     KVL_ERR_REMOTE_REFUSED = -302,
     KVL_ERR_STALE = -303,         /* metadata from an older incarnation/generation */
     KVL_ERR_BAD_METADATA = -304,  /* malformed, truncated, corrupted blob */
+    KVL_ERR_REMOTE_FULL = -305,   /* the remote's notification queue is full */
 
     /* -4xx: not supported here (build, backend, memory kind, hardware) */
     KVL_ERR_UNSUPPORTED = -400,

@@ -262,7 +262,12 @@ def _n(x):
 class Agent(_kvlane.Agent):
     """An agent: one per process or engine rank.
 
-    ``Agent(name, backends=("shm",), timeout_ms=None, secret=None, workers=None)``.
+    ``Agent(name, backends=("shm",), timeout_ms=None, secret=None, workers=None,
+    notif_max_bytes=None, notif_max_msgs=None, notif_peer_percent=None)``:
+    the last three bound the notifications received and not yet taken
+    (default 64 MiB and 65536, one sending agent at most 50% of that; a
+    sender past them gets :class:`kvlane.RemoteFull`; see
+    ``notif_queue_info()``).
     ``backends`` are created at once with default parameters;
     ``create_backend(name, params)`` adds more. Use it as a context manager,
     or call ``close()``; agents still open at interpreter exit are closed by
@@ -270,10 +275,12 @@ class Agent(_kvlane.Agent):
     closed).
     """
 
-    def __init__(self, name, backends=("shm",), timeout_ms=None, secret=None, workers=None):
+    def __init__(self, name, backends=("shm",), timeout_ms=None, secret=None, workers=None,
+                 notif_max_bytes=None, notif_max_msgs=None, notif_peer_percent=None):
         if isinstance(backends, str):
             backends = [backends]
-        super().__init__(name, ",".join(backends), timeout_ms or 0, secret, workers or 0)
+        super().__init__(name, ",".join(backends), timeout_ms or 0, secret, workers or 0,
+                         notif_max_bytes or 0, notif_max_msgs or 0, notif_peer_percent or 0)
         self._keep = {}
 
     def __enter__(self):

@@ -74,7 +74,7 @@ __all__ = [
     "Error", "UsageError", "OSFailure", "RemoteError", "UnsupportedError", "InternalError",
     "InvalidArgument", "NotFound", "InUse", "Exists", "OutOfBounds", "DeviceMismatch",
     "StateError", "Cancelled", "NoMemory", "PermissionDenied", "Timeout", "NoDevice",
-    "Disconnected", "Refused", "Stale", "BadMetadata", "NoBackend", "error_class",
+    "Disconnected", "Refused", "Stale", "BadMetadata", "RemoteFull", "NoBackend", "error_class",
 ] + [c.__name__ for c in NIXL_ERRORS]
 
 
@@ -224,6 +224,13 @@ class BadMetadata(RemoteError):
     code = -304
 
 
+class RemoteFull(RemoteError):
+    """KVL_ERR_REMOTE_FULL: the remote agent's notification queue is full
+    (its application has not taken its notifications). A nixlBackendError,
+    as every failed send_notif in NIXL."""
+    code = -305
+
+
 class NoBackend(UnsupportedError):
     code = -401
 
@@ -231,7 +238,7 @@ class NoBackend(UnsupportedError):
 _BY_CODE = {cls.code: cls for cls in (
     InvalidArgument, NotFound, InUse, Exists, OutOfBounds, DeviceMismatch, StateError,
     Cancelled, NoMemory, PermissionDenied, Timeout, NoDevice, Disconnected, Refused, Stale,
-    BadMetadata, NoBackend)}
+    BadMetadata, RemoteFull, NoBackend)}
 _BY_GROUP = {1: UsageError, 2: OSFailure, 3: RemoteError, 4: UnsupportedError,
              5: InternalError}
 

@@ -235,13 +235,18 @@ class nixl_agent_config:
     """NIXL's agent configuration, NIXL 1.4's signature (positional and
     keyword); the older (enable_prog_thread, enable_listen_thread,
     listen_port, backends) order is also recognised. kvlane additions,
-    keyword only: listen_host, timeout_ms, secret. Unknown keywords raise
+    keyword only: listen_host, timeout_ms, secret, notif_max_bytes,
+    notif_max_msgs and notif_peer_percent (the bound of notifications
+    received and not yet taken by get_new_notifs: default 64 MiB and 65536,
+    one sending agent at most 50% of it; a sender past it gets
+    kvlane.RemoteFull, a nixlBackendError). Unknown keywords raise
     TypeError, as in NIXL."""
 
     def __init__(self, enable_prog_thread=True, enable_listen_thread=False,
                  listen_port=DEFAULT_COMM_PORT, capture_telemetry=False, num_threads=0,
                  backends=None, sync_mode=None, *, listen_host="0.0.0.0", timeout_ms=None,
-                 secret=None):
+                 secret=None, notif_max_bytes=None, notif_max_msgs=None,
+                 notif_peer_percent=None):
         if isinstance(capture_telemetry, (list, tuple)):   # older positional order
             backends, capture_telemetry = capture_telemetry, False
         if sync_mode is not None and not isinstance(sync_mode, nixl_thread_sync_t):
@@ -263,6 +268,9 @@ class nixl_agent_config:
         self.listen_host = listen_host
         self.timeout_ms = timeout_ms
         self.secret = secret
+        self.notif_max_bytes = notif_max_bytes
+        self.notif_max_msgs = notif_max_msgs
+        self.notif_peer_percent = notif_peer_percent
 
 
 # ---- descriptor lists ---------------------------------------------------------------------
@@ -674,7 +682,10 @@ class nixl_agent:
             workers = min(workers, os.cpu_count() or 1)
         self._workers = workers or 1
         self.agent = Agent(agent_name, backends=(), timeout_ms=nixl_conf.timeout_ms,
-                           secret=nixl_conf.secret, workers=workers)
+                           secret=nixl_conf.secret, workers=workers,
+                           notif_max_bytes=getattr(nixl_conf, "notif_max_bytes", None),
+                           notif_max_msgs=getattr(nixl_conf, "notif_max_msgs", None),
+                           notif_peer_percent=getattr(nixl_conf, "notif_peer_percent", None))
         self.listen_address = None
         try:
             wanted = self.plugin_list if instantiate_all else list(nixl_conf.backends)

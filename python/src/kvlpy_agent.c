@@ -113,14 +113,16 @@ static PyObject *kvlpy_agent_new(PyTypeObject *type, PyObject *args, PyObject *k
 
 static int kvlpy_agent_init(kvlpy_agent_t *self, PyObject *args, PyObject *kw)
 {
-    static char *kwlist[] = {"name", "backends", "timeout_ms", "secret", "workers", NULL};
+    static char *kwlist[] = {"name", "backends", "timeout_ms", "secret", "workers",
+                             "notif_max_bytes", "notif_max_msgs", "notif_peer_percent", NULL};
     const char *name;
     PyObject *backends = NULL;
-    unsigned long long timeout_ms = 0;
+    unsigned long long timeout_ms = 0, notif_max_bytes = 0, notif_max_msgs = 0;
     const char *secret = NULL;
-    unsigned int workers = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "s|OKzI:Agent", kwlist, &name, &backends,
-                                     &timeout_ms, &secret, &workers))
+    unsigned int workers = 0, notif_peer_percent = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "s|OKzIKKI:Agent", kwlist, &name, &backends,
+                                     &timeout_ms, &secret, &workers, &notif_max_bytes,
+                                     &notif_max_msgs, &notif_peer_percent))
         return -1;
     if (self->agent != NULL) {
         kvlpy_raise_msg(KVL_ERR_EXISTS, "Agent.__init__ called twice", NULL);
@@ -157,6 +159,15 @@ static int kvlpy_agent_init(kvlpy_agent_t *self, PyObject *args, PyObject *kw)
     if (secret) {
         cfg.field_mask |= KVL_AGENT_CFG_SECRET;
         cfg.secret = secret;
+    }
+    if (notif_max_bytes || notif_max_msgs) {
+        cfg.field_mask |= KVL_AGENT_CFG_NOTIF_BOUND;
+        cfg.notif_max_bytes = notif_max_bytes;
+        cfg.notif_max_msgs = notif_max_msgs;
+    }
+    if (notif_peer_percent) {
+        cfg.field_mask |= KVL_AGENT_CFG_NOTIF_SHARE;
+        cfg.notif_peer_percent = notif_peer_percent;
     }
     kvl_agent_t *agent = NULL;
     kvl_status_t st;
@@ -775,6 +786,29 @@ static PyObject *kvlpy_agent_send_notif(kvlpy_agent_t *self, PyObject *args)
     Py_RETURN_NONE;
 }
 
+/* The queue of notifications not taken yet and its bound, as a dict. */
+static PyObject *kvlpy_agent_notif_queue_info(kvlpy_agent_t *self, PyObject *noargs)
+{
+    (void)noargs;
+    kvl_notif_queue_info_t q;
+    if (kvlpy_agent_enter(self) < 0)
+        return NULL;
+    kvl_status_t st = kvl_notif_queue_info(self->agent, &q);
+    kvlpy_agent_leave(self);
+    if (st != KVL_OK)
+        return kvlpy_raise(st, NULL);
+    return Py_BuildValue("{s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K}", "msgs",
+                         (unsigned long long)q.msgs,
+                         "bytes", (unsigned long long)q.bytes, "max_msgs",
+                         (unsigned long long)q.max_msgs, "max_bytes",
+                         (unsigned long long)q.max_bytes, "refused",
+                         (unsigned long long)q.refused, "reserved_msgs",
+                         (unsigned long long)q.reserved_msgs, "reserved_bytes",
+                         (unsigned long long)q.reserved_bytes, "max_peer_msgs",
+                         (unsigned long long)q.max_peer_msgs, "max_peer_bytes",
+                         (unsigned long long)q.max_peer_bytes);
+}
+
 /* [(from, bytes)], up to max (all when max < 0). */
 static PyObject *kvlpy_agent_poll_notifs(kvlpy_agent_t *self, PyObject *args)
 {
@@ -994,6 +1028,9 @@ static PyMethodDef kvlpy_agent_methods[] = {
      "How each backend reaches a loaded remote agent."},
     {"send_notif", (PyCFunction)kvlpy_agent_send_notif, METH_VARARGS,
      "send_notif(remote, msg)"},
+    {"notif_queue_info", (PyCFunction)kvlpy_agent_notif_queue_info, METH_NOARGS,
+     "notif_queue_info() -> {msgs, bytes, max_msgs, max_bytes, refused, reserved_msgs, "
+     "reserved_bytes, max_peer_msgs, max_peer_bytes}"},
     {"poll_notifs", (PyCFunction)kvlpy_agent_poll_notifs, METH_VARARGS,
      "poll_notifs(max=-1) -> [(from, bytes)]"},
     {"wait_notif", (PyCFunction)kvlpy_agent_wait_notif, METH_VARARGS,

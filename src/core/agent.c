@@ -67,6 +67,36 @@ kvl_status_t kvl_agent_create(const char *name, const kvl_agent_config_t *cfg, k
         }
         memcpy(a->secret, cfg->secret, a->secret_len);
     }
+    a->nq_max_bytes = KVL_NOTIF_QUEUE_BYTES_DEFAULT;
+    a->nq_max_msgs = KVL_NOTIF_QUEUE_MSGS_DEFAULT;
+    if (cfg && (cfg->field_mask & KVL_AGENT_CFG_NOTIF_BOUND)) {
+        if (cfg->notif_max_bytes)
+            a->nq_max_bytes = cfg->notif_max_bytes;
+        if (cfg->notif_max_msgs)
+            a->nq_max_msgs = cfg->notif_max_msgs;
+    }
+    a->nq_peer_pct = KVL_NOTIF_PEER_PERCENT_DEFAULT;
+    if (cfg && (cfg->field_mask & KVL_AGENT_CFG_NOTIF_SHARE) && cfg->notif_peer_percent) {
+        if (cfg->notif_peer_percent > 100) {
+            if (a->secret != NULL)
+                explicit_bzero(a->secret, a->secret_len);
+            free(a->secret);
+            free(a);
+            return kvli_fail_simple(NULL, KVL_ERR_INVALID_ARG, "give a percentage from 1 to "
+                                    "100 (100: one peer may fill the whole queue)",
+                                    "notif_peer_percent %u is not in 1..100",
+                                    cfg->notif_peer_percent);
+        }
+        a->nq_peer_pct = cfg->notif_peer_percent;
+    }
+    a->nq_peer_msgs = a->nq_max_msgs / 100 * a->nq_peer_pct +
+                      a->nq_max_msgs % 100 * a->nq_peer_pct / 100;
+    a->nq_peer_bytes = a->nq_max_bytes / 100 * a->nq_peer_pct +
+                       a->nq_max_bytes % 100 * a->nq_peer_pct / 100;
+    if (a->nq_peer_msgs == 0)
+        a->nq_peer_msgs = 1;
+    if (a->nq_peer_bytes == 0)
+        a->nq_peer_bytes = 1;
     a->last_err.device = -1;
     pthread_mutex_init(&a->lock, NULL);
     pthread_mutex_init(&a->notif_lock, NULL);

@@ -125,6 +125,10 @@ kvl_status_t kvl_backend_create(kvl_agent_t *a, const char *name, const kvl_para
         .xfer_expand = kvli_xfer_ctx_expand,
         .secret = a->secret,
         .secret_len = a->secret_len,
+        .notif_offer = kvli_notif_offer,
+        .notif_reserve = kvli_notif_reserve,
+        .notif_offer_reserved = kvli_notif_offer_reserved,
+        .notif_unreserve = kvli_notif_unreserve,
     };
     memset(&err, 0, offsetof(kvl_error_t, causes));
     err.device = -1;

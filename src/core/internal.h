@@ -207,14 +207,30 @@ struct kvl_xfer {
 };
 
 /* ---- notifications (notif.c) ---- */
+/* What one sending agent has in the queue (for its share). */
+typedef struct kvli_notif_src {
+    struct kvli_notif_src *next;
+    char name[KVL_NAME_MAX];
+    uint64_t msgs, bytes;
+    uint64_t res_msgs, res_bytes;     /* granted to it, not used yet */
+} kvli_notif_src_t;
+
 typedef struct kvli_notif {
     struct kvli_notif *next;
+    kvli_notif_src_t *src;
     char from[KVL_NAME_MAX];
     size_t len;
     unsigned char msg[];
 } kvli_notif_t;
 
 void kvli_notif_deliver(kvl_bk_ctx_t *ctx, const char *from, const void *msg, size_t len);
+kvl_status_t kvli_notif_offer(kvl_bk_ctx_t *ctx, const char *from, const void *msg, size_t len,
+                              char *why, size_t why_len);
+uint32_t kvli_notif_reserve(kvl_bk_ctx_t *ctx, const char *from, uint32_t held,
+                            size_t slot_len);
+kvl_status_t kvli_notif_offer_reserved(kvl_bk_ctx_t *ctx, const char *from, const void *msg,
+                                       size_t len, size_t slot_len);
+void kvli_notif_unreserve(kvl_bk_ctx_t *ctx, const char *from, uint32_t slots, size_t slot_len);
 void kvli_notifs_destroy(kvl_agent_t *a);
 
 /* ---- the agent (agent.c) ---- */
@@ -251,6 +267,12 @@ struct kvl_agent {
     pthread_mutex_t notif_lock;
     pthread_cond_t notif_cond;
     kvli_notif_t *nhead, *ntail;
+    /* what the queue holds and its bound (kvl_agent_config_t), under notif_lock */
+    uint64_t nq_bytes, nq_msgs, nq_max_bytes, nq_max_msgs, nq_refused;
+    uint64_t nq_res_bytes, nq_res_msgs;   /* granted to peers, not used yet */
+    uint64_t nq_peer_bytes, nq_peer_msgs; /* one sender's share of the bound */
+    unsigned nq_peer_pct;
+    kvli_notif_src_t *nsrcs;
 
     pthread_mutex_t err_lock;
     kvl_error_t last_err;

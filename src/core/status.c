@@ -26,6 +26,7 @@ static const struct {
     {KVL_ERR_REMOTE_REFUSED, "KVL_ERR_REMOTE_REFUSED", "remote agent refused the request"},
     {KVL_ERR_STALE, "KVL_ERR_STALE", "stale metadata"},
     {KVL_ERR_BAD_METADATA, "KVL_ERR_BAD_METADATA", "malformed metadata"},
+    {KVL_ERR_REMOTE_FULL, "KVL_ERR_REMOTE_FULL", "remote agent's notification queue is full"},
     {KVL_ERR_UNSUPPORTED, "KVL_ERR_UNSUPPORTED", "not supported"},
     {KVL_ERR_NO_BACKEND, "KVL_ERR_NO_BACKEND", "no backend can serve this"},
     {KVL_ERR_INTERNAL, "KVL_ERR_INTERNAL", "internal error (a kvlane bug)"},

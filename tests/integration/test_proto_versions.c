@@ -1,13 +1,15 @@
 /*
  * An initiator of an older protocol is refused clearly (issue 16 item 3 made
  * targets drop the data of a connection its initiator gave up: tcp protocol
- * 2, shm protocol 4; an initiator of the old protocol relies on nothing of
- * that, but the two must not exchange data). A raw client plays the old
+ * 2, shm protocol 4; issue 16's bounded notification queue made targets
+ * answer every notification: tcp protocol 3, shm protocol 5. An initiator of
+ * an old protocol relies on none of that, but the two must not exchange
+ * data). A raw client plays the old
  * initiator, as an old kvlane build would:
- *  1. tcp: after authentication, a HELLO of protocol 1 gets a HELLO_ACK that
- *     refuses it and names both versions (an old initiator prints the text);
+ *  1. tcp: after authentication, a HELLO of protocol 1 or 2 gets a HELLO_ACK
+ *     that refuses it and names both versions (an old initiator prints the text);
  *     the same client with the current version is let in;
- *  2. shm: a HELLO of protocol 3 gets no HELLO_ACK (the connection is closed,
+ *  2. shm: a HELLO of protocol 3 or 4 gets no HELLO_ACK (the connection is closed,
  *     which an old initiator reports); the current version gets one.
  */
 #include <arpa/inet.h>
@@ -76,11 +78,14 @@ static void test_tcp(void)
     KT_OK(kvl_backend_create(t, "tcp", prm, 2, NULL));
     uint64_t inc = kvl_agent_incarnation(t);
 
-    int st = tcp_hello(p, "versioned", inc, 1, text, sizeof(text));
-    printf("tcp: a HELLO of protocol 1 is answered with status %d: %s\n", st, text);
-    snprintf(want, sizeof(want), "speaks kvlane tcp protocol %u, the initiator protocol 1",
-             KVLI_TCP_PROTO_VERSION);
-    KT_CHECK(st == KVL_ERR_UNSUPPORTED && strstr(text, want) != NULL);
+    for (uint32_t v = 1; v < KVLI_TCP_PROTO_VERSION; v++) {
+        int st = tcp_hello(p, "versioned", inc, v, text, sizeof(text));
+        printf("tcp: a HELLO of protocol %u is answered with status %d: %s\n", v, st, text);
+        snprintf(want, sizeof(want), "speaks kvlane tcp protocol %u, the initiator protocol %u",
+                 KVLI_TCP_PROTO_VERSION, v);
+        KT_CHECK(st == KVL_ERR_UNSUPPORTED && strstr(text, want) != NULL);
+    }
+    int st;
     st = tcp_hello(p, "versioned", inc, KVLI_TCP_PROTO_VERSION, text, sizeof(text));
     printf("tcp: a HELLO of protocol %u is answered with status %d\n", KVLI_TCP_PROTO_VERSION,
            st);
@@ -125,8 +130,10 @@ static void test_shm(void)
     kvl_agent_t *t = kt_agent("versioned", "shm", NULL);
     snprintf(sock, sizeof(sock), "kvlane-shm-%d-%016llx", (int)getpid(),
              (unsigned long long)kvl_agent_incarnation(t));
-    KT_CHECK(shm_hello(sock, 3) == -1);
-    printf("shm: a HELLO of protocol 3 gets no HELLO_ACK: the connection is closed\n");
+    for (uint32_t v = 3; v < KVLI_SHM_PROTO_VERSION; v++) {
+        KT_CHECK(shm_hello(sock, v) == -1);
+        printf("shm: a HELLO of protocol %u gets no HELLO_ACK: the connection is closed\n", v);
+    }
     KT_CHECK(shm_hello(sock, KVLI_SHM_PROTO_VERSION) == 0);
     printf("shm: a HELLO of protocol %u gets its HELLO_ACK\n", KVLI_SHM_PROTO_VERSION);
     kvl_agent_destroy(t);

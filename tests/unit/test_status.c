@@ -29,6 +29,7 @@ static const struct {
     CODE(KVL_ERR_REMOTE_REFUSED),
     CODE(KVL_ERR_STALE),
     CODE(KVL_ERR_BAD_METADATA),
+    CODE(KVL_ERR_REMOTE_FULL),
     CODE(KVL_ERR_UNSUPPORTED),
     CODE(KVL_ERR_NO_BACKEND),
     CODE(KVL_ERR_INTERNAL),
@@ -81,7 +82,7 @@ static void test_groups(void)
 
 static void test_unknown(void)
 {
-    static const kvl_status_t odd[] = {2, -1, -108, -205, -305, -401 - 1, -501, INT_MIN, INT_MAX};
+    static const kvl_status_t odd[] = {2, -1, -108, -205, -306, -401 - 1, -501, INT_MIN, INT_MAX};
     for (size_t i = 0; i < sizeof(odd) / sizeof(odd[0]); i++) {
         KT_CHECK(strcmp(kvl_status_name(odd[i]), "KVL_ERR_UNKNOWN") == 0);
         KT_CHECK(strcmp(kvl_status_str(odd[i]), "unknown status") == 0);

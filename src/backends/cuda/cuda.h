@@ -307,7 +307,9 @@ int kvli_cuda_ipc_export(kvli_cuda_iface_t *iface, int what, uint64_t addr, uint
 
 /* ---- cuda_chan.c: the Unix socket channel between agents ---- */
 #define KVLI_CUDA_MSG_MAGIC 0x4b4c4355u     /* "KLCU" */
-#define KVLI_CUDA_PROTO_VERSION 1u
+/* 2: NOTIF is answered (NOTIF_ACK: status, then text_len bytes of refusal
+ * text): the target queues it within its bound or refuses it. */
+#define KVLI_CUDA_PROTO_VERSION 2u
 #define KVLI_CUDA_CONN_MAGIC 0x55434c4bu
 #define KVLI_CUDA_CONN_VERSION 1u
 #define KVLI_CUDA_FDS_MAX 64               /* fds per reply */
@@ -316,8 +318,14 @@ enum {
     KVLI_CUDA_MSG_HELLO_ACK = 2,
     KVLI_CUDA_MSG_NOTIF = 3,
     KVLI_CUDA_MSG_FDS_REQ = 4,
-    KVLI_CUDA_MSG_FDS_REPLY = 5
+    KVLI_CUDA_MSG_FDS_REPLY = 5,
+    KVLI_CUDA_MSG_NOTIF_ACK = 6
 };
+
+typedef struct kvli_cuda_notifack {
+    int32_t status;                  /* KVL_OK: queued; else the refusal */
+    uint32_t text_len;               /* refusal text follows */
+} kvli_cuda_notifack_t;
 enum { KVLI_CUDA_FDS_VMM = 1, KVLI_CUDA_FDS_MEMFD = 2 };
 
 typedef struct kvli_cuda_hdr {
@@ -370,6 +378,10 @@ kvl_status_t kvli_cuda_chan_peer_load(void *bk, const char *name, uint64_t incar
                                       kvl_error_t *err);
 void kvli_cuda_chan_peer_unload(void *bk, void *peer);
 void kvli_cuda_chan_peer_describe(void *bk, void *peer, char *buf, size_t len);
+/* A notification, answered; xfer_bytes: it ends a transfer of that many
+ * bytes, all in place (UINT64_MAX: sent alone), for a refusal's text. */
+kvl_status_t kvli_cuda_chan_notif(kvli_cuda_peer_t *p, const void *msg, size_t len,
+                                  uint64_t xfer_bytes, kvl_error_t *err);
 kvl_status_t kvli_cuda_chan_notif_send(void *bk, void *peer, const void *msg, size_t len,
                                        kvl_error_t *err);
 /* Ask the peer for fds; *n_p fds land in fds[], sizes in sizes[]. */

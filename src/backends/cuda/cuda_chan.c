@@ -6,9 +6,9 @@
  * transfer's data is complete. Both ends run on one host with one ABI, so
  * fields are in native byte order; every length is still checked.
  *
- * The initiator (peer_load) connects and sends HELLO; then NOTIF (no
- * answer) and FDS_REQ (answered by FDS_REPLY), one request at a time per
- * connection. The target serves accepted connections from its progress
+ * The initiator (peer_load) connects and sends HELLO; then NOTIF (answered
+ * by NOTIF_ACK: queued, or refused when the target's queue is full) and
+ * FDS_REQ (answered by FDS_REPLY), one request at a time per connection. The target serves accepted connections from its progress
  * thread.
  */
 #include <errno.h>
@@ -22,6 +22,7 @@
 #include <sys/socket.h>
 #include "common/sock.h"
 #include "common/errname.h"
+#include "common/notif_full.h"
 #include "cuda.h"
 
 #define KVLI_CUDA_CONN_FIXED 68u
@@ -239,7 +240,10 @@ kvl_status_t kvli_cuda_chan_peer_load(void *bk, const char *name, uint64_t incar
                          rc == ESTALE ? "a different agent or incarnation answered"
                          : rc == EPROTO ? "the answer is not a cuda HELLO_ACK"
                                         : kvli_cuda_io_text(rc, io, sizeof(io)));
-        kvl_bk_error_hint(err, "the peer restarted or is overloaded; fetch its metadata again");
+        kvl_bk_error_hint(err, "the peer restarted or is overloaded, or runs another kvlane "
+                          "version (it closes a connection of another cuda protocol; this "
+                          "agent speaks protocol %u): fetch its metadata again, run the same "
+                          "kvlane version on both", KVLI_CUDA_PROTO_VERSION);
         goto fail;
     }
     pthread_mutex_lock(&iface->lock);
@@ -303,14 +307,14 @@ static kvl_status_t kvli_cuda_peer_io_error(kvli_cuda_peer_t *p, const char *wha
     return err ? err->code : KVL_ERR_REMOTE_DISCONNECT;
 }
 
-kvl_status_t kvli_cuda_chan_notif_send(void *bk, void *peer_h, const void *msg, size_t len,
-                                       kvl_error_t *err)
+kvl_status_t kvli_cuda_chan_notif(kvli_cuda_peer_t *p, const void *msg, size_t len,
+                                  uint64_t xfer_bytes, kvl_error_t *err)
 {
-    kvli_cuda_peer_t *p = peer_h;
     kvli_cuda_hdr_t h = {KVLI_CUDA_MSG_MAGIC, KVLI_CUDA_MSG_NOTIF, len};
     struct iovec iov[2] = {{&h, sizeof(h)}, {(void *)(uintptr_t)msg, len}};
+    kvli_cuda_notifack_t ack;
+    char text[KVLI_CUDA_TEXT_MAX + 1];
     int rc;
-    (void)bk;
     if (len > KVL_NOTIF_MAX) {
         kvl_bk_error_set(err, KVL_ERR_INVALID_ARG, 0, KVLI_CUDA_NAME, -1,
                          "notification of %zu bytes is larger than KVL_NOTIF_MAX", len);
@@ -323,12 +327,46 @@ kvl_status_t kvli_cuda_chan_notif_send(void *bk, void *peer_h, const void *msg, 
         kvl_bk_error_hint(err, "the peer exited or restarted; fetch its metadata again");
         return KVL_ERR_REMOTE_DISCONNECT;
     }
+    memset(&ack, 0, sizeof(ack));
     pthread_mutex_lock(&p->io_lock);
     rc = kvli_sock_send_fds(p->fd, iov, 2, NULL, 0);
+    /* the answer (protocol 2); SO_RCVTIMEO bounds the wait */
+    if (rc == 0)
+        rc = kvli_sock_recv_fds(p->fd, &h, sizeof(h), NULL, NULL);
+    if (rc == 0 && (h.magic != KVLI_CUDA_MSG_MAGIC || h.type != KVLI_CUDA_MSG_NOTIF_ACK ||
+                    h.len < sizeof(ack) || h.len > sizeof(ack) + KVLI_CUDA_TEXT_MAX))
+        rc = EPROTO;
+    if (rc == 0)
+        rc = kvli_sock_recv_fds(p->fd, &ack, sizeof(ack), NULL, NULL);
+    if (rc == 0 && ack.text_len != h.len - sizeof(ack))
+        rc = EPROTO;
+    if (rc == 0 && ack.text_len > 0)
+        rc = kvli_sock_recv_fds(p->fd, text, ack.text_len, NULL, NULL);
     pthread_mutex_unlock(&p->io_lock);
+    if (rc == EPROTO) {
+        snprintf(p->dead_what, sizeof(p->dead_what), "malformed answer to a notification");
+        atomic_store(&p->dead, 1);
+        kvl_bk_error_set(err, KVL_ERR_REMOTE, 0, KVLI_CUDA_NAME, -1,
+                         "agent '%s' answered a notification with a malformed reply", p->name);
+        if (err != NULL)
+            snprintf(err->agent, sizeof(err->agent), "%s", p->name);
+        kvl_bk_error_hint(err, "both agents must run the same kvlane version");
+        return KVL_ERR_REMOTE;
+    }
     if (rc != 0)
         return kvli_cuda_peer_io_error(p, "sending a notification", rc, err);
+    if (ack.status != KVL_OK) {
+        text[ack.text_len] = '\0';
+        return kvli_notif_refused(err, KVLI_CUDA_NAME, p->name, ack.status, text, xfer_bytes);
+    }
     return KVL_OK;
+}
+
+kvl_status_t kvli_cuda_chan_notif_send(void *bk, void *peer_h, const void *msg, size_t len,
+                                       kvl_error_t *err)
+{
+    (void)bk;
+    return kvli_cuda_chan_notif(peer_h, msg, len, UINT64_MAX, err);
 }
 
 kvl_status_t kvli_cuda_chan_fds_request(kvli_cuda_peer_t *p, uint32_t what, uint64_t addr,
@@ -523,9 +561,16 @@ void kvli_cuda_chan_conn_progress(kvli_cuda_iface_t *iface, kvli_cuda_conn_t *c)
             return;
         }
         memcpy(&m, iface->scratch, sizeof(m));
-        if (m.version != KVLI_CUDA_PROTO_VERSION || m.name_len != h.len - sizeof(m)) {
-            kvli_cuda_conn_drop(iface, c, "HELLO version or name length not accepted",
-                                m.version);
+        if (m.version != KVLI_CUDA_PROTO_VERSION) {
+            iface->ctx->log(iface->ctx, KVL_LOG_WARN, "refused the cuda connection from pid %d: "
+                            "it speaks kvlane cuda protocol %u, this agent protocol %u; run "
+                            "the same kvlane version on both agents", (int)c->cred_pid,
+                            m.version, KVLI_CUDA_PROTO_VERSION);
+            c->closing = 1;
+            return;
+        }
+        if (m.name_len != h.len - sizeof(m)) {
+            kvli_cuda_conn_drop(iface, c, "HELLO name length not accepted", m.name_len);
             return;
         }
         for (uint32_t i = 0; i < m.name_len; i++) {
@@ -563,7 +608,21 @@ void kvli_cuda_chan_conn_progress(kvli_cuda_iface_t *iface, kvli_cuda_conn_t *c)
             c->closing = 1;
             return;
         }
-        iface->ctx->notif_deliver(iface->ctx, c->name, iface->scratch, (size_t)h.len);
+        {
+            kvli_cuda_notifack_t ack;
+            char why[KVLI_CUDA_TEXT_MAX];
+            ack.status = kvli_notif_take(iface->ctx, c->name, iface->scratch,
+                                         (size_t)h.len, why, sizeof(why));
+            ack.text_len = ack.status == KVL_OK ? 0 : (uint32_t)strnlen(why, sizeof(why));
+            if (ack.status != KVL_OK)
+                iface->ctx->log(iface->ctx, KVL_LOG_INFO, "refused a notification from '%s': "
+                                "%s; the sender is told", c->name, why);
+            h.type = KVLI_CUDA_MSG_NOTIF_ACK;
+            h.len = sizeof(ack) + ack.text_len;
+            struct iovec iov[3] = {{&h, sizeof(h)}, {&ack, sizeof(ack)}, {why, ack.text_len}};
+            if (kvli_sock_send_fds(c->fd, iov, 3, NULL, 0) != 0)
+                c->closing = 1;
+        }
         break;
     case KVLI_CUDA_MSG_FDS_REQ:
         if (h.len != sizeof(kvli_cuda_fdsreq_t)) {

@@ -982,11 +982,13 @@ static void kvli_cuda_xp_finish(kvli_cuda_iface_t *iface, kvli_cuda_xpriv_t *xp)
     } else {
         st = KVL_OK;
         if (x->notif != NULL &&
-            kvli_cuda_chan_notif_send(iface, xp->peer, x->notif, x->notif_len, &e) != KVL_OK) {
+            kvli_cuda_chan_notif(xp->peer, x->notif, x->notif_len, x->total_bytes, &e) !=
+                KVL_OK) {
             st = e.code;
-            snprintf(e.hint, sizeof(e.hint), "all %" PRIu64 " bytes are in place at agent '%s', "
-                     "but its notification was not delivered; the peer may have exited",
-                     x->total_bytes, xp->peer->name);
+            if (st != KVL_ERR_REMOTE_FULL) /* that one says it all */
+                snprintf(e.hint, sizeof(e.hint), "all %" PRIu64 " bytes are in place at agent "
+                         "'%s', but its notification was not delivered; the peer may have "
+                         "exited", x->total_bytes, xp->peer->name);
         }
     }
     pthread_mutex_lock(&iface->lock);

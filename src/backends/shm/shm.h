@@ -127,6 +127,9 @@ struct kvli_shm_peer {
     char sock_desc[160];             /* printable socket name for messages */
     int fd;
     int pidfd;                       /* -1 when pidfd_open is unavailable */
+    uint32_t notif_slots;            /* our grant there, under iface->lock */
+    uint32_t notif_slots_hi;         /* the most it held: a top-up is asked at half */
+    int notif_topup;                 /* a NOTIF_GRANTED asking for more is unanswered */
     pthread_mutex_t send_lock;       /* one writer at a time on fd */
     int cma_ok;
     char cma_reason[400];            /* why not, when !cma_ok */
@@ -172,6 +175,7 @@ struct kvli_shm_conn {
      * belongs to requests it gave up. WRITE payloads are dropped, not
      * copied; nothing is answered. */
     int abandoned;
+    uint32_t notif_slots;            /* its grant (shm_proto.h): unused slots */
 };
 
 enum { KVLI_SHM_XQUEUED = 0, KVLI_SHM_XRUNNING = 1 };
@@ -296,6 +300,8 @@ void kvli_shm_peer_req_add(kvli_shm_peer_t *peer, kvli_shm_req_t *req);
 void kvli_shm_peer_req_drop(kvli_shm_peer_t *peer, kvli_shm_req_t *req);
 kvl_status_t kvli_shm_peer_fd_request(kvli_shm_peer_t *peer, uint64_t shm_id, int *fd_p,
                                       uint64_t *size_p, kvl_error_t *err);
+kvl_status_t kvli_shm_peer_notif(kvli_shm_peer_t *peer, const void *msg, size_t len,
+                                 uint64_t xfer_bytes, uint64_t timeout_ms, kvl_error_t *err);
 kvl_status_t kvli_shm_peer_notif_send(void *bk, void *peer, const void *msg,
                                       size_t len, kvl_error_t *err);
 

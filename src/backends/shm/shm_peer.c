@@ -17,6 +17,7 @@
 #include "common/errname.h"
 #include "shm.h"
 #include "common/mac.h"
+#include "common/notif_full.h"
 #include "shm_proto.h"
 
 
@@ -241,7 +242,8 @@ void kvli_shm_peer_progress(kvli_shm_peer_t *peer)
     }
     if (h.magic != KVLI_SHM_MSG_MAGIC ||
         (h.type != KVLI_SHM_MSG_WRITE_ACK && h.type != KVLI_SHM_MSG_READ_DATA &&
-         h.type != KVLI_SHM_MSG_FD_REPLY) || h.len < sizeof(m)) {
+         h.type != KVLI_SHM_MSG_FD_REPLY && h.type != KVLI_SHM_MSG_NOTIF_ACK) ||
+        h.len < sizeof(m)) {
         kvli_shm_peer_mark_dead(peer, EPROTO, "protocol error: reply magic 0x%08x type %u "
                                 "length %" PRIu64 " is not valid", h.magic, h.type, h.len);
         goto out;
@@ -266,8 +268,21 @@ void kvli_shm_peer_progress(kvli_shm_peer_t *peer)
         goto out;
     }
     text[m.text_len] = '\0';
+    if (h.type == KVLI_SHM_MSG_NOTIF_ACK && m.payload > KVLI_SHM_NOTIF_GRANT_MAX) {
+        kvli_shm_peer_mark_dead(peer, EPROTO, "protocol error: NOTIF_ACK grants %" PRIu64
+                                " slots (at most %u)", m.payload, KVLI_SHM_NOTIF_GRANT_MAX);
+        goto out;
+    }
 
     pthread_mutex_lock(&iface->lock);
+    /* the grant counts even when nobody waits for the answer any more (the
+     * target reserved it): our count must never fall behind its */
+    if (h.type == KVLI_SHM_MSG_NOTIF_ACK) {
+        peer->notif_slots += (uint32_t)m.payload;
+        if (peer->notif_slots > peer->notif_slots_hi)
+            peer->notif_slots_hi = peer->notif_slots;
+        peer->notif_topup = 0;
+    }
     r = kvli_shm_req_find(peer, h.id);
     if (r == NULL || r->expect != h.type ||
         (payload != 0 && payload != r->bytes)) {
@@ -433,13 +448,24 @@ kvl_status_t kvli_shm_peer_fd_request(kvli_shm_peer_t *peer, uint64_t shm_id, in
     return KVL_OK;
 }
 
-kvl_status_t kvli_shm_peer_notif_send(void *bk, void *peer_h, const void *msg, size_t len,
-                                      kvl_error_t *err)
+/*
+ * A notification (protocol 5): sent within our grant (small, room reserved
+ * for it there) it is queued for sure and not answered; otherwise it is
+ * answered: KVL_OK once the target queued it (the answer tops our grant up);
+ * its refusal (queue full) or no answer within timeout_ms is the error.
+ * xfer_bytes: the notification ends a transfer of that many bytes, all in
+ * place (UINT64_MAX: sent alone), for the refusal's text.
+ */
+kvl_status_t kvli_shm_peer_notif(kvli_shm_peer_t *peer, const void *msg, size_t len,
+                                 uint64_t xfer_bytes, uint64_t timeout_ms, kvl_error_t *err)
 {
-    kvli_shm_peer_t *peer = peer_h;
+    kvli_shm_iface_t *iface = peer->iface;
     kvli_shm_msg_hdr_t h;
-    struct iovec iov[2];
-    (void)bk;
+    kvli_shm_msg_notif_t nm;
+    kvli_shm_req_t req;
+    struct iovec iov[3];
+    struct timespec dl;
+    kvl_status_t st;
     if (len > KVL_NOTIF_MAX || (len > 0 && msg == NULL)) {
         kvl_bk_error_set(err, KVL_ERR_INVALID_ARG, 0, KVLI_SHM_NAME, -1,
                          "notification of %zu bytes (limit %d)", len, KVL_NOTIF_MAX);
@@ -448,14 +474,78 @@ kvl_status_t kvli_shm_peer_notif_send(void *bk, void *peer_h, const void *msg, s
         return KVL_ERR_INVALID_ARG;
     }
     h.magic = KVLI_SHM_MSG_MAGIC;
-    h.type = KVLI_SHM_MSG_NOTIF;
-    h.id = 0;
     h.len = len;
     iov[0].iov_base = &h;
     iov[0].iov_len = sizeof(h);
     iov[1].iov_base = (void *)(uintptr_t)msg;
     iov[1].iov_len = len;
-    return kvli_shm_peer_send(peer, iov, 2, err);
+    /* Small, and room granted for it: queued for sure, no answer to wait for. */
+    pthread_mutex_lock(&iface->lock);
+    if (len <= KVLI_SHM_NOTIF_SLOT && peer->notif_slots > 0) {
+        /* Half spent: this one asks for more too (nobody waits for the
+         * answer), so a steady stream never stops for a round trip. */
+        peer->notif_slots--;
+        h.id = 0;
+        if (peer->notif_slots < peer->notif_slots_hi / 2 && !peer->notif_topup) {
+            peer->notif_topup = 1;
+            h.id = ++peer->next_id;
+        }
+        pthread_mutex_unlock(&iface->lock);
+        h.type = KVLI_SHM_MSG_NOTIF_GRANTED;
+        return kvli_shm_peer_send(peer, iov, 2, err);
+    }
+    /* Answered: it gives our unused slots back first, so the room held for
+     * us counts for it (the target takes them off its count on arrival). */
+    memset(&nm, 0, sizeof(nm));
+    nm.surrender = peer->notif_slots;
+    peer->notif_slots = 0;
+    memset(&req, 0, sizeof(req));
+    req.expect = KVLI_SHM_MSG_NOTIF_ACK;
+    kvli_shm_peer_req_add(peer, &req);
+    pthread_mutex_unlock(&iface->lock);
+    h.type = KVLI_SHM_MSG_NOTIF;
+    h.id = req.id;
+    h.len = sizeof(nm) + len;
+    iov[2] = iov[1];
+    iov[1].iov_base = &nm;
+    iov[1].iov_len = sizeof(nm);
+    st = kvli_shm_peer_send(peer, iov, 3, err);
+    kvli_shm_deadline(&dl, timeout_ms);
+    pthread_mutex_lock(&iface->lock);
+    while (st == KVL_OK && !req.done) {
+        if (pthread_cond_timedwait(&iface->cond, &iface->lock, &dl) == ETIMEDOUT &&
+            !req.done) {
+            kvli_shm_peer_req_drop(peer, &req);
+            pthread_mutex_unlock(&iface->lock);
+            kvl_bk_error_set(err, KVL_ERR_TIMEOUT, ETIMEDOUT, KVLI_SHM_NAME, -1,
+                             "agent '%s' (pid %d) did not answer a notification within %"
+                             PRIu64 " ms; it may or may not have queued it", peer->name,
+                             (int)peer->pid, timeout_ms);
+            if (err != NULL)
+                snprintf(err->agent, sizeof(err->agent), "%s", peer->name);
+            kvl_bk_error_hint(err, "the peer is stuck or overloaded; check it, or raise "
+                              "the agent timeout");
+            return KVL_ERR_TIMEOUT;
+        }
+    }
+    if (st != KVL_OK)
+        kvli_shm_peer_req_drop(peer, &req);
+    pthread_mutex_unlock(&iface->lock);
+    if (st != KVL_OK)
+        return st;
+    if (req.status == KVL_ERR_REMOTE_DISCONNECT)
+        return kvli_shm_peer_disconnect_error(peer, 0, 0, 0, err);
+    if (req.status != KVL_OK)
+        return kvli_notif_refused(err, KVLI_SHM_NAME, peer->name, req.status, req.text,
+                                  xfer_bytes);
+    return KVL_OK;
+}
+
+kvl_status_t kvli_shm_peer_notif_send(void *bk, void *peer_h, const void *msg, size_t len,
+                                      kvl_error_t *err)
+{
+    kvli_shm_iface_t *iface = bk;
+    return kvli_shm_peer_notif(peer_h, msg, len, UINT64_MAX, iface->timeout_ms, err);
 }
 
 /* ---- cross-memory attach probe ---- */

@@ -107,6 +107,8 @@ const char *kvli_shm_proto_type_name(uint32_t type)
     case KVLI_SHM_MSG_HELLO: return "HELLO";
     case KVLI_SHM_MSG_HELLO_ACK: return "HELLO_ACK";
     case KVLI_SHM_MSG_NOTIF: return "NOTIF";
+    case KVLI_SHM_MSG_NOTIF_ACK: return "NOTIF_ACK";
+    case KVLI_SHM_MSG_NOTIF_GRANTED: return "NOTIF_GRANTED";
     case KVLI_SHM_MSG_FD_REQ: return "FD_REQ";
     case KVLI_SHM_MSG_FD_REPLY: return "FD_REPLY";
     case KVLI_SHM_MSG_WRITE: return "WRITE";

@@ -5,10 +5,12 @@
  * order; every length is still checked, the peer is untrusted.
  *
  * A connection is opened by the initiator (peer_load) and carries, in
- * order: HELLO (answered by HELLO_ACK and the guard table's fd), then requests (NOTIF, FD_REQ, WRITE, READ). The target
- * answers on the same connection (HELLO_ACK, FD_REPLY, WRITE_ACK,
- * READ_DATA); NOTIF has no answer. Every message is a header followed by
- * hdr.len bytes of body.
+ * order: HELLO (answered by HELLO_ACK and the guard table's fd), then
+ * requests (NOTIF, NOTIF_GRANTED, FD_REQ, WRITE, READ). The target answers on
+ * the same connection (HELLO_ACK, NOTIF_ACK, FD_REPLY, WRITE_ACK, READ_DATA);
+ * NOTIF_GRANTED, a small notification sent within a grant (see protocol 5
+ * below), has no answer. Every message is a header followed by hdr.len bytes
+ * of body.
  */
 #ifndef KVLI_SHM_PROTO_H
 #define KVLI_SHM_PROTO_H
@@ -22,7 +24,19 @@
 /* 4: a target copies a WRITE's payload only while the initiator holds the
  * connection (checked before every receive into registered memory); an
  * initiator gives requests up by shutting the connection down. */
-#define KVLI_SHM_PROTO_VERSION 4u
+/* 5: NOTIF is answered (NOTIF_ACK): the target queues it within its bound or
+ * refuses it (KVL_ERR_REMOTE_FULL and why), so the sender knows; the answer
+ * grants room for small notifications sent without an answer (NOTIF_GRANTED):
+ * the reply's payload field is the number of slots added to the sender's
+ * grant (each one notification of at most KVLI_SHM_NOTIF_SLOT bytes, held for
+ * it in the target's bound). Both ends count: the sender spends a slot per
+ * NOTIF_GRANTED, the target takes one per NOTIF_GRANTED received; one beyond
+ * the grant is a protocol error. A NOTIF (body: kvli_shm_msg_notif_t, then
+ * the message) gives the sender's unused slots back (surrender), so room held
+ * for it serves its own larger notifications. A NOTIF_GRANTED with an id (not 0) also asks
+ * for more: the target answers it with a NOTIF_ACK (status 0, the slots
+ * added), which the sender does not wait for. */
+#define KVLI_SHM_PROTO_VERSION 5u
 /* Upper bound of a data request's payload; we send at most KVLI_SHM_CHUNK. */
 #define KVLI_SHM_PAYLOAD_MAX (64ull << 20)
 
@@ -35,8 +49,13 @@ enum {
     KVLI_SHM_MSG_WRITE = 6,
     KVLI_SHM_MSG_WRITE_ACK = 7,
     KVLI_SHM_MSG_READ = 8,
-    KVLI_SHM_MSG_READ_DATA = 9
+    KVLI_SHM_MSG_READ_DATA = 9,
+    KVLI_SHM_MSG_NOTIF_ACK = 10,
+    KVLI_SHM_MSG_NOTIF_GRANTED = 11
 };
+
+#define KVLI_SHM_NOTIF_SLOT 1024u       /* a granted notification's largest size */
+#define KVLI_SHM_NOTIF_GRANT_MAX 65536u /* slots a NOTIF_ACK may add */
 
 typedef struct kvli_shm_msg_hdr {
     uint32_t magic;
@@ -82,6 +101,12 @@ typedef struct kvli_shm_msg_rw {
     uint32_t reserved;
     uint64_t payload;
 } kvli_shm_msg_rw_t;
+
+/* NOTIF: then the message (hdr.len - 8 bytes). */
+typedef struct kvli_shm_msg_notif {
+    uint32_t surrender;         /* unused slots of the grant given back */
+    uint32_t reserved;
+} kvli_shm_msg_notif_t;
 
 typedef struct kvli_shm_msg_fdreq {
     uint64_t shm_id;

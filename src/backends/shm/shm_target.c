@@ -15,6 +15,7 @@
 #include <sys/socket.h>
 #include "common/errname.h"
 #include "common/mac.h"
+#include "common/notif_full.h"
 #include "common/sock.h"
 #include "shm.h"
 #include "shm_proto.h"
@@ -39,6 +40,8 @@ void kvli_shm_conn_free(kvli_shm_iface_t *iface, kvli_shm_conn_t *c)
         kvli_shm_outq_free(iface, q);
     }
     kvli_shm_guard_close(iface, c);
+    if (c->notif_slots > 0)
+        iface->ctx->notif_unreserve(iface->ctx, c->name, c->notif_slots, KVLI_SHM_NOTIF_SLOT);
     close(c->fd);
     free(c);
 }
@@ -551,16 +554,75 @@ void kvli_shm_conn_progress(kvli_shm_iface_t *iface, kvli_shm_conn_t *c)
         kvli_shm_conn_hello(iface, c, &h);
         break;
     case KVLI_SHM_MSG_NOTIF:
-        if (h.len > KVL_NOTIF_MAX) {
-            kvli_shm_conn_proto_error(iface, c, "NOTIF longer than KVL_NOTIF_MAX", h.len);
+    case KVLI_SHM_MSG_NOTIF_GRANTED:
+        if (h.type == KVLI_SHM_MSG_NOTIF_GRANTED &&
+            (c->notif_slots == 0 || h.len > KVLI_SHM_NOTIF_SLOT)) {
+            kvli_shm_conn_proto_error(iface, c, c->notif_slots == 0
+                                      ? "NOTIF_GRANTED beyond the grant (slots left 0)"
+                                      : "NOTIF_GRANTED longer than a slot", h.len);
             return;
+        }
+        if (h.type == KVLI_SHM_MSG_NOTIF) {
+            kvli_shm_msg_notif_t nm;
+            if (h.len < sizeof(nm) || h.len - sizeof(nm) > KVL_NOTIF_MAX) {
+                kvli_shm_conn_proto_error(iface, c, "NOTIF longer than KVL_NOTIF_MAX", h.len);
+                return;
+            }
+            rc = kvli_shm_proto_recv(c->fd, &nm, sizeof(nm), NULL);
+            if (rc != 0) {
+                kvli_shm_conn_io_error(iface, c, "NOTIF", rc);
+                return;
+            }
+            if (nm.surrender > c->notif_slots) {
+                kvli_shm_conn_proto_error(iface, c, "NOTIF gives back more slots than granted",
+                                          nm.surrender);
+                return;
+            }
+            if (nm.surrender > 0) {
+                c->notif_slots -= nm.surrender;
+                iface->ctx->notif_unreserve(iface->ctx, c->name, nm.surrender,
+                                            KVLI_SHM_NOTIF_SLOT);
+            }
+            h.len -= sizeof(nm);
         }
         rc = kvli_shm_proto_recv(c->fd, iface->scratch, (size_t)h.len, NULL);
         if (rc != 0) {
             kvli_shm_conn_io_error(iface, c, "NOTIF", rc);
             return;
         }
-        iface->ctx->notif_deliver(iface->ctx, c->name, iface->scratch, (size_t)h.len);
+        {
+            char why[KVLI_SHM_TEXT_MAX];
+            uint32_t add = 0;
+            kvl_status_t st;
+            if (h.type == KVLI_SHM_MSG_NOTIF_GRANTED) {
+                /* within the grant: queued; answered only when it asks for
+                 * more (id not 0), which its sender does not wait for */
+                c->notif_slots--;
+                st = iface->ctx->notif_offer_reserved(iface->ctx, c->name, iface->scratch,
+                                                      (size_t)h.len, KVLI_SHM_NOTIF_SLOT);
+                if (h.id == 0)
+                    break;
+                st = KVL_OK;
+            } else {
+                st = kvli_notif_take(iface->ctx, c->name, iface->scratch, (size_t)h.len, why,
+                                     sizeof(why));
+                if (st != KVL_OK)
+                    iface->ctx->log(iface->ctx, KVL_LOG_INFO, "refused a notification from "
+                                    "'%s': %s; the sender is told", c->name, why);
+            }
+            /* top its grant up, within the room left */
+            if (kvli_notif_grants(iface->ctx))
+                add = iface->ctx->notif_reserve(iface->ctx, c->name, c->notif_slots,
+                                                KVLI_SHM_NOTIF_SLOT);
+            if (add > KVLI_SHM_NOTIF_GRANT_MAX) {
+                iface->ctx->notif_unreserve(iface->ctx, c->name, add - KVLI_SHM_NOTIF_GRANT_MAX,
+                                            KVLI_SHM_NOTIF_SLOT);
+                add = KVLI_SHM_NOTIF_GRANT_MAX;
+            }
+            c->notif_slots += add;
+            kvli_shm_conn_push(iface, c, kvli_shm_reply_new(KVLI_SHM_MSG_NOTIF_ACK, h.id, st,
+                                                            st == KVL_OK ? NULL : why, add));
+        }
         break;
     case KVLI_SHM_MSG_FD_REQ:
         kvli_shm_conn_fdreq(iface, c, &h);

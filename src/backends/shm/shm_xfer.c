@@ -568,7 +568,8 @@ static kvl_status_t kvli_shm_run(kvli_shm_worker_t *w, kvli_shm_xpriv_t *xp,
     if (st == KVL_OK && atomic_load(&run.peer->dead))
         st = kvli_shm_run_gone(&run, err);
     if (st == KVL_OK && x->notif != NULL) {
-        st = kvli_shm_peer_notif_send(iface, run.peer, x->notif, x->notif_len, err);
+        st = kvli_shm_peer_notif(run.peer, x->notif, x->notif_len, x->total_bytes,
+                                 run.timeout_ms, err);
         if (st == KVL_ERR_REMOTE_DISCONNECT)
             st = kvli_shm_peer_disconnect_error(run.peer, x->total_bytes, x->total_bytes, 0,
                                                 err);

@@ -73,6 +73,13 @@ typedef struct kvli_tcp_rh {
     uint64_t addr, len;
 } kvli_tcp_rh_t;
 
+/* A kvl_notif_send waiting for its answer (under iface->lock). */
+typedef struct kvli_tcp_nwait {
+    int state;                      /* 0 waiting, 1 queued, 2 refused, -1 lost */
+    kvl_status_t status;            /* the refusal's */
+    char text[KVLI_TCP_TEXT_MAX + 1];
+} kvli_tcp_nwait_t;
+
 struct kvli_tcp_msg {
     kvli_tcp_msg_t *next;
     kvli_tcp_xpriv_t *xp;           /* transfer it belongs to, NULL for kvl_notif_send */
@@ -85,7 +92,8 @@ struct kvli_tcp_msg {
     int niov;                       /* WRITE: source; READ: where the reply lands */
     struct iovec *iov;
     uint8_t *head;
-    int *sent_flag;                 /* kvl_notif_send waits: 1 sent, -1 dropped */
+    kvli_tcp_nwait_t *wait;         /* kvl_notif_send waits for the NOTIF_ACK (or the send) */
+    uint8_t grant[4];               /* NOTIF_ACK's tail: slots added */
     /* VRAM staging: the chunk's VRAM pieces go through bounce (iovs point
      * into it). WRITE: ticket is the download, sent once done. READ: the
      * reply lands in bounce, then the upload (ticket) runs before the
@@ -143,6 +151,9 @@ struct kvli_tcp_peer {
     kvli_tcp_msg_t *wq_head, *wq_tail;
     kvli_tcp_msg_t *up_head;        /* READ replies being uploaded to VRAM */
     unsigned sq_unsent;
+    uint32_t notif_slots;           /* our notification grant there (under iface->lock) */
+    uint32_t notif_slots_hi;        /* the most it held: more is asked at half */
+    int notif_topup;                /* a NOTIF_GRANTED asking for more is unanswered */
     uint64_t next_id;
     uint64_t tx_off;                /* bytes handed to the kernel on this connection */
     uint64_t win_bytes;
@@ -224,6 +235,7 @@ struct kvli_tcp_conn {
     /* replies */
     kvli_tcp_reply_t *oq_head, *oq_tail;
     unsigned oq_n;
+    uint32_t notif_slots;           /* its notification grant (tcp_proto.h): unused */
 };
 
 struct kvli_tcp_iface {
@@ -276,6 +288,8 @@ void kvli_tcp_peer_tx(kvli_tcp_peer_t *peer);
 kvl_status_t kvli_tcp_peer_notif_send(void *bk, void *peer, const void *msg, size_t len,
                                       kvl_error_t *err);
 kvli_tcp_msg_t *kvli_tcp_msg_new(uint16_t type, int niov, size_t head_len);
+kvli_tcp_msg_t *kvli_tcp_notif_new(size_t len);
+int kvli_tcp_notif_form(kvli_tcp_peer_t *peer, kvli_tcp_msg_t *m, size_t len);
 void kvli_tcp_peer_enqueue(kvli_tcp_peer_t *peer, kvli_tcp_msg_t *m);
 
 /* tcp_conn.c (target side, progress thread only) */

@@ -15,6 +15,7 @@
 #include <string.h>
 #include <unistd.h>
 #include "common/errname.h"
+#include "common/notif_full.h"
 #include "common/sock.h"
 #include "tcp.h"
 
@@ -190,6 +191,8 @@ void kvli_tcp_conn_free(kvli_tcp_iface_t *iface, kvli_tcp_conn_t *c)
     }
     for (unsigned i = 0; i < c->npins; i++)
         iface->ctx->region_unpin(iface->ctx, c->pins[i]);
+    if (c->notif_slots > 0)
+        iface->ctx->notif_unreserve(iface->ctx, c->name, c->notif_slots, KVLI_TCP_NOTIF_SLOT);
     kvli_bounce_put(&iface->bounce, c->bounce);
     close(c->fd);
     free(c->body);
@@ -582,8 +585,50 @@ static void kvli_tcp_conn_rw(kvli_tcp_iface_t *iface, kvli_tcp_conn_t *c)
 static void kvli_tcp_conn_notif(kvli_tcp_iface_t *iface, kvli_tcp_conn_t *c)
 {
     kvl_bk_ctx_t *ctx = iface->ctx;
-    if (c->h.type == KVLI_TCP_MSG_NOTIF) {
-        ctx->notif_deliver(ctx, c->name, c->body, c->body_len);
+    char why[KVLI_TCP_TEXT_MAX];
+    kvl_status_t st = KVL_OK;
+    uint8_t add[4];
+    uint32_t n = 0;
+    if (c->h.type == KVLI_TCP_MSG_NOTIF_GRANTED) {
+        /* within its grant (protocol 3): queued; answered only when it asks
+         * for more (id not 0) */
+        if (c->notif_slots == 0) {
+            kvli_tcp_conn_proto_error(iface, c, "NOTIF_GRANTED beyond the grant (slots left 0)");
+            return;
+        }
+        c->notif_slots--;
+        ctx->notif_offer_reserved(ctx, c->name, c->body, c->body_len, KVLI_TCP_NOTIF_SLOT);
+        if (c->h.id == 0)
+            return;
+        st = KVL_OK;
+    } else if (c->h.type == KVLI_TCP_MSG_NOTIF) {
+        /* answered (protocol 3): queued, or refused and the sender told why;
+         * it gives its unused grant back first */
+        if (c->h.aux > c->notif_slots) {
+            kvli_tcp_conn_proto_error(iface, c, "NOTIF gives back more slots than granted");
+            return;
+        }
+        if (c->h.aux > 0) {
+            c->notif_slots -= (uint32_t)c->h.aux;
+            ctx->notif_unreserve(ctx, c->name, (uint32_t)c->h.aux, KVLI_TCP_NOTIF_SLOT);
+        }
+        st = kvli_notif_take(ctx, c->name, c->body, c->body_len, why, sizeof(why));
+        if (st != KVL_OK)
+            ctx->log(ctx, KVL_LOG_INFO, "refused a notification from '%s': %s; the sender is "
+                     "told", c->name, why);
+    }
+    if (c->h.type != KVLI_TCP_MSG_CANCELED) {
+        /* top its grant up, within the room left */
+        if (kvli_notif_grants(ctx))
+            n = ctx->notif_reserve(ctx, c->name, c->notif_slots, KVLI_TCP_NOTIF_SLOT);
+        if (n > KVLI_TCP_NOTIF_GRANT_MAX) {
+            ctx->notif_unreserve(ctx, c->name, n - KVLI_TCP_NOTIF_GRANT_MAX, KVLI_TCP_NOTIF_SLOT);
+            n = KVLI_TCP_NOTIF_GRANT_MAX;
+        }
+        c->notif_slots += n;
+        kvli_put32(add, n);
+        kvli_tcp_conn_push(iface, c, kvli_tcp_reply_new(KVLI_TCP_MSG_NOTIF_ACK, c->h.id, st,
+                                                        st == KVL_OK ? NULL : why, 0, add, 4));
         return;
     }
     /* A cancelled transfer's notification: the prefix tells the application. */
@@ -598,7 +643,11 @@ static void kvli_tcp_conn_notif(kvli_tcp_iface_t *iface, kvli_tcp_conn_t *c)
     }
     memcpy(b, KVLI_TCP_CANCEL_PREFIX, pl);
     memcpy(b + pl, c->body, ml);
-    ctx->notif_deliver(ctx, c->name, b, pl + ml);
+    /* unanswered: its transfer already ended as cancelled on the sender */
+    st = kvli_notif_take(ctx, c->name, b, pl + ml, why, sizeof(why));
+    if (st != KVL_OK)
+        ctx->log(ctx, KVL_LOG_WARN, "dropped the CANCELED notice of a transfer from '%s': %s",
+                 c->name, why);
     free(b);
 }
 
@@ -654,6 +703,7 @@ static int kvli_tcp_conn_rx_step(kvli_tcp_iface_t *iface, kvli_tcp_conn_t *c, ui
             kvli_tcp_conn_hello(iface, c);
             break;
         case KVLI_TCP_MSG_NOTIF:
+        case KVLI_TCP_MSG_NOTIF_GRANTED:
         case KVLI_TCP_MSG_CANCELED:
             kvli_tcp_conn_notif(iface, c);
             break;

@@ -17,6 +17,7 @@
 #include <linux/sockios.h>
 #include <sys/ioctl.h>
 #include "common/errname.h"
+#include "common/notif_full.h"
 #include "tcp.h"
 
 static kvl_status_t kvli_tcp_bad_meta(kvl_error_t *err, const char *name, const char *why)
@@ -46,6 +47,48 @@ kvli_tcp_msg_t *kvli_tcp_msg_new(uint16_t type, int niov, size_t head_len)
     return m;
 }
 
+/*
+ * A notification message (NOTIF or NOTIF_GRANTED) for len bytes of message,
+ * its bytes to be copied in at head + KVLI_TCP_HDR_LEN; NULL when out of
+ * memory. The NOTIF_ACK's grant lands in m->grant.
+ */
+kvli_tcp_msg_t *kvli_tcp_notif_new(size_t len)
+{
+    kvli_tcp_msg_t *m = kvli_tcp_msg_new(KVLI_TCP_MSG_NOTIF, 1, KVLI_TCP_HDR_LEN + len);
+    if (m != NULL) {
+        m->iov[0].iov_base = m->grant;
+        m->iov[0].iov_len = sizeof(m->grant);
+    }
+    return m;
+}
+
+/*
+ * Under iface->lock, before m is queued: within our grant (small, a slot
+ * left) it goes as NOTIF_GRANTED (unanswered, or asking for more once half
+ * the grant is spent); else as NOTIF, answered, giving the unused grant
+ * back. Returns 1 when it goes within the grant.
+ */
+int kvli_tcp_notif_form(kvli_tcp_peer_t *peer, kvli_tcp_msg_t *m, size_t len)
+{
+    uint64_t aux = 0;
+    if (len <= KVLI_TCP_NOTIF_SLOT && peer->notif_slots > 0) {
+        peer->notif_slots--;
+        m->type = KVLI_TCP_MSG_NOTIF_GRANTED;
+        m->id = 0;
+        if (peer->notif_slots < peer->notif_slots_hi / 2 && !peer->notif_topup) {
+            peer->notif_topup = 1;
+            m->id = ++peer->next_id;
+        }
+    } else {
+        m->type = KVLI_TCP_MSG_NOTIF;
+        m->id = ++peer->next_id;
+        aux = peer->notif_slots;
+        peer->notif_slots = 0;
+    }
+    kvli_tcp_proto_hdr_build(m->head, m->type, m->id, len, aux);
+    return m->type == KVLI_TCP_MSG_NOTIF_GRANTED;
+}
+
 void kvli_tcp_peer_enqueue(kvli_tcp_peer_t *peer, kvli_tcp_msg_t *m)
 {
     /* caller holds iface->lock */
@@ -62,8 +105,8 @@ static void kvli_tcp_msgs_free(kvli_tcp_iface_t *iface, kvli_tcp_msg_t *m)
 {
     while (m != NULL) {
         kvli_tcp_msg_t *n = m->next;
-        if (m->sent_flag != NULL)
-            *m->sent_flag = -1;
+        if (m->wait != NULL)
+            m->wait->state = -1;
         kvli_tcp_msg_free(iface, m);
         m = n;
     }
@@ -362,6 +405,8 @@ static kvl_status_t kvli_tcp_peer_connect(kvli_tcp_peer_t *peer, uint64_t timeou
     peer->rhdr_got = 0;
     peer->rphase = 0;
     peer->tx_off = 0;
+    peer->notif_slots = peer->notif_slots_hi = 0; /* a new connection: no grant yet */
+    peer->notif_topup = 0;
     peer->progress_ns = kvli_clock_ns();
     peer->connects++;
     pthread_mutex_unlock(&iface->lock);
@@ -552,6 +597,45 @@ static void kvli_tcp_peer_reply_done(kvli_tcp_peer_t *peer)
         kvli_tcp_msg_free(peer->iface, m);
         return;
     }
+    if (m->type == KVLI_TCP_MSG_NOTIF || m->type == KVLI_TCP_MSG_NOTIF_GRANTED) {
+        uint32_t add = kvli_get32(m->grant);
+        if (add > KVLI_TCP_NOTIF_GRANT_MAX) {
+            kvli_tcp_msg_free(peer->iface, m);
+            kvli_tcp_peer_mark_dead(peer, EPROTO, "protocol error: NOTIF_ACK grants %u slots "
+                                    "(at most %u)", add, KVLI_TCP_NOTIF_GRANT_MAX);
+            return;
+        }
+        peer->notif_slots += add;
+        if (peer->notif_slots > peer->notif_slots_hi)
+            peer->notif_slots_hi = peer->notif_slots;
+        peer->notif_topup = 0;
+        if (m->type == KVLI_TCP_MSG_NOTIF_GRANTED) {
+            kvli_tcp_msg_free(peer->iface, m); /* a request for more: answered */
+            return;
+        }
+    }
+    if (m->type == KVLI_TCP_MSG_NOTIF) {
+        /* the answer to a notification: queued by the target, or refused */
+        peer->rtext[peer->rh.text_len] = '\0';
+        if (m->wait != NULL) {
+            m->wait->state = peer->rh.status == 0 ? 1 : 2;
+            m->wait->status = peer->rh.status;
+            memcpy(m->wait->text, peer->rtext, peer->rh.text_len + 1);
+            pthread_cond_broadcast(&peer->iface->cond);
+        } else if (xp != NULL && peer->rh.status == 0) {
+            xp->outstanding--;
+            xp->notif_state = KVLI_TCP_NOTIF_SENT;
+        } else if (xp != NULL) {
+            kvl_error_t e;
+            kvl_status_t st = kvli_notif_refused(&e, KVLI_TCP_NAME, peer->name, peer->rh.status,
+                                                 peer->rtext, xp->x->total_bytes);
+            xp->outstanding--;
+            xp->notif_state = KVLI_TCP_NOTIF_NONE;
+            kvli_tcp_xfer_fail(xp, st, &e);
+        }
+        kvli_tcp_msg_free(peer->iface, m);
+        return;
+    }
     if (xp != NULL) {
         xp->outstanding--;
         if (peer->rh.status == 0) {
@@ -585,7 +669,8 @@ static int kvli_tcp_peer_rx_header(kvli_tcp_peer_t *peer)
     }
     if (m == NULL || m->id != peer->rh.id ||
         peer->rh.type != (m->type == KVLI_TCP_MSG_WRITE ? KVLI_TCP_MSG_WRITE_ACK
-                                                        : KVLI_TCP_MSG_READ_DATA) ||
+                          : m->type == KVLI_TCP_MSG_READ ? KVLI_TCP_MSG_READ_DATA
+                                                         : KVLI_TCP_MSG_NOTIF_ACK) ||
         (peer->rh.type == KVLI_TCP_MSG_READ_DATA && peer->rh.status == 0 &&
          peer->rh.payload != m->bytes)) {
         kvli_tcp_peer_mark_dead(peer, EPROTO, "protocol error: %s reply id %" PRIu64 " with %"
@@ -719,7 +804,26 @@ void kvli_tcp_peer_tx(kvli_tcp_peer_t *peer)
         peer->sq_head = m->next;
         if (peer->sq_head == NULL)
             peer->sq_tail = NULL;
-        if (m->type == KVLI_TCP_MSG_WRITE || m->type == KVLI_TCP_MSG_READ) {
+        if (m->type == KVLI_TCP_MSG_NOTIF_GRANTED) {
+            /* within the grant: as good as queued there */
+            if (m->wait != NULL) {
+                m->wait->state = 1;
+                m->wait = NULL;
+                pthread_cond_broadcast(&iface->cond);
+            }
+            if (m->xp != NULL) {
+                m->xp->notif_state = KVLI_TCP_NOTIF_SENT;
+                m->xp = NULL;
+            }
+            if (m->id == 0) {
+                kvli_tcp_msg_free(iface, m);
+                continue;
+            }
+        }
+        if (m->type == KVLI_TCP_MSG_NOTIF || m->type == KVLI_TCP_MSG_NOTIF_GRANTED)
+            peer->win_reqs++; /* answered too: waits with the requests */
+        if (m->type == KVLI_TCP_MSG_WRITE || m->type == KVLI_TCP_MSG_READ ||
+            m->type == KVLI_TCP_MSG_NOTIF || m->type == KVLI_TCP_MSG_NOTIF_GRANTED) {
             m->next = NULL;
             if (peer->wq_tail != NULL)
                 peer->wq_tail->next = m;
@@ -727,12 +831,9 @@ void kvli_tcp_peer_tx(kvli_tcp_peer_t *peer)
                 peer->wq_head = m;
             peer->wq_tail = m;
         } else {
+            /* a CANCELED notice: unanswered */
             if (m->xp != NULL)
                 m->xp->notif_state = KVLI_TCP_NOTIF_SENT;
-            if (m->sent_flag != NULL) {
-                *m->sent_flag = 1;
-                pthread_cond_broadcast(&iface->cond);
-            }
             kvli_tcp_msg_free(iface, m);
         }
     }
@@ -744,8 +845,8 @@ kvl_status_t kvli_tcp_peer_notif_send(void *bk, void *peer_h, const void *msg, s
     kvli_tcp_iface_t *iface = bk;
     kvli_tcp_peer_t *peer = peer_h;
     kvli_tcp_msg_t *m;
+    kvli_tcp_nwait_t w;
     kvl_status_t st;
-    int sent = 0;
     if (len > KVLI_TCP_NOTIF_MAX || (len > 0 && msg == NULL)) {
         kvl_bk_error_set(err, KVL_ERR_INVALID_ARG, 0, KVLI_TCP_NAME, -1,
                          "tcp notification of %zu bytes (limit %u)", len, KVLI_TCP_NOTIF_MAX);
@@ -755,16 +856,16 @@ kvl_status_t kvli_tcp_peer_notif_send(void *bk, void *peer_h, const void *msg, s
     st = kvli_tcp_peer_ensure(peer, iface->timeout_ms, err);
     if (st != KVL_OK)
         return st;
-    m = kvli_tcp_msg_new(KVLI_TCP_MSG_NOTIF, 0, KVLI_TCP_HDR_LEN + len);
+    m = kvli_tcp_notif_new(len);
     if (m == NULL) {
         kvl_bk_error_set(err, KVL_ERR_NO_MEMORY, ENOMEM, KVLI_TCP_NAME, -1,
                          "tcp: malloc() of a %zu-byte notification failed", len);
         kvl_bk_error_hint(err, "the process is out of memory");
         return KVL_ERR_NO_MEMORY;
     }
-    kvli_tcp_proto_hdr_build(m->head, KVLI_TCP_MSG_NOTIF, 0, len, 0);
     if (len > 0)
         memcpy(m->head + KVLI_TCP_HDR_LEN, msg, len);
+    memset(&w, 0, sizeof(w));
     pthread_mutex_lock(&iface->lock);
     if (peer->dead) {
         st = kvli_tcp_peer_disconnect_error(peer, 0, 0, 0, err);
@@ -772,22 +873,29 @@ kvl_status_t kvli_tcp_peer_notif_send(void *bk, void *peer_h, const void *msg, s
         free(m);
         return st;
     }
+    kvli_tcp_notif_form(peer, m, len);
     if (!kvli_tcp_peer_busy(peer))
         peer->progress_ns = kvli_clock_ns();
-    m->sent_flag = &sent;
+    m->wait = &w;
     kvli_tcp_peer_enqueue(peer, m);
     kvli_progress_wake(&iface->pg);
-    /* Return once the kernel has the bytes (like a blocking send), so an
-     * agent destroyed right after this call does not lose it. Bounded: the
-     * progress thread declares the peer dead after timeout_ms without progress. */
-    while (sent == 0 && iface->pg.started && !kvli_progress_stopping(&iface->pg))
+    /* Return once the target answered (protocol 3): queued, or refused
+     * because its queue is full; within our grant, once the kernel has the
+     * bytes (room is reserved for it there). Bounded: the progress thread
+     * declares the peer dead after timeout_ms without progress. */
+    while (w.state == 0 && iface->pg.started && !kvli_progress_stopping(&iface->pg))
         pthread_cond_wait(&iface->cond, &iface->lock);
-    if (sent == 0) {
+    if (w.state == 0) {
         /* the backend is closing: the message stays queued and is freed with it */
-        m->sent_flag = NULL;
-        sent = -1;
+        m->wait = NULL;
+        w.state = -1;
     }
-    st = sent > 0 ? KVL_OK : kvli_tcp_peer_disconnect_error(peer, 0, 0, 0, err);
+    if (w.state == 1)
+        st = KVL_OK;
+    else if (w.state == 2)
+        st = kvli_notif_refused(err, KVLI_TCP_NAME, peer->name, w.status, w.text, UINT64_MAX);
+    else
+        st = kvli_tcp_peer_disconnect_error(peer, 0, 0, 0, err);
     pthread_mutex_unlock(&iface->lock);
     return st;
 }

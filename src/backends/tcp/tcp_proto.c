@@ -46,8 +46,16 @@ int kvli_tcp_proto_hdr_parse(const uint8_t *b, int dir, kvli_tcp_hdr_t *h, char 
             return 0;
         case KVLI_TCP_MSG_NOTIF:
         case KVLI_TCP_MSG_CANCELED:
-            if (h->len > KVLI_TCP_NOTIF_MAX || h->aux != 0)
+            if (h->len > KVLI_TCP_NOTIF_MAX)
                 return kvli_tcp_proto_bad(why, why_cap, "notification longer than KVL_NOTIF_MAX",
+                                          h->len);
+            if (h->aux > (h->type == KVLI_TCP_MSG_NOTIF ? KVLI_TCP_NOTIF_GRANT_MAX : 0))
+                return kvli_tcp_proto_bad(why, why_cap, "notification gives back too many slots",
+                                          h->aux);
+            return 0;
+        case KVLI_TCP_MSG_NOTIF_GRANTED:
+            if (h->len > KVLI_TCP_NOTIF_SLOT || h->aux != 0)
+                return kvli_tcp_proto_bad(why, why_cap, "NOTIF_GRANTED longer than a slot",
                                           h->len);
             return 0;
         case KVLI_TCP_MSG_WRITE:
@@ -87,6 +95,12 @@ int kvli_tcp_proto_hdr_parse(const uint8_t *b, int dir, kvli_tcp_hdr_t *h, char 
     case KVLI_TCP_MSG_WRITE_ACK:
         if (h->len != h->text_len)
             return kvli_tcp_proto_bad(why, why_cap, "WRITE_ACK carries data", h->len);
+        return 0;
+    case KVLI_TCP_MSG_NOTIF_ACK:
+        h->payload = h->len - h->text_len;
+        if (h->payload != 4)
+            return kvli_tcp_proto_bad(why, why_cap, "NOTIF_ACK without its 4-byte grant",
+                                      h->len);
         return 0;
     case KVLI_TCP_MSG_READ_DATA:
         h->payload = h->len - h->text_len;
@@ -253,6 +267,8 @@ const char *kvli_tcp_proto_type_name(unsigned type)
     case KVLI_TCP_MSG_READ: return "READ";
     case KVLI_TCP_MSG_READ_DATA: return "READ_DATA";
     case KVLI_TCP_MSG_CANCELED: return "CANCELED";
+    case KVLI_TCP_MSG_NOTIF_ACK: return "NOTIF_ACK";
+    case KVLI_TCP_MSG_NOTIF_GRANTED: return "NOTIF_GRANTED";
     default: return "unknown";
     }
 }

@@ -8,9 +8,10 @@
  *   1. the authentication exchange (tcp_auth.h): AUTH1 -> AUTH2 -> AUTH3 -> AUTH4
  *   2. HELLO -> HELLO_ACK (names, incarnations: a restarted target is refused
  *      as stale here)
- *   3. requests from the initiator (WRITE, READ, NOTIF, CANCELED), answered
- *      in order by the target (WRITE_ACK, READ_DATA; NOTIF and CANCELED have
- *      no answer).
+ *   3. requests from the initiator (WRITE, READ, NOTIF, NOTIF_GRANTED,
+ *      CANCELED), answered in order by the target (WRITE_ACK, READ_DATA,
+ *      NOTIF_ACK: queued, or refused when its notification queue is full;
+ *      NOTIF_GRANTED only when its id is not 0; CANCELED has no answer).
  *   4. the end: an orderly close, or a reset (SO_LINGER 0) when the
  *      initiator gives up requests still unanswered (peer timeout, cancel
  *      the peer does not confirm, agent destroyed). Before copying WRITE
@@ -28,12 +29,14 @@
  * Bodies:
  *   WRITE      nranges x {addr u64, len u64}, then the payload (sum of lens)
  *   READ       nranges x {addr u64, len u64}
- *   NOTIF      the message (<= KVL_NOTIF_MAX)
+ *   NOTIF      the message (<= KVL_NOTIF_MAX); aux: slots given back
+ *   NOTIF_GRANTED the message (<= KVLI_TCP_NOTIF_SLOT)
  *   CANCELED   the notification of a cancelled transfer (<= KVL_NOTIF_MAX)
  *   HELLO      version u32 | flags u32 | incarnation u64 | expected target
  *              incarnation u64 | name_len u16 | target_name_len u16 | names
  *   replies    text (text length bytes), then READ_DATA's payload when the
- *              status is 0; HELLO_ACK: text, then incarnation u64 and the name
+ *              status is 0; HELLO_ACK: text, then incarnation u64 and the name;
+ *              NOTIF_ACK: text, then the slots added u32
  */
 #ifndef KVLI_TCP_PROTO_H
 #define KVLI_TCP_PROTO_H
@@ -48,7 +51,17 @@
  * connection (checked before copying), so an initiator gives requests up by
  * resetting it; a target refuses a HELLO of another version with a
  * HELLO_ACK that says both versions. */
-#define KVLI_TCP_PROTO_VERSION 2u
+/* 3: NOTIF is answered (NOTIF_ACK, status and text like every reply): the
+ * target queues it within its bound or refuses it (KVL_ERR_REMOTE_FULL).
+ * Grants (as shm protocol 5): a NOTIF_ACK's body ends with 4 bytes, the
+ * slots added to the initiator's grant (room for one notification of at
+ * most KVLI_TCP_NOTIF_SLOT bytes each, reserved in the target's bound); the
+ * initiator sends that many NOTIF_GRANTED without waiting for an answer (id
+ * 0), or with an id to ask for more (answered by a NOTIF_ACK it does not
+ * wait for); a NOTIF's aux gives the unused slots back (surrender). A
+ * NOTIF_GRANTED past the grant, or a surrender of more than it holds, is a
+ * protocol error. */
+#define KVLI_TCP_PROTO_VERSION 3u
 #define KVLI_TCP_HDR_LEN 32u
 #define KVLI_TCP_RANGES_MAX 1022u           /* + header + ranges = UIO_MAXIOV */
 #define KVLI_TCP_PAYLOAD_MAX (64ull << 20)  /* of one request */
@@ -67,8 +80,13 @@ enum {
     KVLI_TCP_MSG_WRITE_ACK = 5,
     KVLI_TCP_MSG_READ = 6,
     KVLI_TCP_MSG_READ_DATA = 7,
-    KVLI_TCP_MSG_CANCELED = 8
+    KVLI_TCP_MSG_CANCELED = 8,
+    KVLI_TCP_MSG_NOTIF_ACK = 9,
+    KVLI_TCP_MSG_NOTIF_GRANTED = 10
 };
+
+#define KVLI_TCP_NOTIF_SLOT 1024u           /* a granted notification's largest size */
+#define KVLI_TCP_NOTIF_GRANT_MAX 65536u     /* slots a NOTIF_ACK may add */
 
 /* What the receiver of a header is: the target reads requests, the
  * initiator reads replies. */

@@ -230,10 +230,18 @@ static void kvli_tcp_xfer_unqueue(kvli_tcp_peer_t *peer, kvli_tcp_xpriv_t *xp)
 static int kvli_tcp_xfer_notice(kvli_tcp_peer_t *peer, kvli_tcp_xpriv_t *xp, uint16_t type)
 {
     const kvl_bk_xfer_t *x = xp->x;
-    kvli_tcp_msg_t *m = kvli_tcp_msg_new(type, 0, KVLI_TCP_HDR_LEN + x->notif_len);
+    kvli_tcp_msg_t *m = type == KVLI_TCP_MSG_NOTIF
+                            ? kvli_tcp_notif_new(x->notif_len)
+                            : kvli_tcp_msg_new(type, 0, KVLI_TCP_HDR_LEN + x->notif_len);
     if (m == NULL)
         return -1;
-    kvli_tcp_proto_hdr_build(m->head, type, 0, x->notif_len, 0);
+    /* NOTIF is answered (NOTIF_ACK), unless it goes within our grant */
+    if (type == KVLI_TCP_MSG_NOTIF) {
+        if (!kvli_tcp_notif_form(peer, m, x->notif_len))
+            xp->outstanding++;
+    } else {
+        kvli_tcp_proto_hdr_build(m->head, type, m->id, x->notif_len, 0);
+    }
     if (x->notif_len > 0)
         memcpy(m->head + KVLI_TCP_HDR_LEN, x->notif, x->notif_len);
     m->xp = xp;
@@ -287,7 +295,7 @@ void kvli_tcp_xfer_reap(kvli_tcp_peer_t *peer, kvli_tcp_xpriv_t **done)
         if (xp->status != KVL_OK) {
             kvli_tcp_xfer_finish(xp, xp->status, done);
         } else if (xp->notif_state == KVLI_TCP_NOTIF_QUEUED) {
-            continue; /* waits until its notification (or notice) is on the wire */
+            continue; /* waits until its notification is answered (or its notice sent) */
         } else if (xp->notif_state == KVLI_TCP_NOTIF_SENT) {
             kvli_tcp_xfer_finish(xp, xp->notice ? KVL_ERR_CANCELED : KVL_OK, done);
         } else if (cancelled) {
