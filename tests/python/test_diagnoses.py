@@ -69,6 +69,12 @@ def test_host_memory_declared_vram_is_a_kind_mismatch(uniq):
         assert "page-locked host memory" in str(ei.value), str(ei.value)
         t = torch.empty(1 << 20, dtype=torch.uint8, device="cuda")
         ptr = t.data_ptr()
+        # GPU memory declared DRAM: named as VRAM on its GPU (a kind mismatch)
+        with pytest.raises(kvlane.Error) as ei:
+            a.register_memory((ptr, t.numel(), -1), kind="DRAM")
+        text = str(ei.value)
+        assert "KVL_ERR_DEVICE_MISMATCH" in text, text
+        assert "declared DRAM, but the cuda backend says this memory is VRAM" in text, text
         del t
         torch.cuda.empty_cache()
         with pytest.raises(kvlane.Error) as ei:
@@ -76,14 +82,6 @@ def test_host_memory_declared_vram_is_a_kind_mismatch(uniq):
         text = str(ei.value)
         assert "host memory mapped in this process" not in text, text
         assert "page-locked host memory" not in text and "not GPU memory, or freed" in text, text
-        # GPU memory declared DRAM: named as VRAM on its GPU (a kind mismatch)
-        live = torch.empty(1 << 20, dtype=torch.uint8, device="cuda")
-        with pytest.raises(kvlane.Error) as ei:
-            a.register_memory((live.data_ptr(), live.numel(), -1), kind="DRAM")
-        text = str(ei.value)
-        assert "KVL_ERR_DEVICE_MISMATCH" in text, text
-        assert "declared DRAM, but the cuda backend says this memory is VRAM" in text, text
-        del live
         # issue 17 item 10: with kind AUTO a freed GPU pointer is not DRAM
         with pytest.raises(kvlane.Error) as ei:
             a.register_memory((ptr, 1 << 20))
