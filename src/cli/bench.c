@@ -76,11 +76,6 @@ static double kvl_thread_cpu(void)
     return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
 }
 
-static int kvl_cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
 
 static void kvl_bench_die(const char *what)
 {
@@ -307,7 +302,7 @@ static int kvl_measure(const kvl_bench_cfg_t *c, kvl_agent_t *a, const char *bac
         row->post_ns += w[t].post_cpu;
     }
     if (!failed) {
-        qsort(all, n, sizeof(*all), kvl_cmp_double);
+        qsort(all, n, sizeof(*all), kvl_cli_cmp_double);
         /* nearest-rank percentiles */
         row->p50_us = all[(n + 1) / 2 - 1] * 1e6;
         row->p99_us = all[(size_t)ceil(0.99 * n) - 1] * 1e6;

@@ -29,18 +29,13 @@
 #include "cli.h"
 #include "bench_costs.h"
 
-static int kvl_costs_cmp(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
 
 /* The q-quantile (0.5, 0.99) of n samples, sorted in place. */
 static double kvl_costs_q(double *v, size_t n, double q)
 {
     if (n == 0)
         return 0;
-    qsort(v, n, sizeof(*v), kvl_costs_cmp);
+    qsort(v, n, sizeof(*v), kvl_cli_cmp_double);
     size_t i = (size_t)(q * (double)(n - 1) + 0.5);
     return v[i < n ? i : n - 1];
 }

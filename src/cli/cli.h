@@ -16,6 +16,8 @@ int kvl_cli_write_all(int fd, const void *buf, size_t len);
 /* Read exactly len bytes within timeout_ms; 0 ok, -1 error/timeout. */
 int kvl_cli_read_all(int fd, void *buf, size_t len, int timeout_ms);
 double kvl_cli_now(void);
+/* qsort comparison of doubles, ascending. */
+int kvl_cli_cmp_double(const void *a, const void *b);
 /* GPU memory through the CUDA driver loaded at run time (cli_gpu.c); -1 with
  * why filled when there is no driver or GPU. */
 int kvl_cli_gpu_alloc(int dev, size_t size, uint64_t *ptr_p, char *why, size_t len);

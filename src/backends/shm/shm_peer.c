@@ -381,6 +381,27 @@ kvl_status_t kvli_shm_peer_send_req(kvli_shm_peer_t *peer, kvli_shm_req_t *req, 
     return KVL_ERR_REMOTE_DISCONNECT;
 }
 
+/* After sending req (st: how the send went): wait for its answer, bounded
+ * by timeout_ms; the request leaves the peer's list unless it was answered.
+ * 1 when no answer came in time, else 0 (req.status holds the answer when
+ * st was KVL_OK). */
+static int kvli_shm_peer_req_wait(kvli_shm_peer_t *peer, kvli_shm_req_t *req, kvl_status_t st,
+                                  uint64_t timeout_ms)
+{
+    kvli_shm_iface_t *iface = peer->iface;
+    struct timespec dl;
+    int timed_out = 0;
+    kvli_shm_deadline(&dl, timeout_ms);
+    pthread_mutex_lock(&iface->lock);
+    while (st == KVL_OK && !req->done && !timed_out)
+        timed_out = pthread_cond_timedwait(&iface->cond, &iface->lock, &dl) == ETIMEDOUT &&
+                    !req->done;
+    if (st != KVL_OK || timed_out)
+        kvli_shm_peer_req_drop(peer, req);
+    pthread_mutex_unlock(&iface->lock);
+    return timed_out;
+}
+
 kvl_status_t kvli_shm_peer_fd_request(kvli_shm_peer_t *peer, uint64_t shm_id, int *fd_p,
                                       uint64_t *size_p, kvl_error_t *err)
 {
@@ -389,7 +410,6 @@ kvl_status_t kvli_shm_peer_fd_request(kvli_shm_peer_t *peer, uint64_t shm_id, in
     kvli_shm_msg_hdr_t h;
     kvli_shm_msg_fdreq_t m;
     struct iovec iov[2];
-    struct timespec dl;
     kvl_status_t st;
 
     memset(&req, 0, sizeof(req));
@@ -407,25 +427,15 @@ kvl_status_t kvli_shm_peer_fd_request(kvli_shm_peer_t *peer, uint64_t shm_id, in
     iov[1].iov_base = &m;
     iov[1].iov_len = sizeof(m);
     st = kvli_shm_peer_send(peer, iov, 2, err);
-    kvli_shm_deadline(&dl, iface->timeout_ms);
-    pthread_mutex_lock(&iface->lock);
-    while (st == KVL_OK && !req.done) {
-        if (pthread_cond_timedwait(&iface->cond, &iface->lock, &dl) == ETIMEDOUT &&
-            !req.done) {
-            kvli_shm_peer_req_drop(peer, &req);
-            pthread_mutex_unlock(&iface->lock);
-            kvl_bk_error_set(err, KVL_ERR_TIMEOUT, ETIMEDOUT, KVLI_SHM_NAME, -1,
-                             "agent '%s' (pid %d) did not answer FD_REQ for allocation "
-                             "%" PRIu64 " within %" PRIu64 " ms", peer->name,
-                             (int)peer->pid, shm_id, iface->timeout_ms);
-            kvl_bk_error_hint(err, "the peer is stuck or overloaded; check it, or raise "
-                              "the agent timeout");
-            return KVL_ERR_TIMEOUT;
-        }
+    if (kvli_shm_peer_req_wait(peer, &req, st, iface->timeout_ms)) {
+        kvl_bk_error_set(err, KVL_ERR_TIMEOUT, ETIMEDOUT, KVLI_SHM_NAME, -1,
+                         "agent '%s' (pid %d) did not answer FD_REQ for allocation "
+                         "%" PRIu64 " within %" PRIu64 " ms", peer->name,
+                         (int)peer->pid, shm_id, iface->timeout_ms);
+        kvl_bk_error_hint(err, "the peer is stuck or overloaded; check it, or raise "
+                          "the agent timeout");
+        return KVL_ERR_TIMEOUT;
     }
-    if (st != KVL_OK)
-        kvli_shm_peer_req_drop(peer, &req);
-    pthread_mutex_unlock(&iface->lock);
     if (st != KVL_OK)
         return st;
     if (req.status == KVL_ERR_REMOTE_DISCONNECT)
@@ -464,7 +474,6 @@ kvl_status_t kvli_shm_peer_notif(kvli_shm_peer_t *peer, const void *msg, size_t 
     kvli_shm_msg_notif_t nm;
     kvli_shm_req_t req;
     struct iovec iov[3];
-    struct timespec dl;
     kvl_status_t st;
     if (len > KVL_NOTIF_MAX || (len > 0 && msg == NULL)) {
         kvl_bk_error_set(err, KVL_ERR_INVALID_ARG, 0, KVLI_SHM_NAME, -1,
@@ -510,27 +519,17 @@ kvl_status_t kvli_shm_peer_notif(kvli_shm_peer_t *peer, const void *msg, size_t 
     iov[1].iov_base = &nm;
     iov[1].iov_len = sizeof(nm);
     st = kvli_shm_peer_send(peer, iov, 3, err);
-    kvli_shm_deadline(&dl, timeout_ms);
-    pthread_mutex_lock(&iface->lock);
-    while (st == KVL_OK && !req.done) {
-        if (pthread_cond_timedwait(&iface->cond, &iface->lock, &dl) == ETIMEDOUT &&
-            !req.done) {
-            kvli_shm_peer_req_drop(peer, &req);
-            pthread_mutex_unlock(&iface->lock);
-            kvl_bk_error_set(err, KVL_ERR_TIMEOUT, ETIMEDOUT, KVLI_SHM_NAME, -1,
-                             "agent '%s' (pid %d) did not answer a notification within %"
-                             PRIu64 " ms; it may or may not have queued it", peer->name,
-                             (int)peer->pid, timeout_ms);
-            if (err != NULL)
-                snprintf(err->agent, sizeof(err->agent), "%s", peer->name);
-            kvl_bk_error_hint(err, "the peer is stuck or overloaded; check it, or raise "
-                              "the agent timeout");
-            return KVL_ERR_TIMEOUT;
-        }
+    if (kvli_shm_peer_req_wait(peer, &req, st, timeout_ms)) {
+        kvl_bk_error_set(err, KVL_ERR_TIMEOUT, ETIMEDOUT, KVLI_SHM_NAME, -1,
+                         "agent '%s' (pid %d) did not answer a notification within %"
+                         PRIu64 " ms; it may or may not have queued it", peer->name,
+                         (int)peer->pid, timeout_ms);
+        if (err != NULL)
+            snprintf(err->agent, sizeof(err->agent), "%s", peer->name);
+        kvl_bk_error_hint(err, "the peer is stuck or overloaded; check it, or raise "
+                          "the agent timeout");
+        return KVL_ERR_TIMEOUT;
     }
-    if (st != KVL_OK)
-        kvli_shm_peer_req_drop(peer, &req);
-    pthread_mutex_unlock(&iface->lock);
     if (st != KVL_OK)
         return st;
     if (req.status == KVL_ERR_REMOTE_DISCONNECT)

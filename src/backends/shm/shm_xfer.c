@@ -590,6 +590,22 @@ static kvl_status_t kvli_shm_run(kvli_shm_worker_t *w, kvli_shm_xpriv_t *xp,
     return st;
 }
 
+/* Run xp, whose peer->running the caller raised (under iface->lock), then
+ * lower it: a dead peer no transfer uses any more may be released. */
+static kvl_status_t kvli_shm_run_held(kvli_shm_worker_t *w, kvli_shm_xpriv_t *xp,
+                                      kvl_error_t *err)
+{
+    kvli_shm_iface_t *iface = w->iface;
+    memset(err, 0, offsetof(kvl_error_t, causes));
+    err->device = -1;
+    kvl_status_t st = kvli_shm_run(w, xp, err);
+    pthread_mutex_lock(&iface->lock);
+    if (--xp->peer->running == 0 && atomic_load(&xp->peer->dead))
+        kvli_progress_wake(&iface->pg); /* it may release the peer now */
+    pthread_mutex_unlock(&iface->lock);
+    return st;
+}
+
 /* Hand the result to the core, then let xfer_cancel() waiters go. */
 static void kvli_shm_finish(kvli_shm_iface_t *iface, kvli_shm_xpriv_t *xp,
                             kvl_status_t st, const kvl_error_t *err)
@@ -636,12 +652,7 @@ void *kvli_shm_xfer_worker(void *arg)
         xp->peer->running++; /* its fds and mappings stay while we use them */
         pthread_mutex_unlock(&iface->lock);
 
-        memset(&err, 0, offsetof(kvl_error_t, causes));
-        st = kvli_shm_run(w, xp, &err);
-        pthread_mutex_lock(&iface->lock);
-        if (--xp->peer->running == 0 && atomic_load(&xp->peer->dead))
-            kvli_progress_wake(&iface->pg); /* it may release the peer now */
-        pthread_mutex_unlock(&iface->lock);
+        st = kvli_shm_run_held(w, xp, &err);
         kvli_shm_finish(iface, xp, st, &err);
     }
     return NULL;
@@ -677,13 +688,7 @@ static void kvli_shm_run_inline(kvli_shm_iface_t *iface, kvli_shm_xpriv_t *xp)
     iface->xfers = xp;
     xp->peer->running++;
     pthread_mutex_unlock(&iface->lock);
-    memset(&e, 0, offsetof(kvl_error_t, causes));
-    e.device = -1;
-    st = kvli_shm_run(&iface->inline_w, xp, &e);
-    pthread_mutex_lock(&iface->lock);
-    if (--xp->peer->running == 0 && atomic_load(&xp->peer->dead))
-        kvli_progress_wake(&iface->pg);
-    pthread_mutex_unlock(&iface->lock);
+    st = kvli_shm_run_held(&iface->inline_w, xp, &e);
     pthread_mutex_unlock(&iface->inline_lock);
     kvli_shm_finish(iface, xp, st, &e);
 }
