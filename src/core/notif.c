@@ -373,9 +373,10 @@ kvl_status_t kvl_notif_send(kvl_agent_t *a, const char *remote, const void *msg,
         memset(&berr, 0, offsetof(kvl_error_t, causes));
         berr.device = -1;
         st = bk->ops->notif_send(bk->bk, r->peer[b], msg, len, &berr);
-        if (st == KVL_ERR_REMOTE_FULL) {
+        if (st == KVL_ERR_REMOTE_FULL || st == KVL_ERR_TIMEOUT) {
             /* the target's answer, not a transport's failure: no other backend
-             * reaches another queue */
+             * reaches another queue; or sent and not answered in time (it may
+             * be queued there): another backend could deliver it twice */
             kvli_remote_put(a, r);
             if (!berr.backend[0])
                 kvli_scopy(berr.backend, sizeof(berr.backend), bk->ops->name);

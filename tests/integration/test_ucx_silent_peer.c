@@ -6,7 +6,10 @@
  * once the target is continued (SIGCONT), the next WRITE to it, with the
  * same metadata, succeeds and its bytes land. Then the same target is
  * killed: a transfer posted to it fails with KVL_ERR_REMOTE_DISCONNECT (UCX
- * found it dead), not a timeout of its 30 s bound.
+ * found it dead), not a timeout of its 30 s bound. A notification sent to
+ * the stopped target (from an agent whose bound is 1.5 s) gets no answer:
+ * KVL_ERR_TIMEOUT saying it may or may not have been queued, never KVL_OK;
+ * after SIGCONT it turns out queued, and the next one is answered.
  *
  * On UCX's default transports (shared memory) and on UCX_TLS=tcp. Times are
  * printed, not asserted (the waits are hang guards). Skips (77) without the
@@ -74,6 +77,8 @@ static void run_mode(const char *label, const char *params)
     kvl_xfer_t *x = mk(a, d.addr, p.base, 1000);
     kt_fill(buf, BUF, 5);
     KT_OK(post_wait(x)); /* connected and moving */
+    size_t md_len;
+    void *md = kt_peer_metadata(&p, &md_len);
 
     /* 1. silent: stopped with the transfer in flight */
     kt_fill(buf, BUF, 6);
@@ -92,8 +97,34 @@ static void run_mode(const char *label, const char *params)
         KT_ERROR_HAS("no progress from the peer");
     }
 
+    /* 1b. a notification to the stopped peer: no answer, so no KVL_OK; an
+     * agent whose bound is 1.5 s sends it */
+    kvl_agent_t *b = kt_agent_tmo("notifier", "ucx", params, 1500);
+    KT_OK(kvl_metadata_load(b, md, md_len, NULL, 0));
+    free(md);
+    t0 = now_s();
+    st = kvl_notif_send(b, "target", "while-stopped", 13);
+    kvl_error_render(NULL, e, sizeof(e));
+    printf("1b. notification to the stopped peer: %s after %.2f s\n%s\n", kvl_status_name(st),
+           now_s() - t0, e);
+    KT_STATUS(st, KVL_ERR_TIMEOUT);
+    KT_ERROR_HAS("notification to agent 'target'");
+    KT_ERROR_HAS("no answer from the peer within the timeout");
+    KT_ERROR_HAS("may or may not have been queued there");
+
     /* 2. continued: the same peer, the same metadata, works again */
     kill(p.pid, SIGCONT);
+    {
+        /* it was queued after all (the error said it might be) */
+        char msg[64], from[64];
+        long n = kt_peer_notif(&p, 30000, msg, sizeof(msg), from, sizeof(from));
+        KT_CHECK(n == 13 && memcmp(msg, "while-stopped", 13) == 0 &&
+                 strcmp(from, "notifier") == 0);
+        KT_OK(kvl_notif_send(b, "target", "after", 5)); /* answered again */
+        n = kt_peer_notif(&p, 30000, msg, sizeof(msg), from, sizeof(from));
+        KT_CHECK(n == 5 && memcmp(msg, "after", 5) == 0);
+    }
+    kvl_agent_destroy(b);
     kt_fill(buf, BUF, 7);
     st = post_wait(x);
     if (st != KVL_OK) {

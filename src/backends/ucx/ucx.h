@@ -45,6 +45,8 @@
 #define KVLI_UCX_AM_ID 0x4b4cu                 /* notification AM id */
 #define KVLI_UCX_AM_STAGE 0x4b4du              /* staged data: initiator -> target */
 #define KVLI_UCX_AM_STAGE_REPLY 0x4b4eu        /* acks and READ data: target -> initiator */
+#define KVLI_UCX_AM_NOTIF_ANS 0x4b4fu          /* a notification's answer: target -> sender */
+#define KVLI_UCX_NOTIF_TEXT 256u               /* an answer's text, at most */
 #define KVLI_UCX_STAGE_CHUNK (4u << 20)        /* bytes per staged request */
 #define KVLI_UCX_STAGE_BUFS 16u                /* bounce buffers per backend, at most */
 #define KVLI_UCX_STAGE_INIT_BUFS 8u            /* of which an initiator holds at most */
@@ -63,6 +65,7 @@ typedef struct kvli_ucx_xpriv kvli_ucx_xpriv_t;
 typedef struct kvli_ucx_token kvli_ucx_token_t;
 typedef struct kvli_ucx_chunk kvli_ucx_chunk_t;
 typedef struct kvli_ucx_job kvli_ucx_job_t;
+typedef struct kvli_ucx_nans kvli_ucx_nans_t;
 
 /* UCX log lines captured on this thread during one UCX call. */
 typedef struct kvli_ucx_log {
@@ -175,6 +178,22 @@ struct kvli_ucx_token {
     int done;
     ucs_status_t status;
     void *buf;                        /* AM header + message copy */
+    /* a notification waiting for the target's answer (iface->ans_wait) */
+    kvli_ucx_token_t *ans_next;
+    uint64_t ans_id;
+    int ans_linked;                   /* on iface->ans_wait */
+    int answered;
+    kvl_status_t ans_status;          /* the target's: KVL_OK or why it refused */
+    char ans_text[KVLI_UCX_NOTIF_TEXT];
+};
+
+/* An answer to a received notification, queued by the AM handler for the
+ * progress thread to send on the sender's reply endpoint. */
+struct kvli_ucx_nans {
+    kvli_ucx_nans_t *next;
+    ucp_ep_h ep;
+    kvli_ucx_token_t *tok;            /* buf: header + text */
+    size_t hlen, tlen;
 };
 
 struct kvli_ucx_xpriv {
@@ -235,6 +254,11 @@ struct kvli_ucx_iface {
     kvli_ucx_alloc_t *allocs;         /* unmapped after mhs, before the worker */
     kvli_ucx_xpriv_t *queue;          /* posted, not yet taken by progress */
     kvli_ucx_xpriv_t *running;        /* progress thread's own list */
+    /* notifications: those waiting for their answer (under lock), and the
+     * answers this agent owes (progress thread only) */
+    kvli_ucx_token_t *ans_wait;
+    uint64_t ans_next_id;
+    kvli_ucx_nans_t *ans_out, **ans_out_tail;
     /* staging (ucx_stage.c); progress thread only, or after it is joined */
     int data_path_am;                 /* parameter data_path=am */
     unsigned stage_max_ranges;        /* fits UCX's AM header limit */
@@ -370,5 +394,12 @@ kvl_status_t kvli_ucx_notif_send(void *bk, void *peer, const void *msg, size_t l
                                  kvl_error_t *err);
 ucs_status_t kvli_ucx_notif_recv(void *arg, const void *header, size_t header_length,
                                  void *data, size_t length, const ucp_am_recv_param_t *param);
+ucs_status_t kvli_ucx_notif_ans_recv(void *arg, const void *header, size_t header_length,
+                                     void *data, size_t length,
+                                     const ucp_am_recv_param_t *param);
+/* Progress thread: send the answers owed; 1 while some are left. */
+int kvli_ucx_notif_progress(kvli_ucx_iface_t *iface);
+/* Teardown, progress thread joined: drop the answers never sent. */
+void kvli_ucx_notif_free_all(kvli_ucx_iface_t *iface);
 
 #endif

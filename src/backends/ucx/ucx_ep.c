@@ -7,7 +7,8 @@
  * that carried a dead peer is retired and destroyed once empty, which frees
  * everything UCX kept for the dead (ucx.h says why).
  *
- * Connection info (native byte order, version 1):
+ * Connection info (native byte order, version 2: notifications are
+ * answered; a peer of version 1 is refused at load, both versions named):
  *   0 magic u32 | 4 version u16 | 6 flags u16 (bit 0: peer error handling)
  *   8 incarnation u64 | 16 pid u32 | 20 address length u32
  *  24 transports length u16 | 26 reserved u16 | 28 crc32 of the address u32
@@ -22,7 +23,7 @@
 #include "ucx.h"
 
 #define KVLI_UCX_CONN_MAGIC 0x43554c4bu  /* "KLUC" */
-#define KVLI_UCX_CONN_VERSION 1u
+#define KVLI_UCX_CONN_VERSION 2u
 #define KVLI_UCX_CONN_FIXED 32u
 
 uint32_t kvli_ucx_crc32(const uint8_t *p, size_t n)

@@ -49,6 +49,7 @@ static int64_t kvli_ucx_progress_prepare(void *arg, kvli_pollset_t *ps)
     active = kvli_ucx_peers_sweep(iface);
     active |= kvli_ucx_xfer_progress(iface);
     active |= kvli_ucx_stage_progress(iface);
+    active |= kvli_ucx_notif_progress(iface);
     do {
         c = ucp_worker_progress(iface->worker);
         for (size_t i = 0; i < iface->pw_n; i++)
@@ -300,6 +301,12 @@ kvl_status_t kvli_ucx_worker_new(kvli_ucx_iface_t *iface, int main_worker, ucp_w
         ap.cb = main_worker ? kvli_ucx_stage_req_recv : kvli_ucx_stage_reply_recv;
         s = ucp_worker_set_am_recv_handler(w, &ap);
     }
+    if (s == UCS_OK && !main_worker) {
+        /* the answers to our notifications come back on the endpoint's worker */
+        ap.id = KVLI_UCX_AM_NOTIF_ANS;
+        ap.cb = kvli_ucx_notif_ans_recv;
+        s = ucp_worker_set_am_recv_handler(w, &ap);
+    }
     kvli_ucx_log_end();
     if (s != UCS_OK) {
         ucp_worker_destroy(w);
@@ -379,6 +386,7 @@ static void kvli_ucx_iface_teardown(kvli_ucx_iface_t *iface)
         ucp_worker_destroy(iface->worker);
     iface->worker = NULL;
     kvli_ucx_stage_free_all(iface); /* no UCX callback can run any more */
+    kvli_ucx_notif_free_all(iface);
     if (iface->context != NULL)
         ucp_cleanup(iface->context);
     iface->context = NULL;

@@ -26,10 +26,21 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include "common/notif_full.h"
 #include "ucx.h"
 
+/*
+ * A notification: header {magic, name length, reserved, incarnation, id}
+ * + the sender's name; the message is the AM's data. The target answers
+ * every one on the reply endpoint with {magic, status, id, text length,
+ * reserved} + text: KVL_OK once the message is queued, or why it was
+ * refused (its queue is full), so the sender's call or transfer ends with
+ * the truth, never KVL_OK for a message that was dropped.
+ */
 #define KVLI_UCX_NOTIF_MAGIC 0x4e554c4bu  /* "KLUN" */
-#define KVLI_UCX_NOTIF_HDR 16u             /* magic, name length, incarnation */
+#define KVLI_UCX_NOTIF_HDR 24u
+#define KVLI_UCX_ANS_MAGIC 0x41554c4bu    /* "KLUA" */
+#define KVLI_UCX_ANS_HDR 24u
 
 void kvli_ucx_tok_cb(void *req, ucs_status_t status, void *user_data)
 {
@@ -49,6 +60,19 @@ void kvli_ucx_tok_cb(void *req, ucs_status_t status, void *user_data)
     pthread_mutex_unlock(&iface->lock);
 }
 
+/* Under iface->lock: tok no longer waits for an answer (none can reach it). */
+static void kvli_ucx_ans_unlink(kvli_ucx_iface_t *iface, kvli_ucx_token_t *tok)
+{
+    if (!tok->ans_linked)
+        return;
+    for (kvli_ucx_token_t **pp = &iface->ans_wait; *pp != NULL; pp = &(*pp)->ans_next)
+        if (*pp == tok) {
+            *pp = tok->ans_next;
+            break;
+        }
+    tok->ans_linked = 0;
+}
+
 /* Give up on a token: free it now if UCX is done with it, else let the
  * callback free it. */
 void kvli_ucx_tok_drop(kvli_ucx_iface_t *iface, kvli_ucx_token_t *tok)
@@ -57,6 +81,7 @@ void kvli_ucx_tok_drop(kvli_ucx_iface_t *iface, kvli_ucx_token_t *tok)
     if (tok == NULL)
         return;
     pthread_mutex_lock(&iface->lock);
+    kvli_ucx_ans_unlink(iface, tok);
     done = tok->done;
     tok->abandoned = 1;
     pthread_mutex_unlock(&iface->lock);
@@ -89,36 +114,107 @@ int kvli_ucx_tok_done(kvli_ucx_iface_t *iface, kvli_ucx_token_t *tok, ucs_status
     return done;
 }
 
-/* Build an AM notification (header + message) into tok->buf. */
-static size_t kvli_ucx_notif_build(kvli_ucx_iface_t *iface, uint8_t *buf, const void *msg,
-                                   size_t len)
+/* Has xp's notification been answered? (the answer handler runs on the
+ * progress thread, but under the lock like every token field) */
+static int kvli_ucx_tok_answered(kvli_ucx_iface_t *iface, kvli_ucx_xpriv_t *xp)
 {
+    int a;
+    pthread_mutex_lock(&iface->lock);
+    a = xp->tok->answered;
+    pthread_mutex_unlock(&iface->lock);
+    return a;
+}
+
+/* Build an AM notification (header + message) into tok->buf; the token
+ * waits for its answer from now on. */
+static size_t kvli_ucx_notif_build(kvli_ucx_iface_t *iface, kvli_ucx_token_t *tok,
+                                   const void *msg, size_t len)
+{
+    uint8_t *buf = tok->buf;
     uint32_t magic = KVLI_UCX_NOTIF_MAGIC;
     uint16_t nl = (uint16_t)strlen(iface->ctx->agent_name), rsv = 0;
+
+    pthread_mutex_lock(&iface->lock);
+    tok->ans_id = ++iface->ans_next_id;
+    tok->ans_next = iface->ans_wait;
+    iface->ans_wait = tok;
+    tok->ans_linked = 1;
+    pthread_mutex_unlock(&iface->lock);
     memcpy(buf, &magic, 4);
     memcpy(buf + 4, &nl, 2);
     memcpy(buf + 6, &rsv, 2);
     memcpy(buf + 8, &iface->ctx->incarnation, 8);
+    memcpy(buf + 16, &tok->ans_id, 8);
     memcpy(buf + KVLI_UCX_NOTIF_HDR, iface->ctx->agent_name, nl);
     if (len > 0)
         memcpy(buf + KVLI_UCX_NOTIF_HDR + nl, msg, len);
     return KVLI_UCX_NOTIF_HDR + nl;
 }
 
+/* Send it. NULL (sent already) marks the token done: no callback comes. */
 static ucs_status_ptr_t kvli_ucx_notif_issue(kvli_ucx_iface_t *iface, kvli_ucx_peer_t *peer,
                                              kvli_ucx_token_t *tok, size_t hlen, size_t len)
 {
     ucp_request_param_t rp;
+    ucs_status_ptr_t req;
     memset(&rp, 0, sizeof(rp));
     rp.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
                       UCP_OP_ATTR_FIELD_FLAGS;
     rp.cb.send = kvli_ucx_tok_cb;
     rp.user_data = tok;
-    /* eager: the receiver gets the whole message in its handler */
-    rp.flags = UCP_AM_SEND_FLAG_EAGER;
-    (void)iface;
-    return ucp_am_send_nbx(peer->ep, KVLI_UCX_AM_ID, tok->buf, hlen,
-                           (uint8_t *)tok->buf + hlen, len, &rp);
+    /* eager: the receiver gets the whole message in its handler; reply: it
+     * answers on the endpoint it names */
+    rp.flags = UCP_AM_SEND_FLAG_EAGER | UCP_AM_SEND_FLAG_REPLY;
+    req = ucp_am_send_nbx(peer->ep, KVLI_UCX_AM_ID, tok->buf, hlen,
+                          (uint8_t *)tok->buf + hlen, len, &rp);
+    if (req == NULL) {
+        pthread_mutex_lock(&iface->lock);
+        tok->done = 1;
+        tok->status = UCS_OK;
+        pthread_mutex_unlock(&iface->lock);
+    }
+    return req;
+}
+
+/* A notification that never left: no answer will come. */
+static void kvli_ucx_notif_unissued(kvli_ucx_iface_t *iface, kvli_ucx_token_t *tok)
+{
+    pthread_mutex_lock(&iface->lock);
+    kvli_ucx_ans_unlink(iface, tok);
+    pthread_mutex_unlock(&iface->lock);
+    free(tok->buf);
+    free(tok);
+}
+
+/* Queue the answer to notification id (progress thread: the AM handler). */
+static void kvli_ucx_notif_answer(kvli_ucx_iface_t *iface, ucp_ep_h ep, uint64_t id,
+                                  kvl_status_t st, const char *text)
+{
+    uint32_t magic = KVLI_UCX_ANS_MAGIC, tlen = (uint32_t)strnlen(text, KVLI_UCX_NOTIF_TEXT - 1);
+    int32_t st32 = st;
+    kvli_ucx_nans_t *a = calloc(1, sizeof(*a));
+    uint8_t *h;
+
+    if (a == NULL || (a->tok = kvli_ucx_tok_new(iface, KVLI_UCX_ANS_HDR + tlen)) == NULL) {
+        free(a);
+        iface->ctx->log(iface->ctx, KVL_LOG_WARN, "could not answer a notification (out of "
+                        "memory): its sender's bound ends its wait");
+        return;
+    }
+    h = a->tok->buf;
+    memset(h, 0, KVLI_UCX_ANS_HDR);
+    memcpy(h, &magic, 4);
+    memcpy(h + 4, &st32, 4);
+    memcpy(h + 8, &id, 8);
+    memcpy(h + 16, &tlen, 4);
+    memcpy(h + KVLI_UCX_ANS_HDR, text, tlen);
+    a->ep = ep;
+    a->hlen = KVLI_UCX_ANS_HDR;
+    a->tlen = tlen;
+    if (iface->ans_out_tail == NULL)
+        iface->ans_out_tail = &iface->ans_out;
+    *iface->ans_out_tail = a;
+    iface->ans_out_tail = &a->next;
 }
 
 ucs_status_t kvli_ucx_notif_recv(void *arg, const void *header, size_t header_length,
@@ -128,16 +224,22 @@ ucs_status_t kvli_ucx_notif_recv(void *arg, const void *header, size_t header_le
     const uint8_t *h = header;
     uint32_t magic;
     uint16_t nl;
-    char from[KVL_NAME_MAX];
+    uint64_t id;
+    char from[KVL_NAME_MAX], why[KVLI_UCX_NOTIF_TEXT];
+    kvl_status_t st;
 
-    if (header_length < KVLI_UCX_NOTIF_HDR || (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV)) {
+    if (header_length < KVLI_UCX_NOTIF_HDR || (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) ||
+        !(param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP)) {
         iface->ctx->log(iface->ctx, KVL_LOG_WARN, "dropped a notification: header of %zu "
-                        "bytes%s", header_length,
-                        (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) ? ", rendezvous" : "");
+                        "bytes%s%s", header_length,
+                        (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) ? ", rendezvous" : "",
+                        (param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP) ? ""
+                        : ", no reply endpoint");
         return UCS_OK;
     }
     memcpy(&magic, h, 4);
     memcpy(&nl, h + 4, 2);
+    memcpy(&id, h + 16, 8);
     if (magic != KVLI_UCX_NOTIF_MAGIC || nl == 0 || nl >= KVL_NAME_MAX ||
         KVLI_UCX_NOTIF_HDR + (size_t)nl != header_length || length > KVL_NOTIF_MAX) {
         iface->ctx->log(iface->ctx, KVL_LOG_WARN, "dropped a malformed notification (header "
@@ -146,8 +248,95 @@ ucs_status_t kvli_ucx_notif_recv(void *arg, const void *header, size_t header_le
     }
     memcpy(from, h + KVLI_UCX_NOTIF_HDR, nl);
     from[nl] = '\0';
-    iface->ctx->notif_deliver(iface->ctx, from, data, length);
+    why[0] = '\0';
+    st = kvli_notif_take(iface->ctx, from, data, length, why, sizeof(why));
+    kvli_ucx_notif_answer(iface, param->reply_ep, id, st, why);
     return UCS_OK;
+}
+
+ucs_status_t kvli_ucx_notif_ans_recv(void *arg, const void *header, size_t header_length,
+                                     void *data, size_t length,
+                                     const ucp_am_recv_param_t *param)
+{
+    kvli_ucx_iface_t *iface = arg;
+    const uint8_t *h = header;
+    uint32_t magic, tlen;
+    int32_t st;
+    uint64_t id;
+    kvli_ucx_token_t *tok;
+
+    if (header_length != KVLI_UCX_ANS_HDR || (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV))
+        goto bad;
+    memcpy(&magic, h, 4);
+    memcpy(&st, h + 4, 4);
+    memcpy(&id, h + 8, 8);
+    memcpy(&tlen, h + 16, 4);
+    if (magic != KVLI_UCX_ANS_MAGIC || tlen != length || tlen >= KVLI_UCX_NOTIF_TEXT ||
+        st > 0 || st < -999)
+        goto bad;
+    pthread_mutex_lock(&iface->lock);
+    for (tok = iface->ans_wait; tok != NULL && tok->ans_id != id; tok = tok->ans_next)
+        ;
+    if (tok != NULL) {
+        kvli_ucx_ans_unlink(iface, tok);
+        tok->answered = 1;
+        tok->ans_status = (kvl_status_t)st;
+        memcpy(tok->ans_text, data, tlen);
+        tok->ans_text[tlen] = '\0';
+        pthread_cond_broadcast(&iface->cond);
+    }
+    pthread_mutex_unlock(&iface->lock);
+    /* no waiter: its sender gave up (timeout, cancel, destroy) */
+    return UCS_OK;
+
+bad:
+    iface->ctx->log(iface->ctx, KVL_LOG_WARN, "dropped a malformed answer to a notification "
+                    "(header %zu bytes, text %zu bytes)", header_length, length);
+    return UCS_OK;
+}
+
+int kvli_ucx_notif_progress(kvli_ucx_iface_t *iface)
+{
+    kvli_ucx_nans_t *a;
+    while ((a = iface->ans_out) != NULL) {
+        ucp_request_param_t rp;
+        ucs_status_ptr_t req;
+        iface->ans_out = a->next;
+        if (iface->ans_out == NULL)
+            iface->ans_out_tail = &iface->ans_out;
+        memset(&rp, 0, sizeof(rp));
+        rp.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
+                          UCP_OP_ATTR_FIELD_FLAGS;
+        rp.cb.send = kvli_ucx_tok_cb;
+        rp.user_data = a->tok;
+        rp.flags = UCP_AM_SEND_FLAG_EAGER;
+        req = ucp_am_send_nbx(a->ep, KVLI_UCX_AM_NOTIF_ANS, a->tok->buf, a->hlen,
+                              (uint8_t *)a->tok->buf + a->hlen, a->tlen, &rp);
+        if (UCS_PTR_IS_ERR(req))
+            iface->ctx->log(iface->ctx, KVL_LOG_WARN, "answer to a notification not sent: "
+                            "ucp_am_send_nbx() = %s (its sender's bound ends its wait)",
+                            ucs_status_string(UCS_PTR_STATUS(req)));
+        if (req == NULL || UCS_PTR_IS_ERR(req)) {
+            free(a->tok->buf);
+            free(a->tok);
+        } else {
+            kvli_ucx_tok_drop(iface, a->tok); /* the callback frees it */
+        }
+        free(a);
+    }
+    return 0;
+}
+
+void kvli_ucx_notif_free_all(kvli_ucx_iface_t *iface)
+{
+    kvli_ucx_nans_t *a;
+    while ((a = iface->ans_out) != NULL) {
+        iface->ans_out = a->next;
+        free(a->tok->buf);
+        free(a->tok);
+        free(a);
+    }
+    iface->ans_out_tail = &iface->ans_out;
 }
 
 kvl_status_t kvli_ucx_notif_send(void *bk, void *peerv, const void *msg, size_t len,
@@ -160,13 +349,15 @@ kvl_status_t kvli_ucx_notif_send(void *bk, void *peerv, const void *msg, size_t 
     ucs_status_t s = UCS_OK;
     struct timespec dl;
     size_t hlen;
-    int dead, done = 0;
+    int dead, done, answered;
+    kvl_status_t ans;
+    char text[KVLI_UCX_NOTIF_TEXT];
 
     pthread_mutex_lock(&iface->lock);
     dead = peer->dead;
     if (dead)
         kvl_bk_error_set(err, KVL_ERR_REMOTE_DISCONNECT, 0, KVLI_UCX_NAME, -1,
-                         "notification to agent '%.60s' not sent: %.200s", peer->name,
+                         "notification to agent '%s' not sent: %s", peer->name,
                          peer->dead_what);
     pthread_mutex_unlock(&iface->lock);
     if (dead) {
@@ -178,23 +369,18 @@ kvl_status_t kvli_ucx_notif_send(void *bk, void *peerv, const void *msg, size_t 
         kvl_bk_error_set(err, KVL_ERR_NO_MEMORY, ENOMEM, KVLI_UCX_NAME, -1, "out of memory");
         return KVL_ERR_NO_MEMORY;
     }
-    hlen = kvli_ucx_notif_build(iface, tok->buf, msg, len);
+    hlen = kvli_ucx_notif_build(iface, tok, msg, len);
     req = kvli_ucx_notif_issue(iface, peer, tok, hlen, len);
-    if (req == NULL) {
-        free(tok->buf);
-        free(tok);
-        return KVL_OK;
-    }
     if (UCS_PTR_IS_ERR(req)) {
         s = UCS_PTR_STATUS(req);
-        free(tok->buf);
-        free(tok);
+        kvli_ucx_notif_unissued(iface, tok);
         kvl_bk_error_set(err, KVL_ERR_REMOTE, 0, KVLI_UCX_NAME, -1,
-                         "ucp_am_send_nbx(notification to agent '%.60s', %zu bytes) = %s",
+                         "ucp_am_send_nbx(notification to agent '%s', %zu bytes) = %s",
                          peer->name, len, ucs_status_string(s));
         kvl_bk_error_hint(err, "check that the peer is alive and reachable");
         return KVL_ERR_REMOTE;
     }
+    /* sent (or being sent): wait for the target's answer, bounded */
     clock_gettime(CLOCK_MONOTONIC, &dl);
     dl.tv_sec += (time_t)(iface->timeout_ms / 1000u);
     dl.tv_nsec += (long)(iface->timeout_ms % 1000u) * 1000000L;
@@ -204,24 +390,35 @@ kvl_status_t kvli_ucx_notif_send(void *bk, void *peerv, const void *msg, size_t 
     }
     kvli_progress_wake(&iface->pg);
     pthread_mutex_lock(&iface->lock);
-    while (!tok->done && !peer->dead &&
+    while (!tok->answered && !(tok->done && tok->status != UCS_OK) && !peer->dead &&
            pthread_cond_timedwait(&iface->cond, &iface->lock, &dl) != ETIMEDOUT)
         ;
     done = tok->done;
     s = tok->status;
-    if (!done)
-        tok->abandoned = 1;
+    answered = tok->answered;
+    ans = tok->ans_status;
+    snprintf(text, sizeof(text), "%s", tok->ans_text);
+    dead = peer->dead;
     pthread_mutex_unlock(&iface->lock);
-    if (done) {
-        free(tok->buf);
-        free(tok);
-    }
-    if (done && s == UCS_OK)
+    kvli_ucx_tok_drop(iface, tok); /* freed now, or by UCX's callback */
+    if (answered && ans == KVL_OK)
         return KVL_OK;
-    kvl_bk_error_set(err, done ? KVL_ERR_REMOTE : KVL_ERR_TIMEOUT, 0, KVLI_UCX_NAME, -1,
-                     "notification to agent '%.60s' (%zu bytes): %s", peer->name, len,
-                     done ? ucs_status_string(s) : "not sent within the timeout");
-    kvl_bk_error_hint(err, "check that the peer is alive and reachable");
+    if (answered)
+        return kvli_notif_refused(err, KVLI_UCX_NAME, peer->name, ans, text, UINT64_MAX);
+    if (done && s != UCS_OK)
+        kvl_bk_error_set(err, dead ? KVL_ERR_REMOTE_DISCONNECT : KVL_ERR_REMOTE, 0,
+                         KVLI_UCX_NAME, -1, "notification to agent '%s' (%zu bytes) not "
+                         "sent: %s", peer->name, len, ucs_status_string(s));
+    else
+        kvl_bk_error_set(err, dead ? KVL_ERR_REMOTE_DISCONNECT : KVL_ERR_TIMEOUT, 0,
+                         KVLI_UCX_NAME, -1, "notification to agent '%s' (%zu bytes): %s; it "
+                         "may or may not have been queued there", peer->name, len,
+                         dead ? "the peer died before it answered"
+                              : "no answer from the peer within the timeout");
+    snprintf(err->agent, sizeof(err->agent), "%s", peer->name);
+    kvl_bk_error_hint(err, dead ? "the peer died; reload its metadata once it restarts"
+                                : "check that the peer is alive and reachable, and not stopped "
+                                  "or starved of CPU");
     return err->code;
 }
 
@@ -504,24 +701,17 @@ static void kvli_ucx_xfer_advance(kvli_ucx_iface_t *iface, kvli_ucx_xpriv_t *xp)
                 kvli_ucx_xfer_fail(iface, xp, KVL_ERR_NO_MEMORY, "out of memory");
                 return;
             }
-            size_t hlen = kvli_ucx_notif_build(iface, xp->tok->buf, x->notif, x->notif_len);
+            size_t hlen = kvli_ucx_notif_build(iface, xp->tok, x->notif, x->notif_len);
             ucs_status_ptr_t req = kvli_ucx_notif_issue(iface, peer, xp->tok, hlen, x->notif_len);
             if (UCS_PTR_IS_ERR(req)) {
-                free(xp->tok->buf);
-                free(xp->tok);
+                kvli_ucx_notif_unissued(iface, xp->tok);
                 xp->tok = NULL;
                 snprintf(why, sizeof(why), "data in place, but ucp_am_send_nbx(notification) "
                          "= %s", ucs_status_string(UCS_PTR_STATUS(req)));
                 kvli_ucx_xfer_fail(iface, xp, KVL_ERR_REMOTE, why);
                 return;
             }
-            if (req == NULL) {
-                free(xp->tok->buf);
-                free(xp->tok);
-                xp->tok = NULL;
-                kvli_ucx_xfer_complete(iface, xp, KVL_OK, NULL);
-                return;
-            }
+            /* the transfer ends on the target's answer */
             xp->state = KVLI_UCX_X_NOTIF;
             xp->last_ms = kvli_clock_ms();
             return;
@@ -532,7 +722,8 @@ static void kvli_ucx_xfer_advance(kvli_ucx_iface_t *iface, kvli_ucx_xpriv_t *xp)
          * the peer (any put/get to it completing), so a slow peer under
          * load is never failed while it moves. A dead peer is UCX's to
          * report (error callback), long before this. */
-        if (!kvli_ucx_tok_done(iface, xp->tok, &s)) {
+        if (!kvli_ucx_tok_done(iface, xp->tok, &s) ||
+            (s == UCS_OK && xp->state == KVLI_UCX_X_NOTIF && !kvli_ucx_tok_answered(iface, xp))) {
             uint64_t now = kvli_clock_ms(), heard = atomic_load(&peer->heard_ms);
             uint64_t last = heard > xp->last_ms ? heard : xp->last_ms;
             uint64_t idle = now > last ? now - last : 0;
@@ -549,9 +740,10 @@ static void kvli_ucx_xfer_advance(kvli_ucx_iface_t *iface, kvli_ucx_xpriv_t *xp)
             }
             return;
         }
-        free(xp->tok->buf);
-        free(xp->tok);
-        xp->tok = NULL;
+        if (xp->state != KVLI_UCX_X_NOTIF || s != UCS_OK) {
+            kvli_ucx_tok_drop(iface, xp->tok);
+            xp->tok = NULL;
+        }
         if (s != UCS_OK) {
             if (xp->state == KVLI_UCX_X_NOTIF)
                 snprintf(why, sizeof(why), "data in place, but the notification failed: %s%s%.200s",
@@ -565,7 +757,16 @@ static void kvli_ucx_xfer_advance(kvli_ucx_iface_t *iface, kvli_ucx_xpriv_t *xp)
             return;
         }
         if (xp->state == KVLI_UCX_X_NOTIF) {
-            kvli_ucx_xfer_complete(iface, xp, KVL_OK, NULL);
+            /* answered: queued there, or refused (its queue is full) */
+            kvl_status_t ans = xp->tok->ans_status;
+            kvl_error_t e;
+            if (ans == KVL_OK) {
+                kvli_ucx_xfer_complete(iface, xp, KVL_OK, NULL);
+                return;
+            }
+            ans = kvli_notif_refused(&e, KVLI_UCX_NAME, peer->name, ans, xp->tok->ans_text,
+                                     x->total_bytes);
+            kvli_ucx_xfer_complete(iface, xp, ans, &e);
             return;
         }
         xp->confirmed = xp->issued;
