@@ -461,6 +461,56 @@ static inline void kvl_bk_error_cause(kvl_error_t *err, const kvl_error_t *lower
     err->n_causes_dropped += lower->n_causes_dropped;
 }
 
+/*
+ * One way to fail a transfer, on every backend: the error handed to
+ * ctx->xfer_done reads "<WRITE|READ> of <n> bytes with agent '<peer>'
+ * failed: <what went wrong>". e is the specific error (what failed, its
+ * code, errno, device, hint and causes), rewritten in place. Nothing is
+ * cut: when the two do not fit in one line, the specific error is kept
+ * whole as the first cause and the line points to it. An error already in this
+ * shape is left as it is. The remote agent is filled when empty.
+ */
+static inline void kvl_bk_xfer_error(kvl_error_t *e, const kvl_bk_xfer_t *x, const char *peer)
+{
+    char pre[KVL_NAME_MAX + 96];
+    size_t pl, wl;
+    if (e == NULL || x == NULL)
+        return;
+    if (e->code == KVL_OK)
+        e->code = KVL_ERR_INTERNAL;
+    if (!e->agent[0] && peer != NULL)
+        snprintf(e->agent, sizeof(e->agent), "%s", peer);
+    pl = (size_t)snprintf(pre, sizeof(pre), "%s of %llu bytes with agent '%s' failed",
+                          x->op == KVL_WRITE ? "WRITE" : "READ",
+                          (unsigned long long)x->total_bytes, peer ? peer : "?");
+    if (pl >= sizeof(pre))
+        pl = sizeof(pre) - 1;
+    if (strncmp(e->what, pre, pl) == 0)
+        return;
+    wl = strnlen(e->what, sizeof(e->what));
+    if (pl + 2 + wl < sizeof(e->what)) {
+        memmove(e->what + pl + 2, e->what, wl + 1);
+        memcpy(e->what, pre, pl);
+        memcpy(e->what + pl, ": ", 2);
+        return;
+    }
+    /* too long for one line: the specific error whole, as the first cause */
+    if (e->n_causes >= KVL_ERROR_MAX_CAUSES) {
+        e->n_causes = KVL_ERROR_MAX_CAUSES - 1;
+        e->n_causes_dropped++;
+    }
+    memmove(&e->causes[1], &e->causes[0], e->n_causes * sizeof(e->causes[0]));
+    e->n_causes++;
+    e->causes[0].code = e->code;
+    e->causes[0].sys_errno = e->sys_errno;
+    e->causes[0].device = e->device;
+    snprintf(e->causes[0].backend, sizeof(e->causes[0].backend), "%s", e->backend);
+    snprintf(e->causes[0].what, sizeof(e->causes[0].what), "%s", e->what);
+    snprintf(e->causes[0].hint, sizeof(e->causes[0].hint), "%s", e->hint);
+    snprintf(e->what, sizeof(e->what), "%s (the cause below)", pre);
+    e->sys_errno = 0; /* cause 1 carries it: formatted once */
+}
+
 #ifdef __cplusplus
 }
 #endif

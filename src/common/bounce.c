@@ -59,12 +59,15 @@ static void *kvli_bounce_alloc(kvli_bounce_pool_t *pool, size_t len, int heap_ok
     void *b = NULL;
 
     memset(&e, 0, offsetof(kvl_error_t, causes));
+    e.device = -1;
     if (kvli_stage_usable(ctx)) {
         if (ctx->stage_host_alloc(ctx, len, &b, &e) == KVL_OK) {
             *pinned_p = 1;
             return b;
         }
     } else {
+        e.code = KVL_ERR_UNSUPPORTED;
+        snprintf(e.backend, sizeof(e.backend), "%s", pool->bk);
         snprintf(e.what, sizeof(e.what), "this kvlane core lends no staging copies (it was "
                  "built without the cuda backend)");
         snprintf(e.hint, sizeof(e.hint), "build kvlane with the cuda backend");
@@ -80,9 +83,10 @@ static void *kvli_bounce_alloc(kvli_bounce_pool_t *pool, size_t len, int heap_ok
         kvl_bk_error_hint(err, "free host memory, or lower the number of transfers in flight");
         return NULL;
     }
-    kvl_bk_error_set(err, e.code ? e.code : KVL_ERR_NO_MEMORY, e.sys_errno, pool->bk, e.device,
-                     "no pinned staging buffer of %zu bytes for VRAM: %s", len, e.what);
-    kvl_bk_error_hint(err, "%s", e.hint);
+    kvl_bk_error_set(err, e.code && kvli_stage_usable(ctx) ? e.code : KVL_ERR_NO_MEMORY, 0,
+                     pool->bk, e.device,
+                     "no pinned staging buffer of %zu bytes for VRAM (the cause below)", len);
+    kvl_bk_error_hint(err, "fix the cause below, or lower the number of transfers in flight");
     kvl_bk_error_cause(err, &e); /* the allocator's own error, whole */
     return NULL;
 }

@@ -63,6 +63,15 @@ void kvli_err_add_cause(kvl_error_t *err, const kvl_error_t *cause)
     kvli_scopy(c->backend, sizeof(c->backend), cause->backend);
     kvli_scopy(c->what, sizeof(c->what), cause->what);
     kvli_scopy(c->hint, sizeof(c->hint), cause->hint);
+    /* the cause's own causes (a backend's lower errors) follow it */
+    for (unsigned i = 0; i < cause->n_causes && i < KVL_ERROR_MAX_CAUSES; i++) {
+        if (err->n_causes >= KVL_ERROR_MAX_CAUSES) {
+            err->n_causes_dropped++;
+            continue;
+        }
+        err->causes[err->n_causes++] = cause->causes[i];
+    }
+    err->n_causes_dropped += cause->n_causes_dropped;
 }
 
 static void kvli_err_copy(kvl_error_t *dst, const kvl_error_t *src)

@@ -455,8 +455,15 @@ static kvl_status_t kvli_register_one(kvl_agent_t *a, kvli_hostchk_t *hc, size_t
             if (!berr.backend[0])
                 kvli_scopy(berr.backend, sizeof(berr.backend), bk->ops->name);
             char line[sizeof(((kvl_reg_outcome_t *)0)->detail)];
-            snprintf(line, sizeof(line), "%s%s%s", berr.what, berr.hint[0] ? "; fix: " : "",
-                     berr.hint);
+            size_t o = (size_t)snprintf(line, sizeof(line), "%s%s%s", berr.what,
+                                        berr.hint[0] ? "; fix: " : "", berr.hint);
+            /* the backend's lower errors, whole as room lasts */
+            for (unsigned c = 0; c < berr.n_causes && o < sizeof(line); c++) {
+                const kvl_error_cause_t *bc = &berr.causes[c];
+                o += (size_t)snprintf(line + o, sizeof(line) - o, "; cause: %s", bc->what);
+                if (bc->hint[0] && o < sizeof(line))
+                    o += (size_t)snprintf(line + o, sizeof(line) - o, " (fix: %s)", bc->hint);
+            }
             kvli_outcome(e, bk->ops->name, st, line);
             kvli_reg_refused(&all, kind, d, &berr);
         }

@@ -348,13 +348,19 @@ static void test_vram(void)
     char detail[384];
     memset(&err, 0, sizeof(err));
     kvl_status_t st = ops->mem_reg(bk, &r, &mh, detail, sizeof(detail), &err);
-    printf("%s: %s\n  fix: %s\n", kvl_status_name(st), err.what, err.hint);
+    char rtext[8192];
+    kvl_error_render(&err, rtext, sizeof(rtext));
+    printf("%s\n", rtext);
     KT_CHECK(st == KVL_ERR_UNSUPPORTED && mh == NULL);
     KT_CHECK(strstr(err.what, "no GPU memory support") != NULL);
     KT_CHECK(strstr(err.what, "memory types: host") != NULL);
-    /* such VRAM is staged; this bare context lends no staging copies */
-    KT_CHECK(strstr(err.what, "staging it through host memory failed") != NULL);
-    KT_CHECK(strstr(err.what, "lends no staging copies") != NULL);
+    /* such VRAM is staged; this bare context lends no staging copies: the
+     * staging error rides along whole as a cause, not pasted (issue 17
+     * item 9) */
+    KT_CHECK(strstr(err.what, "staging it through host memory failed (the cause below)") != NULL);
+    KT_CHECK(err.n_causes == 1 && strstr(err.causes[0].what, "lends no staging copies") != NULL);
+    KT_CHECK(err.causes[0].device == 0 && err.causes[0].code == KVL_ERR_UNSUPPORTED);
+    KT_CHECK(strstr(rtext, "cause 1: [ucx] [device 0] KVL_ERR_UNSUPPORTED") != NULL);
     KT_CHECK(strstr(err.hint, "UCX built with CUDA") != NULL);
     /* DRAM still works on the same backend */
     r.kind = KVL_MEM_DRAM;

@@ -190,6 +190,61 @@ static void test_fail(void)
     kvl_agent_destroy(g_agent);
 }
 
+/* kvl_bk_xfer_error: one shape for every backend's failed transfer, nothing
+ * cut (issue 17 item 9). */
+static void test_xfer_error(void)
+{
+    kvl_bk_xfer_t x;
+    kvl_error_t e;
+    char out[8192];
+    memset(&x, 0, sizeof(x));
+    x.op = KVL_WRITE;
+    x.total_bytes = 65536;
+
+    /* a short reason: one line, everything else kept */
+    kvl_bk_error_set(&e, KVL_ERR_REMOTE_DISCONNECT, ECONNRESET, "tcp", -1,
+                     "recv(reply) = -1 ECONNRESET after 4096 of 65536 bytes");
+    kvl_bk_error_hint(&e, "check the peer");
+    kvl_bk_xfer_error(&e, &x, "decode-0");
+    KT_CHECK(strcmp(e.what, "WRITE of 65536 bytes with agent 'decode-0' failed: recv(reply) = "
+                            "-1 ECONNRESET after 4096 of 65536 bytes") == 0);
+    KT_CHECK(e.code == KVL_ERR_REMOTE_DISCONNECT && e.sys_errno == ECONNRESET &&
+             strcmp(e.hint, "check the peer") == 0 && strcmp(e.agent, "decode-0") == 0 &&
+             e.n_causes == 0);
+    /* already in the shape: left alone */
+    kvl_bk_xfer_error(&e, &x, "decode-0");
+    KT_CHECK(strncmp(e.what, "WRITE of 65536 bytes with agent 'decode-0' failed: recv", 55) == 0);
+
+    /* a reason too long for one line: whole, as the first cause */
+    char longwhy[1000];
+    memset(longwhy, 'w', sizeof(longwhy) - 2);
+    longwhy[sizeof(longwhy) - 2] = 'Z';
+    longwhy[sizeof(longwhy) - 1] = '\0';
+    kvl_bk_error_set(&e, KVL_ERR_SYSTEM, EIO, "cuda", 3, "%s", longwhy);
+    kvl_bk_error_hint(&e, "restart the process");
+    kvl_error_t lower;
+    kvl_bk_error_set(&lower, KVL_ERR_SYSTEM, 0, "cuda", 3, "the driver's own error");
+    kvl_bk_error_cause(&e, &lower);
+    x.op = KVL_READ;
+    kvl_bk_xfer_error(&e, &x, "prefill-1");
+    KT_CHECK(strcmp(e.what, "READ of 65536 bytes with agent 'prefill-1' failed (the cause "
+                            "below)") == 0);
+    KT_CHECK(e.n_causes == 2 && strcmp(e.causes[0].what, longwhy) == 0 &&
+             e.causes[0].sys_errno == EIO && e.causes[0].device == 3 &&
+             strcmp(e.causes[0].hint, "restart the process") == 0 &&
+             strcmp(e.causes[1].what, "the driver's own error") == 0);
+    KT_CHECK(e.sys_errno == 0 && e.code == KVL_ERR_SYSTEM && e.device == 3);
+    kvl_error_render(&e, out, sizeof(out));
+    KT_CHECK(count(out, "Input/output error") == 1); /* errno once, with its cause */
+    KT_CHECK(strstr(out, "wwwwZ") != NULL);
+
+    /* a backend that forgot the code does not report success */
+    memset(&e, 0, sizeof(e));
+    e.device = -1;
+    kvl_bk_xfer_error(&e, &x, "p");
+    KT_CHECK(e.code == KVL_ERR_INTERNAL);
+}
+
 int main(void)
 {
     char out[2048];
@@ -213,6 +268,7 @@ int main(void)
     KT_CHECK(strstr(out, "errno 13") == NULL && strstr(out, "Permission denied") == NULL);
 
     test_fill();
+    test_xfer_error();
     test_causes();
     test_render_layout();
     test_fail();

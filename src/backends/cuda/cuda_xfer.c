@@ -749,9 +749,8 @@ static void kvli_cuda_xp_fail(kvli_cuda_xpriv_t *xp, kvl_status_t st, const char
     if (xp->fail_err == NULL)
         xp->fail_err = calloc(1, sizeof(*xp->fail_err));
     if (xp->fail_err != NULL) {
-        kvl_bk_error_set(xp->fail_err, st, 0, KVLI_CUDA_NAME, xp->dev,
-                         "transfer to agent '%s' (%" PRIu64 " bytes) failed on CUDA device %d: "
-                         "%.300s", xp->peer->name, xp->x->total_bytes, xp->dev, text);
+        kvl_bk_error_set(xp->fail_err, st, 0, KVLI_CUDA_NAME, xp->dev, "on CUDA device %d: %s",
+                         xp->dev, text);
         /* The fix follows what failed, not one guess for every failure. */
         if (strstr(text, "ILLEGAL_ADDRESS") != NULL || strstr(text, "INVALID_ADDRESS") != NULL)
             kvl_bk_error_hint(xp->fail_err, "the GPU met an address it cannot reach: a registered "
@@ -768,7 +767,7 @@ static void kvli_cuda_xp_fail(kvli_cuda_xpriv_t *xp, kvl_status_t st, const char
             kvl_bk_error_hint(xp->fail_err, "see the CUDA call and its error above; check "
                               "nvidia-smi and the log (after a failed launch the GPU context "
                               "may be unusable)");
-        snprintf(xp->fail_err->agent, sizeof(xp->fail_err->agent), "%s", xp->peer->name);
+        kvl_bk_xfer_error(xp->fail_err, xp->x, xp->peer->name);
     }
 }
 
@@ -781,7 +780,7 @@ kvl_status_t kvli_cuda_xfer_post(void *bk, kvl_bk_xfer_t *x, kvl_error_t *err)
     kvli_cuda_devres_t *dr;
     uint32_t nl = 0, nr = 0;
     int dev = -1, all_gpu = 1, kernel_ok, single = x->nsegs == 1 && x->segs[0].count == 1;
-    char text[300] = "";
+    char text[1024] = "";
 
     if (atomic_load(&peer->dead)) {
         kvl_bk_error_set(err, KVL_ERR_REMOTE_DISCONNECT, 0, KVLI_CUDA_NAME, -1,
@@ -1016,7 +1015,7 @@ unsigned kvli_cuda_xfer_progress(kvli_cuda_iface_t *iface)
     const kvli_cuda_drv_t *d = iface->drv;
     kvli_cuda_xpriv_t *fin[64];
     unsigned nfin = 0, live = 0;
-    char text[300], eb[160];
+    char text[1024], eb[160];
 
     pthread_mutex_lock(&iface->lock);
     /* Only this thread changes units after posting; the list is stable

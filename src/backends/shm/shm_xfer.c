@@ -611,7 +611,19 @@ static void kvli_shm_finish(kvli_shm_iface_t *iface, kvli_shm_xpriv_t *xp,
                             kvl_status_t st, const kvl_error_t *err)
 {
     kvli_shm_xpriv_t **pp;
-    iface->ctx->xfer_done(xp->x, st, st == KVL_OK ? NULL : err);
+    if (st != KVL_OK && st != KVL_ERR_CANCELED && err != NULL) {
+        kvl_error_t *e = malloc(sizeof(*e));
+        if (e != NULL) {
+            memcpy(e, err, sizeof(*e));
+            kvl_bk_xfer_error(e, xp->x, xp->peer->name);
+            iface->ctx->xfer_done(xp->x, st, e);
+            free(e);
+        } else {
+            iface->ctx->xfer_done(xp->x, st, err);
+        }
+    } else {
+        iface->ctx->xfer_done(xp->x, st, st == KVL_OK ? NULL : err);
+    }
     pthread_mutex_lock(&iface->lock);
     for (pp = &iface->xfers; *pp != NULL; pp = &(*pp)->next_all) {
         if (*pp == xp) {

@@ -32,11 +32,12 @@ kvl_status_t kvli_tcp_md_reg(void *bk, const kvl_region_info_t *r, void **mh_p, 
         else
             iface->ctx->stage_check(iface->ctx, r->kind, r->dev, &e);
         if (e.code != KVL_OK) {
-            kvl_bk_error_set(err, e.code, e.sys_errno, KVLI_TCP_NAME, r->dev,
+            kvl_bk_error_set(err, e.code, 0, KVLI_TCP_NAME, r->dev,
                              "tcp register VRAM [0x%" PRIx64 ", +%" PRIu64 ") of device %d: "
-                             "cannot stage it through host memory: %.300s", r->addr, r->len,
-                             (int)r->dev, e.what);
-            kvl_bk_error_hint(err, "%s", e.hint[0] ? e.hint : "register host memory instead");
+                             "cannot stage it through host memory (the cause below)", r->addr, r->len,
+                             (int)r->dev);
+            kvl_bk_error_hint(err, "register host memory instead, or fix the cause below");
+            kvl_bk_error_cause(err, &e); /* whole, with its own fix */
             return e.code;
         }
         staged = 1;

@@ -28,8 +28,7 @@ void kvli_tcp_xfer_fail(kvli_tcp_xpriv_t *xp, kvl_status_t st, const kvl_error_t
     if (xp->err != NULL && err != NULL)
         memcpy(xp->err, err, sizeof(*err));
     else if (xp->err != NULL)
-        kvl_bk_error_set(xp->err, st, 0, KVLI_TCP_NAME, -1, "tcp transfer failed (%s)",
-                         kvl_status_name(st));
+        kvl_bk_error_set(xp->err, st, 0, KVLI_TCP_NAME, -1, "%s", kvl_status_str(st));
 }
 
 void kvli_tcp_xfer_inflight_note(kvli_tcp_xpriv_t *xp)
@@ -335,6 +334,8 @@ void kvli_tcp_xfer_complete(kvli_tcp_iface_t *iface, kvli_tcp_xpriv_t *done)
         done = xp->next_done;
         snprintf(x->path, sizeof(x->path), "%s",
                  xp->staged ? "socket, VRAM staged via pinned host memory" : "socket");
+        if (xp->status != KVL_OK && xp->status != KVL_ERR_CANCELED)
+            kvl_bk_xfer_error(xp->err, x, xp->peer->name);
         iface->ctx->xfer_done(x, xp->status, xp->status == KVL_OK ? NULL : xp->err);
         pthread_mutex_lock(&iface->lock);
         for (pp = &xp->peer->xfers; *pp != NULL; pp = &(*pp)->next)

@@ -143,18 +143,24 @@ kvl_status_t kvli_ucx_stage_reg(kvli_ucx_iface_t *iface, const kvl_region_info_t
     unsigned maj, min, rel;
 
     memset(&e, 0, offsetof(kvl_error_t, causes));
+    e.device = r->dev;
     if (!kvli_stage_usable(ctx))
         snprintf(e.what, sizeof(e.what), "this kvlane core lends no staging copies");
     else if (ctx->stage_check(ctx, r->kind, r->dev, &e) == KVL_OK)
         return KVL_OK;
     ucp_get_version(&maj, &min, &rel);
-    kvl_bk_error_set(err, e.code ? e.code : KVL_ERR_UNSUPPORTED, e.sys_errno, KVLI_UCX_NAME,
+    kvl_bk_error_set(err, e.code ? e.code : KVL_ERR_UNSUPPORTED, 0, KVLI_UCX_NAME,
                      r->dev, "VRAM on GPU %d refused: this UCX (%u.%u.%u) has no GPU memory "
-                     "support (memory types: %s) and staging it through host memory failed: "
-                     "%.300s", (int)r->dev, maj, min, rel,
-                     kvli_ucx_mem_types_str(iface->mem_types, types, sizeof(types)), e.what);
-    kvl_bk_error_hint(err, "%.300s%suse a UCX built with CUDA (ucx_info -d lists cuda_copy), or "
-                      "move VRAM with the cuda backend", e.hint, e.hint[0] ? "; or " : "");
+                     "support (memory types: %s) and staging it through host memory failed "
+                     "(the cause below)", (int)r->dev, maj, min, rel,
+                     kvli_ucx_mem_types_str(iface->mem_types, types, sizeof(types)));
+    kvl_bk_error_hint(err, "fix the cause below, or use a UCX built with CUDA (ucx_info -d lists "
+                      "cuda_copy), or move VRAM with the cuda backend");
+    if (e.code == KVL_OK) {
+        e.code = KVL_ERR_UNSUPPORTED;
+        snprintf(e.backend, sizeof(e.backend), "%s", KVLI_UCX_NAME);
+    }
+    kvl_bk_error_cause(err, &e); /* whole, with its own fix */
     return err->code;
 }
 
@@ -543,7 +549,7 @@ int kvli_ucx_stage_advance(kvli_ucx_iface_t *iface, kvli_ucx_xpriv_t *xp)
     now = kvli_clock_ms();
     if (moved) {
         xp->last_ms = now;
-    } else if (xp->chunks != NULL && now - xp->last_ms > xp->timeout_ms) {
+    } else if (xp->chunks != NULL && now > xp->last_ms && now - xp->last_ms > xp->timeout_ms) {
         char why[300];
         snprintf(why, sizeof(why), "no answer to a staged request for %llu ms (bound %llu ms): "
                  "it stopped answering", (unsigned long long)(now - xp->last_ms),

@@ -498,7 +498,7 @@ void kvli_ucx_xfer_fail(kvli_ucx_iface_t *iface, kvli_ucx_xpriv_t *xp, kvl_statu
     kvl_error_t err;
     kvl_bk_xfer_t *x = xp->x;
     kvl_bk_error_set(&err, code, 0, KVLI_UCX_NAME, -1,
-                     "%s of %llu bytes with agent '%.60s' failed: %.250s; %llu bytes confirmed "
+                     "%s of %llu bytes with agent '%s' failed: %s; %llu bytes confirmed "
                      "in place, %llu issued", x->op == KVL_WRITE ? "WRITE" : "READ",
                      (unsigned long long)x->total_bytes, xp->peer->name, why,
                      (unsigned long long)xp->confirmed, (unsigned long long)xp->issued);
@@ -802,8 +802,8 @@ int kvli_ucx_xfer_progress(kvli_ucx_iface_t *iface)
     iface->turn_ms = now;
     if (gap > KVLI_UCX_STARVED_MS)
         for (xp = iface->running; xp != NULL; xp = xp->next)
-            if (xp->last_ms != 0)
-                xp->last_ms += gap;
+            if (xp->last_ms != 0) /* set during the last turn: never past now */
+                xp->last_ms = xp->last_ms + gap < now ? xp->last_ms + gap : now;
 
     pthread_mutex_lock(&iface->lock);
     if (iface->queue != NULL) {
