@@ -463,8 +463,13 @@ static void kvli_shm_conn_rw(kvli_shm_iface_t *iface, kvli_shm_conn_t *c,
                      iface->ctx->agent_name, write ? "WRITE" : "READ",
                      ranges[2 * i], ranges[2 * i + 1],
                      perr.what[0] ? perr.what : "not inside registered memory");
+            /* the reply carries at most KVLI_SHM_TEXT_MAX bytes of it; the log
+             * has the whole reason */
             iface->ctx->log(iface->ctx, KVL_LOG_WARN, "request from agent '%s' "
-                            "(pid %d) refused: %s", c->name, (int)c->cred_pid, text);
+                            "(pid %d) refused: %s of [0x%" PRIx64 ", +%" PRIu64 "): %s",
+                            c->name, (int)c->cred_pid, write ? "WRITE" : "READ",
+                            ranges[2 * i], ranges[2 * i + 1],
+                            perr.what[0] ? perr.what : "not inside registered memory");
             break;
         }
         npinned++;

@@ -370,6 +370,9 @@ static void kvli_tcp_conn_stage_prepare(kvli_tcp_iface_t *iface, kvli_tcp_conn_t
             c->refuse = e.code;
             snprintf(c->refuse_text, sizeof(c->refuse_text), "agent '%.63s' could not stage "
                      "VRAM: %.160s", iface->ctx->agent_name, e.what);
+            /* the reply carries KVLI_TCP_TEXT_MAX bytes; the log the whole reason */
+            iface->ctx->log(iface->ctx, KVL_LOG_WARN, "request from agent '%s' (%s): could "
+                            "not stage VRAM: %s", c->name, c->addr, e.what);
         }
     }
     if (c->refuse != KVL_OK) {
@@ -396,8 +399,8 @@ static void kvli_tcp_conn_stage_failed(kvli_tcp_iface_t *iface, kvli_tcp_conn_t 
     c->refuse = e->code ? e->code : KVL_ERR_SYSTEM;
     snprintf(c->refuse_text, sizeof(c->refuse_text), "agent '%.63s' failed to stage VRAM for "
              "%s: %.120s", ctx->agent_name, c->stage_write ? "WRITE" : "READ", e->what);
-    ctx->log(ctx, KVL_LOG_WARN, "request from agent '%s' (%s): %s", c->name, c->addr,
-             c->refuse_text);
+    ctx->log(ctx, KVL_LOG_WARN, "request from agent '%s' (%s): failed to stage VRAM for %s: %s",
+             c->name, c->addr, c->stage_write ? "WRITE" : "READ", e->what);
 }
 
 /* The request's VRAM copy is done (or failed, c->refuse): queue its reply

@@ -118,6 +118,7 @@ struct kvli_ucx_job {
     kvli_ucx_token_t *tok;            /* receive, then the reply's send */
     int32_t status;
     char text[KVLI_UCX_STAGE_TEXT];
+    int logged;                       /* the refusal's whole reason was logged */
     uint8_t rhdr[KVLI_UCX_STAGE_HDR + KVLI_UCX_STAGE_TEXT];
 };
 
@@ -667,6 +668,20 @@ static void kvli_ucx_job_refuse(kvli_ucx_job_t *j, kvl_status_t code, const char
     va_end(ap);
 }
 
+/* Refuse j for a local error e: the reply carries KVLI_UCX_STAGE_TEXT bytes
+ * of it (the AM header's room); the log has the whole reason. */
+static void kvli_ucx_job_refuse_e(kvli_ucx_iface_t *iface, kvli_ucx_job_t *j,
+                                  const char *what, const kvl_error_t *e)
+{
+    if (j->status != 0)
+        return;
+    iface->ctx->log(iface->ctx, KVL_LOG_WARN, "refusing a staged %s of %llu bytes: %s%s",
+                    j->op == KVLI_UCX_OP_READ ? "READ" : "WRITE", (unsigned long long)j->bytes,
+                    what, e->what);
+    kvli_ucx_job_refuse(j, e->code, "%s%.180s", what, e->what);
+    j->logged = 1;
+}
+
 ucs_status_t kvli_ucx_stage_req_recv(void *arg, const void *header, size_t header_length,
                                      void *data, size_t length,
                                      const ucp_am_recv_param_t *param)
@@ -722,7 +737,7 @@ ucs_status_t kvli_ucx_stage_req_recv(void *arg, const void *header, size_t heade
         }
         if (ctx->region_pin(ctx, r->addr, r->len, (void **)&mh, &r->pin, &e) != KVL_OK) {
             r->pin = NULL;
-            kvli_ucx_job_refuse(j, e.code, "%.190s", e.what);
+            kvli_ucx_job_refuse_e(iface, j, "", &e);
             break;
         }
         j->n = i + 1;
@@ -776,7 +791,7 @@ static void kvli_ucx_job_copy(kvli_ucx_iface_t *iface, kvli_ucx_job_t *j, int to
         off += j->r[i].len;
     }
     if (kvli_ucx_places_copy(iface, sp, j->n, to_host, &j->ticket, &e) != KVL_OK)
-        kvli_ucx_job_refuse(j, e.code, "staging copy: %.180s", e.what);
+        kvli_ucx_job_refuse_e(iface, j, "staging copy: ", &e);
     else if (j->ticket != NULL)
         j->state = KVLI_UCX_J_COPY;
     free(sp);
@@ -798,7 +813,7 @@ static void kvli_ucx_job_reply(kvli_ucx_iface_t *iface, kvli_ucx_job_t *j)
     memcpy(j->rhdr + 20, &tlen, 4);
     memcpy(j->rhdr + KVLI_UCX_STAGE_HDR, j->text, tlen);
     j->state = KVLI_UCX_J_DONE;
-    if (j->status != 0)
+    if (j->status != 0 && !j->logged)
         iface->ctx->log(iface->ctx, KVL_LOG_WARN, "refused a staged %s of %llu bytes: %s",
                         j->op == KVLI_UCX_OP_READ ? "READ" : "WRITE",
                         (unsigned long long)j->bytes, j->text);
@@ -874,7 +889,7 @@ static int kvli_ucx_job_step(kvli_ucx_iface_t *iface, kvli_ucx_job_t *j)
         if (j->buf == NULL) {
             if (e.code == KVL_OK)
                 return 0;
-            kvli_ucx_job_refuse(j, e.code, "%.190s", e.what);
+            kvli_ucx_job_refuse_e(iface, j, "", &e);
             j->state = KVLI_UCX_J_REPLY;
             return 1;
         }
@@ -934,7 +949,7 @@ static int kvli_ucx_job_step(kvli_ucx_iface_t *iface, kvli_ucx_job_t *j)
             return 0;
         j->ticket = NULL;
         if (r < 0)
-            kvli_ucx_job_refuse(j, e.code, "staging copy: %.180s", e.what);
+            kvli_ucx_job_refuse_e(iface, j, "staging copy: ", &e);
         j->state = KVLI_UCX_J_REPLY;
         return 1;
     case KVLI_UCX_J_REPLY:
