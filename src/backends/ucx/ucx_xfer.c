@@ -488,8 +488,16 @@ void kvli_ucx_xfer_complete(kvli_ucx_iface_t *iface, kvli_ucx_xpriv_t *xp, kvl_s
     pthread_mutex_lock(&iface->lock);
     xp->peer->active--;
     pthread_mutex_unlock(&iface->lock);
-    if (atomic_compare_exchange_strong(&xp->done_called, &expect, 1))
-        iface->ctx->xfer_done(xp->x, st, err);
+    if (atomic_compare_exchange_strong(&xp->done_called, &expect, 1)) {
+        kvl_error_t *e = NULL;
+        if (st != KVL_OK && st != KVL_ERR_CANCELED && err != NULL &&
+            (e = malloc(sizeof(*e))) != NULL) {
+            memcpy(e, err, sizeof(*e));
+            kvl_bk_xfer_error(e, xp->x, xp->peer->name); /* the one shape */
+        }
+        iface->ctx->xfer_done(xp->x, st, e != NULL ? e : err);
+        free(e);
+    }
 }
 
 void kvli_ucx_xfer_fail(kvli_ucx_iface_t *iface, kvli_ucx_xpriv_t *xp, kvl_status_t code,
@@ -577,7 +585,6 @@ static ucs_status_t kvli_ucx_xfer_issue(kvli_ucx_xpriv_t *xp)
  * bytes may still land. */
 static void kvli_ucx_xfer_give_up(kvli_ucx_iface_t *iface, kvli_ucx_xpriv_t *xp)
 {
-    kvl_bk_xfer_t *x = xp->x;
     uint64_t may = xp->staged ? kvli_ucx_stage_unconfirmed(xp) : xp->issued - xp->confirmed;
     int notif_out = xp->state == KVLI_UCX_X_NOTIF;
     kvl_error_t err;
@@ -592,16 +599,12 @@ static void kvli_ucx_xfer_give_up(kvli_ucx_iface_t *iface, kvli_ucx_xpriv_t *xp)
     pthread_mutex_unlock(&iface->lock);
     if (notif_out)
         kvl_bk_error_set(&err, KVL_ERR_REMOTE_DISCONNECT, 0, KVLI_UCX_NAME, -1,
-                         "%s of %llu bytes with agent '%.60s' given up as the agent is "
-                         "destroyed: every byte is in place, its notification may or may not "
-                         "arrive", x->op == KVL_WRITE ? "WRITE" : "READ",
-                         (unsigned long long)x->total_bytes, xp->peer->name);
+                         "given up as the agent is destroyed: every byte is in place, its "
+                         "notification may or may not arrive");
     else
         kvl_bk_error_set(&err, KVL_ERR_REMOTE_DISCONNECT, 0, KVLI_UCX_NAME, -1,
-                         "%s of %llu bytes with agent '%.60s' given up as the agent is "
-                         "destroyed: up to %llu bytes issued and not confirmed may still land "
-                         "(%llu confirmed in place before)", x->op == KVL_WRITE ? "WRITE" : "READ",
-                         (unsigned long long)x->total_bytes, xp->peer->name,
+                         "given up as the agent is destroyed: up to %llu bytes issued and not "
+                         "confirmed may still land (%llu confirmed in place before)",
                          (unsigned long long)may, (unsigned long long)xp->confirmed);
     snprintf(err.agent, sizeof(err.agent), "%s", xp->peer->name);
     kvl_bk_error_hint(&err, "treat the destination blocks as undefined and write them again");
@@ -877,6 +880,7 @@ static void kvli_ucx_xfer_stop_wait(kvli_ucx_iface_t *iface, kvli_ucx_xpriv_t *x
                          "progress thread within %llu ms", xp->peer->name,
                          (unsigned long long)ms);
         kvl_bk_error_hint(&err, "bytes may still land; destroy the agent");
+        kvl_bk_xfer_error(&err, x, xp->peer->name);
         iface->ctx->xfer_done(x, KVL_ERR_TIMEOUT, &err);
         pthread_mutex_lock(&iface->lock);
     }
