@@ -95,6 +95,8 @@ void kvli_region_put(kvli_region_t *r);
 /* Under the agent lock (registry.c): insert (sorted), remove, exact match. */
 kvl_status_t kvli_registry_insert(kvl_agent_t *a, kvli_region_t *r, kvl_error_t *err);
 void kvli_registry_remove(kvl_agent_t *a, kvli_region_t *r);
+/* Take every region no longer valid off the registry, in one pass. */
+void kvli_registry_remove_invalid(kvl_agent_t *a);
 kvli_region_t *kvli_registry_exact(kvl_agent_t *a, uint64_t addr, uint64_t len);
 /* Under the agent lock (alloc.c): the allocation holding a range, or NULL. */
 const struct kvli_alloc *kvli_alloc_containing(const kvl_agent_t *a, uint64_t addr,

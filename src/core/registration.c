@@ -776,8 +776,21 @@ kvl_status_t kvl_mem_deregister(kvl_agent_t *a, const kvl_mem_desc_t *regions, s
      * anything is dropped; a refusal restores their access and changes nothing. */
     if (kvli_regions_revoke(a, drops, n, &err) != KVL_OK)
         goto fail;
-    for (size_t i = 0; i < n; i++)
-        kvli_region_drop(a, drops[i].r);
+    /* Last references: unregistered everywhere, then taken off the registry
+     * in one pass (one removal at a time moves the array n times), then
+     * released. drops is reused for them: entry k < gone is a region. */
+    size_t gone = 0;
+    for (size_t i = 0; i < n; i++) {
+        kvli_region_t *r = drops[i].r;
+        if (--r->refcount > 0)
+            continue;
+        atomic_store(&r->valid, false);
+        kvli_region_unregister_backends(a, r);
+        drops[gone++].r = r; /* gone <= i: entries not read again */
+    }
+    kvli_registry_remove_invalid(a);
+    for (size_t k = 0; k < gone; k++)
+        kvli_region_put(drops[k].r);
     atomic_fetch_add(&a->generation, 1);
     const kvli_agent_hooks_t *hooks = a->hooks;
     pthread_mutex_unlock(&a->lock);

@@ -138,6 +138,17 @@ void kvli_registry_remove(kvl_agent_t *a, kvli_region_t *r)
         a->last_hit = NULL;
 }
 
+void kvli_registry_remove_invalid(kvl_agent_t *a)
+{
+    size_t k = 0;
+    for (size_t i = 0; i < a->nregs; i++)
+        if (atomic_load(&a->regs[i]->valid))
+            a->regs[k++] = a->regs[i];
+    a->nregs = k;
+    if (a->last_hit != NULL && !atomic_load(&a->last_hit->valid))
+        a->last_hit = NULL;
+}
+
 kvli_region_t *kvli_registry_exact(kvl_agent_t *a, uint64_t addr, uint64_t len)
 {
     size_t i = kvli_registry_lower(a, addr, len);
