@@ -111,17 +111,23 @@ kvl_status_t kvl_agent_create(const char *name, const kvl_agent_config_t *cfg, k
 
     const char *list = (cfg && (cfg->field_mask & KVL_AGENT_CFG_BACKENDS) && cfg->create_backends)
                            ? cfg->create_backends : "shm";
-    char buf[256];
-    kvli_scopy(buf, sizeof(buf), list);
+    char *buf = strdup(list); /* whole: a long list is never cut */
+    if (buf == NULL) {
+        kvl_agent_destroy(a);
+        return kvli_fail_simple(NULL, KVL_ERR_NO_MEMORY, NULL,
+                                "kvl_agent_create: out of memory for the backend list");
+    }
     char *save = NULL;
     for (char *tok = strtok_r(buf, ", ", &save); tok; tok = strtok_r(NULL, ", ", &save)) {
         kvl_status_t st = kvl_backend_create(a, tok, NULL, 0, NULL);
         if (st != KVL_OK) {
             kvl_error_t err = *kvl_last_error();
+            free(buf);
             kvl_agent_destroy(a);
             return kvli_fail(NULL, &err);
         }
     }
+    free(buf);
     kvli_log(KVL_LOG_INFO, "core", "agent '%s' created, incarnation %016llx", a->name,
              (unsigned long long)a->incarnation);
     *agent_p = a;

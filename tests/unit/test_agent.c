@@ -110,6 +110,19 @@ static void test_config(void)
     KT_CHECK(strcmp(bks[0]->ctx.agent_name, "configured") == 0);
     kvl_agent_destroy(a);
 
+    /* a long list is read whole: a name past 255 characters is not cut off
+     * (it was, and the agent came up without it) */
+    char longlist[400];
+    memset(longlist, ' ', sizeof(longlist));
+    memcpy(longlist + 300, "tcp,nosuch", 11);
+    cfg = (kvl_agent_config_t){.field_mask = KVL_AGENT_CFG_BACKENDS, .create_backends = longlist};
+    KT_STATUS(kvl_agent_create("long-list", &cfg, &a), KVL_ERR_NOT_FOUND);
+    KT_ERROR_HAS("nosuch");
+    memcpy(longlist + 300, "tcp", 4);
+    KT_OK(kvl_agent_create("long-list", &cfg, &a));
+    KT_CHECK(kvl_agent_backends(a, bks, 4) == 1 && strcmp(kvl_backend_name(bks[0]), "tcp") == 0);
+    kvl_agent_destroy(a);
+
     /* an empty secret is no secret */
     cfg = (kvl_agent_config_t){.field_mask = KVL_AGENT_CFG_BACKENDS | KVL_AGENT_CFG_SECRET,
                                .create_backends = "", .secret = ""};
