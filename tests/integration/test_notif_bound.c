@@ -495,19 +495,32 @@ static void nb_raw_shm(void)
     kvl_agent_destroy(t);
 }
 
+/* Which sanitizer this build runs under (gcc defines the macros, clang
+ * answers __has_feature). */
+#if defined(__SANITIZE_THREAD__)
+#define NB_TSAN 1
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define NB_TSAN 1
+#endif
+#endif
+#if defined(__SANITIZE_ADDRESS__)
+#define NB_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define NB_ASAN 1
+#endif
+#endif
+#ifndef NB_TSAN
+#define NB_TSAN 0
+#endif
+#ifndef NB_ASAN
+#define NB_ASAN 0
+#endif
+
 static int nb_sanitized(void)
 {
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-    return 1;
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
-    return 1;
-#else
-    return 0;
-#endif
-#else
-    return 0;
-#endif
+    return NB_ASAN || NB_TSAN;
 }
 
 /* UCX's transports hand data and completions over through atomics in
@@ -515,17 +528,7 @@ static int nb_sanitized(void)
  * looks like a race with the reader. The ucx path runs in the other builds. */
 static int nb_tsan(void)
 {
-#if defined(__SANITIZE_THREAD__)
-    return 1;
-#elif defined(__has_feature)
-#if __has_feature(thread_sanitizer)
-    return 1;
-#else
-    return 0;
-#endif
-#else
-    return 0;
-#endif
+    return NB_TSAN;
 }
 
 static long rss_kib(void)
