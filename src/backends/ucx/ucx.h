@@ -397,7 +397,7 @@ ucs_status_t kvli_ucx_notif_recv(void *arg, const void *header, size_t header_le
 ucs_status_t kvli_ucx_notif_ans_recv(void *arg, const void *header, size_t header_length,
                                      void *data, size_t length,
                                      const ucp_am_recv_param_t *param);
-/* Progress thread: send the answers owed; 1 while some are left. */
+/* Progress thread: send every answer owed (returns 0: none is left). */
 int kvli_ucx_notif_progress(kvli_ucx_iface_t *iface);
 /* Teardown, progress thread joined: drop the answers never sent. */
 void kvli_ucx_notif_free_all(kvli_ucx_iface_t *iface);
