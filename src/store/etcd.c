@@ -1,0 +1,1069 @@
+/*
+ * kvlane etcd store: agents publish their metadata in etcd under
+ * <prefix>/<name>/<label>, attached to a lease the agent keeps alive; peers
+ * fetch it by name and follow it through one watch on the namespace, so a
+ * restart (new incarnation) or a departure (key deleted, lease expired)
+ * drops the loaded metadata at every agent that loaded it.
+ *
+ * Threads per attached agent: the keeper (lease keepalive every TTL/3, new
+ * lease and republish after an outage or a deregistration) and the watcher
+ * (one streaming watch; reconnects from the next revision, resynchronises
+ * the followed peers when etcd compacted past it). User calls (publish,
+ * fetch, unpublish) run on the caller's thread with their own curl handle.
+ * Nothing here is on a transfer's path.
+ */
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+#include "common/clock.h"
+#include "core/md_codec.h"
+#include "etcd_client.h"
+#include "store.h"
+
+#define KVLI_ETCD_LABEL_MAX 64u
+#define KVLI_ETCD_PREFIX_MAX 200u
+
+typedef struct kvli_etcd_follow {
+    struct kvli_etcd_follow *next;
+    char name[KVL_NAME_MAX];
+    char label[KVLI_ETCD_LABEL_MAX];
+    uint64_t incarnation;
+} kvli_etcd_follow_t;
+
+typedef struct kvli_etcd_pub {
+    struct kvli_etcd_pub *next;
+    char label[KVLI_ETCD_LABEL_MAX];
+} kvli_etcd_pub_t;
+
+typedef struct kvli_etcd {
+    kvl_agent_t *a;
+    kvli_etcd_client_t cl;
+    char prefix[KVLI_ETCD_PREFIX_MAX]; /* no trailing '/' */
+    unsigned ttl_s;
+    pthread_mutex_t lock;              /* everything below */
+    pthread_cond_t cond;               /* keeper and watcher wake-ups */
+    pthread_cond_t put_cond;           /* fetch waiters: a PUT was seen */
+    bool attached, stopping;
+    int64_t lease;                     /* 0: none (not granted, lost or revoked) */
+    bool lease_wanted;                 /* something is published: keep a lease */
+    bool down;                         /* the keeper could not reach etcd */
+    bool dirty;                        /* republish (regions changed) */
+    uint64_t puts_seen;                /* bumps on every PUT event */
+    kvli_etcd_pub_t *pubs;
+    kvli_etcd_follow_t *follows;
+    int64_t watch_rev;                 /* next revision the watch starts from */
+    int watch_fd;                      /* the watch's socket, -1 when none */
+    bool watch_restart;
+    pthread_t keeper, watcher;
+    bool threads;
+    pthread_mutex_t call_lock;         /* the user calls' curl handle */
+    CURL *call_h;
+} kvli_etcd_t;
+
+static void *kvli_etcd_create(kvl_agent_t *a)
+{
+    kvli_etcd_t *s = calloc(1, sizeof(*s));
+    if (s == NULL)
+        return NULL;
+    s->a = a;
+    s->watch_fd = -1;
+    pthread_mutex_init(&s->lock, NULL);
+    pthread_cond_init(&s->cond, NULL);
+    pthread_cond_init(&s->put_cond, NULL);
+    pthread_mutex_init(&s->call_lock, NULL);
+    return s;
+}
+
+static void kvli_etcd_destroy(kvl_agent_t *a, void *state);
+static void kvli_etcd_regions_changed(kvl_agent_t *a, void *state);
+
+static const kvli_store_ops_t kvli_etcd_store = {
+    .name = "etcd",
+    .create = kvli_etcd_create,
+    .destroy = kvli_etcd_destroy,
+    .regions_changed = kvli_etcd_regions_changed,
+};
+
+/* ---- keys ---- */
+
+static void kvli_etcd_key(const kvli_etcd_t *s, const char *name, const char *label, char *buf,
+                          size_t cap)
+{
+    snprintf(buf, cap, "%s/%s/%s", s->prefix, name, label);
+}
+
+static void kvli_etcd_put_key(json_object *o, const char *field, const char *key)
+{
+    char *b = kvli_etcd_b64(key, strlen(key));
+    json_object_object_add(o, field, json_object_new_string(b ? b : ""));
+    free(b);
+}
+
+static kvl_status_t kvli_etcd_label_ok(const char *label, kvl_error_t *err)
+{
+    if (strlen(label) >= KVLI_ETCD_LABEL_MAX || strchr(label, '/') != NULL) {
+        kvli_err(err, KVL_ERR_INVALID_ARG, 0, "etcd metadata label '%.100s' is longer than %u "
+                 "bytes or contains '/'", label, KVLI_ETCD_LABEL_MAX - 1);
+        kvli_hint(err, "use a short label without '/' (NIXL's default is \"metadata\")");
+        return KVL_ERR_INVALID_ARG;
+    }
+    return KVL_OK;
+}
+
+static kvli_etcd_t *kvli_etcd_get(kvl_agent_t *a, const char *fn, kvl_error_t *err)
+{
+    kvli_etcd_t *s = kvli_store_state(a, &kvli_etcd_store, false);
+    bool ok = false;
+    if (s != NULL) {
+        pthread_mutex_lock(&s->lock);
+        ok = s->attached && !s->stopping;
+        pthread_mutex_unlock(&s->lock);
+    }
+    if (!ok) {
+        kvli_err(err, KVL_ERR_STATE, 0, "%s: agent '%s' is not attached to etcd", fn, a->name);
+        kvli_hint(err, "call kvl_etcd_attach first (Python: set NIXL_ETCD_ENDPOINTS before the "
+                       "nixl_agent is created, or Agent.etcd_attach)");
+        return NULL;
+    }
+    return s;
+}
+
+/* ---- lease ---- */
+
+static kvl_status_t kvli_etcd_grant(kvli_etcd_t *s, CURL *h, int64_t *lease_p, int64_t *rev_p,
+                                    kvl_error_t *err)
+{
+    json_object *b = json_object_new_object(), *out = NULL;
+    json_object_object_add(b, "TTL", json_object_new_int64(s->ttl_s));
+    kvl_status_t st = kvli_etcd_call(&s->cl, h, "/v3/lease/grant", b, &out, NULL, 0, err);
+    json_object_put(b);
+    if (st != KVL_OK)
+        return st;
+    json_object *hdr = NULL;
+    json_object_object_get_ex(out, "header", &hdr);
+    *lease_p = kvli_etcd_i64(out, "ID");
+    if (rev_p != NULL)
+        *rev_p = kvli_etcd_i64(hdr, "revision");
+    json_object_put(out);
+    if (*lease_p == 0) {
+        kvli_err(err, KVL_ERR_REMOTE, EPROTO, "etcd granted no lease (no ID in its answer)");
+        kvli_hint(err, "check etcd's log; is it an etcd v3.4 or later?");
+        return KVL_ERR_REMOTE;
+    }
+    return KVL_OK;
+}
+
+static kvl_status_t kvli_etcd_revoke(kvli_etcd_t *s, CURL *h, int64_t lease, kvl_error_t *err)
+{
+    json_object *b = json_object_new_object(), *out = NULL;
+    char id[32];
+    snprintf(id, sizeof(id), "%" PRId64, lease);
+    json_object_object_add(b, "ID", json_object_new_string(id));
+    kvl_status_t st = kvli_etcd_call(&s->cl, h, "/v3/lease/revoke", b, &out, NULL, 0, err);
+    json_object_put(b);
+    if (out != NULL)
+        json_object_put(out);
+    return st == KVL_ERR_NOT_FOUND ? KVL_OK : st; /* already expired */
+}
+
+/* Put our metadata under label with lease. */
+static kvl_status_t kvli_etcd_put_md(kvli_etcd_t *s, CURL *h, const char *label, int64_t lease,
+                                     kvl_error_t *err)
+{
+    void *blob = NULL;
+    size_t len = 0;
+    char key[KVLI_ETCD_PREFIX_MAX + KVL_NAME_MAX + KVLI_ETCD_LABEL_MAX + 4], id[32];
+    if (kvl_metadata_get(s->a, &blob, &len) != KVL_OK) {
+        *err = *kvl_last_error();
+        return err->code;
+    }
+    char *v = kvli_etcd_b64(blob, len);
+    kvl_free(blob);
+    if (v == NULL) {
+        kvli_err(err, KVL_ERR_NO_MEMORY, ENOMEM, "etcd: no memory to encode %zu bytes of "
+                 "metadata", len);
+        return KVL_ERR_NO_MEMORY;
+    }
+    json_object *b = json_object_new_object(), *out = NULL;
+    kvli_etcd_key(s, s->a->name, label, key, sizeof(key));
+    kvli_etcd_put_key(b, "key", key);
+    json_object_object_add(b, "value", json_object_new_string(v));
+    free(v);
+    snprintf(id, sizeof(id), "%" PRId64, lease);
+    json_object_object_add(b, "lease", json_object_new_string(id));
+    kvl_status_t st = kvli_etcd_call(&s->cl, h, "/v3/kv/put", b, &out, NULL, 0, err);
+    json_object_put(b);
+    if (out != NULL)
+        json_object_put(out);
+    return st;
+}
+
+/* Every label published, again, under the current lease (granted when
+ * missing). Called by the keeper; err filled on failure. */
+static kvl_status_t kvli_etcd_republish(kvli_etcd_t *s, CURL *h, kvl_error_t *err)
+{
+    char labels[16][KVLI_ETCD_LABEL_MAX];
+    unsigned n = 0;
+    int64_t lease;
+    pthread_mutex_lock(&s->lock);
+    lease = s->lease;
+    for (kvli_etcd_pub_t *p = s->pubs; p != NULL && n < 16; p = p->next)
+        kvli_scopy(labels[n++], KVLI_ETCD_LABEL_MAX, p->label);
+    s->dirty = false;
+    pthread_mutex_unlock(&s->lock);
+    if (lease == 0) {
+        kvl_status_t st = kvli_etcd_grant(s, h, &lease, NULL, err);
+        if (st != KVL_OK)
+            return st;
+        pthread_mutex_lock(&s->lock);
+        s->lease = lease;
+        pthread_mutex_unlock(&s->lock);
+        kvli_log(KVL_LOG_INFO, "etcd", "agent '%s': new etcd lease %" PRIx64 " (TTL %u s)",
+                 s->a->name, (uint64_t)lease, s->ttl_s);
+    }
+    for (unsigned i = 0; i < n; i++) {
+        kvl_status_t st = kvli_etcd_put_md(s, h, labels[i], lease, err);
+        if (st != KVL_OK) {
+            pthread_mutex_lock(&s->lock);
+            s->dirty = true;
+            pthread_mutex_unlock(&s->lock);
+            return st;
+        }
+    }
+    if (n > 0)
+        kvli_log(KVL_LOG_INFO, "etcd", "agent '%s': metadata published again (%u label(s))",
+                 s->a->name, n);
+    return KVL_OK;
+}
+
+/* The keeper thread: lease keepalive, new lease after an outage, republish. */
+static void *kvli_etcd_keeper_main(void *arg)
+{
+    kvli_etcd_t *s = arg;
+    CURL *h = curl_easy_init();
+    uint64_t period_ms = s->ttl_s * 1000u / 3u;
+    if (period_ms < 300)
+        period_ms = 300;
+    pthread_mutex_lock(&s->lock);
+    while (!s->stopping) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        uint64_t ns = (uint64_t)ts.tv_nsec + (s->down ? 500u : period_ms) * 1000000u;
+        ts.tv_sec += (time_t)(ns / 1000000000u);
+        ts.tv_nsec = (long)(ns % 1000000000u);
+        while (!s->dirty && !s->stopping && pthread_cond_timedwait(&s->cond, &s->lock, &ts) == 0)
+            ;
+        if (s->stopping)
+            break;
+        int64_t lease = s->lease;
+        bool wanted = s->lease_wanted, dirty = s->dirty;
+        pthread_mutex_unlock(&s->lock);
+
+        kvl_error_t err;
+        kvli_err_blank(&err);
+        kvl_status_t st = KVL_OK;
+        bool lost = false;
+        if (lease != 0) {
+            json_object *b = json_object_new_object(), *out = NULL, *res = NULL;
+            char id[32];
+            snprintf(id, sizeof(id), "%" PRId64, lease);
+            json_object_object_add(b, "ID", json_object_new_string(id));
+            st = kvli_etcd_call(&s->cl, h, "/v3/lease/keepalive", b, &out, NULL, 0, &err);
+            json_object_put(b);
+            if (st == KVL_OK) {
+                if (!json_object_object_get_ex(out, "result", &res))
+                    res = out;
+                lost = kvli_etcd_i64(res, "TTL") <= 0;
+                json_object_put(out);
+            }
+            lost = lost || st == KVL_ERR_NOT_FOUND;
+            if (lost) {
+                st = KVL_OK;
+                kvli_log(KVL_LOG_WARN, "etcd", "agent '%s': etcd lease %" PRIx64 " expired "
+                         "(etcd was out of reach longer than its TTL of %u s, or the lease was "
+                         "revoked): granting a new one and publishing again", s->a->name,
+                         (uint64_t)lease, s->ttl_s);
+                pthread_mutex_lock(&s->lock);
+                if (s->lease == lease)
+                    s->lease = 0;
+                pthread_mutex_unlock(&s->lock);
+            }
+        }
+        if (st == KVL_OK && wanted && (lost || dirty || lease == 0))
+            st = kvli_etcd_republish(s, h, &err);
+
+        pthread_mutex_lock(&s->lock);
+        if (st != KVL_OK && !s->down && !s->stopping) {
+            s->down = true;
+            kvli_log(KVL_LOG_WARN, "etcd", "agent '%s': etcd keepalive failed: %s; transfers "
+                     "already set up keep working, the lease is renewed and the metadata "
+                     "published again when etcd answers", s->a->name, err.what);
+            s->watch_restart = true;
+            if (s->watch_fd >= 0)
+                shutdown(s->watch_fd, SHUT_RDWR);
+        } else if (st == KVL_OK && s->down) {
+            s->down = false;
+            kvli_log(KVL_LOG_INFO, "etcd", "agent '%s': etcd answers again", s->a->name);
+            s->watch_restart = true;
+            if (s->watch_fd >= 0)
+                shutdown(s->watch_fd, SHUT_RDWR);
+            pthread_cond_broadcast(&s->cond);
+        }
+    }
+    pthread_mutex_unlock(&s->lock);
+    curl_easy_cleanup(h);
+    return NULL;
+}
+
+/* ---- following peers ---- */
+
+static kvli_etcd_follow_t *kvli_etcd_follow_find(kvli_etcd_t *s, const char *name)
+{
+    for (kvli_etcd_follow_t *f = s->follows; f != NULL; f = f->next)
+        if (strcmp(f->name, name) == 0)
+            return f;
+    return NULL;
+}
+
+/* Drop the followed peer's metadata (under no lock). */
+static void kvli_etcd_drop(kvli_etcd_t *s, const char *name, const char *why)
+{
+    pthread_mutex_lock(&s->lock);
+    for (kvli_etcd_follow_t **pp = &s->follows; *pp != NULL; pp = &(*pp)->next) {
+        if (strcmp((*pp)->name, name) == 0) {
+            kvli_etcd_follow_t *f = *pp;
+            *pp = f->next;
+            free(f);
+            break;
+        }
+    }
+    pthread_mutex_unlock(&s->lock);
+    kvl_status_t st = kvl_remote_remove(s->a, name);
+    kvli_log(KVL_LOG_INFO, "etcd", "agent '%s': %s agent '%s' (%s)", s->a->name,
+             st == KVL_OK ? "dropped the metadata of" : "no longer follows", name, why);
+}
+
+/* One event of the namespace watch. */
+static void kvli_etcd_event(kvli_etcd_t *s, json_object *ev)
+{
+    json_object *kv = NULL, *t = NULL, *k = NULL, *v = NULL;
+    if (!json_object_object_get_ex(ev, "kv", &kv) || !json_object_object_get_ex(kv, "key", &k))
+        return;
+    bool del = json_object_object_get_ex(ev, "type", &t) &&
+               strcmp(json_object_get_string(t), "DELETE") == 0;
+    size_t kl = 0;
+    char *key = kvli_etcd_unb64(json_object_get_string(k), &kl);
+    if (key == NULL)
+        return;
+    key[kl] = '\0';
+    size_t pl = strlen(s->prefix);
+    char name[KVL_NAME_MAX] = "", label[KVLI_ETCD_LABEL_MAX] = "";
+    if (kl > pl + 1 && strncmp(key, s->prefix, pl) == 0 && key[pl] == '/') {
+        const char *rest = key + pl + 1, *slash = strchr(rest, '/');
+        if (slash != NULL && (size_t)(slash - rest) < sizeof(name) &&
+            strlen(slash + 1) < sizeof(label)) {
+            memcpy(name, rest, (size_t)(slash - rest));
+            name[slash - rest] = '\0';
+            kvli_scopy(label, sizeof(label), slash + 1);
+        }
+    }
+    free(key);
+    if (name[0] == '\0')
+        return;
+    pthread_mutex_lock(&s->lock);
+    if (!del) {
+        s->puts_seen++;
+        pthread_cond_broadcast(&s->put_cond);
+    }
+    kvli_etcd_follow_t *f = kvli_etcd_follow_find(s, name);
+    bool mine = f != NULL && strcmp(f->label, label) == 0;
+    uint64_t held = mine ? f->incarnation : 0;
+    pthread_mutex_unlock(&s->lock);
+    if (!mine)
+        return;
+    if (del) {
+        kvli_etcd_drop(s, name, "its etcd key was deleted: it was destroyed, unpublished, or "
+                                "its lease expired");
+        return;
+    }
+    if (!json_object_object_get_ex(kv, "value", &v))
+        return;
+    size_t bl = 0;
+    void *blob = kvli_etcd_unb64(json_object_get_string(v), &bl);
+    kvli_md_t md;
+    kvl_error_t derr;
+    if (blob == NULL || kvli_md_decode(blob, bl, &md, &derr) != KVL_OK) {
+        free(blob);
+        kvli_etcd_drop(s, name, "its etcd key holds metadata that cannot be decoded");
+        return;
+    }
+    uint64_t inc = md.incarnation;
+    kvli_md_release(&md);
+    if (inc != held) {
+        char why[128];
+        snprintf(why, sizeof(why), "it restarted: incarnation %016" PRIx64 " replaced %016"
+                 PRIx64, inc, held);
+        kvli_etcd_drop(s, name, why);
+    } else if (kvl_metadata_load(s->a, blob, bl, NULL, 0) == KVL_OK) {
+        kvli_log(KVL_LOG_DEBUG, "etcd", "agent '%s': loaded new metadata of agent '%s'",
+                 s->a->name, name);
+    }
+    free(blob);
+}
+
+/* After the watch lost events (compaction): check every followed peer. */
+static void kvli_etcd_resync(kvli_etcd_t *s, CURL *h)
+{
+    char names[64][KVL_NAME_MAX], labels[64][KVLI_ETCD_LABEL_MAX];
+    uint64_t incs[64];
+    unsigned n = 0;
+    pthread_mutex_lock(&s->lock);
+    for (kvli_etcd_follow_t *f = s->follows; f != NULL && n < 64; f = f->next, n++) {
+        kvli_scopy(names[n], KVL_NAME_MAX, f->name);
+        kvli_scopy(labels[n], KVLI_ETCD_LABEL_MAX, f->label);
+        incs[n] = f->incarnation;
+    }
+    pthread_mutex_unlock(&s->lock);
+    for (unsigned i = 0; i < n; i++) {
+        char key[KVLI_ETCD_PREFIX_MAX + KVL_NAME_MAX + KVLI_ETCD_LABEL_MAX + 4];
+        json_object *b = json_object_new_object(), *out = NULL, *kvs = NULL;
+        kvl_error_t err;
+        kvli_err_blank(&err);
+        kvli_etcd_key(s, names[i], labels[i], key, sizeof(key));
+        kvli_etcd_put_key(b, "key", key);
+        kvl_status_t st = kvli_etcd_call(&s->cl, h, "/v3/kv/range", b, &out, NULL, 0, &err);
+        json_object_put(b);
+        if (st != KVL_OK)
+            continue;
+        bool gone = !json_object_object_get_ex(out, "kvs", &kvs) ||
+                    json_object_array_length(kvs) == 0;
+        if (!gone) {
+            json_object *ev = json_object_new_object();
+            json_object_object_add(ev, "kv", json_object_get(json_object_array_get_idx(kvs, 0)));
+            kvli_etcd_event(s, ev);
+            json_object_put(ev);
+        } else {
+            kvli_etcd_drop(s, names[i], "its etcd key is gone (found after the watch resumed)");
+        }
+        (void)incs[i];
+        json_object_put(out);
+    }
+}
+
+typedef struct kvli_etcd_stream {
+    kvli_etcd_t *s;
+    char *buf;
+    size_t len, cap;
+    bool created, compacted, failed;
+    char fail[256];
+} kvli_etcd_stream_t;
+
+static void kvli_etcd_line(kvli_etcd_stream_t *w, const char *line)
+{
+    kvli_etcd_t *s = w->s;
+    json_object *o = json_tokener_parse(line), *r = NULL, *evs = NULL, *hdr = NULL;
+    if (o == NULL)
+        return;
+    if (!json_object_object_get_ex(o, "result", &r)) {
+        int code = 0;
+        json_object *m = NULL, *c = NULL;
+        json_object_object_get_ex(o, "message", &m);
+        if (json_object_object_get_ex(o, "code", &c))
+            code = json_object_get_int(c);
+        snprintf(w->fail, sizeof(w->fail), "%s (gRPC code %d)",
+                 m ? json_object_get_string(m) : "an error", code);
+        w->failed = true;
+        json_object_put(o);
+        return;
+    }
+    if (json_object_object_get_ex(r, "created", NULL))
+        w->created = true;
+    json_object *cancel = NULL;
+    if (json_object_object_get_ex(r, "canceled", &cancel) && json_object_get_boolean(cancel) &&
+        kvli_etcd_i64(r, "compact_revision") <= 0) {
+        json_object *why = NULL;
+        json_object_object_get_ex(r, "cancel_reason", &why);
+        snprintf(w->fail, sizeof(w->fail), "etcd canceled the watch: %s",
+                 why ? json_object_get_string(why) : "no reason given");
+        w->failed = true;
+    }
+    int64_t compact = kvli_etcd_i64(r, "compact_revision");
+    if (compact > 0) {
+        pthread_mutex_lock(&s->lock);
+        s->watch_rev = compact;
+        pthread_mutex_unlock(&s->lock);
+        w->compacted = true;
+    }
+    if (json_object_object_get_ex(r, "events", &evs)) {
+        size_t n = json_object_array_length(evs);
+        int64_t last = 0;
+        for (size_t i = 0; i < n; i++) {
+            json_object *ev = json_object_array_get_idx(evs, i), *kv = NULL;
+            kvli_etcd_event(s, ev);
+            if (json_object_object_get_ex(ev, "kv", &kv) && kvli_etcd_i64(kv, "mod_revision") > last)
+                last = kvli_etcd_i64(kv, "mod_revision");
+        }
+        if (last > 0) {
+            pthread_mutex_lock(&s->lock);
+            s->watch_rev = last + 1;
+            pthread_mutex_unlock(&s->lock);
+        }
+    }
+    (void)hdr;
+    json_object_put(o);
+}
+
+static size_t kvli_etcd_stream_sink(char *data, size_t sz, size_t nm, void *arg)
+{
+    kvli_etcd_stream_t *w = arg;
+    size_t n = sz * nm;
+    if (w->len + n + 1 > KVLI_ETCD_REPLY_MAX)
+        return 0;
+    if (w->len + n + 1 > w->cap) {
+        size_t cap = (w->len + n + 1) * 2;
+        char *q = realloc(w->buf, cap);
+        if (q == NULL)
+            return 0;
+        w->buf = q;
+        w->cap = cap;
+    }
+    memcpy(w->buf + w->len, data, n);
+    w->len += n;
+    w->buf[w->len] = '\0';
+    char *nl;
+    while ((nl = memchr(w->buf, '\n', w->len)) != NULL) {
+        *nl = '\0';
+        kvli_etcd_line(w, w->buf);
+        size_t used = (size_t)(nl - w->buf) + 1;
+        memmove(w->buf, nl + 1, w->len - used + 1);
+        w->len -= used;
+    }
+    return w->compacted || w->failed ? 0 : n;
+}
+
+static curl_socket_t kvli_etcd_open_sock(void *arg, curlsocktype purpose,
+                                         struct curl_sockaddr *addr)
+{
+    kvli_etcd_t *s = arg;
+    (void)purpose;
+    curl_socket_t fd = socket(addr->family, addr->socktype | SOCK_CLOEXEC, addr->protocol);
+    pthread_mutex_lock(&s->lock);
+    if (s->stopping || s->watch_restart) {
+        pthread_mutex_unlock(&s->lock);
+        if (fd >= 0)
+            close(fd);
+        return CURL_SOCKET_BAD;
+    }
+    s->watch_fd = fd;
+    pthread_mutex_unlock(&s->lock);
+    return fd;
+}
+
+static int kvli_etcd_close_sock(void *arg, curl_socket_t fd)
+{
+    kvli_etcd_t *s = arg;
+    pthread_mutex_lock(&s->lock);
+    if (s->watch_fd == fd)
+        s->watch_fd = -1;
+    pthread_mutex_unlock(&s->lock);
+    return close(fd);
+}
+
+/* The watcher thread: one watch on <prefix>/, resumed from the next revision. */
+static void *kvli_etcd_watcher_main(void *arg)
+{
+    kvli_etcd_t *s = arg;
+    CURL *h = curl_easy_init(), *rh = curl_easy_init();
+    unsigned backoff_ms = 100;
+    bool warned = false;
+    char from[KVLI_ETCD_PREFIX_MAX + 2], to[KVLI_ETCD_PREFIX_MAX + 2];
+    snprintf(from, sizeof(from), "%s/", s->prefix);
+    snprintf(to, sizeof(to), "%s0", s->prefix); /* '/' + 1 */
+    for (;;) {
+        pthread_mutex_lock(&s->lock);
+        bool stop = s->stopping;
+        int64_t rev = s->watch_rev;
+        s->watch_restart = false;
+        pthread_mutex_unlock(&s->lock);
+        if (stop)
+            break;
+        unsigned ep_i = atomic_load(&s->cl.cur);
+        for (unsigned k = 0; k < s->cl.n_eps && !stop; k++) {
+            unsigned i = (ep_i + k) % s->cl.n_eps;
+            char url[KVLI_ETCD_EP_LEN + 16], tok[512], auth[600];
+            struct curl_slist *hd = NULL;
+            kvli_etcd_stream_t w = {.s = s};
+            json_object *b = json_object_new_object(), *cr = json_object_new_object();
+            kvli_etcd_put_key(cr, "key", from);
+            kvli_etcd_put_key(cr, "range_end", to);
+            if (rev > 0)
+                json_object_object_add(cr, "start_revision", json_object_new_int64(rev));
+            json_object_object_add(b, "create_request", cr);
+            snprintf(url, sizeof(url), "%s/v3/watch", s->cl.eps[i]);
+            curl_easy_reset(h);
+            kvli_etcd_curl_setup(h, s->cl.timeout_ms);
+            curl_easy_setopt(h, CURLOPT_TIMEOUT_MS, 0L); /* a stream: no total bound */
+            curl_easy_setopt(h, CURLOPT_URL, url);
+            curl_easy_setopt(h, CURLOPT_POSTFIELDS,
+                             json_object_to_json_string_ext(b, JSON_C_TO_STRING_PLAIN));
+            curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, kvli_etcd_stream_sink);
+            curl_easy_setopt(h, CURLOPT_WRITEDATA, &w);
+            curl_easy_setopt(h, CURLOPT_OPENSOCKETFUNCTION, kvli_etcd_open_sock);
+            curl_easy_setopt(h, CURLOPT_OPENSOCKETDATA, s);
+            curl_easy_setopt(h, CURLOPT_CLOSESOCKETFUNCTION, kvli_etcd_close_sock);
+            curl_easy_setopt(h, CURLOPT_CLOSESOCKETDATA, s);
+            curl_easy_setopt(h, CURLOPT_FORBID_REUSE, 1L);
+            hd = curl_slist_append(hd, "Content-Type: application/json");
+            kvli_etcd_token(&s->cl, tok, sizeof(tok));
+            if (tok[0] != '\0') {
+                snprintf(auth, sizeof(auth), "Authorization: %s", tok);
+                hd = curl_slist_append(hd, auth);
+            }
+            curl_easy_setopt(h, CURLOPT_HTTPHEADER, hd);
+            uint64_t t0 = kvli_clock_ms();
+            CURLcode cc = curl_easy_perform(h);
+            curl_slist_free_all(hd);
+            json_object_put(b);
+            free(w.buf);
+            pthread_mutex_lock(&s->lock);
+            stop = s->stopping;
+            pthread_mutex_unlock(&s->lock);
+            if (stop)
+                break;
+            if (w.compacted) {
+                kvli_log(KVL_LOG_INFO, "etcd", "agent '%s': etcd compacted past the watch's "
+                         "revision; checking the followed agents", s->a->name);
+                kvli_etcd_resync(s, rh);
+                break;
+            }
+            if (w.failed && strstr(w.fail, "token") != NULL && s->cl.user[0] != '\0') {
+                kvl_error_t err;
+                kvli_err_blank(&err);
+                (void)kvli_etcd_authenticate(&s->cl, rh, &err);
+                break;
+            }
+            if (w.created && kvli_clock_ms() - t0 > 1000) {
+                backoff_ms = 100;
+                warned = false;
+            }
+            if (!warned) {
+                kvli_log(w.created ? KVL_LOG_INFO : KVL_LOG_WARN, "etcd", "agent '%s': etcd "
+                         "watch on %s ended: %s; resuming from revision %" PRId64 " (peers' "
+                         "restarts and departures are seen when it resumes)", s->a->name,
+                         s->cl.eps[i], w.failed ? w.fail : curl_easy_strerror(cc), rev);
+                warned = !w.created;
+            }
+            if (w.created)
+                break; /* it worked here: retry the same endpoint first */
+        }
+        if (stop)
+            break;
+        /* A new stream may have missed nothing (start_revision), but the
+         * keeper may have restarted us after an outage: check anyway when
+         * it was long. */
+        pthread_mutex_lock(&s->lock);
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        uint64_t ns = (uint64_t)ts.tv_nsec + backoff_ms * 1000000ull;
+        ts.tv_sec += (time_t)(ns / 1000000000u);
+        ts.tv_nsec = (long)(ns % 1000000000u);
+        while (!s->stopping && !s->watch_restart &&
+               pthread_cond_timedwait(&s->cond, &s->lock, &ts) == 0)
+            ;
+        pthread_mutex_unlock(&s->lock);
+        backoff_ms = backoff_ms * 2 > 2000 ? 2000 : backoff_ms * 2;
+    }
+    curl_easy_cleanup(h);
+    curl_easy_cleanup(rh);
+    return NULL;
+}
+
+/* ---- public calls ---- */
+
+kvl_status_t kvl_etcd_attach(kvl_agent_t *a, const kvl_etcd_config_t *cfg)
+{
+    kvl_error_t err;
+    if (a == NULL || cfg == NULL)
+        return kvli_fail_simple(a, KVL_ERR_INVALID_ARG, NULL,
+                                "kvl_etcd_attach: agent or config is NULL");
+    kvli_err_blank(&err);
+    kvli_scopy(err.backend, sizeof(err.backend), "etcd");
+    const char *prefix = cfg->prefix && cfg->prefix[0] ? cfg->prefix : KVL_ETCD_DEFAULT_PREFIX;
+    size_t pl = strlen(prefix);
+    while (pl > 1 && prefix[pl - 1] == '/')
+        pl--;
+    if (pl >= KVLI_ETCD_PREFIX_MAX || prefix[0] != '/') {
+        kvli_err(&err, KVL_ERR_INVALID_ARG, 0, "etcd prefix '%.250s' must start with '/' and "
+                 "be shorter than %u bytes", prefix, KVLI_ETCD_PREFIX_MAX);
+        kvli_hint(&err, "e.g. /nixl/agents (NIXL_ETCD_NAMESPACE)");
+        return kvli_fail(a, &err);
+    }
+    if (strchr(a->name, '/') != NULL) {
+        kvli_err(&err, KVL_ERR_INVALID_ARG, 0, "agent name '%s' contains '/', which etcd keys "
+                 "use as separator", a->name);
+        kvli_hint(&err, "name agents without '/' to publish them in etcd");
+        return kvli_fail(a, &err);
+    }
+    if (cfg->lease_ttl_s > 3600) {
+        kvli_err(&err, KVL_ERR_INVALID_ARG, 0, "etcd lease TTL of %u s is more than an hour",
+                 cfg->lease_ttl_s);
+        kvli_hint(&err, "a dead agent stays visible for its TTL: use seconds (default 10)");
+        return kvli_fail(a, &err);
+    }
+    kvli_etcd_global_init();
+    kvli_etcd_t *s = kvli_store_state(a, &kvli_etcd_store, true);
+    if (s == NULL)
+        return kvli_fail_simple(a, KVL_ERR_NO_MEMORY, NULL, "kvl_etcd_attach: out of memory");
+    pthread_mutex_lock(&s->call_lock);
+    pthread_mutex_lock(&s->lock);
+    bool busy = s->attached || s->stopping;
+    pthread_mutex_unlock(&s->lock);
+    if (busy) {
+        pthread_mutex_unlock(&s->call_lock);
+        kvli_err(&err, KVL_ERR_EXISTS, 0, "agent '%s' is already attached to etcd (%s)",
+                 a->name, s->cl.eps[0]);
+        kvli_hint(&err, "one attachment per agent");
+        return kvli_fail(a, &err);
+    }
+    kvl_status_t st = kvli_etcd_client_init(&s->cl, cfg->endpoints, cfg->user, cfg->password,
+                                            cfg->timeout_ms ? cfg->timeout_ms : a->timeout_ms,
+                                            &err);
+    memcpy(s->prefix, prefix, pl);
+    s->prefix[pl] = '\0';
+    s->ttl_s = cfg->lease_ttl_s ? cfg->lease_ttl_s : 10;
+    if (st == KVL_OK && s->call_h == NULL && (s->call_h = curl_easy_init()) == NULL) {
+        kvli_err(&err, KVL_ERR_NO_MEMORY, ENOMEM, "etcd: curl_easy_init failed");
+        st = KVL_ERR_NO_MEMORY;
+    }
+    int64_t lease = 0, rev = 0;
+    if (st == KVL_OK)
+        st = kvli_etcd_grant(s, s->call_h, &lease, &rev, &err);
+    if (st == KVL_OK) {
+        /* Leases need no permission: reading the namespace checks auth. */
+        char from[KVLI_ETCD_PREFIX_MAX + 2], to[KVLI_ETCD_PREFIX_MAX + 2];
+        json_object *b = json_object_new_object(), *out = NULL;
+        snprintf(from, sizeof(from), "%s/", s->prefix);
+        snprintf(to, sizeof(to), "%s0", s->prefix);
+        kvli_etcd_put_key(b, "key", from);
+        kvli_etcd_put_key(b, "range_end", to);
+        json_object_object_add(b, "count_only", json_object_new_boolean(1));
+        st = kvli_etcd_call(&s->cl, s->call_h, "/v3/kv/range", b, &out, NULL, 0, &err);
+        json_object_put(b);
+        if (out != NULL)
+            json_object_put(out);
+        if (st != KVL_OK) {
+            kvl_error_t rerr;
+            kvli_err_blank(&rerr);
+            (void)kvli_etcd_revoke(s, s->call_h, lease, &rerr);
+        }
+    }
+    if (st != KVL_OK) {
+        kvli_etcd_client_fini(&s->cl);
+        pthread_mutex_unlock(&s->call_lock);
+        kvli_scopy(err.backend, sizeof(err.backend), "etcd");
+        return kvli_fail(a, &err);
+    }
+    pthread_mutex_lock(&s->lock);
+    s->lease = lease;
+    s->watch_rev = rev + 1;
+    s->attached = true;
+    pthread_mutex_unlock(&s->lock);
+    int e = pthread_create(&s->keeper, NULL, kvli_etcd_keeper_main, s);
+    if (e == 0 && (e = pthread_create(&s->watcher, NULL, kvli_etcd_watcher_main, s)) != 0) {
+        pthread_mutex_lock(&s->lock);
+        s->stopping = true;
+        pthread_cond_broadcast(&s->cond);
+        pthread_mutex_unlock(&s->lock);
+        pthread_join(s->keeper, NULL);
+    }
+    if (e != 0) {
+        kvl_error_t rerr;
+        (void)kvli_etcd_revoke(s, s->call_h, lease, &rerr);
+        pthread_mutex_lock(&s->lock);
+        s->attached = false;
+        s->stopping = false;
+        s->lease = 0;
+        pthread_mutex_unlock(&s->lock);
+        kvli_etcd_client_fini(&s->cl);
+        pthread_mutex_unlock(&s->call_lock);
+        kvli_err(&err, KVL_ERR_SYSTEM, e, "etcd: pthread_create = %s", strerror(e));
+        kvli_hint(&err, "check the thread limit (ulimit -u, pids cgroup)");
+        return kvli_fail(a, &err);
+    }
+    s->threads = true;
+    pthread_mutex_unlock(&s->call_lock);
+    kvli_log(KVL_LOG_INFO, "etcd", "agent '%s' attached to etcd %s (prefix %s, lease %" PRIx64
+             ", TTL %u s)", a->name, s->cl.eps[atomic_load(&s->cl.cur)], s->prefix,
+             (uint64_t)lease, s->ttl_s);
+    return KVL_OK;
+}
+
+kvl_status_t kvl_etcd_publish(kvl_agent_t *a, const char *label)
+{
+    kvl_error_t err;
+    if (a == NULL)
+        return kvli_fail_simple(a, KVL_ERR_INVALID_ARG, NULL, "kvl_etcd_publish: agent is NULL");
+    kvli_err_blank(&err);
+    kvli_scopy(err.backend, sizeof(err.backend), "etcd");
+    if (label == NULL || label[0] == '\0')
+        label = KVL_ETCD_DEFAULT_LABEL;
+    kvli_etcd_t *s = kvli_etcd_get(a, "kvl_etcd_publish", &err);
+    if (s == NULL || kvli_etcd_label_ok(label, &err) != KVL_OK)
+        return kvli_fail(a, &err);
+    pthread_mutex_lock(&s->call_lock);
+    pthread_mutex_lock(&s->lock);
+    int64_t lease = s->lease;
+    unsigned npubs = 0;
+    for (kvli_etcd_pub_t *p = s->pubs; p != NULL; p = p->next)
+        npubs++;
+    pthread_mutex_unlock(&s->lock);
+    kvl_status_t st = KVL_OK;
+    if (npubs >= 16) {
+        kvli_err(&err, KVL_ERR_INVALID_ARG, 0, "agent '%s' already publishes 16 labels in etcd",
+                 a->name);
+        kvli_hint(&err, "reuse labels: publishing a label again replaces its metadata");
+        st = KVL_ERR_INVALID_ARG;
+    }
+    if (st == KVL_OK && lease == 0) {
+        st = kvli_etcd_grant(s, s->call_h, &lease, NULL, &err);
+        if (st == KVL_OK) {
+            pthread_mutex_lock(&s->lock);
+            s->lease = lease;
+            pthread_mutex_unlock(&s->lock);
+        }
+    }
+    if (st == KVL_OK)
+        st = kvli_etcd_put_md(s, s->call_h, label, lease, &err);
+    if (st == KVL_OK) {
+        pthread_mutex_lock(&s->lock);
+        kvli_etcd_pub_t *p = s->pubs;
+        while (p != NULL && strcmp(p->label, label) != 0)
+            p = p->next;
+        if (p == NULL && (p = calloc(1, sizeof(*p))) != NULL) {
+            kvli_scopy(p->label, sizeof(p->label), label);
+            p->next = s->pubs;
+            s->pubs = p;
+        }
+        s->lease_wanted = true;
+        pthread_mutex_unlock(&s->lock);
+    }
+    pthread_mutex_unlock(&s->call_lock);
+    if (st != KVL_OK)
+        return kvli_fail(a, &err);
+    kvli_log(KVL_LOG_DEBUG, "etcd", "agent '%s': published '%s'", a->name, label);
+    return KVL_OK;
+}
+
+/* Range-get one key: KVL_OK with *blob_p (malloc'ed) or KVL_ERR_NOT_FOUND. */
+static kvl_status_t kvli_etcd_get_key(kvli_etcd_t *s, CURL *h, const char *key, void **blob_p,
+                                      size_t *len_p, kvl_error_t *err)
+{
+    json_object *b = json_object_new_object(), *out = NULL, *kvs = NULL, *v = NULL;
+    *blob_p = NULL;
+    kvli_etcd_put_key(b, "key", key);
+    kvl_status_t st = kvli_etcd_call(&s->cl, h, "/v3/kv/range", b, &out, NULL, 0, err);
+    json_object_put(b);
+    if (st != KVL_OK)
+        return st;
+    if (!json_object_object_get_ex(out, "kvs", &kvs) || json_object_array_length(kvs) == 0 ||
+        !json_object_object_get_ex(json_object_array_get_idx(kvs, 0), "value", &v)) {
+        json_object_put(out);
+        return KVL_ERR_NOT_FOUND;
+    }
+    *blob_p = kvli_etcd_unb64(json_object_get_string(v), len_p);
+    json_object_put(out);
+    if (*blob_p == NULL || *len_p == 0) {
+        free(*blob_p);
+        *blob_p = NULL;
+        return KVL_ERR_NOT_FOUND; /* an empty value is no metadata (NIXL: same) */
+    }
+    return KVL_OK;
+}
+
+kvl_status_t kvl_etcd_fetch(kvl_agent_t *a, const char *name, const char *label,
+                            uint64_t wait_ms)
+{
+    kvl_error_t err;
+    char key[KVLI_ETCD_PREFIX_MAX + KVL_NAME_MAX + KVLI_ETCD_LABEL_MAX + 4];
+    if (a == NULL || name == NULL)
+        return kvli_fail_simple(a, KVL_ERR_INVALID_ARG, NULL,
+                                "kvl_etcd_fetch: agent or name is NULL");
+    kvli_err_blank(&err);
+    kvli_scopy(err.backend, sizeof(err.backend), "etcd");
+    if (label == NULL || label[0] == '\0')
+        label = KVL_ETCD_DEFAULT_LABEL;
+    kvli_etcd_t *s = kvli_etcd_get(a, "kvl_etcd_fetch", &err);
+    if (s == NULL || kvli_etcd_label_ok(label, &err) != KVL_OK)
+        return kvli_fail(a, &err);
+    if (name[0] == '\0' || strlen(name) >= KVL_NAME_MAX || strchr(name, '/') != NULL) {
+        kvli_err(&err, KVL_ERR_INVALID_ARG, 0, "kvl_etcd_fetch: agent name '%.100s' is empty, "
+                 "too long or contains '/'", name);
+        kvli_hint(&err, "pass the name the peer agent was created with");
+        return kvli_fail(a, &err);
+    }
+    if (strcmp(name, a->name) == 0) {
+        kvli_err(&err, KVL_ERR_INVALID_ARG, 0, "agent '%s' cannot fetch its own metadata from "
+                 "etcd: an agent is not its own peer", name);
+        kvli_hint(&err, "fetch a peer's name");
+        return kvli_fail(a, &err);
+    }
+    kvli_etcd_key(s, name, label, key, sizeof(key));
+    uint64_t deadline = kvli_clock_ms() + wait_ms;
+    void *blob = NULL;
+    size_t len = 0;
+    kvl_status_t st;
+    pthread_mutex_lock(&s->call_lock);
+    for (;;) {
+        pthread_mutex_lock(&s->lock);
+        uint64_t seen = s->puts_seen;
+        pthread_mutex_unlock(&s->lock);
+        st = kvli_etcd_get_key(s, s->call_h, key, &blob, &len, &err);
+        if (st != KVL_ERR_NOT_FOUND || kvli_clock_ms() >= deadline)
+            break;
+        /* Wait for a put in the namespace (the watcher), at most 250 ms. */
+        pthread_mutex_lock(&s->lock);
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        uint64_t left = deadline - kvli_clock_ms();
+        uint64_t ns = (uint64_t)ts.tv_nsec + (left < 250 ? left : 250) * 1000000ull;
+        ts.tv_sec += (time_t)(ns / 1000000000u);
+        ts.tv_nsec = (long)(ns % 1000000000u);
+        while (s->puts_seen == seen && !s->stopping &&
+               pthread_cond_timedwait(&s->put_cond, &s->lock, &ts) == 0)
+            ;
+        bool stop = s->stopping;
+        pthread_mutex_unlock(&s->lock);
+        if (stop)
+            break;
+    }
+    pthread_mutex_unlock(&s->call_lock);
+    if (st == KVL_ERR_NOT_FOUND) {
+        kvli_err(&err, KVL_ERR_NOT_FOUND, 0, "etcd has no metadata of agent '%s' under %s "
+                 "(waited %" PRIu64 " ms)", name, key, wait_ms);
+        kvli_hint(&err, "the agent has not published yet (send_local_metadata, "
+                        "kvl_etcd_publish), publishes under another prefix or label, or it "
+                        "died and its lease expired");
+        kvli_scopy(err.agent, sizeof(err.agent), name);
+    }
+    if (st != KVL_OK)
+        return kvli_fail(a, &err);
+    char got[KVL_NAME_MAX] = "";
+    st = kvl_metadata_load(a, blob, len, got, sizeof(got));
+    free(blob);
+    if (st != KVL_OK)
+        return st;
+    if (strcmp(got, name) != 0) {
+        (void)kvl_remote_remove(a, got);
+        kvli_err(&err, KVL_ERR_BAD_METADATA, 0, "etcd key %s holds the metadata of agent '%s', "
+                 "not '%s'; nothing was loaded", key, got, name);
+        kvli_hint(&err, "two agents publish under one name, or the key was written by hand: "
+                        "check the agents' names");
+        return kvli_fail(a, &err);
+    }
+    uint64_t inc = kvl_remote_incarnation(a, name);
+    pthread_mutex_lock(&s->lock);
+    kvli_etcd_follow_t *f = kvli_etcd_follow_find(s, name);
+    if (f == NULL && (f = calloc(1, sizeof(*f))) != NULL) {
+        kvli_scopy(f->name, sizeof(f->name), name);
+        f->next = s->follows;
+        s->follows = f;
+    }
+    if (f != NULL) {
+        kvli_scopy(f->label, sizeof(f->label), label);
+        f->incarnation = inc;
+    }
+    pthread_mutex_unlock(&s->lock);
+    kvli_log(KVL_LOG_DEBUG, "etcd", "agent '%s': loaded agent '%s' from etcd", a->name, name);
+    return KVL_OK;
+}
+
+kvl_status_t kvl_etcd_unpublish(kvl_agent_t *a)
+{
+    kvl_error_t err;
+    if (a == NULL)
+        return kvli_fail_simple(a, KVL_ERR_INVALID_ARG, NULL, "kvl_etcd_unpublish: agent is NULL");
+    kvli_err_blank(&err);
+    kvli_scopy(err.backend, sizeof(err.backend), "etcd");
+    kvli_etcd_t *s = kvli_etcd_get(a, "kvl_etcd_unpublish", &err);
+    if (s == NULL)
+        return kvli_fail(a, &err);
+    pthread_mutex_lock(&s->call_lock);
+    pthread_mutex_lock(&s->lock);
+    int64_t lease = s->lease;
+    s->lease = 0;
+    s->lease_wanted = false;
+    while (s->pubs != NULL) {
+        kvli_etcd_pub_t *p = s->pubs;
+        s->pubs = p->next;
+        free(p);
+    }
+    pthread_mutex_unlock(&s->lock);
+    kvl_status_t st = lease ? kvli_etcd_revoke(s, s->call_h, lease, &err) : KVL_OK;
+    pthread_mutex_unlock(&s->call_lock);
+    if (st != KVL_OK)
+        return kvli_fail(a, &err);
+    return KVL_OK;
+}
+
+/* ---- following the agent ---- */
+
+static void kvli_etcd_regions_changed(kvl_agent_t *a, void *state)
+{
+    kvli_etcd_t *s = state;
+    (void)a;
+    pthread_mutex_lock(&s->lock);
+    if (s->attached && s->pubs != NULL) {
+        s->dirty = true;
+        pthread_cond_broadcast(&s->cond);
+    }
+    pthread_mutex_unlock(&s->lock);
+}
+
+static void kvli_etcd_destroy(kvl_agent_t *a, void *state)
+{
+    kvli_etcd_t *s = state;
+    pthread_mutex_lock(&s->lock);
+    bool attached = s->attached;
+    s->stopping = true;
+    pthread_cond_broadcast(&s->cond);
+    pthread_cond_broadcast(&s->put_cond);
+    if (s->watch_fd >= 0)
+        shutdown(s->watch_fd, SHUT_RDWR);
+    int64_t lease = s->lease;
+    pthread_mutex_unlock(&s->lock);
+    if (s->threads) {
+        pthread_join(s->keeper, NULL);
+        pthread_join(s->watcher, NULL);
+    }
+    if (attached && lease != 0) {
+        /* Our keys go now: followers drop us at once instead of at expiry. */
+        kvl_error_t err;
+        kvli_err_blank(&err);
+        if (kvli_etcd_revoke(s, s->call_h, lease, &err) != KVL_OK)
+            kvli_log(KVL_LOG_INFO, "etcd", "agent '%s': revoking the etcd lease at destroy "
+                     "failed (%s); its keys expire with it", a->name, err.what);
+    }
+    if (attached)
+        kvli_etcd_client_fini(&s->cl);
+    while (s->pubs != NULL) {
+        kvli_etcd_pub_t *p = s->pubs;
+        s->pubs = p->next;
+        free(p);
+    }
+    while (s->follows != NULL) {
+        kvli_etcd_follow_t *f = s->follows;
+        s->follows = f->next;
+        free(f);
+    }
+    if (s->call_h != NULL)
+        curl_easy_cleanup(s->call_h);
+    pthread_cond_destroy(&s->cond);
+    pthread_cond_destroy(&s->put_cond);
+    pthread_mutex_destroy(&s->lock);
+    pthread_mutex_destroy(&s->call_lock);
+    free(s);
+}
