@@ -31,8 +31,15 @@ typedef struct kvli_etcd_follow {
     struct kvli_etcd_follow *next;
     char name[KVL_NAME_MAX];
     char label[KVLI_ETCD_LABEL_MAX];
-    uint64_t incarnation;
+    uint64_t incarnation, generation;
 } kvli_etcd_follow_t;
+
+/* A kvl_etcd_fetch waiting for an agent to publish. */
+typedef struct kvli_etcd_waiter {
+    struct kvli_etcd_waiter *next;
+    const char *name;
+    bool put;                          /* its presence key was put */
+} kvli_etcd_waiter_t;
 
 typedef struct kvli_etcd_pub {
     struct kvli_etcd_pub *next;
@@ -52,7 +59,7 @@ typedef struct kvli_etcd {
     bool lease_wanted;                 /* something is published: keep a lease */
     bool down;                         /* the keeper could not reach etcd */
     bool dirty;                        /* republish (regions changed) */
-    uint64_t puts_seen;                /* bumps on every PUT event */
+    kvli_etcd_waiter_t *waiters;
     kvli_etcd_pub_t *pubs;
     kvli_etcd_follow_t *follows;
     int64_t watch_rev;                 /* next revision the watch starts from */
@@ -94,6 +101,14 @@ static void kvli_etcd_key(const kvli_etcd_t *s, const char *name, const char *la
                           size_t cap)
 {
     snprintf(buf, cap, "%s/%s/%s", s->prefix, name, label);
+}
+
+/* The presence key: "<incarnation hex> <generation>", put with every
+ * publish in the same transaction. The watch covers these small keys only,
+ * so a change reaches every watcher without the metadata itself. */
+static void kvli_etcd_pkey(const kvli_etcd_t *s, const char *name, char *buf, size_t cap)
+{
+    snprintf(buf, cap, "%.199s.inc/%.63s", s->prefix, name);
 }
 
 static void kvli_etcd_put_key(json_object *o, const char *field, const char *key)
@@ -181,6 +196,13 @@ static kvl_status_t kvli_etcd_put_md(kvli_etcd_t *s, CURL *h, const char *label,
         *err = *kvl_last_error();
         return err->code;
     }
+    kvli_md_t md;
+    kvl_error_t derr;
+    uint64_t gen = 0;
+    if (kvli_md_decode(blob, len, &md, &derr) == KVL_OK) {
+        gen = md.generation;
+        kvli_md_release(&md);
+    }
     char *v = kvli_etcd_b64(blob, len);
     kvl_free(blob);
     if (v == NULL) {
@@ -188,14 +210,30 @@ static kvl_status_t kvli_etcd_put_md(kvli_etcd_t *s, CURL *h, const char *label,
                  "metadata", len);
         return KVL_ERR_NO_MEMORY;
     }
-    json_object *b = json_object_new_object(), *out = NULL;
-    kvli_etcd_key(s, s->a->name, label, key, sizeof(key));
-    kvli_etcd_put_key(b, "key", key);
-    json_object_object_add(b, "value", json_object_new_string(v));
-    free(v);
+    /* One transaction: the metadata and the presence key. */
+    char pkey[KVLI_ETCD_PREFIX_MAX + KVL_NAME_MAX + 8], pval[64];
+    json_object *b = json_object_new_object(), *ops = json_object_new_array(), *out = NULL;
+    json_object *p1 = json_object_new_object(), *p2 = json_object_new_object();
+    json_object *o1 = json_object_new_object(), *o2 = json_object_new_object();
     snprintf(id, sizeof(id), "%" PRId64, lease);
-    json_object_object_add(b, "lease", json_object_new_string(id));
-    kvl_status_t st = kvli_etcd_call(&s->cl, h, "/v3/kv/put", b, &out, NULL, 0, err);
+    kvli_etcd_key(s, s->a->name, label, key, sizeof(key));
+    kvli_etcd_put_key(p1, "key", key);
+    json_object_object_add(p1, "value", json_object_new_string(v));
+    json_object_object_add(p1, "lease", json_object_new_string(id));
+    free(v);
+    kvli_etcd_pkey(s, s->a->name, pkey, sizeof(pkey));
+    snprintf(pval, sizeof(pval), "%016" PRIx64 " %" PRIu64, s->a->incarnation, gen);
+    char *pv = kvli_etcd_b64(pval, strlen(pval));
+    kvli_etcd_put_key(p2, "key", pkey);
+    json_object_object_add(p2, "value", json_object_new_string(pv ? pv : ""));
+    json_object_object_add(p2, "lease", json_object_new_string(id));
+    free(pv);
+    json_object_object_add(o1, "request_put", p1);
+    json_object_object_add(o2, "request_put", p2);
+    json_object_array_add(ops, o1);
+    json_object_array_add(ops, o2);
+    json_object_object_add(b, "success", ops);
+    kvl_status_t st = kvli_etcd_call(&s->cl, h, "/v3/kv/txn", b, &out, NULL, 0, err);
     json_object_put(b);
     if (out != NULL)
         json_object_put(out);
@@ -347,8 +385,36 @@ static void kvli_etcd_drop(kvli_etcd_t *s, const char *name, const char *why)
              st == KVL_OK ? "dropped the metadata of" : "no longer follows", name, why);
 }
 
-/* One event of the namespace watch. */
-static void kvli_etcd_event(kvli_etcd_t *s, json_object *ev)
+/* Range-get one key: KVL_OK with *blob_p (malloc'ed) or KVL_ERR_NOT_FOUND. */
+static kvl_status_t kvli_etcd_get_key(kvli_etcd_t *s, CURL *h, const char *key, void **blob_p,
+                                      size_t *len_p, kvl_error_t *err);
+
+/* Load the followed agent's metadata again (a new generation). */
+static void kvli_etcd_reload(kvli_etcd_t *s, CURL *h, const char *name, const char *label,
+                             uint64_t gen)
+{
+    char key[KVLI_ETCD_PREFIX_MAX + KVL_NAME_MAX + KVLI_ETCD_LABEL_MAX + 4];
+    void *blob = NULL;
+    size_t bl = 0;
+    kvl_error_t err;
+    kvli_err_blank(&err);
+    kvli_etcd_key(s, name, label, key, sizeof(key));
+    if (kvli_etcd_get_key(s, h, key, &blob, &bl, &err) != KVL_OK)
+        return; /* its delete follows */
+    if (kvl_metadata_load(s->a, blob, bl, NULL, 0) == KVL_OK) {
+        pthread_mutex_lock(&s->lock);
+        kvli_etcd_follow_t *f = kvli_etcd_follow_find(s, name);
+        if (f != NULL && f->generation < gen)
+            f->generation = gen;
+        pthread_mutex_unlock(&s->lock);
+        kvli_log(KVL_LOG_DEBUG, "etcd", "agent '%s': loaded generation %" PRIu64 " of agent "
+                 "'%s'", s->a->name, gen, name);
+    }
+    free(blob);
+}
+
+/* One event of the watch on the presence keys. */
+static void kvli_etcd_event(kvli_etcd_t *s, CURL *h, json_object *ev)
 {
     json_object *kv = NULL, *t = NULL, *k = NULL, *v = NULL;
     if (!json_object_object_get_ex(ev, "kv", &kv) || !json_object_object_get_ex(kv, "key", &k))
@@ -360,102 +426,90 @@ static void kvli_etcd_event(kvli_etcd_t *s, json_object *ev)
     if (key == NULL)
         return;
     key[kl] = '\0';
-    size_t pl = strlen(s->prefix);
-    char name[KVL_NAME_MAX] = "", label[KVLI_ETCD_LABEL_MAX] = "";
-    if (kl > pl + 1 && strncmp(key, s->prefix, pl) == 0 && key[pl] == '/') {
-        const char *rest = key + pl + 1, *slash = strchr(rest, '/');
-        if (slash != NULL && (size_t)(slash - rest) < sizeof(name) &&
-            strlen(slash + 1) < sizeof(label)) {
-            memcpy(name, rest, (size_t)(slash - rest));
-            name[slash - rest] = '\0';
-            kvli_scopy(label, sizeof(label), slash + 1);
+    char pfx[KVLI_ETCD_PREFIX_MAX + 8], name[KVL_NAME_MAX] = "";
+    kvli_etcd_pkey(s, "", pfx, sizeof(pfx));
+    size_t pl = strlen(pfx);
+    if (kl > pl && strncmp(key, pfx, pl) == 0 && kl - pl < sizeof(name))
+        kvli_scopy(name, sizeof(name), key + pl);
+    free(key);
+    if (name[0] == '\0' || strchr(name, '/') != NULL)
+        return;
+    uint64_t inc = 0, gen = 0;
+    if (!del) {
+        size_t vl = 0;
+        char *val = json_object_object_get_ex(kv, "value", &v)
+                    ? kvli_etcd_unb64(json_object_get_string(v), &vl) : NULL;
+        if (val != NULL) {
+            val[vl] = '\0';
+            if (sscanf(val, "%" SCNx64 " %" SCNu64, &inc, &gen) != 2)
+                inc = 0;
+            free(val);
         }
     }
-    free(key);
-    if (name[0] == '\0')
-        return;
     pthread_mutex_lock(&s->lock);
     if (!del) {
-        s->puts_seen++;
+        for (kvli_etcd_waiter_t *w = s->waiters; w != NULL; w = w->next)
+            if (strcmp(w->name, name) == 0)
+                w->put = true;
         pthread_cond_broadcast(&s->put_cond);
     }
     kvli_etcd_follow_t *f = kvli_etcd_follow_find(s, name);
-    bool mine = f != NULL && strcmp(f->label, label) == 0;
-    uint64_t held = mine ? f->incarnation : 0;
+    bool mine = f != NULL;
+    uint64_t held = mine ? f->incarnation : 0, held_gen = mine ? f->generation : 0;
+    char label[KVLI_ETCD_LABEL_MAX] = "";
+    if (mine)
+        kvli_scopy(label, sizeof(label), f->label);
     pthread_mutex_unlock(&s->lock);
     if (!mine)
         return;
     if (del) {
         kvli_etcd_drop(s, name, "its etcd key was deleted: it was destroyed, unpublished, or "
                                 "its lease expired");
-        return;
-    }
-    if (!json_object_object_get_ex(kv, "value", &v))
-        return;
-    size_t bl = 0;
-    void *blob = kvli_etcd_unb64(json_object_get_string(v), &bl);
-    kvli_md_t md;
-    kvl_error_t derr;
-    if (blob == NULL || kvli_md_decode(blob, bl, &md, &derr) != KVL_OK) {
-        free(blob);
-        kvli_etcd_drop(s, name, "its etcd key holds metadata that cannot be decoded");
-        return;
-    }
-    uint64_t inc = md.incarnation;
-    kvli_md_release(&md);
-    if (inc != held) {
+    } else if (inc != held) {
         char why[128];
         snprintf(why, sizeof(why), "it restarted: incarnation %016" PRIx64 " replaced %016"
                  PRIx64, inc, held);
         kvli_etcd_drop(s, name, why);
-    } else if (kvl_metadata_load(s->a, blob, bl, NULL, 0) == KVL_OK) {
-        kvli_log(KVL_LOG_DEBUG, "etcd", "agent '%s': loaded new metadata of agent '%s'",
-                 s->a->name, name);
+    } else if (gen > held_gen) {
+        kvli_etcd_reload(s, h, name, label, gen);
     }
-    free(blob);
 }
 
 /* After the watch lost events (compaction): check every followed peer. */
 static void kvli_etcd_resync(kvli_etcd_t *s, CURL *h)
 {
-    char names[64][KVL_NAME_MAX], labels[64][KVLI_ETCD_LABEL_MAX];
-    uint64_t incs[64];
+    char names[64][KVL_NAME_MAX];
     unsigned n = 0;
     pthread_mutex_lock(&s->lock);
-    for (kvli_etcd_follow_t *f = s->follows; f != NULL && n < 64; f = f->next, n++) {
+    for (kvli_etcd_follow_t *f = s->follows; f != NULL && n < 64; f = f->next, n++)
         kvli_scopy(names[n], KVL_NAME_MAX, f->name);
-        kvli_scopy(labels[n], KVLI_ETCD_LABEL_MAX, f->label);
-        incs[n] = f->incarnation;
-    }
     pthread_mutex_unlock(&s->lock);
     for (unsigned i = 0; i < n; i++) {
-        char key[KVLI_ETCD_PREFIX_MAX + KVL_NAME_MAX + KVLI_ETCD_LABEL_MAX + 4];
+        char key[KVLI_ETCD_PREFIX_MAX + KVL_NAME_MAX + 8];
         json_object *b = json_object_new_object(), *out = NULL, *kvs = NULL;
         kvl_error_t err;
         kvli_err_blank(&err);
-        kvli_etcd_key(s, names[i], labels[i], key, sizeof(key));
+        kvli_etcd_pkey(s, names[i], key, sizeof(key));
         kvli_etcd_put_key(b, "key", key);
         kvl_status_t st = kvli_etcd_call(&s->cl, h, "/v3/kv/range", b, &out, NULL, 0, &err);
         json_object_put(b);
         if (st != KVL_OK)
             continue;
-        bool gone = !json_object_object_get_ex(out, "kvs", &kvs) ||
-                    json_object_array_length(kvs) == 0;
-        if (!gone) {
+        if (json_object_object_get_ex(out, "kvs", &kvs) && json_object_array_length(kvs) > 0) {
             json_object *ev = json_object_new_object();
             json_object_object_add(ev, "kv", json_object_get(json_object_array_get_idx(kvs, 0)));
-            kvli_etcd_event(s, ev);
+            kvli_etcd_event(s, h, ev);
             json_object_put(ev);
         } else {
             kvli_etcd_drop(s, names[i], "its etcd key is gone (found after the watch resumed)");
         }
-        (void)incs[i];
         json_object_put(out);
     }
 }
 
 typedef struct kvli_etcd_stream {
     kvli_etcd_t *s;
+    CURL *rh;                          /* for reloads from the watcher thread */
     char *buf;
     size_t len, cap;
     bool created, compacted, failed;
@@ -503,7 +557,7 @@ static void kvli_etcd_line(kvli_etcd_stream_t *w, const char *line)
         int64_t last = 0;
         for (size_t i = 0; i < n; i++) {
             json_object *ev = json_object_array_get_idx(evs, i), *kv = NULL;
-            kvli_etcd_event(s, ev);
+            kvli_etcd_event(s, w->rh, ev);
             if (json_object_object_get_ex(ev, "kv", &kv) && kvli_etcd_i64(kv, "mod_revision") > last)
                 last = kvli_etcd_i64(kv, "mod_revision");
         }
@@ -573,16 +627,17 @@ static int kvli_etcd_close_sock(void *arg, curl_socket_t fd)
     return close(fd);
 }
 
-/* The watcher thread: one watch on <prefix>/, resumed from the next revision. */
+/* The watcher thread: one watch on <prefix>.inc/, resumed from the next revision. */
 static void *kvli_etcd_watcher_main(void *arg)
 {
     kvli_etcd_t *s = arg;
     CURL *h = curl_easy_init(), *rh = curl_easy_init();
     unsigned backoff_ms = 100;
     bool warned = false;
-    char from[KVLI_ETCD_PREFIX_MAX + 2], to[KVLI_ETCD_PREFIX_MAX + 2];
-    snprintf(from, sizeof(from), "%s/", s->prefix);
-    snprintf(to, sizeof(to), "%s0", s->prefix); /* '/' + 1 */
+    char from[KVLI_ETCD_PREFIX_MAX + 8], to[KVLI_ETCD_PREFIX_MAX + 8];
+    kvli_etcd_pkey(s, "", from, sizeof(from));
+    kvli_scopy(to, sizeof(to), from);
+    to[strlen(to) - 1] = '0'; /* '/' + 1 */
     for (;;) {
         pthread_mutex_lock(&s->lock);
         bool stop = s->stopping;
@@ -596,7 +651,7 @@ static void *kvli_etcd_watcher_main(void *arg)
             unsigned i = (ep_i + k) % s->cl.n_eps;
             char url[KVLI_ETCD_EP_LEN + 16], tok[512], auth[600];
             struct curl_slist *hd = NULL;
-            kvli_etcd_stream_t w = {.s = s};
+            kvli_etcd_stream_t w = {.s = s, .rh = rh};
             json_object *b = json_object_new_object(), *cr = json_object_new_object();
             kvli_etcd_put_key(cr, "key", from);
             kvli_etcd_put_key(cr, "range_end", to);
@@ -916,31 +971,44 @@ kvl_status_t kvl_etcd_fetch(kvl_agent_t *a, const char *name, const char *label,
     void *blob = NULL;
     size_t len = 0;
     kvl_status_t st;
+    /* Registered before the first read: a publish between the read and the
+     * wait is not missed. */
+    kvli_etcd_waiter_t wt = {.name = name};
+    pthread_mutex_lock(&s->lock);
+    wt.next = s->waiters;
+    s->waiters = &wt;
+    pthread_mutex_unlock(&s->lock);
     pthread_mutex_lock(&s->call_lock);
     for (;;) {
-        pthread_mutex_lock(&s->lock);
-        uint64_t seen = s->puts_seen;
-        pthread_mutex_unlock(&s->lock);
         st = kvli_etcd_get_key(s, s->call_h, key, &blob, &len, &err);
         if (st != KVL_ERR_NOT_FOUND || kvli_clock_ms() >= deadline)
             break;
-        /* Wait for a put in the namespace (the watcher), at most 250 ms. */
+        /* Wait for its presence key (the watcher); read again at least
+         * every second in case the watch is down. */
         pthread_mutex_lock(&s->lock);
         struct timespec ts;
         clock_gettime(CLOCK_REALTIME, &ts);
         uint64_t left = deadline - kvli_clock_ms();
-        uint64_t ns = (uint64_t)ts.tv_nsec + (left < 250 ? left : 250) * 1000000ull;
+        uint64_t ns = (uint64_t)ts.tv_nsec + (left < 1000 ? left : 1000) * 1000000ull;
         ts.tv_sec += (time_t)(ns / 1000000000u);
         ts.tv_nsec = (long)(ns % 1000000000u);
-        while (s->puts_seen == seen && !s->stopping &&
+        while (!wt.put && !s->stopping &&
                pthread_cond_timedwait(&s->put_cond, &s->lock, &ts) == 0)
             ;
+        wt.put = false;
         bool stop = s->stopping;
         pthread_mutex_unlock(&s->lock);
         if (stop)
             break;
     }
     pthread_mutex_unlock(&s->call_lock);
+    pthread_mutex_lock(&s->lock);
+    for (kvli_etcd_waiter_t **pp = &s->waiters; *pp != NULL; pp = &(*pp)->next)
+        if (*pp == &wt) {
+            *pp = wt.next;
+            break;
+        }
+    pthread_mutex_unlock(&s->lock);
     if (st == KVL_ERR_NOT_FOUND) {
         kvli_err(&err, KVL_ERR_NOT_FOUND, 0, "etcd has no metadata of agent '%s' under %s "
                  "(waited %" PRIu64 " ms)", name, key, wait_ms);
@@ -952,6 +1020,13 @@ kvl_status_t kvl_etcd_fetch(kvl_agent_t *a, const char *name, const char *label,
     if (st != KVL_OK)
         return kvli_fail(a, &err);
     char got[KVL_NAME_MAX] = "";
+    uint64_t gen = 0;
+    kvli_md_t md;
+    kvl_error_t derr;
+    if (kvli_md_decode(blob, len, &md, &derr) == KVL_OK) {
+        gen = md.generation;
+        kvli_md_release(&md);
+    }
     st = kvl_metadata_load(a, blob, len, got, sizeof(got));
     free(blob);
     if (st != KVL_OK)
@@ -975,6 +1050,7 @@ kvl_status_t kvl_etcd_fetch(kvl_agent_t *a, const char *name, const char *label,
     if (f != NULL) {
         kvli_scopy(f->label, sizeof(f->label), label);
         f->incarnation = inc;
+        f->generation = gen;
     }
     pthread_mutex_unlock(&s->lock);
     kvli_log(KVL_LOG_DEBUG, "etcd", "agent '%s': loaded agent '%s' from etcd", a->name, name);
