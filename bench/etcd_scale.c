@@ -15,6 +15,7 @@
 #include <errno.h>
 #include <inttypes.h>
 #include <poll.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdbool.h>
@@ -73,6 +74,22 @@ static kvl_agent_t *join(unsigned i, void **mem)
     return a;
 }
 
+typedef struct {
+    kvl_agent_t *a;
+    const char *peer;
+    bool ok;
+} fetch_arg_t;
+
+static void *fetch_main(void *arg)
+{
+    fetch_arg_t *f = arg;
+    f->ok = kvl_etcd_fetch(f->a, f->peer, NULL, 30000) == KVL_OK;
+    if (!f->ok)
+        fprintf(stderr, "%s: fetch %s failed: %s\n", kvl_agent_name(f->a), f->peer,
+                kvl_last_error()->what);
+    return NULL;
+}
+
 static void child(unsigned i, bool restarted)
 {
     void *mem = NULL;
@@ -88,11 +105,18 @@ static void child(unsigned i, bool restarted)
         report("P %u %" PRIu64 "\n", i, t_pub);
     char peers[16][32];
     bool live[16];
+    /* As engines do (NIXL's fetch is asynchronous): every peer at once. */
+    fetch_arg_t fa[16];
+    pthread_t th[16];
     for (unsigned k = 0; k < g_peers; k++) {
         snprintf(peers[k], sizeof(peers[k]), "a%u", (i + 1 + k) % g_n);
-        live[k] = kvl_etcd_fetch(a, peers[k], NULL, 30000) == KVL_OK;
-        if (!live[k])
-            fprintf(stderr, "a%u: fetch %s failed: %s\n", i, peers[k], kvl_last_error()->what);
+        fa[k] = (fetch_arg_t){a, peers[k], false};
+        if (pthread_create(&th[k], NULL, fetch_main, &fa[k]) != 0)
+            _exit(4);
+    }
+    for (unsigned k = 0; k < g_peers; k++) {
+        pthread_join(th[k], NULL);
+        live[k] = fa[k].ok;
     }
     uint64_t t1 = rt_ns();
     if (!restarted)

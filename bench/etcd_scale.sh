@@ -26,7 +26,7 @@ ulimit -n 65536 2>/dev/null || ulimit -n 4096 || true
     --initial-advertise-peer-urls "http://127.0.0.1:$pp" --initial-cluster "b=http://127.0.0.1:$pp" \
     --log-level warn >"$dir/etcd.log" 2>&1 &
 epid=$!
-trap 'kill -9 $epid 2>/dev/null; wait $epid 2>/dev/null; rm -rf "$dir"' EXIT
+trap 'kill -9 $epid 2>/dev/null; wait $epid 2>/dev/null || true; rm -rf "$dir"' EXIT
 for _ in $(seq 100); do
     python3 -c "import urllib.request,sys; sys.exit(0 if b\"true\" in urllib.request.urlopen(\"http://127.0.0.1:$cp/health\", timeout=1).read() else 1)" 2>/dev/null && break
     sleep 0.1

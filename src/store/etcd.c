@@ -32,6 +32,7 @@ typedef struct kvli_etcd_follow {
     char name[KVL_NAME_MAX];
     char label[KVLI_ETCD_LABEL_MAX];
     uint64_t incarnation, generation;
+    int64_t rev;                       /* watch its presence key from this revision */
 } kvli_etcd_follow_t;
 
 /* A kvl_etcd_fetch waiting for an agent to publish. */
@@ -39,6 +40,7 @@ typedef struct kvli_etcd_waiter {
     struct kvli_etcd_waiter *next;
     const char *name;
     bool put;                          /* its presence key was put */
+    int64_t rev;                       /* watch from (after the first read; 0 before) */
 } kvli_etcd_waiter_t;
 
 typedef struct kvli_etcd_pub {
@@ -62,13 +64,14 @@ typedef struct kvli_etcd {
     kvli_etcd_waiter_t *waiters;
     kvli_etcd_pub_t *pubs;
     kvli_etcd_follow_t *follows;
-    int64_t watch_rev;                 /* next revision the watch starts from */
-    int watch_fd;                      /* the watch's socket, -1 when none */
+    CURLM *multi;                      /* the watcher's, NULL when it does not run */
     bool watch_restart;
     pthread_t keeper, watcher;
     bool threads;
-    pthread_mutex_t call_lock;         /* the user calls' curl handle */
+    pthread_mutex_t call_lock;         /* publish/unpublish/attach: call_h */
     CURL *call_h;
+    CURL *fetch_pool[8];               /* idle handles of fetches (under lock), */
+    unsigned n_fetch_pool;             /* which run in parallel */
 } kvli_etcd_t;
 
 static void *kvli_etcd_create(kvl_agent_t *a)
@@ -77,7 +80,6 @@ static void *kvli_etcd_create(kvl_agent_t *a)
     if (s == NULL)
         return NULL;
     s->a = a;
-    s->watch_fd = -1;
     pthread_mutex_init(&s->lock, NULL);
     pthread_cond_init(&s->cond, NULL);
     pthread_cond_init(&s->put_cond, NULL);
@@ -94,6 +96,13 @@ static const kvli_store_ops_t kvli_etcd_store = {
     .destroy = kvli_etcd_destroy,
     .regions_changed = kvli_etcd_regions_changed,
 };
+
+/* Wake the watcher (under s->lock): the set of watched agents changed. */
+static void kvli_etcd_wake(kvli_etcd_t *s)
+{
+    if (s->multi != NULL)
+        curl_multi_wakeup(s->multi);
+}
 
 /* ---- keys ---- */
 
@@ -341,14 +350,12 @@ static void *kvli_etcd_keeper_main(void *arg)
                      "already set up keep working, the lease is renewed and the metadata "
                      "published again when etcd answers", s->a->name, err.what);
             s->watch_restart = true;
-            if (s->watch_fd >= 0)
-                shutdown(s->watch_fd, SHUT_RDWR);
+            kvli_etcd_wake(s);
         } else if (st == KVL_OK && s->down) {
             s->down = false;
             kvli_log(KVL_LOG_INFO, "etcd", "agent '%s': etcd answers again", s->a->name);
             s->watch_restart = true;
-            if (s->watch_fd >= 0)
-                shutdown(s->watch_fd, SHUT_RDWR);
+            kvli_etcd_wake(s);
             pthread_cond_broadcast(&s->cond);
         }
     }
@@ -387,7 +394,7 @@ static void kvli_etcd_drop(kvli_etcd_t *s, const char *name, const char *why)
 
 /* Range-get one key: KVL_OK with *blob_p (malloc'ed) or KVL_ERR_NOT_FOUND. */
 static kvl_status_t kvli_etcd_get_key(kvli_etcd_t *s, CURL *h, const char *key, void **blob_p,
-                                      size_t *len_p, kvl_error_t *err);
+                                      size_t *len_p, int64_t *rev_p, kvl_error_t *err);
 
 /* Load the followed agent's metadata again (a new generation). */
 static void kvli_etcd_reload(kvli_etcd_t *s, CURL *h, const char *name, const char *label,
@@ -399,7 +406,7 @@ static void kvli_etcd_reload(kvli_etcd_t *s, CURL *h, const char *name, const ch
     kvl_error_t err;
     kvli_err_blank(&err);
     kvli_etcd_key(s, name, label, key, sizeof(key));
-    if (kvli_etcd_get_key(s, h, key, &blob, &bl, &err) != KVL_OK)
+    if (kvli_etcd_get_key(s, h, key, &blob, &bl, NULL, &err) != KVL_OK)
         return; /* its delete follows */
     if (kvl_metadata_load(s->a, blob, bl, NULL, 0) == KVL_OK) {
         pthread_mutex_lock(&s->lock);
@@ -507,19 +514,28 @@ static void kvli_etcd_resync(kvli_etcd_t *s, CURL *h)
     }
 }
 
+/* One watch stream: the presence key of one agent this one follows or
+ * waits for (a watch per peer, so a change reaches only its followers). */
 typedef struct kvli_etcd_stream {
+    struct kvli_etcd_stream *next;
     kvli_etcd_t *s;
-    CURL *rh;                          /* for reloads from the watcher thread */
+    CURL *h, *rh;                      /* rh: reloads from the watcher thread */
+    struct curl_slist *hd;
+    char name[KVL_NAME_MAX];
+    char body[1024];
+    int64_t rev;                       /* next revision to watch from (0: now) */
+    bool running, created, compacted, failed, warned, wanted;
+    uint64_t retry_ms;                 /* monotonic ms of the next start */
+    unsigned backoff_ms;
     char *buf;
     size_t len, cap;
-    bool created, compacted, failed;
     char fail[256];
 } kvli_etcd_stream_t;
 
 static void kvli_etcd_line(kvli_etcd_stream_t *w, const char *line)
 {
     kvli_etcd_t *s = w->s;
-    json_object *o = json_tokener_parse(line), *r = NULL, *evs = NULL, *hdr = NULL;
+    json_object *o = json_tokener_parse(line), *r = NULL, *evs = NULL;
     if (o == NULL)
         return;
     if (!json_object_object_get_ex(o, "result", &r)) {
@@ -536,38 +552,30 @@ static void kvli_etcd_line(kvli_etcd_stream_t *w, const char *line)
     }
     if (json_object_object_get_ex(r, "created", NULL))
         w->created = true;
+    int64_t compact = kvli_etcd_i64(r, "compact_revision");
     json_object *cancel = NULL;
     if (json_object_object_get_ex(r, "canceled", &cancel) && json_object_get_boolean(cancel) &&
-        kvli_etcd_i64(r, "compact_revision") <= 0) {
+        compact <= 0) {
         json_object *why = NULL;
         json_object_object_get_ex(r, "cancel_reason", &why);
         snprintf(w->fail, sizeof(w->fail), "etcd canceled the watch: %s",
                  why ? json_object_get_string(why) : "no reason given");
         w->failed = true;
     }
-    int64_t compact = kvli_etcd_i64(r, "compact_revision");
     if (compact > 0) {
-        pthread_mutex_lock(&s->lock);
-        s->watch_rev = compact;
-        pthread_mutex_unlock(&s->lock);
+        w->rev = compact;
         w->compacted = true;
     }
     if (json_object_object_get_ex(r, "events", &evs)) {
         size_t n = json_object_array_length(evs);
-        int64_t last = 0;
         for (size_t i = 0; i < n; i++) {
             json_object *ev = json_object_array_get_idx(evs, i), *kv = NULL;
             kvli_etcd_event(s, w->rh, ev);
-            if (json_object_object_get_ex(ev, "kv", &kv) && kvli_etcd_i64(kv, "mod_revision") > last)
-                last = kvli_etcd_i64(kv, "mod_revision");
-        }
-        if (last > 0) {
-            pthread_mutex_lock(&s->lock);
-            s->watch_rev = last + 1;
-            pthread_mutex_unlock(&s->lock);
+            if (json_object_object_get_ex(ev, "kv", &kv) &&
+                kvli_etcd_i64(kv, "mod_revision") >= w->rev)
+                w->rev = kvli_etcd_i64(kv, "mod_revision") + 1;
         }
     }
-    (void)hdr;
     json_object_put(o);
 }
 
@@ -599,140 +607,193 @@ static size_t kvli_etcd_stream_sink(char *data, size_t sz, size_t nm, void *arg)
     return w->compacted || w->failed ? 0 : n;
 }
 
-static curl_socket_t kvli_etcd_open_sock(void *arg, curlsocktype purpose,
-                                         struct curl_sockaddr *addr)
+static void kvli_etcd_stream_start(kvli_etcd_t *s, CURLM *m, kvli_etcd_stream_t *w)
 {
-    kvli_etcd_t *s = arg;
-    (void)purpose;
-    curl_socket_t fd = socket(addr->family, addr->socktype | SOCK_CLOEXEC, addr->protocol);
-    pthread_mutex_lock(&s->lock);
-    if (s->stopping || s->watch_restart) {
-        pthread_mutex_unlock(&s->lock);
-        if (fd >= 0)
-            close(fd);
-        return CURL_SOCKET_BAD;
+    char url[KVLI_ETCD_EP_LEN + 16], tok[512], auth[600];
+    char key[KVLI_ETCD_PREFIX_MAX + KVL_NAME_MAX + 8];
+    json_object *b = json_object_new_object(), *cr = json_object_new_object();
+    kvli_etcd_pkey(s, w->name, key, sizeof(key));
+    kvli_etcd_put_key(cr, "key", key);
+    if (w->rev > 0)
+        json_object_object_add(cr, "start_revision", json_object_new_int64(w->rev));
+    json_object_object_add(b, "create_request", cr);
+    kvli_scopy(w->body, sizeof(w->body), json_object_to_json_string_ext(b, JSON_C_TO_STRING_PLAIN));
+    json_object_put(b);
+    snprintf(url, sizeof(url), "%s/v3/watch", s->cl.eps[atomic_load(&s->cl.cur) % s->cl.n_eps]);
+    if (w->h == NULL)
+        w->h = curl_easy_init();
+    curl_easy_reset(w->h);
+    kvli_etcd_curl_setup(w->h, s->cl.timeout_ms);
+    curl_easy_setopt(w->h, CURLOPT_TIMEOUT_MS, 0L); /* a stream: no total bound */
+    curl_easy_setopt(w->h, CURLOPT_URL, url);
+    curl_easy_setopt(w->h, CURLOPT_POSTFIELDS, w->body);
+    curl_easy_setopt(w->h, CURLOPT_WRITEFUNCTION, kvli_etcd_stream_sink);
+    curl_easy_setopt(w->h, CURLOPT_WRITEDATA, w);
+    curl_easy_setopt(w->h, CURLOPT_PRIVATE, w);
+    curl_easy_setopt(w->h, CURLOPT_FORBID_REUSE, 1L);
+    curl_slist_free_all(w->hd);
+    w->hd = curl_slist_append(NULL, "Content-Type: application/json");
+    kvli_etcd_token(&s->cl, tok, sizeof(tok));
+    if (tok[0] != '\0') {
+        snprintf(auth, sizeof(auth), "Authorization: %s", tok);
+        w->hd = curl_slist_append(w->hd, auth);
     }
-    s->watch_fd = fd;
-    pthread_mutex_unlock(&s->lock);
-    return fd;
+    curl_easy_setopt(w->h, CURLOPT_HTTPHEADER, w->hd);
+    w->created = w->compacted = w->failed = false;
+    w->len = 0;
+    w->fail[0] = '\0';
+    if (curl_multi_add_handle(m, w->h) == CURLM_OK)
+        w->running = true;
 }
 
-static int kvli_etcd_close_sock(void *arg, curl_socket_t fd)
+static void kvli_etcd_stream_stop(CURLM *m, kvli_etcd_stream_t *w)
 {
-    kvli_etcd_t *s = arg;
-    pthread_mutex_lock(&s->lock);
-    if (s->watch_fd == fd)
-        s->watch_fd = -1;
-    pthread_mutex_unlock(&s->lock);
-    return close(fd);
+    if (w->running)
+        curl_multi_remove_handle(m, w->h);
+    w->running = false;
 }
 
-/* The watcher thread: one watch on <prefix>.inc/, resumed from the next revision. */
+/* A stream ended (etcd away, endpoint dead, compaction, auth): log once,
+ * move to the next endpoint when it never worked, retry with backoff. */
+static void kvli_etcd_stream_ended(kvli_etcd_t *s, kvli_etcd_stream_t *w, CURLcode cc)
+{
+    uint64_t now = kvli_clock_ms();
+    if (w->compacted) {
+        kvli_log(KVL_LOG_INFO, "etcd", "agent '%s': etcd compacted past the watch's "
+                 "revision; checking the followed agents", s->a->name);
+        kvli_etcd_resync(s, w->rh);
+        w->retry_ms = now;
+        return;
+    }
+    if (w->failed && strstr(w->fail, "token") != NULL && s->cl.user[0] != '\0') {
+        kvl_error_t err;
+        kvli_err_blank(&err);
+        (void)kvli_etcd_authenticate(&s->cl, w->rh, &err);
+    }
+    if (!w->created && s->cl.n_eps > 1) {
+        unsigned cur = atomic_load(&s->cl.cur);
+        atomic_compare_exchange_strong(&s->cl.cur, &cur, (cur + 1) % s->cl.n_eps);
+    }
+    if (!w->warned) {
+        kvli_log(w->created ? KVL_LOG_INFO : KVL_LOG_WARN, "etcd", "agent '%s': etcd watch on "
+                 "agent '%s' ended: %s; resuming from revision %" PRId64 " (its restarts and "
+                 "departures are seen when it resumes)", s->a->name, w->name,
+                 w->failed ? w->fail : curl_easy_strerror(cc), w->rev);
+        w->warned = !w->created;
+    }
+    if (w->created)
+        w->backoff_ms = 100;
+    w->retry_ms = now + w->backoff_ms;
+    w->backoff_ms = w->backoff_ms * 2 > 2000 ? 2000 : w->backoff_ms * 2;
+}
+
+/* The watcher thread: one stream per followed or awaited agent, driven by
+ * one curl multi handle; resumed from the next revision. */
 static void *kvli_etcd_watcher_main(void *arg)
 {
     kvli_etcd_t *s = arg;
-    CURL *h = curl_easy_init(), *rh = curl_easy_init();
-    unsigned backoff_ms = 100;
-    bool warned = false;
-    char from[KVLI_ETCD_PREFIX_MAX + 8], to[KVLI_ETCD_PREFIX_MAX + 8];
-    kvli_etcd_pkey(s, "", from, sizeof(from));
-    kvli_scopy(to, sizeof(to), from);
-    to[strlen(to) - 1] = '0'; /* '/' + 1 */
+    CURLM *m = curl_multi_init();
+    CURL *rh = curl_easy_init();
+    kvli_etcd_stream_t *streams = NULL;
+    pthread_mutex_lock(&s->lock);
+    s->multi = m;
+    pthread_mutex_unlock(&s->lock);
     for (;;) {
         pthread_mutex_lock(&s->lock);
-        bool stop = s->stopping;
-        int64_t rev = s->watch_rev;
+        bool stop = s->stopping, restart = s->watch_restart;
         s->watch_restart = false;
+        for (kvli_etcd_stream_t *w = streams; w != NULL; w = w->next)
+            w->wanted = false;
+        for (kvli_etcd_follow_t *f = s->follows; !stop && f != NULL; f = f->next) {
+            kvli_etcd_stream_t *w = streams;
+            while (w != NULL && strcmp(w->name, f->name) != 0)
+                w = w->next;
+            if (w == NULL && (w = calloc(1, sizeof(*w))) != NULL) {
+                w->s = s;
+                w->rh = rh;
+                kvli_scopy(w->name, sizeof(w->name), f->name);
+                w->rev = f->rev;
+                w->backoff_ms = 100;
+                w->next = streams;
+                streams = w;
+            }
+            if (w != NULL)
+                w->wanted = true;
+        }
+        for (kvli_etcd_waiter_t *wt = s->waiters; !stop && wt != NULL; wt = wt->next) {
+            kvli_etcd_stream_t *w = streams;
+            if (wt->rev == 0)
+                continue; /* its first read is not done */
+            while (w != NULL && strcmp(w->name, wt->name) != 0)
+                w = w->next;
+            if (w == NULL && (w = calloc(1, sizeof(*w))) != NULL) {
+                w->s = s;
+                w->rh = rh;
+                kvli_scopy(w->name, sizeof(w->name), wt->name);
+                w->rev = wt->rev;
+                w->backoff_ms = 100;
+                w->next = streams;
+                streams = w;
+            }
+            if (w != NULL)
+                w->wanted = true;
+        }
         pthread_mutex_unlock(&s->lock);
         if (stop)
             break;
-        unsigned ep_i = atomic_load(&s->cl.cur);
-        for (unsigned k = 0; k < s->cl.n_eps && !stop; k++) {
-            unsigned i = (ep_i + k) % s->cl.n_eps;
-            char url[KVLI_ETCD_EP_LEN + 16], tok[512], auth[600];
-            struct curl_slist *hd = NULL;
-            kvli_etcd_stream_t w = {.s = s, .rh = rh};
-            json_object *b = json_object_new_object(), *cr = json_object_new_object();
-            kvli_etcd_put_key(cr, "key", from);
-            kvli_etcd_put_key(cr, "range_end", to);
-            if (rev > 0)
-                json_object_object_add(cr, "start_revision", json_object_new_int64(rev));
-            json_object_object_add(b, "create_request", cr);
-            snprintf(url, sizeof(url), "%s/v3/watch", s->cl.eps[i]);
-            curl_easy_reset(h);
-            kvli_etcd_curl_setup(h, s->cl.timeout_ms);
-            curl_easy_setopt(h, CURLOPT_TIMEOUT_MS, 0L); /* a stream: no total bound */
-            curl_easy_setopt(h, CURLOPT_URL, url);
-            curl_easy_setopt(h, CURLOPT_POSTFIELDS,
-                             json_object_to_json_string_ext(b, JSON_C_TO_STRING_PLAIN));
-            curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, kvli_etcd_stream_sink);
-            curl_easy_setopt(h, CURLOPT_WRITEDATA, &w);
-            curl_easy_setopt(h, CURLOPT_OPENSOCKETFUNCTION, kvli_etcd_open_sock);
-            curl_easy_setopt(h, CURLOPT_OPENSOCKETDATA, s);
-            curl_easy_setopt(h, CURLOPT_CLOSESOCKETFUNCTION, kvli_etcd_close_sock);
-            curl_easy_setopt(h, CURLOPT_CLOSESOCKETDATA, s);
-            curl_easy_setopt(h, CURLOPT_FORBID_REUSE, 1L);
-            hd = curl_slist_append(hd, "Content-Type: application/json");
-            kvli_etcd_token(&s->cl, tok, sizeof(tok));
-            if (tok[0] != '\0') {
-                snprintf(auth, sizeof(auth), "Authorization: %s", tok);
-                hd = curl_slist_append(hd, auth);
+        uint64_t now = kvli_clock_ms();
+        for (kvli_etcd_stream_t **pp = &streams; *pp != NULL;) {
+            kvli_etcd_stream_t *w = *pp;
+            if (!w->wanted) {
+                kvli_etcd_stream_stop(m, w);
+                *pp = w->next;
+                curl_easy_cleanup(w->h);
+                curl_slist_free_all(w->hd);
+                free(w->buf);
+                free(w);
+                continue;
             }
-            curl_easy_setopt(h, CURLOPT_HTTPHEADER, hd);
-            uint64_t t0 = kvli_clock_ms();
-            CURLcode cc = curl_easy_perform(h);
-            curl_slist_free_all(hd);
-            json_object_put(b);
-            free(w.buf);
+            if (restart && w->running) {
+                kvli_etcd_stream_stop(m, w);
+                w->retry_ms = now;
+            }
+            if (!w->running && now >= w->retry_ms)
+                kvli_etcd_stream_start(s, m, w);
+            pp = &w->next;
+        }
+        int still = 0, left = 0;
+        curl_multi_perform(m, &still);
+        CURLMsg *msg;
+        while ((msg = curl_multi_info_read(m, &left)) != NULL) {
+            if (msg->msg != CURLMSG_DONE)
+                continue;
+            kvli_etcd_stream_t *w = NULL;
+            curl_easy_getinfo(msg->easy_handle, CURLINFO_PRIVATE, (char **)&w);
+            if (w == NULL)
+                continue;
+            CURLcode cc = msg->data.result;
+            kvli_etcd_stream_stop(m, w);
             pthread_mutex_lock(&s->lock);
             stop = s->stopping;
             pthread_mutex_unlock(&s->lock);
-            if (stop)
-                break;
-            if (w.compacted) {
-                kvli_log(KVL_LOG_INFO, "etcd", "agent '%s': etcd compacted past the watch's "
-                         "revision; checking the followed agents", s->a->name);
-                kvli_etcd_resync(s, rh);
-                break;
-            }
-            if (w.failed && strstr(w.fail, "token") != NULL && s->cl.user[0] != '\0') {
-                kvl_error_t err;
-                kvli_err_blank(&err);
-                (void)kvli_etcd_authenticate(&s->cl, rh, &err);
-                break;
-            }
-            if (w.created && kvli_clock_ms() - t0 > 1000) {
-                backoff_ms = 100;
-                warned = false;
-            }
-            if (!warned) {
-                kvli_log(w.created ? KVL_LOG_INFO : KVL_LOG_WARN, "etcd", "agent '%s': etcd "
-                         "watch on %s ended: %s; resuming from revision %" PRId64 " (peers' "
-                         "restarts and departures are seen when it resumes)", s->a->name,
-                         s->cl.eps[i], w.failed ? w.fail : curl_easy_strerror(cc), rev);
-                warned = !w.created;
-            }
-            if (w.created)
-                break; /* it worked here: retry the same endpoint first */
+            if (!stop)
+                kvli_etcd_stream_ended(s, w, cc);
         }
-        if (stop)
-            break;
-        /* A new stream may have missed nothing (start_revision), but the
-         * keeper may have restarted us after an outage: check anyway when
-         * it was long. */
-        pthread_mutex_lock(&s->lock);
-        struct timespec ts;
-        clock_gettime(CLOCK_REALTIME, &ts);
-        uint64_t ns = (uint64_t)ts.tv_nsec + backoff_ms * 1000000ull;
-        ts.tv_sec += (time_t)(ns / 1000000000u);
-        ts.tv_nsec = (long)(ns % 1000000000u);
-        while (!s->stopping && !s->watch_restart &&
-               pthread_cond_timedwait(&s->cond, &s->lock, &ts) == 0)
-            ;
-        pthread_mutex_unlock(&s->lock);
-        backoff_ms = backoff_ms * 2 > 2000 ? 2000 : backoff_ms * 2;
+        curl_multi_poll(m, NULL, 0, 100, NULL);
     }
-    curl_easy_cleanup(h);
+    pthread_mutex_lock(&s->lock);
+    s->multi = NULL;
+    pthread_mutex_unlock(&s->lock);
+    while (streams != NULL) {
+        kvli_etcd_stream_t *w = streams;
+        streams = w->next;
+        kvli_etcd_stream_stop(m, w);
+        curl_easy_cleanup(w->h);
+        curl_slist_free_all(w->hd);
+        free(w->buf);
+        free(w);
+    }
+    curl_multi_cleanup(m);
     curl_easy_cleanup(rh);
     return NULL;
 }
@@ -824,7 +885,7 @@ kvl_status_t kvl_etcd_attach(kvl_agent_t *a, const kvl_etcd_config_t *cfg)
     }
     pthread_mutex_lock(&s->lock);
     s->lease = lease;
-    s->watch_rev = rev + 1;
+    (void)rev;
     s->attached = true;
     pthread_mutex_unlock(&s->lock);
     int e = pthread_create(&s->keeper, NULL, kvli_etcd_keeper_main, s);
@@ -915,7 +976,7 @@ kvl_status_t kvl_etcd_publish(kvl_agent_t *a, const char *label)
 
 /* Range-get one key: KVL_OK with *blob_p (malloc'ed) or KVL_ERR_NOT_FOUND. */
 static kvl_status_t kvli_etcd_get_key(kvli_etcd_t *s, CURL *h, const char *key, void **blob_p,
-                                      size_t *len_p, kvl_error_t *err)
+                                      size_t *len_p, int64_t *rev_p, kvl_error_t *err)
 {
     json_object *b = json_object_new_object(), *out = NULL, *kvs = NULL, *v = NULL;
     *blob_p = NULL;
@@ -924,6 +985,11 @@ static kvl_status_t kvli_etcd_get_key(kvli_etcd_t *s, CURL *h, const char *key, 
     json_object_put(b);
     if (st != KVL_OK)
         return st;
+    if (rev_p != NULL) {
+        json_object *hdr = NULL;
+        json_object_object_get_ex(out, "header", &hdr);
+        *rev_p = kvli_etcd_i64(hdr, "revision");
+    }
     if (!json_object_object_get_ex(out, "kvs", &kvs) || json_object_array_length(kvs) == 0 ||
         !json_object_object_get_ex(json_object_array_get_idx(kvs, 0), "value", &v)) {
         json_object_put(out);
@@ -974,15 +1040,27 @@ kvl_status_t kvl_etcd_fetch(kvl_agent_t *a, const char *name, const char *label,
     /* Registered before the first read: a publish between the read and the
      * wait is not missed. */
     kvli_etcd_waiter_t wt = {.name = name};
+    int64_t last_rev = 0;
     pthread_mutex_lock(&s->lock);
     wt.next = s->waiters;
     s->waiters = &wt;
     pthread_mutex_unlock(&s->lock);
-    pthread_mutex_lock(&s->call_lock);
+    pthread_mutex_lock(&s->lock);
+    CURL *fh = s->n_fetch_pool ? s->fetch_pool[--s->n_fetch_pool] : curl_easy_init();
+    pthread_mutex_unlock(&s->lock);
     for (;;) {
-        st = kvli_etcd_get_key(s, s->call_h, key, &blob, &len, &err);
+        int64_t rev = 0;
+        st = kvli_etcd_get_key(s, fh, key, &blob, &len, &rev, &err);
+        if (st == KVL_OK)
+            last_rev = rev;
         if (st != KVL_ERR_NOT_FOUND || kvli_clock_ms() >= deadline)
             break;
+        pthread_mutex_lock(&s->lock);
+        if (wt.rev == 0 && rev > 0) {
+            wt.rev = rev + 1; /* the watcher starts its stream from here */
+            kvli_etcd_wake(s);
+        }
+        pthread_mutex_unlock(&s->lock);
         /* Wait for its presence key (the watcher); read again at least
          * every second in case the watch is down. */
         pthread_mutex_lock(&s->lock);
@@ -1001,7 +1079,14 @@ kvl_status_t kvl_etcd_fetch(kvl_agent_t *a, const char *name, const char *label,
         if (stop)
             break;
     }
-    pthread_mutex_unlock(&s->call_lock);
+    pthread_mutex_lock(&s->lock);
+    if (s->n_fetch_pool < 8 && !s->stopping) {
+        s->fetch_pool[s->n_fetch_pool++] = fh;
+        fh = NULL;
+    }
+    pthread_mutex_unlock(&s->lock);
+    if (fh != NULL)
+        curl_easy_cleanup(fh);
     pthread_mutex_lock(&s->lock);
     for (kvli_etcd_waiter_t **pp = &s->waiters; *pp != NULL; pp = &(*pp)->next)
         if (*pp == &wt) {
@@ -1051,6 +1136,8 @@ kvl_status_t kvl_etcd_fetch(kvl_agent_t *a, const char *name, const char *label,
         kvli_scopy(f->label, sizeof(f->label), label);
         f->incarnation = inc;
         f->generation = gen;
+        f->rev = last_rev + 1;
+        kvli_etcd_wake(s);
     }
     pthread_mutex_unlock(&s->lock);
     kvli_log(KVL_LOG_DEBUG, "etcd", "agent '%s': loaded agent '%s' from etcd", a->name, name);
@@ -1107,8 +1194,7 @@ static void kvli_etcd_destroy(kvl_agent_t *a, void *state)
     s->stopping = true;
     pthread_cond_broadcast(&s->cond);
     pthread_cond_broadcast(&s->put_cond);
-    if (s->watch_fd >= 0)
-        shutdown(s->watch_fd, SHUT_RDWR);
+    kvli_etcd_wake(s);
     int64_t lease = s->lease;
     pthread_mutex_unlock(&s->lock);
     if (s->threads) {
@@ -1137,6 +1223,8 @@ static void kvli_etcd_destroy(kvl_agent_t *a, void *state)
     }
     if (s->call_h != NULL)
         curl_easy_cleanup(s->call_h);
+    while (s->n_fetch_pool > 0)
+        curl_easy_cleanup(s->fetch_pool[--s->n_fetch_pool]);
     pthread_cond_destroy(&s->cond);
     pthread_cond_destroy(&s->put_cond);
     pthread_mutex_destroy(&s->lock);

@@ -98,8 +98,23 @@ static void kt_etcd_spawn(kt_etcd_t *e)
     KT_CHECK(!"etcd answers");
 }
 
+/* A failing check exits the test: etcd must not outlive it. */
+static kt_etcd_t *kt_etcd_live;
+static pid_t kt_etcd_owner;
+
+static void kt_etcd_atexit(void)
+{
+    if (kt_etcd_live != NULL && getpid() == kt_etcd_owner)
+        kt_etcd_stop(kt_etcd_live);
+}
+
 void kt_etcd_start(kt_etcd_t *e)
 {
+    if (kt_etcd_live == NULL) {
+        kt_etcd_owner = getpid();
+        atexit(kt_etcd_atexit);
+    }
+    kt_etcd_live = e;
     const char *base = getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp";
     snprintf(e->dir, sizeof(e->dir), "%s/kvl-etcd-XXXXXX", base);
     KT_CHECK(mkdtemp(e->dir) != NULL);
@@ -134,6 +149,8 @@ void kt_etcd_pause(kt_etcd_t *e, int paused)
 void kt_etcd_stop(kt_etcd_t *e)
 {
     char cmd[200];
+    if (kt_etcd_live == e)
+        kt_etcd_live = NULL;
     kt_etcd_kill(e);
     if (e->dir[0] == '/' && strstr(e->dir, "kvl-etcd-") != NULL) {
         snprintf(cmd, sizeof(cmd), "rm -rf '%s'", e->dir);
