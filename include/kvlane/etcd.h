@@ -68,6 +68,15 @@ kvl_status_t kvl_etcd_fetch(kvl_agent_t *agent, const char *name, const char *la
  * its metadata. A later kvl_etcd_publish publishes again. */
 kvl_status_t kvl_etcd_unpublish(kvl_agent_t *agent);
 
+/*
+ * kvlane doctor's etcd checks, endpoint by endpoint (check names
+ * "<i>.reach", "<i>.auth", "<i>.lease", then "endpoints"): reachable and
+ * its version, the namespace readable with the credentials, a lease's
+ * clock and the grant round trip. Takes about 2 s per live endpoint.
+ * KVL_ERR_REMOTE_DISCONNECT when no endpoint answers.
+ */
+kvl_status_t kvl_etcd_probe(const kvl_etcd_config_t *config, kvl_probe_cb_t cb, void *arg);
+
 #ifdef __cplusplus
 }
 #endif

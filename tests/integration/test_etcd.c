@@ -296,6 +296,52 @@ static void killed_agent(void)
     printf("killed -9: dropped by the watcher when its lease expired\n");
 }
 
+/* kvlane doctor's etcd checks (kvl_etcd_probe). */
+static char probe_out[8192];
+static int probe_worst;
+
+static void probe_cb(void *arg, const char *check, int status, const char *observed,
+                     const char *hint)
+{
+    (void)arg;
+    size_t n = strlen(probe_out);
+    snprintf(probe_out + n, sizeof(probe_out) - n, "%d %s: %s | %s\n", status, check, observed,
+             hint ? hint : "");
+    if (status > probe_worst)
+        probe_worst = status;
+}
+
+static void probe(const char *user, const char *password)
+{
+    char eps[200];
+    snprintf(eps, sizeof(eps), "http://127.0.0.1:%u,%s", kt_free_port(), etcd.url);
+    kvl_etcd_config_t c = {.endpoints = eps, .prefix = "/kt/doctor", .user = user,
+                           .password = password};
+    probe_out[0] = '\0';
+    probe_worst = 0;
+    kvl_status_t st = kvl_etcd_probe(&c, probe_cb, NULL);
+    printf("%s", probe_out);
+    KT_CHECK(st == KVL_OK);
+    KT_CHECK(strstr(probe_out, "1 0.reach: http://127.0.0.1:") != NULL); /* dead member: warn */
+    KT_CHECK(strstr(probe_out, "0 1.reach: ") != NULL && strstr(probe_out, "etcd 3.") != NULL);
+    KT_CHECK(strstr(probe_out, "1 endpoints: 1 of 2 endpoint(s) answer") != NULL);
+}
+
+static void doctor(void)
+{
+    probe(NULL, NULL);
+    KT_CHECK(strstr(probe_out, "0 1.auth: ") != NULL);
+    KT_CHECK(strstr(probe_out, "1.lease: ") != NULL);
+    char eps[64];
+    snprintf(eps, sizeof(eps), "http://127.0.0.1:%u", kt_free_port());
+    kvl_etcd_config_t c = {.endpoints = eps};
+    probe_out[0] = '\0';
+    KT_STATUS(kvl_etcd_probe(&c, probe_cb, NULL), KVL_ERR_REMOTE_DISCONNECT);
+    KT_CHECK(strstr(probe_out, "2 endpoints: 0 of 1 endpoint(s) answer") != NULL);
+    printf("doctor: dead member warned, live member's version/auth/lease checked, none "
+           "answering is a failure\n");
+}
+
 static void auth(void)
 {
     KT_CHECK(kt_etcdctl(&etcd, "user add root:rootpw --interactive=false") == 0);
@@ -316,7 +362,16 @@ static void auth(void)
     kvl_agent_destroy(b);
     KT_CHECK(wait_check(a, "authed2", KVL_ERR_NOT_FOUND, 30));
     kvl_agent_destroy(a);
-    printf("auth: no user and a wrong password refused by name; the right one works\n");
+    probe(NULL, NULL);
+    KT_CHECK(strstr(probe_out, "2 1.auth: etcd at") != NULL &&
+             strstr(probe_out, "authentication on") != NULL);
+    probe("root", "wrong");
+    KT_CHECK(strstr(probe_out, "2 1.auth: etcd at") != NULL &&
+             strstr(probe_out, "refused user 'root'") != NULL);
+    probe("root", "rootpw");
+    KT_CHECK(strstr(probe_out, "0 1.auth: ") != NULL);
+    printf("auth: no user and a wrong password refused by name (also by the doctor's "
+           "checks); the right one works\n");
 }
 
 int main(void)
@@ -330,6 +385,7 @@ int main(void)
     bad_input();
     down_at_start_and_dead_member();
     killed_agent();
+    doctor();
     lifecycle();
     if (system("command -v etcdctl >/dev/null 2>&1") == 0)
         auth();
