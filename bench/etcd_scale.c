@@ -109,7 +109,10 @@ static void child(unsigned i, bool restarted)
     fetch_arg_t fa[16];
     pthread_t th[16];
     for (unsigned k = 0; k < g_peers; k++) {
-        snprintf(peers[k], sizeof(peers[k]), "a%u", (i + 1 + k) % g_n);
+        /* at a rate: the peers that joined before this one (the first
+         * ones wait for the last: not counted) */
+        unsigned pk = g_rate ? (i + g_n - 1 - k) % g_n : (i + 1 + k) % g_n;
+        snprintf(peers[k], sizeof(peers[k]), "a%u", pk);
         fa[k] = (fetch_arg_t){a, peers[k], false};
         if (pthread_create(&th[k], NULL, fetch_main, &fa[k]) != 0)
             _exit(4);
@@ -119,7 +122,7 @@ static void child(unsigned i, bool restarted)
         live[k] = fa[k].ok;
     }
     uint64_t t1 = rt_ns();
-    if (!restarted)
+    if (!restarted && (g_rate == 0 || i >= g_peers))
         report("J %u %" PRIu64 " %" PRIu64 "\n", i, t1 - t0, t_pub - t0);
     for (;;) {
         for (unsigned k = 0; k < g_peers; k++) {
@@ -287,7 +290,8 @@ int main(int argc, char **argv)
         if (g_rate > 0)
             usleep(1000000u / g_rate);
     }
-    while (g_nj < g_n && rt_ns() - tj < 120000000000ull)
+    size_t want_j = g_rate ? g_n - g_peers : g_n;
+    while (g_nj < want_j && rt_ns() - tj < 120000000000ull)
         pump(200, on_line);
     double join_wall = (double)(rt_ns() - tj) / 1e9;
     etcd_usage(etcd_pid, &tk1, &rss1);

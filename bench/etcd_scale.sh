@@ -20,7 +20,9 @@ etcd=${KVL_ETCD_BIN:-/usr/bin/etcd}
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 cp=$(free_port); pp=$(free_port)
 dir=$(mktemp -d /tmp/kvl-etcd-bench-XXXXXX)
-ulimit -n 65536 2>/dev/null || ulimit -n 4096 || true
+# every agent holds about 12 connections to etcd (one per watched peer): raise the
+# file limit to the hard limit for etcd
+ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
 "$etcd" --name b --data-dir "$dir/data" --listen-client-urls "http://127.0.0.1:$cp" \
     --advertise-client-urls "http://127.0.0.1:$cp" --listen-peer-urls "http://127.0.0.1:$pp" \
     --initial-advertise-peer-urls "http://127.0.0.1:$pp" --initial-cluster "b=http://127.0.0.1:$pp" \

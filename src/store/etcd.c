@@ -70,7 +70,7 @@ typedef struct kvli_etcd {
     bool threads;
     pthread_mutex_t call_lock;         /* publish/unpublish/attach: call_h */
     CURL *call_h;
-    CURL *fetch_pool[8];               /* idle handles of fetches (under lock), */
+    CURL *fetch_pool[2];               /* idle handles of fetches (under lock), */
     unsigned n_fetch_pool;             /* which run in parallel */
 } kvli_etcd_t;
 
@@ -1080,7 +1080,7 @@ kvl_status_t kvl_etcd_fetch(kvl_agent_t *a, const char *name, const char *label,
             break;
     }
     pthread_mutex_lock(&s->lock);
-    if (s->n_fetch_pool < 8 && !s->stopping) {
+    if (s->n_fetch_pool < 2 && !s->stopping) {
         s->fetch_pool[s->n_fetch_pool++] = fh;
         fh = NULL;
     }
