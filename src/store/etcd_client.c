@@ -89,6 +89,8 @@ kvl_status_t kvli_etcd_client_init(kvli_etcd_client_t *c, const char *endpoints,
         kvli_hint(err, "write it as http://host:port[,http://host:port...]");
         return KVL_ERR_INVALID_ARG;
     }
+    /* Agents spread over the members (each keeps the one that answered). */
+    atomic_store(&c->cur, (unsigned)(kvli_random64() % c->n_eps));
     if (user != NULL && user[0] != '\0') {
         if (strlen(user) >= sizeof(c->user) || password == NULL ||
             strlen(password) >= sizeof(c->password)) {
