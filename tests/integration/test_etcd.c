@@ -7,7 +7,7 @@
  * bounded and named, the transfer already set up keeps working, the agent
  * republishes when etcd is back), a revoked (expired) lease, a dead member
  * in the endpoint list, authentication refused; bad input refused.
- * KVL_TEST_LABELS: etcd
+ * KVL_TEST_LABELS: etcd tsan
  */
 #include <pthread.h>
 #include <signal.h>
