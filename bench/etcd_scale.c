@@ -22,6 +22,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -122,8 +123,13 @@ static void child(unsigned i, bool restarted)
         live[k] = fa[k].ok;
     }
     uint64_t t1 = rt_ns();
-    if (!restarted && (g_rate == 0 || i >= g_peers))
-        report("J %u %" PRIu64 " %" PRIu64 "\n", i, t1 - t0, t_pub - t0);
+    if (!restarted && (g_rate == 0 || i >= g_peers)) {
+        struct rusage ru;
+        getrusage(RUSAGE_SELF, &ru);
+        uint64_t cpu_us = (uint64_t)ru.ru_utime.tv_sec * 1000000u + (uint64_t)ru.ru_utime.tv_usec +
+                          (uint64_t)ru.ru_stime.tv_sec * 1000000u + (uint64_t)ru.ru_stime.tv_usec;
+        report("J %u %" PRIu64 " %" PRIu64 " %" PRIu64 "\n", i, t1 - t0, t_pub - t0, cpu_us);
+    }
     for (;;) {
         for (unsigned k = 0; k < g_peers; k++) {
             if (live[k] && kvl_remote_check(a, peers[k]) != KVL_OK) {
@@ -219,7 +225,7 @@ static void pump(int ms, void (*fn)(const char *))
     }
 }
 
-static uint64_t *g_join, *g_pub, *g_drop_t;
+static uint64_t *g_join, *g_pub, *g_cpu, *g_drop_t;
 static unsigned *g_drop_who;
 static size_t g_nj, g_nd;
 static uint64_t g_pub_at[4096];
@@ -227,9 +233,10 @@ static uint64_t g_pub_at[4096];
 static void on_line(const char *l)
 {
     unsigned i, who;
-    uint64_t a, b;
-    if (sscanf(l, "J %u %" SCNu64 " %" SCNu64, &i, &a, &b) == 3) {
+    uint64_t a, b, c;
+    if (sscanf(l, "J %u %" SCNu64 " %" SCNu64 " %" SCNu64, &i, &a, &b, &c) == 4) {
         g_join[g_nj] = a;
+        g_cpu[g_nj] = c;
         g_pub[g_nj++] = b;
     } else if (sscanf(l, "D %u %u %" SCNu64, &i, &who, &a) == 3) {
         g_drop_who[g_nd] = who;
@@ -273,6 +280,7 @@ int main(int argc, char **argv)
         return 1;
     g_join = calloc(g_n, sizeof(uint64_t));
     g_pub = calloc(g_n, sizeof(uint64_t));
+    g_cpu = calloc(g_n, sizeof(uint64_t));
     g_drop_t = calloc(g_n * g_peers * 2, sizeof(uint64_t));
     g_drop_who = calloc(g_n * g_peers * 2, sizeof(unsigned));
     pid_t *pids = calloc(g_n, sizeof(pid_t));
@@ -303,6 +311,7 @@ int main(int argc, char **argv)
         printf("joined: %zu of %u in %.2f s (all started at once)\n", g_nj, g_n, join_wall);
     stats("join (attach+register+publish+fetch peers)", g_join, g_nj, 1e6, "ms");
     stats("  of which attach+register+publish", g_pub, g_nj, 1e6, "ms");
+    stats("CPU of one agent process until joined", g_cpu, g_nj, 1e3, "ms");
 
     /* steady state: keepalives and idle watches only */
     pump(10000, on_line);

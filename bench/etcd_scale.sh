@@ -19,7 +19,8 @@ etcd=${KVL_ETCD_BIN:-/usr/bin/etcd}
 [ -x "$etcd" ] || { echo "etcd_scale: no $etcd (Debian's etcd-server)"; exit 77; }
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 cp=$(free_port); pp=$(free_port)
-dir=$(mktemp -d /tmp/kvl-etcd-bench-XXXXXX)
+# KVL_ETCD_BENCH_DIR: where etcd keeps its data (default /tmp; /dev/shm takes the disk out)
+dir=$(mktemp -d "${KVL_ETCD_BENCH_DIR:-/tmp}/kvl-etcd-bench-XXXXXX")
 # every agent holds about 12 connections to etcd (one per watched peer): raise the
 # file limit to the hard limit for etcd
 ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
