@@ -741,7 +741,7 @@ static void *kvli_etcd_watcher_main(void *arg)
         pthread_mutex_unlock(&s->lock);
         if (stop)
             break;
-        uint64_t now = kvli_clock_ms();
+        uint64_t now = kvli_clock_ms(), next = now + 1000;
         for (kvli_etcd_stream_t **pp = &streams; *pp != NULL;) {
             kvli_etcd_stream_t *w = *pp;
             if (!w->wanted) {
@@ -759,6 +759,8 @@ static void *kvli_etcd_watcher_main(void *arg)
             }
             if (!w->running && now >= w->retry_ms)
                 kvli_etcd_stream_start(s, m, w);
+            if (!w->running && w->retry_ms < next)
+                next = w->retry_ms;
             pp = &w->next;
         }
         int still = 0, left = 0;
@@ -779,7 +781,14 @@ static void *kvli_etcd_watcher_main(void *arg)
             if (!stop)
                 kvli_etcd_stream_ended(s, w, cc);
         }
-        curl_multi_poll(m, NULL, 0, 100, NULL);
+        /* Woken by traffic, by curl_multi_wakeup (followers changed, the
+         * keeper, destroy), or for the next retry. */
+        uint64_t after = kvli_clock_ms();
+        int wait_ms = next > after ? (int)(next - after) : 0;
+        for (kvli_etcd_stream_t *w = streams; w != NULL; w = w->next)
+            if (!w->running && w->retry_ms <= after)
+                wait_ms = 0;
+        curl_multi_poll(m, NULL, 0, wait_ms > 1000 ? 1000 : wait_ms, NULL);
     }
     pthread_mutex_lock(&s->lock);
     s->multi = NULL;
