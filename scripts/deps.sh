@@ -24,6 +24,9 @@ PKGS=(
     libssl-dev
     gnuplot-nox         # benchmark plots
     etcd-server         # etcd metadata store tests
+    etcd-client         # etcdctl: auth set-up in the etcd tests, kvlane doctor's hints
+    libcurl4-openssl-dev # etcd store: HTTP to etcd's JSON gateway
+    libjson-c-dev       # etcd store: JSON
 )
 
 missing=()

@@ -19,6 +19,7 @@
 #include <kvlane/xfer.h>
 #include <kvlane/notif.h>
 #include <kvlane/listener.h>
+#include <kvlane/etcd.h>
 
 #define KVL_VERSION_MAJOR 0
 #define KVL_VERSION_MINOR 1

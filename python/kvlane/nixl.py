@@ -17,6 +17,7 @@ import logging
 import os
 import pickle
 import sys
+import threading
 import time
 
 from . import _kvlane
@@ -687,6 +688,8 @@ class nixl_agent:
                            notif_max_msgs=getattr(nixl_conf, "notif_max_msgs", None),
                            notif_peer_percent=getattr(nixl_conf, "notif_peer_percent", None))
         self.listen_address = None
+        self._etcd = None            # NIXL_ETCD_ENDPOINTS when attached
+        self._etcd_errors = {}       # agent name -> the last background fetch's error
         try:
             wanted = self.plugin_list if instantiate_all else list(nixl_conf.backends)
             for b in wanted:
@@ -702,6 +705,16 @@ class nixl_agent:
             if nixl_conf.enable_listen:
                 self.listen_address = self.agent.listen(nixl_conf.listen_host,
                                                         int(nixl_conf.port))
+            eps = os.environ.get("NIXL_ETCD_ENDPOINTS", "").strip()
+            if eps:
+                # NIXL attaches to etcd when the variable is set; kvlane checks
+                # that it answers (and authenticates) here, bounded, rather than
+                # at the first publish.
+                self.agent.etcd_attach(eps, prefix=os.environ.get("NIXL_ETCD_NAMESPACE") or None,
+                                       lease_ttl_s=_env_int("KVL_ETCD_LEASE_TTL"),
+                                       user=os.environ.get("KVL_ETCD_USER") or None,
+                                       password=os.environ.get("KVL_ETCD_PASSWORD"))
+                self._etcd = eps
         except BaseException:
             self.agent.close()
             raise
@@ -959,19 +972,37 @@ class nixl_agent:
 
     def send_local_metadata(self, ip_addr="", port=DEFAULT_COMM_PORT):
         if not ip_addr:
-            raise _no_central_store()
+            if not self._etcd:
+                raise _no_central_store()
+            self.agent.etcd_publish()
+            return
         self.agent.push_metadata(f"{ip_addr}:{port}")
 
     def send_partial_agent_metadata(self, descs=None, inc_conn_info=False, backends=_EMPTY,
                                     ip_addr="", port=DEFAULT_COMM_PORT, label=""):
         self._bk(backends, "send_partial_agent_metadata")
-        if label and not ip_addr:
-            raise _no_central_store()
+        if not ip_addr:
+            if not self._etcd:
+                raise _no_central_store()
+            if not label:
+                raise InvalidArgument("send_partial_agent_metadata: a metadata label is "
+                                      "required to publish partial metadata in etcd",
+                                      hint="pass label=..., as NIXL requires")
+            self.agent.etcd_publish(label)
+            return
         self.send_local_metadata(ip_addr, port)
 
     def fetch_remote_metadata(self, remote_agent, ip_addr="", port=DEFAULT_COMM_PORT, label=""):
         if not ip_addr:
-            raise _no_central_store()
+            if not self._etcd:
+                raise _no_central_store()
+            # As NIXL: asynchronous; check_remote_metadata(name) turns True
+            # once loaded (waiting up to 5 s for the peer to publish).
+            name = _name(remote_agent)
+            self._etcd_errors.pop(name, None)
+            threading.Thread(target=self._etcd_fetch, args=(name, label),
+                             name=f"kvlane-etcd-fetch-{name}", daemon=True).start()
+            return None
         got = self.agent.fetch_metadata(f"{ip_addr}:{port}")
         want = _name(remote_agent)
         if want and got != want:
@@ -983,7 +1014,17 @@ class nixl_agent:
         return got
 
     def invalidate_local_metadata(self, ip_addr="", port=DEFAULT_COMM_PORT):
+        if not ip_addr and self._etcd:
+            self.agent.etcd_unpublish()
+            return
         self.agent.invalidate_metadata(f"{ip_addr}:{port}" if ip_addr else None)
+
+    def _etcd_fetch(self, name, label):
+        try:
+            self.agent.etcd_fetch(name, label or None, wait_ms=_ETCD_WATCH_MS)
+        except Error as e:
+            self._etcd_errors[name] = e
+            log.error("Failed to fetch metadata from etcd for agent %s: %s", name, e)
 
     # ---- transfers ----
     def prep_xfer_dlist(self, agent_name, xfer_list, mem_type=None, backends=_EMPTY, *,
@@ -1177,10 +1218,25 @@ def _not_loaded(name):
                          "first")
 
 
+# How long a fetch without ip_addr waits for the peer to publish (NIXL's
+# etcdWatchTimeout default, 5 s).
+_ETCD_WATCH_MS = 5000
+
+
+def _env_int(var):
+    v = os.environ.get(var, "").strip()
+    if not v:
+        return 0
+    if not v.isdigit():
+        raise InvalidArgument(f"{var}={v!r} is not a number of seconds")
+    return int(v)
+
+
 def _no_central_store():
     etcd = os.environ.get("NIXL_ETCD_ENDPOINTS")
-    what = ("kvlane.nixl has no central metadata store yet: ip_addr is required" +
-            (f" (NIXL_ETCD_ENDPOINTS={etcd} is set, but etcd is not supported in this "
-             "version)" if etcd else ""))
-    return UnsupportedError(what, hint="pass the peer listener's ip_addr and port, or exchange "
+    what = ("kvlane.nixl agent has no central metadata store: ip_addr is required" +
+            (f" (NIXL_ETCD_ENDPOINTS={etcd} was set after the agent was created)"
+             if etcd else ""))
+    return UnsupportedError(what, hint="set NIXL_ETCD_ENDPOINTS before creating the nixl_agent, "
+                                       "pass the peer listener's ip_addr and port, or exchange "
                                        "get_agent_metadata() bytes yourself")

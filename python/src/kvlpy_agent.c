@@ -993,6 +993,91 @@ static PyObject *kvlpy_agent_invalidate_metadata(kvlpy_agent_t *self, PyObject *
     Py_RETURN_NONE;
 }
 
+/* ---- etcd ------------------------------------------------------------------------- */
+
+static PyObject *kvlpy_agent_etcd_attach(kvlpy_agent_t *self, PyObject *args, PyObject *kw)
+{
+    static char *kwlist[] = {"endpoints", "prefix", "lease_ttl_s", "user", "password",
+                             "timeout_ms", NULL};
+    kvl_etcd_config_t c = {0};
+    unsigned long long tmo = 0;
+    int ttl = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "s|zizzK:etcd_attach", kwlist, &c.endpoints,
+                                     &c.prefix, &ttl, &c.user, &c.password, &tmo))
+        return NULL;
+    if (ttl < 0) {
+        PyErr_Format(PyExc_ValueError, "lease_ttl_s %d is negative", ttl);
+        return NULL;
+    }
+    if (c.user != NULL && c.user[0] == '\0')
+        c.user = NULL;
+    c.lease_ttl_s = (unsigned)ttl;
+    c.timeout_ms = tmo;
+    if (kvlpy_agent_enter(self) < 0)
+        return NULL;
+    kvl_status_t st;
+    Py_BEGIN_ALLOW_THREADS
+    st = kvl_etcd_attach(self->agent, &c);
+    Py_END_ALLOW_THREADS
+    kvlpy_agent_leave(self);
+    if (st != KVL_OK)
+        return kvlpy_raise(st, NULL);
+    Py_RETURN_NONE;
+}
+
+static PyObject *kvlpy_agent_etcd_publish(kvlpy_agent_t *self, PyObject *args, PyObject *kw)
+{
+    static char *kwlist[] = {"label", NULL};
+    const char *label = NULL;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "|z:etcd_publish", kwlist, &label))
+        return NULL;
+    if (kvlpy_agent_enter(self) < 0)
+        return NULL;
+    kvl_status_t st;
+    Py_BEGIN_ALLOW_THREADS
+    st = kvl_etcd_publish(self->agent, label);
+    Py_END_ALLOW_THREADS
+    kvlpy_agent_leave(self);
+    if (st != KVL_OK)
+        return kvlpy_raise(st, NULL);
+    Py_RETURN_NONE;
+}
+
+static PyObject *kvlpy_agent_etcd_fetch(kvlpy_agent_t *self, PyObject *args, PyObject *kw)
+{
+    static char *kwlist[] = {"name", "label", "wait_ms", NULL};
+    const char *name, *label = NULL;
+    unsigned long long wait_ms = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "s|zK:etcd_fetch", kwlist, &name, &label,
+                                     &wait_ms))
+        return NULL;
+    if (kvlpy_agent_enter(self) < 0)
+        return NULL;
+    kvl_status_t st;
+    Py_BEGIN_ALLOW_THREADS
+    st = kvl_etcd_fetch(self->agent, name, label, wait_ms);
+    Py_END_ALLOW_THREADS
+    kvlpy_agent_leave(self);
+    if (st != KVL_OK)
+        return kvlpy_raise(st, NULL);
+    Py_RETURN_NONE;
+}
+
+static PyObject *kvlpy_agent_etcd_unpublish(kvlpy_agent_t *self, PyObject *unused)
+{
+    (void)unused;
+    if (kvlpy_agent_enter(self) < 0)
+        return NULL;
+    kvl_status_t st;
+    Py_BEGIN_ALLOW_THREADS
+    st = kvl_etcd_unpublish(self->agent);
+    Py_END_ALLOW_THREADS
+    kvlpy_agent_leave(self);
+    if (st != KVL_OK)
+        return kvlpy_raise(st, NULL);
+    Py_RETURN_NONE;
+}
+
 /* ---- type --------------------------------------------------------------------------- */
 
 /* Defined in kvlpy_xfer.c. */
@@ -1043,6 +1128,15 @@ static PyMethodDef kvlpy_agent_methods[] = {
      "push_metadata('host:port')"},
     {"invalidate_metadata", (PyCFunction)kvlpy_agent_invalidate_metadata, METH_VARARGS,
      "invalidate_metadata(host_port=None)"},
+    {"etcd_attach", KVLPY_FN(kvlpy_agent_etcd_attach), METH_VARARGS | METH_KEYWORDS,
+     "etcd_attach(endpoints, prefix=None, lease_ttl_s=0, user=None, password=None, "
+     "timeout_ms=0)"},
+    {"etcd_publish", KVLPY_FN(kvlpy_agent_etcd_publish), METH_VARARGS | METH_KEYWORDS,
+     "etcd_publish(label=None)"},
+    {"etcd_fetch", KVLPY_FN(kvlpy_agent_etcd_fetch), METH_VARARGS | METH_KEYWORDS,
+     "etcd_fetch(name, label=None, wait_ms=0)"},
+    {"etcd_unpublish", (PyCFunction)kvlpy_agent_etcd_unpublish, METH_NOARGS,
+     "etcd_unpublish()"},
     {"prep_local", (PyCFunction)kvlpy_agent_prep_local, METH_O, "prep_local(dlist) -> Prep"},
     {"prep_remote", (PyCFunction)kvlpy_agent_prep_remote, METH_VARARGS,
      "prep_remote(remote, dlist) -> Prep"},

@@ -757,6 +757,9 @@ static void kvl_doctor_usage(FILE *f)
             "  --device N         its device (CUDA ordinal as the engine sees it)\n"
             "  --size BYTES       how much it will register (checks limits, sizes the smoke test)\n"
             "  --peer HOST:PORT   check that a peer's agent listener is reachable\n"
+            "  --etcd URLS        check etcd endpoints (default: $NIXL_ETCD_ENDPOINTS when set;\n"
+            "                     namespace $NIXL_ETCD_NAMESPACE, credentials $KVL_ETCD_USER and\n"
+            "                     $KVL_ETCD_PASSWORD)\n"
             "  --backend NAME     smoke-test only this backend\n"
             "  --no-smoke         skip the register/transfer smoke tests\n"
             "exit code: 0 all ok, 1 warnings only, 2 a failure that breaks registration or "
@@ -770,11 +773,12 @@ int kvl_cli_doctor(int argc, char **argv)
         {"device", required_argument, 0, 'd'}, {"size", required_argument, 0, 's'},
         {"peer", required_argument, 0, 'p'}, {"backend", required_argument, 0, 'b'},
         {"no-smoke", no_argument, 0, 'n'},  {"help", no_argument, 0, 'h'},
+        {"etcd", required_argument, 0, 'e'},
         {0, 0, 0, 0}};
     kvl_mem_kind_t mem = KVL_MEM_DRAM;
     int32_t dev = KVL_DEV_ANY;
     uint64_t size = 0;
-    const char *peer = NULL, *only = NULL;
+    const char *peer = NULL, *only = NULL, *etcd = getenv("NIXL_ETCD_ENDPOINTS");
     int smoke = 1, o, li = 0;
     optind = 1;
     while ((o = getopt_long(argc, argv, "h", opts, &li)) != -1) {
@@ -795,6 +799,7 @@ int kvl_cli_doctor(int argc, char **argv)
             }
             break;
         case 'p': peer = optarg; break;
+        case 'e': etcd = optarg; break;
         case 'b': only = optarg; break;
         case 'n': smoke = 0; break;
         case 'h': kvl_doctor_usage(stdout); return 0;
@@ -809,6 +814,12 @@ int kvl_cli_doctor(int argc, char **argv)
     kvl_check_net();
     if (peer)
         kvl_check_peer(peer);
+    if (etcd != NULL && etcd[0] != '\0') {
+        kvl_etcd_config_t ec = {.endpoints = etcd, .prefix = getenv("NIXL_ETCD_NAMESPACE"),
+                                .user = getenv("KVL_ETCD_USER"),
+                                .password = getenv("KVL_ETCD_PASSWORD")};
+        (void)kvl_etcd_probe(&ec, kvl_probe_cb, (void *)"etcd");
+    }
     kvl_check_container(mem == KVL_MEM_VRAM);
     kvl_check_rdma();
     if (mem == KVL_MEM_VRAM && !kvl_check_vram(dev))

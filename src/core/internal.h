@@ -281,15 +281,15 @@ struct kvl_agent {
 
     uint8_t *secret;                  /* shared secret (copy), NULL if none */
     size_t secret_len;
-    struct kvli_listener *listener;   /* src/store/listener.c, created on first use */
+    struct kvli_stores *stores;       /* metadata stores attached (src/store/store.c) */
     const struct kvli_agent_hooks *hooks; /* set by what attaches (under lock) */
 
     struct kvl_agent *next_live;      /* global list of live agents */
 };
 
-/* ---- hooks for what is built above the core (the listener in src/store/) ----
- * The core knows no store: a component that attaches to an agent sets
- * agent->hooks (under agent->lock) and the core calls what is set. */
+/* ---- hooks for what is built above the core (the stores in src/store/) ----
+ * The core knows no store: src/store/store.c sets agent->hooks (under
+ * agent->lock) when the first store attaches and dispatches to each store. */
 typedef struct kvli_agent_hooks {
     /* First in kvl_agent_destroy (the listener: invalidate our metadata at
      * every listener we pushed to, stop listening). */

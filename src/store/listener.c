@@ -20,35 +20,34 @@
 #include "listener.h"
 #include "listener_proto.h"
 
-static void kvli_listener_regions_changed(kvl_agent_t *a);
-static void kvli_listener_agent_destroy(kvl_agent_t *a);
+static void kvli_listener_regions_changed(kvl_agent_t *a, void *state);
+static void kvli_listener_agent_destroy(kvl_agent_t *a, void *state);
 
-/* How the listener follows its agent (the core calls these; it knows no store). */
-static const kvli_agent_hooks_t kvli_listener_hooks = {
+static void *kvli_listener_create(kvl_agent_t *a)
+{
+    kvli_listener_t *l = calloc(1, sizeof(*l));
+    if (l == NULL)
+        return NULL;
+    l->agent = a;
+    l->listen_fd = -1;
+    for (unsigned i = 0; i < KVLI_LSN_WORKERS; i++)
+        l->worker_fd[i] = -1;
+    pthread_mutex_init(&l->lock, NULL);
+    pthread_cond_init(&l->cond, NULL);
+    return l;
+}
+
+/* The listener as a metadata store (store.h). */
+static const kvli_store_ops_t kvli_listener_store = {
+    .name = "listener",
+    .create = kvli_listener_create,
     .destroy = kvli_listener_agent_destroy,
     .regions_changed = kvli_listener_regions_changed,
 };
 
 kvli_listener_t *kvli_listener_get(kvl_agent_t *a, bool create)
 {
-    kvli_listener_t *l;
-    pthread_mutex_lock(&a->lock);
-    l = a->listener;
-    if (l == NULL && create) {
-        l = calloc(1, sizeof(*l));
-        if (l != NULL) {
-            l->agent = a;
-            l->listen_fd = -1;
-            for (unsigned i = 0; i < KVLI_LSN_WORKERS; i++)
-                l->worker_fd[i] = -1;
-            pthread_mutex_init(&l->lock, NULL);
-            pthread_cond_init(&l->cond, NULL);
-            a->listener = l;
-            a->hooks = &kvli_listener_hooks;
-        }
-    }
-    pthread_mutex_unlock(&a->lock);
-    return l;
+    return kvli_store_state(a, &kvli_listener_store, create);
 }
 
 /* ---- serving one connection ---- */
@@ -417,11 +416,10 @@ static void *kvli_listener_updater_main(void *arg)
     return NULL;
 }
 
-static void kvli_listener_regions_changed(kvl_agent_t *a)
+static void kvli_listener_regions_changed(kvl_agent_t *a, void *state)
 {
-    kvli_listener_t *l = kvli_listener_get(a, false);
-    if (l == NULL)
-        return;
+    kvli_listener_t *l = state;
+    (void)a;
     pthread_mutex_lock(&l->lock);
     if (l->targets != NULL && !l->stopping) {
         if (!l->updater_started &&
@@ -433,11 +431,9 @@ static void kvli_listener_regions_changed(kvl_agent_t *a)
     pthread_mutex_unlock(&l->lock);
 }
 
-static void kvli_listener_agent_destroy(kvl_agent_t *a)
+static void kvli_listener_agent_destroy(kvl_agent_t *a, void *state)
 {
-    kvli_listener_t *l = kvli_listener_get(a, false);
-    if (l == NULL)
-        return;
+    kvli_listener_t *l = state;
     pthread_mutex_lock(&l->lock);
     l->stopping = 1;
     pthread_cond_broadcast(&l->cond);
@@ -468,9 +464,6 @@ static void kvli_listener_agent_destroy(kvl_agent_t *a)
                      "destroy failed: %s", a->name, t->hp, err.what);
         free(t);
     }
-    pthread_mutex_lock(&a->lock);
-    a->listener = NULL;
-    pthread_mutex_unlock(&a->lock);
     pthread_cond_destroy(&l->cond);
     pthread_mutex_destroy(&l->lock);
     free(l);

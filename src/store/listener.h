@@ -1,7 +1,7 @@
 /*
  * kvlane agent listener: private structures of src/store/.
  *
- * One listener object per agent (agent->listener), created on first use by
+ * One listener object per agent, a metadata store (store.h) attached on first use by
  * kvl_agent_listen() or kvl_metadata_push(). It holds:
  *   - the listening socket and its accept thread; each accepted connection
  *     is served by a short-lived worker thread (at most KVLI_LSN_WORKERS at
@@ -16,7 +16,7 @@
 #define KVLI_LISTENER_H
 
 #include <pthread.h>
-#include "core/internal.h"
+#include "store.h"
 
 #define KVLI_LSN_WORKERS 32u
 #define KVLI_LSN_PER_HOST 16u         /* connections served at once per peer address */

@@ -1,0 +1,381 @@
+/*
+ * etcd metadata store at scale: N agents, one process each, all joining at
+ * once (attach, register one region, publish, fetch P peers), then
+ * restarts (a process killed -9 and started again under the same name: a
+ * new incarnation) and departures (killed -9, not restarted) watched by the
+ * agents that loaded them. Prints join latency, how long the new
+ * incarnation / the departure took to reach every watcher, and etcd's CPU
+ * and memory per agent.
+ *
+ * usage: etcd_scale --endpoints URL --etcd-pid PID [--agents 256] [--peers 8]
+ *                   [--ttl 2] [--events 8] [--rate 0]
+ * --rate R: agents start joining at R per second (0: all at once).
+ * bench/etcd_scale.sh starts a private etcd and runs it.
+ */
+#include <errno.h>
+#include <inttypes.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+#include <kvlane/kvlane.h>
+
+static const char *g_eps;
+static unsigned g_n = 256, g_peers = 8, g_ttl = 2, g_events = 8, g_rate = 0;
+static int g_go[2], g_rep[2];
+
+static uint64_t rt_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+static void report(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static void report(const char *fmt, ...)
+{
+    char line[256];
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(line, sizeof(line), fmt, ap);
+    va_end(ap);
+    if (n > 0 && write(g_rep[1], line, (size_t)n) != n)
+        _exit(5);
+}
+
+static kvl_agent_t *join(unsigned i, void **mem)
+{
+    char name[32];
+    kvl_agent_t *a;
+    snprintf(name, sizeof(name), "a%u", i);
+    kvl_agent_config_t cfg = {.field_mask = KVL_AGENT_CFG_BACKENDS | KVL_AGENT_CFG_TIMEOUT,
+                              .create_backends = "", .timeout_ms = 5000};
+    if (kvl_agent_create(name, &cfg, &a) != KVL_OK)
+        return NULL;
+    kvl_param_t p = {"host", "127.0.0.1"};
+    kvl_etcd_config_t ec = {.endpoints = g_eps, .prefix = "/bench/agents", .lease_ttl_s = g_ttl};
+    *mem = calloc(1, 1 << 20);
+    kvl_mem_desc_t d = {(uint64_t)(uintptr_t)*mem, 1 << 20, KVL_DEV_ANY};
+    if (kvl_backend_create(a, "tcp", &p, 1, NULL) != KVL_OK ||
+        kvl_mem_register(a, &d, 1, NULL, NULL) != KVL_OK || kvl_etcd_attach(a, &ec) != KVL_OK ||
+        kvl_etcd_publish(a, NULL) != KVL_OK) {
+        char buf[2048];
+        kvl_error_render(kvl_last_error(), buf, sizeof(buf));
+        fprintf(stderr, "agent %s: join failed: %s\n", name, buf);
+        return NULL;
+    }
+    return a;
+}
+
+typedef struct {
+    kvl_agent_t *a;
+    const char *peer;
+    bool ok;
+} fetch_arg_t;
+
+static void *fetch_main(void *arg)
+{
+    fetch_arg_t *f = arg;
+    f->ok = kvl_etcd_fetch(f->a, f->peer, NULL, 30000) == KVL_OK;
+    if (!f->ok)
+        fprintf(stderr, "%s: fetch %s failed: %s\n", kvl_agent_name(f->a), f->peer,
+                kvl_last_error()->what);
+    return NULL;
+}
+
+static void child(unsigned i, bool restarted)
+{
+    void *mem = NULL;
+    char ch;
+    if (!restarted && read(g_go[0], &ch, 1) != 1)
+        _exit(2);
+    uint64_t t0 = rt_ns();
+    kvl_agent_t *a = join(i, &mem);
+    if (a == NULL)
+        _exit(3);
+    uint64_t t_pub = rt_ns();
+    if (restarted)
+        report("P %u %" PRIu64 "\n", i, t_pub);
+    char peers[16][32];
+    bool live[16];
+    /* As engines do (NIXL's fetch is asynchronous): every peer at once. */
+    fetch_arg_t fa[16];
+    pthread_t th[16];
+    for (unsigned k = 0; k < g_peers; k++) {
+        /* at a rate: the peers that joined before this one (the first
+         * ones wait for the last: not counted) */
+        unsigned pk = g_rate ? (i + g_n - 1 - k) % g_n : (i + 1 + k) % g_n;
+        snprintf(peers[k], sizeof(peers[k]), "a%u", pk);
+        fa[k] = (fetch_arg_t){a, peers[k], false};
+        if (pthread_create(&th[k], NULL, fetch_main, &fa[k]) != 0)
+            _exit(4);
+    }
+    for (unsigned k = 0; k < g_peers; k++) {
+        pthread_join(th[k], NULL);
+        live[k] = fa[k].ok;
+    }
+    uint64_t t1 = rt_ns();
+    if (!restarted && (g_rate == 0 || i >= g_peers)) {
+        struct rusage ru;
+        getrusage(RUSAGE_SELF, &ru);
+        uint64_t cpu_us = (uint64_t)ru.ru_utime.tv_sec * 1000000u + (uint64_t)ru.ru_utime.tv_usec +
+                          (uint64_t)ru.ru_stime.tv_sec * 1000000u + (uint64_t)ru.ru_stime.tv_usec;
+        report("J %u %" PRIu64 " %" PRIu64 " %" PRIu64 "\n", i, t1 - t0, t_pub - t0, cpu_us);
+    }
+    for (;;) {
+        for (unsigned k = 0; k < g_peers; k++) {
+            if (live[k] && kvl_remote_check(a, peers[k]) != KVL_OK) {
+                live[k] = false;
+                report("D %u %s %" PRIu64 "\n", i, peers[k] + 1, rt_ns());
+            }
+        }
+        usleep(2000);
+    }
+}
+
+static pid_t spawn(unsigned i, bool restarted)
+{
+    pid_t p = fork();
+    if (p == 0) {
+        child(i, restarted);
+        _exit(0);
+    }
+    return p;
+}
+
+static int cmp_u64(const void *a, const void *b)
+{
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+static void stats(const char *what, uint64_t *v, size_t n, double unit, const char *u)
+{
+    if (n == 0) {
+        printf("%-44s no samples\n", what);
+        return;
+    }
+    qsort(v, n, sizeof(*v), cmp_u64);
+    printf("%-44s n=%-5zu p50=%8.1f %s  p99=%8.1f %s  max=%8.1f %s\n", what, n,
+           (double)v[n / 2] / unit, u, (double)v[(n * 99 + 99) / 100 - 1] / unit, u,
+           (double)v[n - 1] / unit, u);
+}
+
+/* etcd's utime+stime (clock ticks) and RSS (kB). */
+static void etcd_usage(pid_t pid, uint64_t *ticks, uint64_t *rss_kb)
+{
+    char path[64], buf[4096];
+    *ticks = *rss_kb = 0;
+    snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
+    FILE *f = fopen(path, "r");
+    if (f != NULL) {
+        if (fgets(buf, sizeof(buf), f) != NULL) {
+            char *p = strrchr(buf, ')');
+            unsigned long ut = 0, st = 0;
+            if (p && sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %lu %lu", &ut,
+                            &st) == 2)
+                *ticks = ut + st;
+        }
+        fclose(f);
+    }
+    snprintf(path, sizeof(path), "/proc/%d/status", (int)pid);
+    f = fopen(path, "r");
+    if (f != NULL) {
+        while (fgets(buf, sizeof(buf), f) != NULL)
+            if (strncmp(buf, "VmRSS:", 6) == 0)
+                *rss_kb = strtoull(buf + 6, NULL, 10);
+        fclose(f);
+    }
+}
+
+/* Read report lines for up to ms, handing each to fn. */
+static char g_acc[1 << 16];
+static size_t g_accn;
+static void pump(int ms, void (*fn)(const char *))
+{
+    uint64_t end = rt_ns() + (uint64_t)ms * 1000000u;
+    for (;;) {
+        uint64_t now = rt_ns();
+        if (now >= end)
+            return;
+        struct pollfd p = {g_rep[0], POLLIN, 0};
+        if (poll(&p, 1, (int)((end - now) / 1000000u) + 1) <= 0)
+            continue;
+        ssize_t r = read(g_rep[0], g_acc + g_accn, sizeof(g_acc) - 1 - g_accn);
+        if (r <= 0)
+            continue;
+        g_accn += (size_t)r;
+        g_acc[g_accn] = '\0';
+        char *nl;
+        while ((nl = strchr(g_acc, '\n')) != NULL) {
+            *nl = '\0';
+            fn(g_acc);
+            size_t used = (size_t)(nl - g_acc) + 1;
+            memmove(g_acc, nl + 1, g_accn - used + 1);
+            g_accn -= used;
+        }
+    }
+}
+
+static uint64_t *g_join, *g_pub, *g_cpu, *g_drop_t;
+static unsigned *g_drop_who;
+static size_t g_nj, g_nd;
+static uint64_t g_pub_at[4096];
+
+static void on_line(const char *l)
+{
+    unsigned i, who;
+    uint64_t a, b, c;
+    if (sscanf(l, "J %u %" SCNu64 " %" SCNu64 " %" SCNu64, &i, &a, &b, &c) == 4) {
+        g_join[g_nj] = a;
+        g_cpu[g_nj] = c;
+        g_pub[g_nj++] = b;
+    } else if (sscanf(l, "D %u %u %" SCNu64, &i, &who, &a) == 3) {
+        g_drop_who[g_nd] = who;
+        g_drop_t[g_nd++] = a;
+    } else if (sscanf(l, "P %u %" SCNu64, &i, &a) == 2 && i < 4096) {
+        g_pub_at[i] = a;
+    }
+}
+
+int main(int argc, char **argv)
+{
+    pid_t etcd_pid = 0;
+    for (int i = 1; i + 1 < argc; i += 2) {
+        if (!strcmp(argv[i], "--endpoints"))
+            g_eps = argv[i + 1];
+        else if (!strcmp(argv[i], "--etcd-pid"))
+            etcd_pid = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--agents"))
+            g_n = (unsigned)atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--peers"))
+            g_peers = (unsigned)atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--ttl"))
+            g_ttl = (unsigned)atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--rate"))
+            g_rate = (unsigned)atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--events"))
+            g_events = (unsigned)atoi(argv[i + 1]);
+        else {
+            fprintf(stderr, "etcd_scale: unknown option %s\n", argv[i]);
+            return 2;
+        }
+    }
+    if (g_eps == NULL || etcd_pid <= 0 || g_n < 2 || g_n > 4000 || g_peers == 0 ||
+        g_peers > 16 || g_peers >= g_n || g_ttl == 0 || 2 * g_events * (g_peers + 1) > g_n) {
+        fprintf(stderr, "usage: etcd_scale --endpoints URL --etcd-pid PID [--agents 256] "
+                        "[--peers 8] [--ttl 2] [--events 8] (2*events*(peers+1) <= agents)\n");
+        return 2;
+    }
+    signal(SIGPIPE, SIG_IGN);
+    if (pipe(g_go) != 0 || pipe(g_rep) != 0)
+        return 1;
+    g_join = calloc(g_n, sizeof(uint64_t));
+    g_pub = calloc(g_n, sizeof(uint64_t));
+    g_cpu = calloc(g_n, sizeof(uint64_t));
+    g_drop_t = calloc(g_n * g_peers * 2, sizeof(uint64_t));
+    g_drop_who = calloc(g_n * g_peers * 2, sizeof(unsigned));
+    pid_t *pids = calloc(g_n, sizeof(pid_t));
+    long hz = sysconf(_SC_CLK_TCK);
+    uint64_t tk0, rss0, tk1, rss1, tk2, rss2;
+
+    etcd_usage(etcd_pid, &tk0, &rss0);
+    for (unsigned i = 0; i < g_n; i++)
+        pids[i] = spawn(i, false);
+    sleep(1); /* processes exist; the join starts for all at once */
+    uint64_t tj = rt_ns();
+    for (unsigned i = 0; i < g_n; i++) {
+        if (write(g_go[1], "g", 1) != 1)
+            return 1;
+        if (g_rate > 0)
+            usleep(1000000u / g_rate);
+    }
+    size_t want_j = g_rate ? g_n - g_peers : g_n;
+    while (g_nj < want_j && rt_ns() - tj < 120000000000ull)
+        pump(200, on_line);
+    double join_wall = (double)(rt_ns() - tj) / 1e9;
+    etcd_usage(etcd_pid, &tk1, &rss1);
+    printf("agents %u, peers each %u, lease TTL %u s, etcd %s\n", g_n, g_peers, g_ttl, g_eps);
+    if (g_rate > 0)
+        printf("joined: %zu of %u in %.2f s (started at %u per second)\n", g_nj, g_n, join_wall,
+               g_rate);
+    else
+        printf("joined: %zu of %u in %.2f s (all started at once)\n", g_nj, g_n, join_wall);
+    stats("join (attach+register+publish+fetch peers)", g_join, g_nj, 1e6, "ms");
+    stats("  of which attach+register+publish", g_pub, g_nj, 1e6, "ms");
+    stats("CPU of one agent process until joined", g_cpu, g_nj, 1e3, "ms");
+
+    /* steady state: keepalives and idle watches only */
+    pump(10000, on_line);
+    etcd_usage(etcd_pid, &tk2, &rss2);
+    double cpu_steady = (double)(tk2 - tk1) / (double)hz / 10.0;
+    printf("etcd steady state (10 s): CPU %.1f%% of a core (%.3f%% per agent), RSS %.1f MiB "
+           "(%.1f MiB before the agents: %.1f KiB per agent)\n", 100 * cpu_steady,
+           100 * cpu_steady / g_n, (double)rss2 / 1024, (double)rss0 / 1024,
+           ((double)rss2 - (double)rss0) / g_n);
+    printf("etcd CPU during the join: %.2f s of CPU for %u joins (%.2f ms per agent)\n",
+           (double)(tk1 - tk0) / (double)hz, g_n, 1000.0 * (double)(tk1 - tk0) / (double)hz / g_n);
+
+    /* restarts: victims spaced so that their watchers do not overlap */
+    size_t nd0 = g_nd;
+    unsigned stride = g_n / (2 * g_events);
+    uint64_t restart_lat[512], kill_lat[512];
+    size_t nr = 0, nk = 0;
+    for (unsigned e = 0; e < g_events; e++) {
+        unsigned v = e * stride;
+        kill(pids[v], SIGKILL);
+        waitpid(pids[v], NULL, 0);
+        g_pub_at[v] = 0;
+        pids[v] = spawn(v, true);
+        uint64_t t = rt_ns();
+        while (g_pub_at[v] == 0 && rt_ns() - t < 30000000000ull)
+            pump(50, on_line);
+        pump(1500, on_line);
+    }
+    pump(2000, on_line);
+    for (size_t d = nd0; d < g_nd; d++) {
+        unsigned who = g_drop_who[d];
+        if (who < 4096 && g_pub_at[who] != 0 && nr < 512)
+            restart_lat[nr++] = g_drop_t[d] > g_pub_at[who] ? g_drop_t[d] - g_pub_at[who] : 0;
+    }
+    printf("restarts: %u agents killed -9 and started again (new incarnation)\n", g_events);
+    stats("new incarnation seen by a watcher (after publish)", restart_lat, nr, 1e6, "ms");
+    printf("  watchers that saw it: %zu of %u expected\n", nr, g_events * g_peers);
+
+    /* departures: killed -9, not restarted */
+    nd0 = g_nd;
+    uint64_t killed_at[4096] = {0};
+    for (unsigned e = 0; e < g_events; e++) {
+        unsigned v = e * stride + stride / 2;
+        killed_at[v] = rt_ns();
+        kill(pids[v], SIGKILL);
+        waitpid(pids[v], NULL, 0);
+        pids[v] = 0;
+    }
+    pump((int)(g_ttl * 1000 + 5000), on_line);
+    for (size_t d = nd0; d < g_nd; d++) {
+        unsigned who = g_drop_who[d];
+        if (who < 4096 && killed_at[who] != 0 && nk < 512)
+            kill_lat[nk++] = g_drop_t[d] - killed_at[who];
+    }
+    printf("departures: %u agents killed -9 (lease TTL %u s)\n", g_events, g_ttl);
+    stats("gone at a watcher (after kill -9)", kill_lat, nk, 1e6, "ms");
+    printf("  watchers that saw it: %zu of %u expected; bound TTL+1 s = %u ms\n", nk,
+           g_events * g_peers, g_ttl * 1000 + 1000);
+
+    for (unsigned i = 0; i < g_n; i++)
+        if (pids[i] > 0)
+            kill(pids[i], SIGKILL);
+    for (unsigned i = 0; i < g_n; i++)
+        if (pids[i] > 0)
+            waitpid(pids[i], NULL, 0);
+    return 0;
+}

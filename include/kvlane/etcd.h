@@ -1,0 +1,83 @@
+/* kvlane: agents publish and find metadata through etcd (v3). */
+#ifndef KVLANE_ETCD_H
+#define KVLANE_ETCD_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <kvlane/status.h>
+#include <kvlane/agent.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define KVL_ETCD_DEFAULT_PREFIX "/nixl/agents"
+#define KVL_ETCD_DEFAULT_LABEL "metadata"
+
+typedef struct kvl_etcd_config {
+    /* etcd client URLs, comma-separated: "http://10.0.0.5:2379,10.0.0.6:2379"
+     * (host:port gets http://). The format of NIXL_ETCD_ENDPOINTS. */
+    const char *endpoints;
+    /* Namespace of the keys: <prefix>/<agent name>/<label>. NULL or "":
+     * KVL_ETCD_DEFAULT_PREFIX (NIXL's NIXL_ETCD_NAMESPACE default). */
+    const char *prefix;
+    /* Lease TTL in seconds (0: 10): a process that dies disappears from
+     * every watcher at most this long after its last keepalive. */
+    unsigned lease_ttl_s;
+    /* Credentials when etcd has authentication on; NULL: none. */
+    const char *user, *password;
+    /* Bound of one request to one endpoint in ms (0: the agent's timeout). */
+    uint64_t timeout_ms;
+} kvl_etcd_config_t;
+
+/*
+ * Attach the agent to etcd: check that an endpoint answers (authenticating
+ * when a user is given), grant this agent's lease, and start keeping it
+ * alive and watching the namespace. Fails, bounded by timeout_ms per
+ * endpoint, when no endpoint answers or etcd refuses us. One attachment per
+ * agent; kvl_agent_destroy() detaches (revokes the lease: our keys go).
+ *
+ * While attached:
+ *   - the lease is kept alive (every TTL/3); when etcd is away longer than
+ *     the TTL the lease expires and, once etcd answers again, a new one is
+ *     granted and every label published is published again (fresh);
+ *   - a peer loaded with kvl_etcd_fetch() is followed: when its key is
+ *     deleted (destroy, kvl_etcd_unpublish, lease expired: the process died)
+ *     or replaced by a new incarnation (it restarted), its metadata is
+ *     dropped here (kvl_remote_remove); a new generation of the same
+ *     incarnation (regions changed) is loaded;
+ *   - after a deregistration, the labels published are published again.
+ * Transfers set up before etcd went away keep working: etcd is only asked
+ * for metadata.
+ */
+kvl_status_t kvl_etcd_attach(kvl_agent_t *agent, const kvl_etcd_config_t *config);
+
+/* Publish this agent's metadata under <prefix>/<name>/<label> (label NULL
+ * or "": KVL_ETCD_DEFAULT_LABEL), attached to its lease. */
+kvl_status_t kvl_etcd_publish(kvl_agent_t *agent, const char *label);
+
+/*
+ * Load the metadata agent `name` published under label (NULL: the default),
+ * waiting up to wait_ms for it to appear (0: no wait), and follow it (see
+ * kvl_etcd_attach). KVL_ERR_NOT_FOUND when it is not there in time.
+ */
+kvl_status_t kvl_etcd_fetch(kvl_agent_t *agent, const char *name, const char *label,
+                            uint64_t wait_ms);
+
+/* Remove every key this agent published (revokes its lease); followers drop
+ * its metadata. A later kvl_etcd_publish publishes again. */
+kvl_status_t kvl_etcd_unpublish(kvl_agent_t *agent);
+
+/*
+ * kvlane doctor's etcd checks, endpoint by endpoint (check names
+ * "<i>.reach", "<i>.auth", "<i>.lease", then "endpoints"): reachable and
+ * its version, the namespace readable with the credentials, a lease's
+ * clock and the grant round trip. Takes about 2 s per live endpoint.
+ * KVL_ERR_REMOTE_DISCONNECT when no endpoint answers.
+ */
+kvl_status_t kvl_etcd_probe(const kvl_etcd_config_t *config, kvl_probe_cb_t cb, void *arg);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

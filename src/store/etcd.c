@@ -1,0 +1,1242 @@
+/*
+ * kvlane etcd store: agents publish their metadata in etcd under
+ * <prefix>/<name>/<label>, attached to a lease the agent keeps alive; peers
+ * fetch it by name and follow it through one watch on the namespace, so a
+ * restart (new incarnation) or a departure (key deleted, lease expired)
+ * drops the loaded metadata at every agent that loaded it.
+ *
+ * Threads per attached agent: the keeper (lease keepalive every TTL/3, new
+ * lease and republish after an outage or a deregistration) and the watcher
+ * (one streaming watch; reconnects from the next revision, resynchronises
+ * the followed peers when etcd compacted past it). User calls (publish,
+ * fetch, unpublish) run on the caller's thread with their own curl handle.
+ * Nothing here is on a transfer's path.
+ */
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+#include "common/clock.h"
+#include "core/md_codec.h"
+#include "etcd_client.h"
+#include "store.h"
+
+#define KVLI_ETCD_LABEL_MAX 64u
+#define KVLI_ETCD_PREFIX_MAX 200u
+
+typedef struct kvli_etcd_follow {
+    struct kvli_etcd_follow *next;
+    char name[KVL_NAME_MAX];
+    char label[KVLI_ETCD_LABEL_MAX];
+    uint64_t incarnation, generation;
+    int64_t rev;                       /* watch its presence key from this revision */
+} kvli_etcd_follow_t;
+
+/* A kvl_etcd_fetch waiting for an agent to publish. */
+typedef struct kvli_etcd_waiter {
+    struct kvli_etcd_waiter *next;
+    const char *name;
+    bool put;                          /* its presence key was put */
+    int64_t rev;                       /* watch from (after the first read; 0 before) */
+} kvli_etcd_waiter_t;
+
+typedef struct kvli_etcd_pub {
+    struct kvli_etcd_pub *next;
+    char label[KVLI_ETCD_LABEL_MAX];
+} kvli_etcd_pub_t;
+
+typedef struct kvli_etcd {
+    kvl_agent_t *a;
+    kvli_etcd_client_t cl;
+    char prefix[KVLI_ETCD_PREFIX_MAX]; /* no trailing '/' */
+    unsigned ttl_s;
+    pthread_mutex_t lock;              /* everything below */
+    pthread_cond_t cond;               /* keeper and watcher wake-ups */
+    pthread_cond_t put_cond;           /* fetch waiters: a PUT was seen */
+    bool attached, stopping;
+    int64_t lease;                     /* 0: none (not granted, lost or revoked) */
+    bool lease_wanted;                 /* something is published: keep a lease */
+    bool down;                         /* the keeper could not reach etcd */
+    bool dirty;                        /* republish (regions changed) */
+    kvli_etcd_waiter_t *waiters;
+    kvli_etcd_pub_t *pubs;
+    kvli_etcd_follow_t *follows;
+    CURLM *multi;                      /* the watcher's, NULL when it does not run */
+    bool watch_restart;
+    pthread_t keeper, watcher;
+    bool threads;
+    pthread_mutex_t call_lock;         /* publish/unpublish/attach: call_h */
+    CURL *call_h;
+    CURL *fetch_pool[2];               /* idle handles of fetches (under lock), */
+    unsigned n_fetch_pool;             /* which run in parallel */
+} kvli_etcd_t;
+
+static void *kvli_etcd_create(kvl_agent_t *a)
+{
+    kvli_etcd_t *s = calloc(1, sizeof(*s));
+    if (s == NULL)
+        return NULL;
+    s->a = a;
+    pthread_mutex_init(&s->lock, NULL);
+    pthread_cond_init(&s->cond, NULL);
+    pthread_cond_init(&s->put_cond, NULL);
+    pthread_mutex_init(&s->call_lock, NULL);
+    return s;
+}
+
+static void kvli_etcd_destroy(kvl_agent_t *a, void *state);
+static void kvli_etcd_regions_changed(kvl_agent_t *a, void *state);
+
+static const kvli_store_ops_t kvli_etcd_store = {
+    .name = "etcd",
+    .create = kvli_etcd_create,
+    .destroy = kvli_etcd_destroy,
+    .regions_changed = kvli_etcd_regions_changed,
+};
+
+/* Wake the watcher (under s->lock): the set of watched agents changed. */
+static void kvli_etcd_wake(kvli_etcd_t *s)
+{
+    if (s->multi != NULL)
+        curl_multi_wakeup(s->multi);
+}
+
+/* ---- keys ---- */
+
+static void kvli_etcd_key(const kvli_etcd_t *s, const char *name, const char *label, char *buf,
+                          size_t cap)
+{
+    snprintf(buf, cap, "%s/%s/%s", s->prefix, name, label);
+}
+
+/* The presence key: "<incarnation hex> <generation>", put with every
+ * publish in the same transaction. The watch covers these small keys only,
+ * so a change reaches every watcher without the metadata itself. */
+static void kvli_etcd_pkey(const kvli_etcd_t *s, const char *name, char *buf, size_t cap)
+{
+    snprintf(buf, cap, "%.199s.inc/%.63s", s->prefix, name);
+}
+
+static void kvli_etcd_put_key(json_object *o, const char *field, const char *key)
+{
+    char *b = kvli_etcd_b64(key, strlen(key));
+    json_object_object_add(o, field, json_object_new_string(b ? b : ""));
+    free(b);
+}
+
+static kvl_status_t kvli_etcd_label_ok(const char *label, kvl_error_t *err)
+{
+    if (strlen(label) >= KVLI_ETCD_LABEL_MAX || strchr(label, '/') != NULL) {
+        kvli_err(err, KVL_ERR_INVALID_ARG, 0, "etcd metadata label '%.100s' is longer than %u "
+                 "bytes or contains '/'", label, KVLI_ETCD_LABEL_MAX - 1);
+        kvli_hint(err, "use a short label without '/' (NIXL's default is \"metadata\")");
+        return KVL_ERR_INVALID_ARG;
+    }
+    return KVL_OK;
+}
+
+static kvli_etcd_t *kvli_etcd_get(kvl_agent_t *a, const char *fn, kvl_error_t *err)
+{
+    kvli_etcd_t *s = kvli_store_state(a, &kvli_etcd_store, false);
+    bool ok = false;
+    if (s != NULL) {
+        pthread_mutex_lock(&s->lock);
+        ok = s->attached && !s->stopping;
+        pthread_mutex_unlock(&s->lock);
+    }
+    if (!ok) {
+        kvli_err(err, KVL_ERR_STATE, 0, "%s: agent '%s' is not attached to etcd", fn, a->name);
+        kvli_hint(err, "call kvl_etcd_attach first (Python: set NIXL_ETCD_ENDPOINTS before the "
+                       "nixl_agent is created, or Agent.etcd_attach)");
+        return NULL;
+    }
+    return s;
+}
+
+/* ---- lease ---- */
+
+static kvl_status_t kvli_etcd_grant(kvli_etcd_t *s, CURL *h, int64_t *lease_p, int64_t *rev_p,
+                                    kvl_error_t *err)
+{
+    json_object *b = json_object_new_object(), *out = NULL;
+    json_object_object_add(b, "TTL", json_object_new_int64(s->ttl_s));
+    kvl_status_t st = kvli_etcd_call(&s->cl, h, "/v3/lease/grant", b, &out, NULL, 0, err);
+    json_object_put(b);
+    if (st != KVL_OK)
+        return st;
+    json_object *hdr = NULL;
+    json_object_object_get_ex(out, "header", &hdr);
+    *lease_p = kvli_etcd_i64(out, "ID");
+    if (rev_p != NULL)
+        *rev_p = kvli_etcd_i64(hdr, "revision");
+    json_object_put(out);
+    if (*lease_p == 0) {
+        kvli_err(err, KVL_ERR_REMOTE, EPROTO, "etcd granted no lease (no ID in its answer)");
+        kvli_hint(err, "check etcd's log; is it an etcd v3.4 or later?");
+        return KVL_ERR_REMOTE;
+    }
+    return KVL_OK;
+}
+
+static kvl_status_t kvli_etcd_revoke(kvli_etcd_t *s, CURL *h, int64_t lease, kvl_error_t *err)
+{
+    json_object *b = json_object_new_object(), *out = NULL;
+    char id[32];
+    snprintf(id, sizeof(id), "%" PRId64, lease);
+    json_object_object_add(b, "ID", json_object_new_string(id));
+    kvl_status_t st = kvli_etcd_call(&s->cl, h, "/v3/lease/revoke", b, &out, NULL, 0, err);
+    json_object_put(b);
+    if (out != NULL)
+        json_object_put(out);
+    return st == KVL_ERR_NOT_FOUND ? KVL_OK : st; /* already expired */
+}
+
+/* Put our metadata under label with lease. */
+static kvl_status_t kvli_etcd_put_md(kvli_etcd_t *s, CURL *h, const char *label, int64_t lease,
+                                     kvl_error_t *err)
+{
+    void *blob = NULL;
+    size_t len = 0;
+    char key[KVLI_ETCD_PREFIX_MAX + KVL_NAME_MAX + KVLI_ETCD_LABEL_MAX + 4], id[32];
+    if (kvl_metadata_get(s->a, &blob, &len) != KVL_OK) {
+        *err = *kvl_last_error();
+        return err->code;
+    }
+    kvli_md_t md;
+    kvl_error_t derr;
+    uint64_t gen = 0;
+    if (kvli_md_decode(blob, len, &md, &derr) == KVL_OK) {
+        gen = md.generation;
+        kvli_md_release(&md);
+    }
+    char *v = kvli_etcd_b64(blob, len);
+    kvl_free(blob);
+    if (v == NULL) {
+        kvli_err(err, KVL_ERR_NO_MEMORY, ENOMEM, "etcd: no memory to encode %zu bytes of "
+                 "metadata", len);
+        return KVL_ERR_NO_MEMORY;
+    }
+    /* One transaction: the metadata and the presence key. */
+    char pkey[KVLI_ETCD_PREFIX_MAX + KVL_NAME_MAX + 8], pval[64];
+    json_object *b = json_object_new_object(), *ops = json_object_new_array(), *out = NULL;
+    json_object *p1 = json_object_new_object(), *p2 = json_object_new_object();
+    json_object *o1 = json_object_new_object(), *o2 = json_object_new_object();
+    snprintf(id, sizeof(id), "%" PRId64, lease);
+    kvli_etcd_key(s, s->a->name, label, key, sizeof(key));
+    kvli_etcd_put_key(p1, "key", key);
+    json_object_object_add(p1, "value", json_object_new_string(v));
+    json_object_object_add(p1, "lease", json_object_new_string(id));
+    free(v);
+    kvli_etcd_pkey(s, s->a->name, pkey, sizeof(pkey));
+    snprintf(pval, sizeof(pval), "%016" PRIx64 " %" PRIu64, s->a->incarnation, gen);
+    char *pv = kvli_etcd_b64(pval, strlen(pval));
+    kvli_etcd_put_key(p2, "key", pkey);
+    json_object_object_add(p2, "value", json_object_new_string(pv ? pv : ""));
+    json_object_object_add(p2, "lease", json_object_new_string(id));
+    free(pv);
+    json_object_object_add(o1, "request_put", p1);
+    json_object_object_add(o2, "request_put", p2);
+    json_object_array_add(ops, o1);
+    json_object_array_add(ops, o2);
+    json_object_object_add(b, "success", ops);
+    kvl_status_t st = kvli_etcd_call(&s->cl, h, "/v3/kv/txn", b, &out, NULL, 0, err);
+    json_object_put(b);
+    if (out != NULL)
+        json_object_put(out);
+    return st;
+}
+
+/* Every label published, again, under the current lease (granted when
+ * missing). Called by the keeper; err filled on failure. */
+static kvl_status_t kvli_etcd_republish(kvli_etcd_t *s, CURL *h, kvl_error_t *err)
+{
+    char labels[16][KVLI_ETCD_LABEL_MAX];
+    unsigned n = 0;
+    int64_t lease;
+    pthread_mutex_lock(&s->lock);
+    lease = s->lease;
+    for (kvli_etcd_pub_t *p = s->pubs; p != NULL && n < 16; p = p->next)
+        kvli_scopy(labels[n++], KVLI_ETCD_LABEL_MAX, p->label);
+    s->dirty = false;
+    pthread_mutex_unlock(&s->lock);
+    if (lease == 0) {
+        kvl_status_t st = kvli_etcd_grant(s, h, &lease, NULL, err);
+        if (st != KVL_OK)
+            return st;
+        pthread_mutex_lock(&s->lock);
+        s->lease = lease;
+        pthread_mutex_unlock(&s->lock);
+        kvli_log(KVL_LOG_INFO, "etcd", "agent '%s': new etcd lease %" PRIx64 " (TTL %u s)",
+                 s->a->name, (uint64_t)lease, s->ttl_s);
+    }
+    for (unsigned i = 0; i < n; i++) {
+        kvl_status_t st = kvli_etcd_put_md(s, h, labels[i], lease, err);
+        if (st != KVL_OK) {
+            pthread_mutex_lock(&s->lock);
+            s->dirty = true;
+            pthread_mutex_unlock(&s->lock);
+            return st;
+        }
+    }
+    if (n > 0)
+        kvli_log(KVL_LOG_INFO, "etcd", "agent '%s': metadata published again (%u label(s))",
+                 s->a->name, n);
+    return KVL_OK;
+}
+
+/* The keeper thread: lease keepalive, new lease after an outage, republish. */
+static void *kvli_etcd_keeper_main(void *arg)
+{
+    kvli_etcd_t *s = arg;
+    CURL *h = curl_easy_init();
+    uint64_t period_ms = s->ttl_s * 1000u / 3u;
+    if (period_ms < 300)
+        period_ms = 300;
+    pthread_mutex_lock(&s->lock);
+    while (!s->stopping) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        uint64_t ns = (uint64_t)ts.tv_nsec + (s->down ? 500u : period_ms) * 1000000u;
+        ts.tv_sec += (time_t)(ns / 1000000000u);
+        ts.tv_nsec = (long)(ns % 1000000000u);
+        while (!s->dirty && !s->stopping && pthread_cond_timedwait(&s->cond, &s->lock, &ts) == 0)
+            ;
+        if (s->stopping)
+            break;
+        int64_t lease = s->lease;
+        bool wanted = s->lease_wanted, dirty = s->dirty;
+        pthread_mutex_unlock(&s->lock);
+
+        kvl_error_t err;
+        kvli_err_blank(&err);
+        kvl_status_t st = KVL_OK;
+        bool lost = false;
+        if (lease != 0) {
+            json_object *b = json_object_new_object(), *out = NULL, *res = NULL;
+            char id[32];
+            snprintf(id, sizeof(id), "%" PRId64, lease);
+            json_object_object_add(b, "ID", json_object_new_string(id));
+            st = kvli_etcd_call(&s->cl, h, "/v3/lease/keepalive", b, &out, NULL, 0, &err);
+            json_object_put(b);
+            if (st == KVL_OK) {
+                if (!json_object_object_get_ex(out, "result", &res))
+                    res = out;
+                lost = kvli_etcd_i64(res, "TTL") <= 0;
+                json_object_put(out);
+            }
+            lost = lost || st == KVL_ERR_NOT_FOUND;
+            if (lost) {
+                st = KVL_OK;
+                kvli_log(KVL_LOG_WARN, "etcd", "agent '%s': etcd lease %" PRIx64 " expired "
+                         "(etcd was out of reach longer than its TTL of %u s, or the lease was "
+                         "revoked): granting a new one and publishing again", s->a->name,
+                         (uint64_t)lease, s->ttl_s);
+                pthread_mutex_lock(&s->lock);
+                if (s->lease == lease)
+                    s->lease = 0;
+                pthread_mutex_unlock(&s->lock);
+            }
+        }
+        if (st == KVL_OK && wanted && (lost || dirty || lease == 0))
+            st = kvli_etcd_republish(s, h, &err);
+
+        pthread_mutex_lock(&s->lock);
+        if (st != KVL_OK && !s->down && !s->stopping) {
+            s->down = true;
+            kvli_log(KVL_LOG_WARN, "etcd", "agent '%s': etcd keepalive failed: %s; transfers "
+                     "already set up keep working, the lease is renewed and the metadata "
+                     "published again when etcd answers", s->a->name, err.what);
+            s->watch_restart = true;
+            kvli_etcd_wake(s);
+        } else if (st == KVL_OK && s->down) {
+            s->down = false;
+            kvli_log(KVL_LOG_INFO, "etcd", "agent '%s': etcd answers again", s->a->name);
+            s->watch_restart = true;
+            kvli_etcd_wake(s);
+            pthread_cond_broadcast(&s->cond);
+        }
+    }
+    pthread_mutex_unlock(&s->lock);
+    curl_easy_cleanup(h);
+    return NULL;
+}
+
+/* ---- following peers ---- */
+
+static kvli_etcd_follow_t *kvli_etcd_follow_find(kvli_etcd_t *s, const char *name)
+{
+    for (kvli_etcd_follow_t *f = s->follows; f != NULL; f = f->next)
+        if (strcmp(f->name, name) == 0)
+            return f;
+    return NULL;
+}
+
+/* Drop the followed peer's metadata (under no lock). */
+static void kvli_etcd_drop(kvli_etcd_t *s, const char *name, const char *why)
+{
+    pthread_mutex_lock(&s->lock);
+    for (kvli_etcd_follow_t **pp = &s->follows; *pp != NULL; pp = &(*pp)->next) {
+        if (strcmp((*pp)->name, name) == 0) {
+            kvli_etcd_follow_t *f = *pp;
+            *pp = f->next;
+            free(f);
+            break;
+        }
+    }
+    pthread_mutex_unlock(&s->lock);
+    kvl_status_t st = kvl_remote_remove(s->a, name);
+    kvli_log(KVL_LOG_INFO, "etcd", "agent '%s': %s agent '%s' (%s)", s->a->name,
+             st == KVL_OK ? "dropped the metadata of" : "no longer follows", name, why);
+}
+
+/* Range-get one key: KVL_OK with *blob_p (malloc'ed) or KVL_ERR_NOT_FOUND. */
+static kvl_status_t kvli_etcd_get_key(kvli_etcd_t *s, CURL *h, const char *key, void **blob_p,
+                                      size_t *len_p, int64_t *rev_p, kvl_error_t *err);
+
+/* Load the followed agent's metadata again (a new generation). */
+static void kvli_etcd_reload(kvli_etcd_t *s, CURL *h, const char *name, const char *label,
+                             uint64_t gen)
+{
+    char key[KVLI_ETCD_PREFIX_MAX + KVL_NAME_MAX + KVLI_ETCD_LABEL_MAX + 4];
+    void *blob = NULL;
+    size_t bl = 0;
+    kvl_error_t err;
+    kvli_err_blank(&err);
+    kvli_etcd_key(s, name, label, key, sizeof(key));
+    if (kvli_etcd_get_key(s, h, key, &blob, &bl, NULL, &err) != KVL_OK)
+        return; /* its delete follows */
+    if (kvl_metadata_load(s->a, blob, bl, NULL, 0) == KVL_OK) {
+        pthread_mutex_lock(&s->lock);
+        kvli_etcd_follow_t *f = kvli_etcd_follow_find(s, name);
+        if (f != NULL && f->generation < gen)
+            f->generation = gen;
+        pthread_mutex_unlock(&s->lock);
+        kvli_log(KVL_LOG_DEBUG, "etcd", "agent '%s': loaded generation %" PRIu64 " of agent "
+                 "'%s'", s->a->name, gen, name);
+    }
+    free(blob);
+}
+
+/* One event of the watch on the presence keys. */
+static void kvli_etcd_event(kvli_etcd_t *s, CURL *h, json_object *ev)
+{
+    json_object *kv = NULL, *t = NULL, *k = NULL, *v = NULL;
+    if (!json_object_object_get_ex(ev, "kv", &kv) || !json_object_object_get_ex(kv, "key", &k))
+        return;
+    bool del = json_object_object_get_ex(ev, "type", &t) &&
+               strcmp(json_object_get_string(t), "DELETE") == 0;
+    size_t kl = 0;
+    char *key = kvli_etcd_unb64(json_object_get_string(k), &kl);
+    if (key == NULL)
+        return;
+    key[kl] = '\0';
+    char pfx[KVLI_ETCD_PREFIX_MAX + 8], name[KVL_NAME_MAX] = "";
+    kvli_etcd_pkey(s, "", pfx, sizeof(pfx));
+    size_t pl = strlen(pfx);
+    if (kl > pl && strncmp(key, pfx, pl) == 0 && kl - pl < sizeof(name))
+        kvli_scopy(name, sizeof(name), key + pl);
+    free(key);
+    if (name[0] == '\0' || strchr(name, '/') != NULL)
+        return;
+    uint64_t inc = 0, gen = 0;
+    if (!del) {
+        size_t vl = 0;
+        char *val = json_object_object_get_ex(kv, "value", &v)
+                    ? kvli_etcd_unb64(json_object_get_string(v), &vl) : NULL;
+        if (val != NULL) {
+            val[vl] = '\0';
+            if (sscanf(val, "%" SCNx64 " %" SCNu64, &inc, &gen) != 2)
+                inc = 0;
+            free(val);
+        }
+    }
+    pthread_mutex_lock(&s->lock);
+    if (!del) {
+        for (kvli_etcd_waiter_t *w = s->waiters; w != NULL; w = w->next)
+            if (strcmp(w->name, name) == 0)
+                w->put = true;
+        pthread_cond_broadcast(&s->put_cond);
+    }
+    kvli_etcd_follow_t *f = kvli_etcd_follow_find(s, name);
+    bool mine = f != NULL;
+    uint64_t held = mine ? f->incarnation : 0, held_gen = mine ? f->generation : 0;
+    char label[KVLI_ETCD_LABEL_MAX] = "";
+    if (mine)
+        kvli_scopy(label, sizeof(label), f->label);
+    pthread_mutex_unlock(&s->lock);
+    if (!mine)
+        return;
+    if (del) {
+        kvli_etcd_drop(s, name, "its etcd key was deleted: it was destroyed, unpublished, or "
+                                "its lease expired");
+    } else if (inc != held) {
+        char why[128];
+        snprintf(why, sizeof(why), "it restarted: incarnation %016" PRIx64 " replaced %016"
+                 PRIx64, inc, held);
+        kvli_etcd_drop(s, name, why);
+    } else if (gen > held_gen) {
+        kvli_etcd_reload(s, h, name, label, gen);
+    }
+}
+
+/* After the watch lost events (compaction): check every followed peer. */
+static void kvli_etcd_resync(kvli_etcd_t *s, CURL *h)
+{
+    char names[64][KVL_NAME_MAX];
+    unsigned n = 0;
+    pthread_mutex_lock(&s->lock);
+    for (kvli_etcd_follow_t *f = s->follows; f != NULL && n < 64; f = f->next, n++)
+        kvli_scopy(names[n], KVL_NAME_MAX, f->name);
+    pthread_mutex_unlock(&s->lock);
+    for (unsigned i = 0; i < n; i++) {
+        char key[KVLI_ETCD_PREFIX_MAX + KVL_NAME_MAX + 8];
+        json_object *b = json_object_new_object(), *out = NULL, *kvs = NULL;
+        kvl_error_t err;
+        kvli_err_blank(&err);
+        kvli_etcd_pkey(s, names[i], key, sizeof(key));
+        kvli_etcd_put_key(b, "key", key);
+        kvl_status_t st = kvli_etcd_call(&s->cl, h, "/v3/kv/range", b, &out, NULL, 0, &err);
+        json_object_put(b);
+        if (st != KVL_OK)
+            continue;
+        if (json_object_object_get_ex(out, "kvs", &kvs) && json_object_array_length(kvs) > 0) {
+            json_object *ev = json_object_new_object();
+            json_object_object_add(ev, "kv", json_object_get(json_object_array_get_idx(kvs, 0)));
+            kvli_etcd_event(s, h, ev);
+            json_object_put(ev);
+        } else {
+            kvli_etcd_drop(s, names[i], "its etcd key is gone (found after the watch resumed)");
+        }
+        json_object_put(out);
+    }
+}
+
+/* One watch stream: the presence key of one agent this one follows or
+ * waits for (a watch per peer, so a change reaches only its followers). */
+typedef struct kvli_etcd_stream {
+    struct kvli_etcd_stream *next;
+    kvli_etcd_t *s;
+    CURL *h, *rh;                      /* rh: reloads from the watcher thread */
+    struct curl_slist *hd;
+    char name[KVL_NAME_MAX];
+    char body[1024];
+    int64_t rev;                       /* next revision to watch from (0: now) */
+    bool running, created, compacted, failed, warned, wanted;
+    uint64_t retry_ms;                 /* monotonic ms of the next start */
+    unsigned backoff_ms;
+    char *buf;
+    size_t len, cap;
+    char fail[256];
+} kvli_etcd_stream_t;
+
+static void kvli_etcd_line(kvli_etcd_stream_t *w, const char *line)
+{
+    kvli_etcd_t *s = w->s;
+    json_object *o = json_tokener_parse(line), *r = NULL, *evs = NULL;
+    if (o == NULL)
+        return;
+    if (!json_object_object_get_ex(o, "result", &r)) {
+        int code = 0;
+        json_object *m = NULL, *c = NULL;
+        json_object_object_get_ex(o, "message", &m);
+        if (json_object_object_get_ex(o, "code", &c))
+            code = json_object_get_int(c);
+        snprintf(w->fail, sizeof(w->fail), "%s (gRPC code %d)",
+                 m ? json_object_get_string(m) : "an error", code);
+        w->failed = true;
+        json_object_put(o);
+        return;
+    }
+    if (json_object_object_get_ex(r, "created", NULL))
+        w->created = true;
+    int64_t compact = kvli_etcd_i64(r, "compact_revision");
+    json_object *cancel = NULL;
+    if (json_object_object_get_ex(r, "canceled", &cancel) && json_object_get_boolean(cancel) &&
+        compact <= 0) {
+        json_object *why = NULL;
+        json_object_object_get_ex(r, "cancel_reason", &why);
+        snprintf(w->fail, sizeof(w->fail), "etcd canceled the watch: %s",
+                 why ? json_object_get_string(why) : "no reason given");
+        w->failed = true;
+    }
+    if (compact > 0) {
+        w->rev = compact;
+        w->compacted = true;
+    }
+    if (json_object_object_get_ex(r, "events", &evs)) {
+        size_t n = json_object_array_length(evs);
+        for (size_t i = 0; i < n; i++) {
+            json_object *ev = json_object_array_get_idx(evs, i), *kv = NULL;
+            kvli_etcd_event(s, w->rh, ev);
+            if (json_object_object_get_ex(ev, "kv", &kv) &&
+                kvli_etcd_i64(kv, "mod_revision") >= w->rev)
+                w->rev = kvli_etcd_i64(kv, "mod_revision") + 1;
+        }
+    }
+    json_object_put(o);
+}
+
+static size_t kvli_etcd_stream_sink(char *data, size_t sz, size_t nm, void *arg)
+{
+    kvli_etcd_stream_t *w = arg;
+    size_t n = sz * nm;
+    if (w->len + n + 1 > KVLI_ETCD_REPLY_MAX)
+        return 0;
+    if (w->len + n + 1 > w->cap) {
+        size_t cap = (w->len + n + 1) * 2;
+        char *q = realloc(w->buf, cap);
+        if (q == NULL)
+            return 0;
+        w->buf = q;
+        w->cap = cap;
+    }
+    memcpy(w->buf + w->len, data, n);
+    w->len += n;
+    w->buf[w->len] = '\0';
+    char *nl;
+    while ((nl = memchr(w->buf, '\n', w->len)) != NULL) {
+        *nl = '\0';
+        kvli_etcd_line(w, w->buf);
+        size_t used = (size_t)(nl - w->buf) + 1;
+        memmove(w->buf, nl + 1, w->len - used + 1);
+        w->len -= used;
+    }
+    return w->compacted || w->failed ? 0 : n;
+}
+
+static void kvli_etcd_stream_start(kvli_etcd_t *s, CURLM *m, kvli_etcd_stream_t *w)
+{
+    char url[KVLI_ETCD_EP_LEN + 16], tok[512], auth[600];
+    char key[KVLI_ETCD_PREFIX_MAX + KVL_NAME_MAX + 8];
+    json_object *b = json_object_new_object(), *cr = json_object_new_object();
+    kvli_etcd_pkey(s, w->name, key, sizeof(key));
+    kvli_etcd_put_key(cr, "key", key);
+    if (w->rev > 0)
+        json_object_object_add(cr, "start_revision", json_object_new_int64(w->rev));
+    json_object_object_add(b, "create_request", cr);
+    kvli_scopy(w->body, sizeof(w->body), json_object_to_json_string_ext(b, JSON_C_TO_STRING_PLAIN));
+    json_object_put(b);
+    snprintf(url, sizeof(url), "%s/v3/watch", s->cl.eps[atomic_load(&s->cl.cur) % s->cl.n_eps]);
+    if (w->h == NULL)
+        w->h = curl_easy_init();
+    curl_easy_reset(w->h);
+    kvli_etcd_curl_setup(w->h, s->cl.timeout_ms);
+    curl_easy_setopt(w->h, CURLOPT_TIMEOUT_MS, 0L); /* a stream: no total bound */
+    curl_easy_setopt(w->h, CURLOPT_URL, url);
+    curl_easy_setopt(w->h, CURLOPT_POSTFIELDS, w->body);
+    curl_easy_setopt(w->h, CURLOPT_WRITEFUNCTION, kvli_etcd_stream_sink);
+    curl_easy_setopt(w->h, CURLOPT_WRITEDATA, w);
+    curl_easy_setopt(w->h, CURLOPT_PRIVATE, w);
+    curl_easy_setopt(w->h, CURLOPT_FORBID_REUSE, 1L);
+    curl_slist_free_all(w->hd);
+    w->hd = curl_slist_append(NULL, "Content-Type: application/json");
+    kvli_etcd_token(&s->cl, tok, sizeof(tok));
+    if (tok[0] != '\0') {
+        snprintf(auth, sizeof(auth), "Authorization: %s", tok);
+        w->hd = curl_slist_append(w->hd, auth);
+    }
+    curl_easy_setopt(w->h, CURLOPT_HTTPHEADER, w->hd);
+    w->created = w->compacted = w->failed = false;
+    w->len = 0;
+    w->fail[0] = '\0';
+    if (curl_multi_add_handle(m, w->h) == CURLM_OK)
+        w->running = true;
+}
+
+static void kvli_etcd_stream_stop(CURLM *m, kvli_etcd_stream_t *w)
+{
+    if (w->running)
+        curl_multi_remove_handle(m, w->h);
+    w->running = false;
+}
+
+/* A stream ended (etcd away, endpoint dead, compaction, auth): log once,
+ * move to the next endpoint when it never worked, retry with backoff. */
+static void kvli_etcd_stream_ended(kvli_etcd_t *s, kvli_etcd_stream_t *w, CURLcode cc)
+{
+    uint64_t now = kvli_clock_ms();
+    if (w->compacted) {
+        kvli_log(KVL_LOG_INFO, "etcd", "agent '%s': etcd compacted past the watch's "
+                 "revision; checking the followed agents", s->a->name);
+        kvli_etcd_resync(s, w->rh);
+        w->retry_ms = now;
+        return;
+    }
+    if (w->failed && strstr(w->fail, "token") != NULL && s->cl.user[0] != '\0') {
+        kvl_error_t err;
+        kvli_err_blank(&err);
+        (void)kvli_etcd_authenticate(&s->cl, w->rh, &err);
+    }
+    if (!w->created && s->cl.n_eps > 1) {
+        unsigned cur = atomic_load(&s->cl.cur);
+        atomic_compare_exchange_strong(&s->cl.cur, &cur, (cur + 1) % s->cl.n_eps);
+    }
+    if (!w->warned) {
+        kvli_log(w->created ? KVL_LOG_INFO : KVL_LOG_WARN, "etcd", "agent '%s': etcd watch on "
+                 "agent '%s' ended: %s; resuming from revision %" PRId64 " (its restarts and "
+                 "departures are seen when it resumes)", s->a->name, w->name,
+                 w->failed ? w->fail : curl_easy_strerror(cc), w->rev);
+        w->warned = !w->created;
+    }
+    if (w->created)
+        w->backoff_ms = 100;
+    w->retry_ms = now + w->backoff_ms;
+    w->backoff_ms = w->backoff_ms * 2 > 2000 ? 2000 : w->backoff_ms * 2;
+}
+
+/* The watcher thread: one stream per followed or awaited agent, driven by
+ * one curl multi handle; resumed from the next revision. */
+static void *kvli_etcd_watcher_main(void *arg)
+{
+    kvli_etcd_t *s = arg;
+    CURLM *m = curl_multi_init();
+    CURL *rh = curl_easy_init();
+    kvli_etcd_stream_t *streams = NULL;
+    pthread_mutex_lock(&s->lock);
+    s->multi = m;
+    pthread_mutex_unlock(&s->lock);
+    for (;;) {
+        pthread_mutex_lock(&s->lock);
+        bool stop = s->stopping, restart = s->watch_restart;
+        s->watch_restart = false;
+        for (kvli_etcd_stream_t *w = streams; w != NULL; w = w->next)
+            w->wanted = false;
+        for (kvli_etcd_follow_t *f = s->follows; !stop && f != NULL; f = f->next) {
+            kvli_etcd_stream_t *w = streams;
+            while (w != NULL && strcmp(w->name, f->name) != 0)
+                w = w->next;
+            if (w == NULL && (w = calloc(1, sizeof(*w))) != NULL) {
+                w->s = s;
+                w->rh = rh;
+                kvli_scopy(w->name, sizeof(w->name), f->name);
+                w->rev = f->rev;
+                w->backoff_ms = 100;
+                w->next = streams;
+                streams = w;
+            }
+            if (w != NULL)
+                w->wanted = true;
+        }
+        for (kvli_etcd_waiter_t *wt = s->waiters; !stop && wt != NULL; wt = wt->next) {
+            kvli_etcd_stream_t *w = streams;
+            if (wt->rev == 0)
+                continue; /* its first read is not done */
+            while (w != NULL && strcmp(w->name, wt->name) != 0)
+                w = w->next;
+            if (w == NULL && (w = calloc(1, sizeof(*w))) != NULL) {
+                w->s = s;
+                w->rh = rh;
+                kvli_scopy(w->name, sizeof(w->name), wt->name);
+                w->rev = wt->rev;
+                w->backoff_ms = 100;
+                w->next = streams;
+                streams = w;
+            }
+            if (w != NULL)
+                w->wanted = true;
+        }
+        pthread_mutex_unlock(&s->lock);
+        if (stop)
+            break;
+        uint64_t now = kvli_clock_ms(), next = now + 1000;
+        for (kvli_etcd_stream_t **pp = &streams; *pp != NULL;) {
+            kvli_etcd_stream_t *w = *pp;
+            if (!w->wanted) {
+                kvli_etcd_stream_stop(m, w);
+                *pp = w->next;
+                curl_easy_cleanup(w->h);
+                curl_slist_free_all(w->hd);
+                free(w->buf);
+                free(w);
+                continue;
+            }
+            if (restart && w->running) {
+                kvli_etcd_stream_stop(m, w);
+                w->retry_ms = now;
+            }
+            if (!w->running && now >= w->retry_ms)
+                kvli_etcd_stream_start(s, m, w);
+            if (!w->running && w->retry_ms < next)
+                next = w->retry_ms;
+            pp = &w->next;
+        }
+        int still = 0, left = 0;
+        curl_multi_perform(m, &still);
+        CURLMsg *msg;
+        while ((msg = curl_multi_info_read(m, &left)) != NULL) {
+            if (msg->msg != CURLMSG_DONE)
+                continue;
+            kvli_etcd_stream_t *w = NULL;
+            curl_easy_getinfo(msg->easy_handle, CURLINFO_PRIVATE, (char **)&w);
+            if (w == NULL)
+                continue;
+            CURLcode cc = msg->data.result;
+            kvli_etcd_stream_stop(m, w);
+            pthread_mutex_lock(&s->lock);
+            stop = s->stopping;
+            pthread_mutex_unlock(&s->lock);
+            if (!stop)
+                kvli_etcd_stream_ended(s, w, cc);
+        }
+        /* Woken by traffic, by curl_multi_wakeup (followers changed, the
+         * keeper, destroy), or for the next retry. */
+        uint64_t after = kvli_clock_ms();
+        int wait_ms = next > after ? (int)(next - after) : 0;
+        for (kvli_etcd_stream_t *w = streams; w != NULL; w = w->next)
+            if (!w->running && w->retry_ms <= after)
+                wait_ms = 0;
+        curl_multi_poll(m, NULL, 0, wait_ms > 1000 ? 1000 : wait_ms, NULL);
+    }
+    pthread_mutex_lock(&s->lock);
+    s->multi = NULL;
+    pthread_mutex_unlock(&s->lock);
+    while (streams != NULL) {
+        kvli_etcd_stream_t *w = streams;
+        streams = w->next;
+        kvli_etcd_stream_stop(m, w);
+        curl_easy_cleanup(w->h);
+        curl_slist_free_all(w->hd);
+        free(w->buf);
+        free(w);
+    }
+    curl_multi_cleanup(m);
+    curl_easy_cleanup(rh);
+    return NULL;
+}
+
+/* ---- public calls ---- */
+
+kvl_status_t kvl_etcd_attach(kvl_agent_t *a, const kvl_etcd_config_t *cfg)
+{
+    kvl_error_t err;
+    if (a == NULL || cfg == NULL)
+        return kvli_fail_simple(a, KVL_ERR_INVALID_ARG, NULL,
+                                "kvl_etcd_attach: agent or config is NULL");
+    kvli_err_blank(&err);
+    kvli_scopy(err.backend, sizeof(err.backend), "etcd");
+    const char *prefix = cfg->prefix && cfg->prefix[0] ? cfg->prefix : KVL_ETCD_DEFAULT_PREFIX;
+    size_t pl = strlen(prefix);
+    while (pl > 1 && prefix[pl - 1] == '/')
+        pl--;
+    if (pl >= KVLI_ETCD_PREFIX_MAX || prefix[0] != '/') {
+        kvli_err(&err, KVL_ERR_INVALID_ARG, 0, "etcd prefix '%.250s' must start with '/' and "
+                 "be shorter than %u bytes", prefix, KVLI_ETCD_PREFIX_MAX);
+        kvli_hint(&err, "e.g. /nixl/agents (NIXL_ETCD_NAMESPACE)");
+        return kvli_fail(a, &err);
+    }
+    if (strchr(a->name, '/') != NULL) {
+        kvli_err(&err, KVL_ERR_INVALID_ARG, 0, "agent name '%s' contains '/', which etcd keys "
+                 "use as separator", a->name);
+        kvli_hint(&err, "name agents without '/' to publish them in etcd");
+        return kvli_fail(a, &err);
+    }
+    if (cfg->lease_ttl_s > 3600) {
+        kvli_err(&err, KVL_ERR_INVALID_ARG, 0, "etcd lease TTL of %u s is more than an hour",
+                 cfg->lease_ttl_s);
+        kvli_hint(&err, "a dead agent stays visible for its TTL: use seconds (default 10)");
+        return kvli_fail(a, &err);
+    }
+    kvli_etcd_global_init();
+    kvli_etcd_t *s = kvli_store_state(a, &kvli_etcd_store, true);
+    if (s == NULL)
+        return kvli_fail_simple(a, KVL_ERR_NO_MEMORY, NULL, "kvl_etcd_attach: out of memory");
+    pthread_mutex_lock(&s->call_lock);
+    pthread_mutex_lock(&s->lock);
+    bool busy = s->attached || s->stopping;
+    pthread_mutex_unlock(&s->lock);
+    if (busy) {
+        pthread_mutex_unlock(&s->call_lock);
+        kvli_err(&err, KVL_ERR_EXISTS, 0, "agent '%s' is already attached to etcd (%s)",
+                 a->name, s->cl.eps[0]);
+        kvli_hint(&err, "one attachment per agent");
+        return kvli_fail(a, &err);
+    }
+    kvl_status_t st = kvli_etcd_client_init(&s->cl, cfg->endpoints, cfg->user, cfg->password,
+                                            cfg->timeout_ms ? cfg->timeout_ms : a->timeout_ms,
+                                            &err);
+    memcpy(s->prefix, prefix, pl);
+    s->prefix[pl] = '\0';
+    s->ttl_s = cfg->lease_ttl_s ? cfg->lease_ttl_s : 10;
+    if (st == KVL_OK && s->call_h == NULL && (s->call_h = curl_easy_init()) == NULL) {
+        kvli_err(&err, KVL_ERR_NO_MEMORY, ENOMEM, "etcd: curl_easy_init failed");
+        st = KVL_ERR_NO_MEMORY;
+    }
+    int64_t lease = 0, rev = 0;
+    if (st == KVL_OK)
+        st = kvli_etcd_grant(s, s->call_h, &lease, &rev, &err);
+    if (st == KVL_OK) {
+        /* Leases need no permission: reading the namespace checks auth. */
+        char from[KVLI_ETCD_PREFIX_MAX + 2], to[KVLI_ETCD_PREFIX_MAX + 2];
+        json_object *b = json_object_new_object(), *out = NULL;
+        snprintf(from, sizeof(from), "%s/", s->prefix);
+        snprintf(to, sizeof(to), "%s0", s->prefix);
+        kvli_etcd_put_key(b, "key", from);
+        kvli_etcd_put_key(b, "range_end", to);
+        json_object_object_add(b, "count_only", json_object_new_boolean(1));
+        st = kvli_etcd_call(&s->cl, s->call_h, "/v3/kv/range", b, &out, NULL, 0, &err);
+        json_object_put(b);
+        if (out != NULL)
+            json_object_put(out);
+        if (st != KVL_OK) {
+            kvl_error_t rerr;
+            kvli_err_blank(&rerr);
+            (void)kvli_etcd_revoke(s, s->call_h, lease, &rerr);
+        }
+    }
+    if (st != KVL_OK) {
+        kvli_etcd_client_fini(&s->cl);
+        pthread_mutex_unlock(&s->call_lock);
+        kvli_scopy(err.backend, sizeof(err.backend), "etcd");
+        return kvli_fail(a, &err);
+    }
+    pthread_mutex_lock(&s->lock);
+    s->lease = lease;
+    (void)rev;
+    s->attached = true;
+    pthread_mutex_unlock(&s->lock);
+    int e = pthread_create(&s->keeper, NULL, kvli_etcd_keeper_main, s);
+    if (e == 0 && (e = pthread_create(&s->watcher, NULL, kvli_etcd_watcher_main, s)) != 0) {
+        pthread_mutex_lock(&s->lock);
+        s->stopping = true;
+        pthread_cond_broadcast(&s->cond);
+        pthread_mutex_unlock(&s->lock);
+        pthread_join(s->keeper, NULL);
+    }
+    if (e != 0) {
+        kvl_error_t rerr;
+        (void)kvli_etcd_revoke(s, s->call_h, lease, &rerr);
+        pthread_mutex_lock(&s->lock);
+        s->attached = false;
+        s->stopping = false;
+        s->lease = 0;
+        pthread_mutex_unlock(&s->lock);
+        kvli_etcd_client_fini(&s->cl);
+        pthread_mutex_unlock(&s->call_lock);
+        kvli_err(&err, KVL_ERR_SYSTEM, e, "etcd: pthread_create = %s", strerror(e));
+        kvli_hint(&err, "check the thread limit (ulimit -u, pids cgroup)");
+        return kvli_fail(a, &err);
+    }
+    s->threads = true;
+    pthread_mutex_unlock(&s->call_lock);
+    kvli_log(KVL_LOG_INFO, "etcd", "agent '%s' attached to etcd %s (prefix %s, lease %" PRIx64
+             ", TTL %u s)", a->name, s->cl.eps[atomic_load(&s->cl.cur)], s->prefix,
+             (uint64_t)lease, s->ttl_s);
+    return KVL_OK;
+}
+
+kvl_status_t kvl_etcd_publish(kvl_agent_t *a, const char *label)
+{
+    kvl_error_t err;
+    if (a == NULL)
+        return kvli_fail_simple(a, KVL_ERR_INVALID_ARG, NULL, "kvl_etcd_publish: agent is NULL");
+    kvli_err_blank(&err);
+    kvli_scopy(err.backend, sizeof(err.backend), "etcd");
+    if (label == NULL || label[0] == '\0')
+        label = KVL_ETCD_DEFAULT_LABEL;
+    kvli_etcd_t *s = kvli_etcd_get(a, "kvl_etcd_publish", &err);
+    if (s == NULL || kvli_etcd_label_ok(label, &err) != KVL_OK)
+        return kvli_fail(a, &err);
+    pthread_mutex_lock(&s->call_lock);
+    pthread_mutex_lock(&s->lock);
+    int64_t lease = s->lease;
+    unsigned npubs = 0;
+    for (kvli_etcd_pub_t *p = s->pubs; p != NULL; p = p->next)
+        npubs++;
+    pthread_mutex_unlock(&s->lock);
+    kvl_status_t st = KVL_OK;
+    if (npubs >= 16) {
+        kvli_err(&err, KVL_ERR_INVALID_ARG, 0, "agent '%s' already publishes 16 labels in etcd",
+                 a->name);
+        kvli_hint(&err, "reuse labels: publishing a label again replaces its metadata");
+        st = KVL_ERR_INVALID_ARG;
+    }
+    if (st == KVL_OK && lease == 0) {
+        st = kvli_etcd_grant(s, s->call_h, &lease, NULL, &err);
+        if (st == KVL_OK) {
+            pthread_mutex_lock(&s->lock);
+            s->lease = lease;
+            pthread_mutex_unlock(&s->lock);
+        }
+    }
+    if (st == KVL_OK)
+        st = kvli_etcd_put_md(s, s->call_h, label, lease, &err);
+    if (st == KVL_OK) {
+        pthread_mutex_lock(&s->lock);
+        kvli_etcd_pub_t *p = s->pubs;
+        while (p != NULL && strcmp(p->label, label) != 0)
+            p = p->next;
+        if (p == NULL && (p = calloc(1, sizeof(*p))) != NULL) {
+            kvli_scopy(p->label, sizeof(p->label), label);
+            p->next = s->pubs;
+            s->pubs = p;
+        }
+        s->lease_wanted = true;
+        pthread_mutex_unlock(&s->lock);
+    }
+    pthread_mutex_unlock(&s->call_lock);
+    if (st != KVL_OK)
+        return kvli_fail(a, &err);
+    kvli_log(KVL_LOG_DEBUG, "etcd", "agent '%s': published '%s'", a->name, label);
+    return KVL_OK;
+}
+
+/* Range-get one key: KVL_OK with *blob_p (malloc'ed) or KVL_ERR_NOT_FOUND. */
+static kvl_status_t kvli_etcd_get_key(kvli_etcd_t *s, CURL *h, const char *key, void **blob_p,
+                                      size_t *len_p, int64_t *rev_p, kvl_error_t *err)
+{
+    json_object *b = json_object_new_object(), *out = NULL, *kvs = NULL, *v = NULL;
+    *blob_p = NULL;
+    kvli_etcd_put_key(b, "key", key);
+    kvl_status_t st = kvli_etcd_call(&s->cl, h, "/v3/kv/range", b, &out, NULL, 0, err);
+    json_object_put(b);
+    if (st != KVL_OK)
+        return st;
+    if (rev_p != NULL) {
+        json_object *hdr = NULL;
+        json_object_object_get_ex(out, "header", &hdr);
+        *rev_p = kvli_etcd_i64(hdr, "revision");
+    }
+    if (!json_object_object_get_ex(out, "kvs", &kvs) || json_object_array_length(kvs) == 0 ||
+        !json_object_object_get_ex(json_object_array_get_idx(kvs, 0), "value", &v)) {
+        json_object_put(out);
+        return KVL_ERR_NOT_FOUND;
+    }
+    *blob_p = kvli_etcd_unb64(json_object_get_string(v), len_p);
+    json_object_put(out);
+    if (*blob_p == NULL || *len_p == 0) {
+        free(*blob_p);
+        *blob_p = NULL;
+        return KVL_ERR_NOT_FOUND; /* an empty value is no metadata (NIXL: same) */
+    }
+    return KVL_OK;
+}
+
+kvl_status_t kvl_etcd_fetch(kvl_agent_t *a, const char *name, const char *label,
+                            uint64_t wait_ms)
+{
+    kvl_error_t err;
+    char key[KVLI_ETCD_PREFIX_MAX + KVL_NAME_MAX + KVLI_ETCD_LABEL_MAX + 4];
+    if (a == NULL || name == NULL)
+        return kvli_fail_simple(a, KVL_ERR_INVALID_ARG, NULL,
+                                "kvl_etcd_fetch: agent or name is NULL");
+    kvli_err_blank(&err);
+    kvli_scopy(err.backend, sizeof(err.backend), "etcd");
+    if (label == NULL || label[0] == '\0')
+        label = KVL_ETCD_DEFAULT_LABEL;
+    kvli_etcd_t *s = kvli_etcd_get(a, "kvl_etcd_fetch", &err);
+    if (s == NULL || kvli_etcd_label_ok(label, &err) != KVL_OK)
+        return kvli_fail(a, &err);
+    if (name[0] == '\0' || strlen(name) >= KVL_NAME_MAX || strchr(name, '/') != NULL) {
+        kvli_err(&err, KVL_ERR_INVALID_ARG, 0, "kvl_etcd_fetch: agent name '%.100s' is empty, "
+                 "too long or contains '/'", name);
+        kvli_hint(&err, "pass the name the peer agent was created with");
+        return kvli_fail(a, &err);
+    }
+    if (strcmp(name, a->name) == 0) {
+        kvli_err(&err, KVL_ERR_INVALID_ARG, 0, "agent '%s' cannot fetch its own metadata from "
+                 "etcd: an agent is not its own peer", name);
+        kvli_hint(&err, "fetch a peer's name");
+        return kvli_fail(a, &err);
+    }
+    kvli_etcd_key(s, name, label, key, sizeof(key));
+    uint64_t deadline = kvli_clock_ms() + wait_ms;
+    void *blob = NULL;
+    size_t len = 0;
+    kvl_status_t st;
+    /* Registered before the first read: a publish between the read and the
+     * wait is not missed. */
+    kvli_etcd_waiter_t wt = {.name = name};
+    int64_t last_rev = 0;
+    pthread_mutex_lock(&s->lock);
+    wt.next = s->waiters;
+    s->waiters = &wt;
+    pthread_mutex_unlock(&s->lock);
+    pthread_mutex_lock(&s->lock);
+    CURL *fh = s->n_fetch_pool ? s->fetch_pool[--s->n_fetch_pool] : curl_easy_init();
+    pthread_mutex_unlock(&s->lock);
+    for (;;) {
+        int64_t rev = 0;
+        st = kvli_etcd_get_key(s, fh, key, &blob, &len, &rev, &err);
+        if (st == KVL_OK)
+            last_rev = rev;
+        if (st != KVL_ERR_NOT_FOUND || kvli_clock_ms() >= deadline)
+            break;
+        pthread_mutex_lock(&s->lock);
+        if (wt.rev == 0 && rev > 0) {
+            wt.rev = rev + 1; /* the watcher starts its stream from here */
+            kvli_etcd_wake(s);
+        }
+        pthread_mutex_unlock(&s->lock);
+        /* Wait for its presence key (the watcher); read again at least
+         * every second in case the watch is down. */
+        pthread_mutex_lock(&s->lock);
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        uint64_t left = deadline - kvli_clock_ms();
+        uint64_t ns = (uint64_t)ts.tv_nsec + (left < 1000 ? left : 1000) * 1000000ull;
+        ts.tv_sec += (time_t)(ns / 1000000000u);
+        ts.tv_nsec = (long)(ns % 1000000000u);
+        while (!wt.put && !s->stopping &&
+               pthread_cond_timedwait(&s->put_cond, &s->lock, &ts) == 0)
+            ;
+        wt.put = false;
+        bool stop = s->stopping;
+        pthread_mutex_unlock(&s->lock);
+        if (stop)
+            break;
+    }
+    pthread_mutex_lock(&s->lock);
+    if (s->n_fetch_pool < 2 && !s->stopping) {
+        s->fetch_pool[s->n_fetch_pool++] = fh;
+        fh = NULL;
+    }
+    pthread_mutex_unlock(&s->lock);
+    if (fh != NULL)
+        curl_easy_cleanup(fh);
+    pthread_mutex_lock(&s->lock);
+    for (kvli_etcd_waiter_t **pp = &s->waiters; *pp != NULL; pp = &(*pp)->next)
+        if (*pp == &wt) {
+            *pp = wt.next;
+            break;
+        }
+    pthread_mutex_unlock(&s->lock);
+    if (st == KVL_ERR_NOT_FOUND) {
+        kvli_err(&err, KVL_ERR_NOT_FOUND, 0, "etcd has no metadata of agent '%s' under %s "
+                 "(waited %" PRIu64 " ms)", name, key, wait_ms);
+        kvli_hint(&err, "the agent has not published yet (send_local_metadata, "
+                        "kvl_etcd_publish), publishes under another prefix or label, or it "
+                        "died and its lease expired");
+        kvli_scopy(err.agent, sizeof(err.agent), name);
+    }
+    if (st != KVL_OK)
+        return kvli_fail(a, &err);
+    char got[KVL_NAME_MAX] = "";
+    uint64_t gen = 0;
+    kvli_md_t md;
+    kvl_error_t derr;
+    if (kvli_md_decode(blob, len, &md, &derr) == KVL_OK) {
+        gen = md.generation;
+        kvli_md_release(&md);
+    }
+    st = kvl_metadata_load(a, blob, len, got, sizeof(got));
+    free(blob);
+    if (st != KVL_OK)
+        return st;
+    if (strcmp(got, name) != 0) {
+        (void)kvl_remote_remove(a, got);
+        kvli_err(&err, KVL_ERR_BAD_METADATA, 0, "etcd key %s holds the metadata of agent '%s', "
+                 "not '%s'; nothing was loaded", key, got, name);
+        kvli_hint(&err, "two agents publish under one name, or the key was written by hand: "
+                        "check the agents' names");
+        return kvli_fail(a, &err);
+    }
+    uint64_t inc = kvl_remote_incarnation(a, name);
+    pthread_mutex_lock(&s->lock);
+    kvli_etcd_follow_t *f = kvli_etcd_follow_find(s, name);
+    if (f == NULL && (f = calloc(1, sizeof(*f))) != NULL) {
+        kvli_scopy(f->name, sizeof(f->name), name);
+        f->next = s->follows;
+        s->follows = f;
+    }
+    if (f != NULL) {
+        kvli_scopy(f->label, sizeof(f->label), label);
+        f->incarnation = inc;
+        f->generation = gen;
+        f->rev = last_rev + 1;
+        kvli_etcd_wake(s);
+    }
+    pthread_mutex_unlock(&s->lock);
+    kvli_log(KVL_LOG_DEBUG, "etcd", "agent '%s': loaded agent '%s' from etcd", a->name, name);
+    return KVL_OK;
+}
+
+kvl_status_t kvl_etcd_unpublish(kvl_agent_t *a)
+{
+    kvl_error_t err;
+    if (a == NULL)
+        return kvli_fail_simple(a, KVL_ERR_INVALID_ARG, NULL, "kvl_etcd_unpublish: agent is NULL");
+    kvli_err_blank(&err);
+    kvli_scopy(err.backend, sizeof(err.backend), "etcd");
+    kvli_etcd_t *s = kvli_etcd_get(a, "kvl_etcd_unpublish", &err);
+    if (s == NULL)
+        return kvli_fail(a, &err);
+    pthread_mutex_lock(&s->call_lock);
+    pthread_mutex_lock(&s->lock);
+    int64_t lease = s->lease;
+    s->lease = 0;
+    s->lease_wanted = false;
+    while (s->pubs != NULL) {
+        kvli_etcd_pub_t *p = s->pubs;
+        s->pubs = p->next;
+        free(p);
+    }
+    pthread_mutex_unlock(&s->lock);
+    kvl_status_t st = lease ? kvli_etcd_revoke(s, s->call_h, lease, &err) : KVL_OK;
+    pthread_mutex_unlock(&s->call_lock);
+    if (st != KVL_OK)
+        return kvli_fail(a, &err);
+    return KVL_OK;
+}
+
+/* ---- following the agent ---- */
+
+static void kvli_etcd_regions_changed(kvl_agent_t *a, void *state)
+{
+    kvli_etcd_t *s = state;
+    (void)a;
+    pthread_mutex_lock(&s->lock);
+    if (s->attached && s->pubs != NULL) {
+        s->dirty = true;
+        pthread_cond_broadcast(&s->cond);
+    }
+    pthread_mutex_unlock(&s->lock);
+}
+
+static void kvli_etcd_destroy(kvl_agent_t *a, void *state)
+{
+    kvli_etcd_t *s = state;
+    pthread_mutex_lock(&s->lock);
+    bool attached = s->attached;
+    s->stopping = true;
+    pthread_cond_broadcast(&s->cond);
+    pthread_cond_broadcast(&s->put_cond);
+    kvli_etcd_wake(s);
+    int64_t lease = s->lease;
+    pthread_mutex_unlock(&s->lock);
+    if (s->threads) {
+        pthread_join(s->keeper, NULL);
+        pthread_join(s->watcher, NULL);
+    }
+    if (attached && lease != 0) {
+        /* Our keys go now: followers drop us at once instead of at expiry. */
+        kvl_error_t err;
+        kvli_err_blank(&err);
+        if (kvli_etcd_revoke(s, s->call_h, lease, &err) != KVL_OK)
+            kvli_log(KVL_LOG_INFO, "etcd", "agent '%s': revoking the etcd lease at destroy "
+                     "failed (%s); its keys expire with it", a->name, err.what);
+    }
+    if (attached)
+        kvli_etcd_client_fini(&s->cl);
+    while (s->pubs != NULL) {
+        kvli_etcd_pub_t *p = s->pubs;
+        s->pubs = p->next;
+        free(p);
+    }
+    while (s->follows != NULL) {
+        kvli_etcd_follow_t *f = s->follows;
+        s->follows = f->next;
+        free(f);
+    }
+    if (s->call_h != NULL)
+        curl_easy_cleanup(s->call_h);
+    while (s->n_fetch_pool > 0)
+        curl_easy_cleanup(s->fetch_pool[--s->n_fetch_pool]);
+    pthread_cond_destroy(&s->cond);
+    pthread_cond_destroy(&s->put_cond);
+    pthread_mutex_destroy(&s->lock);
+    pthread_mutex_destroy(&s->call_lock);
+    free(s);
+}

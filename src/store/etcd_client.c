@@ -1,0 +1,429 @@
+/*
+ * kvlane etcd client: JSON over HTTP to etcd's v3 gateway, endpoint
+ * failover, authentication (see etcd_client.h).
+ */
+#include <ctype.h>
+#include <errno.h>
+#include <inttypes.h>
+#include <openssl/evp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "etcd_client.h"
+
+static pthread_once_t kvli_etcd_once = PTHREAD_ONCE_INIT;
+
+static void kvli_etcd_global_init_once(void)
+{
+    curl_global_init(CURL_GLOBAL_DEFAULT);
+}
+
+void kvli_etcd_global_init(void)
+{
+    pthread_once(&kvli_etcd_once, kvli_etcd_global_init_once);
+}
+
+kvl_status_t kvli_etcd_client_init(kvli_etcd_client_t *c, const char *endpoints,
+                                   const char *user, const char *password, uint64_t timeout_ms,
+                                   kvl_error_t *err)
+{
+    memset(c, 0, sizeof(*c));
+    pthread_mutex_init(&c->tok_lock, NULL);
+    c->timeout_ms = timeout_ms ? timeout_ms : 5000;
+    if (endpoints == NULL || endpoints[0] == '\0') {
+        kvli_err(err, KVL_ERR_INVALID_ARG, 0, "etcd: no endpoint given");
+        kvli_hint(err, "set NIXL_ETCD_ENDPOINTS (or kvl_etcd_config_t.endpoints) to etcd's "
+                       "client URLs, e.g. http://10.0.0.5:2379,http://10.0.0.6:2379");
+        return KVL_ERR_INVALID_ARG;
+    }
+    const char *p = endpoints;
+    while (*p != '\0') {
+        const char *e = strchr(p, ',');
+        size_t n = e ? (size_t)(e - p) : strlen(p);
+        while (n > 0 && isspace((unsigned char)*p)) {
+            p++;
+            n--;
+        }
+        while (n > 0 && (isspace((unsigned char)p[n - 1]) || p[n - 1] == '/'))
+            n--;
+        if (n > 0) {
+            bool scheme = strstr(p, "://") != NULL && (size_t)(strstr(p, "://") - p) < n;
+            if (c->n_eps == KVLI_ETCD_EPS_MAX) {
+                kvli_err(err, KVL_ERR_INVALID_ARG, 0, "etcd endpoint list '%.300s' names more "
+                         "than %u endpoints", endpoints, KVLI_ETCD_EPS_MAX);
+                kvli_hint(err, "list at most %u members (a client needs a few to fail over)",
+                          KVLI_ETCD_EPS_MAX);
+                return KVL_ERR_INVALID_ARG;
+            }
+            if (scheme && strncmp(p, "http://", 7) != 0 && strncmp(p, "https://", 8) != 0) {
+                kvli_err(err, KVL_ERR_INVALID_ARG, 0, "etcd endpoint '%.*s': only http:// and "
+                         "https:// URLs are understood", (int)(n > 200 ? 200 : n), p);
+                kvli_hint(err, "write each endpoint as http://host:port or host:port");
+                return KVL_ERR_INVALID_ARG;
+            }
+            int w = snprintf(c->eps[c->n_eps], KVLI_ETCD_EP_LEN, "%s%.*s",
+                             scheme ? "" : "http://", (int)n, p);
+            if (w < 0 || (size_t)w >= KVLI_ETCD_EP_LEN) {
+                kvli_err(err, KVL_ERR_INVALID_ARG, 0, "etcd endpoint '%.200s...' is longer than "
+                         "%u characters", p, KVLI_ETCD_EP_LEN - 1);
+                kvli_hint(err, "write each endpoint as http://host:port");
+                return KVL_ERR_INVALID_ARG;
+            }
+            const char *hostpart = strstr(c->eps[c->n_eps], "://") + 3;
+            if (hostpart[0] == '\0' || strchr(hostpart, '/') != NULL ||
+                strpbrk(hostpart, " \t\"\\") != NULL) {
+                kvli_err(err, KVL_ERR_INVALID_ARG, 0, "etcd endpoint '%s' is not a client URL "
+                         "(scheme://host:port, no path)", c->eps[c->n_eps]);
+                kvli_hint(err, "write each endpoint as http://host:port");
+                return KVL_ERR_INVALID_ARG;
+            }
+            c->n_eps++;
+        }
+        if (e == NULL)
+            break;
+        p = e + 1;
+    }
+    if (c->n_eps == 0) {
+        kvli_err(err, KVL_ERR_INVALID_ARG, 0, "etcd endpoint list '%.300s' names no endpoint",
+                 endpoints);
+        kvli_hint(err, "write it as http://host:port[,http://host:port...]");
+        return KVL_ERR_INVALID_ARG;
+    }
+    /* Agents spread over the members (each keeps the one that answered). */
+    atomic_store(&c->cur, (unsigned)(kvli_random64() % c->n_eps));
+    if (user != NULL && user[0] != '\0') {
+        if (strlen(user) >= sizeof(c->user) || password == NULL ||
+            strlen(password) >= sizeof(c->password)) {
+            kvli_err(err, KVL_ERR_INVALID_ARG, 0, "etcd user or password: %s",
+                     password == NULL ? "a user without a password" : "longer than 127 bytes");
+            kvli_hint(err, "give both, each at most 127 bytes");
+            return KVL_ERR_INVALID_ARG;
+        }
+        kvli_scopy(c->user, sizeof(c->user), user);
+        kvli_scopy(c->password, sizeof(c->password), password);
+    }
+    return KVL_OK;
+}
+
+void kvli_etcd_client_fini(kvli_etcd_client_t *c)
+{
+    memset(c->password, 0, sizeof(c->password));
+    pthread_mutex_destroy(&c->tok_lock);
+}
+
+void kvli_etcd_token(kvli_etcd_client_t *c, char *buf, size_t cap)
+{
+    pthread_mutex_lock(&c->tok_lock);
+    kvli_scopy(buf, cap, c->token);
+    pthread_mutex_unlock(&c->tok_lock);
+}
+
+char *kvli_etcd_b64(const void *p, size_t len)
+{
+    char *out = malloc(4 * ((len + 2) / 3) + 1);
+    if (out != NULL)
+        EVP_EncodeBlock((unsigned char *)out, p, (int)len);
+    return out;
+}
+
+void *kvli_etcd_unb64(const char *s, size_t *len_p)
+{
+    size_t n = strlen(s);
+    *len_p = 0;
+    if (n % 4 != 0 || n > INT32_MAX)
+        return NULL;
+    unsigned char *out = malloc(n / 4 * 3 + 1);
+    if (out == NULL)
+        return NULL;
+    int w = n ? EVP_DecodeBlock(out, (const unsigned char *)s, (int)n) : 0;
+    if (w < 0) {
+        free(out);
+        return NULL;
+    }
+    size_t pad = (n >= 1 && s[n - 1] == '=') + (n >= 2 && s[n - 2] == '=');
+    *len_p = (size_t)w - pad;
+    return out;
+}
+
+int64_t kvli_etcd_i64(json_object *o, const char *field)
+{
+    json_object *f;
+    if (o == NULL || !json_object_object_get_ex(o, field, &f))
+        return 0;
+    if (json_object_is_type(f, json_type_string))
+        return (int64_t)strtoll(json_object_get_string(f), NULL, 10);
+    return json_object_get_int64(f);
+}
+
+void kvli_etcd_curl_setup(CURL *h, uint64_t timeout_ms)
+{
+    curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
+    curl_easy_setopt(h, CURLOPT_CONNECTTIMEOUT_MS, (long)(timeout_ms < 2000 ? timeout_ms : 2000));
+    curl_easy_setopt(h, CURLOPT_TIMEOUT_MS, (long)timeout_ms);
+    curl_easy_setopt(h, CURLOPT_TCP_KEEPALIVE, 1L);
+    curl_easy_setopt(h, CURLOPT_TCP_KEEPIDLE, 5L);
+    curl_easy_setopt(h, CURLOPT_TCP_KEEPINTVL, 2L);
+    curl_easy_setopt(h, CURLOPT_PROTOCOLS_STR, "http,https");
+}
+
+typedef struct kvli_etcd_buf {
+    char *p;
+    size_t len, cap;
+    bool over;
+} kvli_etcd_buf_t;
+
+static size_t kvli_etcd_sink(char *data, size_t sz, size_t nm, void *arg)
+{
+    kvli_etcd_buf_t *b = arg;
+    size_t n = sz * nm;
+    if (b->len + n + 1 > KVLI_ETCD_REPLY_MAX) {
+        b->over = true;
+        return 0;
+    }
+    if (b->len + n + 1 > b->cap) {
+        size_t cap = (b->len + n + 1) * 2;
+        char *q = realloc(b->p, cap);
+        if (q == NULL)
+            return 0;
+        b->p = q;
+        b->cap = cap;
+    }
+    memcpy(b->p + b->len, data, n);
+    b->len += n;
+    b->p[b->len] = '\0';
+    return n;
+}
+
+/* One POST to one endpoint. Returns 0 with *out parsed (etcd answered,
+ * maybe with an error object), or -1 with why filled (not reached). */
+static int kvli_etcd_post(kvli_etcd_client_t *c, CURL *h, const char *ep, const char *path,
+                          const char *body, bool with_token, json_object **out, long *http_p,
+                          char *why, size_t why_cap)
+{
+    char url[KVLI_ETCD_EP_LEN + 64], auth[600], errbuf[CURL_ERROR_SIZE] = "";
+    kvli_etcd_buf_t b = {0};
+    struct curl_slist *hd = NULL;
+    CURL *own = NULL;
+    int rc = -1;
+
+    if (h == NULL && (h = own = curl_easy_init()) == NULL) {
+        snprintf(why, why_cap, "curl_easy_init failed (out of memory)");
+        return -1;
+    }
+    curl_easy_reset(h);
+    snprintf(url, sizeof(url), "%s%s", ep, path);
+    kvli_etcd_curl_setup(h, c->timeout_ms);
+    curl_easy_setopt(h, CURLOPT_URL, url);
+    curl_easy_setopt(h, CURLOPT_POSTFIELDS, body);
+    curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, kvli_etcd_sink);
+    curl_easy_setopt(h, CURLOPT_WRITEDATA, &b);
+    curl_easy_setopt(h, CURLOPT_ERRORBUFFER, errbuf);
+    hd = curl_slist_append(hd, "Content-Type: application/json");
+    if (with_token) {
+        char tok[512];
+        kvli_etcd_token(c, tok, sizeof(tok));
+        if (tok[0] != '\0') {
+            snprintf(auth, sizeof(auth), "Authorization: %s", tok);
+            hd = curl_slist_append(hd, auth);
+        }
+    }
+    curl_easy_setopt(h, CURLOPT_HTTPHEADER, hd);
+    CURLcode cc = curl_easy_perform(h);
+    *http_p = 0;
+    curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, http_p);
+    if (cc != CURLE_OK) {
+        snprintf(why, why_cap, "%s%s%s", curl_easy_strerror(cc), errbuf[0] ? ": " : "", errbuf);
+        if (b.over)
+            snprintf(why, why_cap, "an answer of more than %u MiB", KVLI_ETCD_REPLY_MAX >> 20);
+    } else {
+        enum json_tokener_error je = json_tokener_success;
+        *out = b.p ? json_tokener_parse_verbose(b.p, &je) : NULL;
+        if (*out == NULL || !json_object_is_type(*out, json_type_object)) {
+            if (*out != NULL)
+                json_object_put(*out);
+            *out = NULL;
+            snprintf(why, why_cap, "HTTP %ld with an answer that is not etcd's JSON (%.80s)",
+                     *http_p, b.p ? b.p : "empty");
+            rc = -2;
+        } else {
+            rc = 0;
+        }
+    }
+    curl_slist_free_all(hd);
+    free(b.p);
+    curl_easy_setopt(h, CURLOPT_ERRORBUFFER, NULL);
+    if (own != NULL)
+        curl_easy_cleanup(own);
+    return rc;
+}
+
+/* The gateway's error object: {"error":..., "message":..., "code":N}. */
+static const char *kvli_etcd_errmsg(json_object *o, int *code_p)
+{
+    json_object *m, *cd;
+    *code_p = 0;
+    if (json_object_object_get_ex(o, "code", &cd))
+        *code_p = json_object_get_int(cd);
+    if (json_object_object_get_ex(o, "message", &m) || json_object_object_get_ex(o, "error", &m))
+        return json_object_get_string(m);
+    return NULL;
+}
+
+static kvl_status_t kvli_etcd_auth_on(kvli_etcd_client_t *c, CURL *h, const char *ep,
+                                      kvl_error_t *err)
+{
+    json_object *body = json_object_new_object(), *out = NULL, *tok;
+    char why[512];
+    long http = 0;
+    int code;
+    json_object_object_add(body, "name", json_object_new_string(c->user));
+    json_object_object_add(body, "password", json_object_new_string(c->password));
+    int rc = kvli_etcd_post(c, h, ep, "/v3/auth/authenticate",
+                            json_object_to_json_string_ext(body, JSON_C_TO_STRING_PLAIN), false,
+                            &out, &http, why, sizeof(why));
+    json_object_put(body);
+    if (rc != 0) {
+        kvli_err(err, KVL_ERR_REMOTE_DISCONNECT, 0, "etcd at %s: authenticate as '%s': %s", ep,
+                 c->user, why);
+        kvli_hint(err, "check that etcd runs there and the route to it");
+        return KVL_ERR_REMOTE_DISCONNECT;
+    }
+    const char *msg = kvli_etcd_errmsg(out, &code);
+    if (!json_object_object_get_ex(out, "token", &tok) || msg != NULL) {
+        kvli_err(err, KVL_ERR_PERMISSION, 0, "etcd at %s refused user '%s': %s (gRPC code %d)",
+                 ep, c->user, msg ? msg : "no token in the answer", code);
+        kvli_hint(err, msg && strstr(msg, "not enabled")
+                  ? "etcd has authentication off: give no user (or enable it: etcdctl auth enable)"
+                  : "check the user name and password (KVL_ETCD_USER, KVL_ETCD_PASSWORD or "
+                    "kvl_etcd_config_t) and the user's role (etcdctl user get <user>)");
+        json_object_put(out);
+        return KVL_ERR_PERMISSION;
+    }
+    pthread_mutex_lock(&c->tok_lock);
+    kvli_scopy(c->token, sizeof(c->token), json_object_get_string(tok));
+    pthread_mutex_unlock(&c->tok_lock);
+    json_object_put(out);
+    return KVL_OK;
+}
+
+kvl_status_t kvli_etcd_authenticate(kvli_etcd_client_t *c, CURL *h, kvl_error_t *err)
+{
+    kvl_status_t st = KVL_ERR_REMOTE_DISCONNECT;
+    unsigned first = atomic_load(&c->cur);
+    for (unsigned k = 0; k < c->n_eps; k++) {
+        unsigned i = (first + k) % c->n_eps;
+        st = kvli_etcd_auth_on(c, h, c->eps[i], err);
+        if (st != KVL_ERR_REMOTE_DISCONNECT) {
+            if (st == KVL_OK)
+                atomic_store(&c->cur, i);
+            return st;
+        }
+    }
+    return st;
+}
+
+kvl_status_t kvli_etcd_call(kvli_etcd_client_t *c, CURL *h, const char *path, json_object *body,
+                            json_object **out, char *ep_out, size_t ep_cap, kvl_error_t *err)
+{
+    const char *text = json_object_to_json_string_ext(body, JSON_C_TO_STRING_PLAIN);
+    char whys[KVLI_ETCD_EPS_MAX][200];
+    unsigned first = atomic_load(&c->cur), tried = 0;
+    bool reauthed = false, all_timeouts = true;
+
+    *out = NULL;
+    if (c->user[0] != '\0') {
+        char tok[8];
+        kvli_etcd_token(c, tok, sizeof(tok));
+        if (tok[0] == '\0') {
+            kvl_status_t st = kvli_etcd_authenticate(c, h, err);
+            if (st != KVL_OK)
+                return st;
+            first = atomic_load(&c->cur);
+        }
+    }
+    for (unsigned k = 0; k < c->n_eps; k++) {
+        unsigned i = (first + k) % c->n_eps;
+        json_object *o = NULL;
+        long http = 0;
+        int code;
+        int rc = kvli_etcd_post(c, h, c->eps[i], path, text, true, &o, &http, whys[tried],
+                                sizeof(whys[0]));
+        if (rc == -1) {
+            if (strstr(whys[tried], "imeout") == NULL && strstr(whys[tried], "timed out") == NULL)
+                all_timeouts = false;
+            tried++;
+            continue;
+        }
+        if (ep_out != NULL)
+            kvli_scopy(ep_out, ep_cap, c->eps[i]);
+        if (rc == -2) {
+            kvli_err(err, KVL_ERR_REMOTE, EPROTO, "etcd endpoint %s answered %s with %s",
+                     c->eps[i], path, whys[tried]);
+            kvli_hint(err, "is that an etcd (v3.4 or later) client URL? Another program may own "
+                           "that port, or a proxy answers in its place");
+            return KVL_ERR_REMOTE;
+        }
+        atomic_store(&c->cur, i);
+        const char *msg = kvli_etcd_errmsg(o, &code);
+        if (msg == NULL && http < 300) {
+            *out = o;
+            return KVL_OK;
+        }
+        if (msg != NULL && c->user[0] != '\0' && !reauthed &&
+            (strstr(msg, "invalid auth token") != NULL || strstr(msg, "token") != NULL)) {
+            /* Simple tokens expire after etcd's --auth-token-ttl idle: again once. */
+            json_object_put(o);
+            reauthed = true;
+            kvl_status_t st = kvli_etcd_auth_on(c, h, c->eps[i], err);
+            if (st != KVL_OK)
+                return st;
+            k--;
+            continue;
+        }
+        kvl_status_t st = KVL_ERR_REMOTE;
+        if (msg != NULL && (strstr(msg, "user name is empty") || code == 16 || code == 7)) {
+            st = KVL_ERR_PERMISSION;
+            kvli_err(err, st, 0, "etcd at %s refused %s: %s (gRPC code %d)", c->eps[i], path,
+                     msg, code);
+            kvli_hint(err, c->user[0] ? "the user lacks a role with read/write on the prefix: "
+                                        "etcdctl role grant-permission <role> --prefix readwrite "
+                                        "<prefix>/"
+                                      : "etcd has authentication on: give a user and password "
+                                        "(KVL_ETCD_USER and KVL_ETCD_PASSWORD, or "
+                                        "kvl_etcd_config_t)");
+        } else if (msg != NULL && code == 5) {
+            st = KVL_ERR_NOT_FOUND;
+            kvli_err(err, st, 0, "etcd at %s, %s: %s", c->eps[i], path, msg);
+            kvli_hint(err, "the lease or key is gone (expired or revoked)");
+        } else {
+            kvli_err(err, st, 0, "etcd at %s answered %s with an error: %s (gRPC code %d, "
+                     "HTTP %ld)", c->eps[i], path, msg ? msg : "no message", code, http);
+            kvli_hint(err, msg && strstr(msg, "too large")
+                      ? "the metadata exceeds etcd's request limit: raise etcd's "
+                        "--max-request-bytes or register fewer, larger regions"
+                      : msg && strstr(msg, "no leader")
+                      ? "the etcd cluster has lost its quorum: bring members back"
+                      : "see etcd's log on that member");
+        }
+        json_object_put(o);
+        return st;
+    }
+    /* No endpoint answered. */
+    char list[1000] = "";
+    size_t w = 0;
+    for (unsigned k = 0; k < tried && w < sizeof(list); k++) {
+        unsigned i = (first + k) % c->n_eps;
+        int n = snprintf(list + w, sizeof(list) - w, "%s%s: %s", k ? "; " : "", c->eps[i],
+                         whys[k]);
+        if (n < 0)
+            break;
+        w += (size_t)n;
+    }
+    kvl_status_t st = all_timeouts ? KVL_ERR_TIMEOUT : KVL_ERR_REMOTE_DISCONNECT;
+    kvli_err(err, st, 0, "no etcd endpoint answered %s within %" PRIu64 " ms each (%.900s)",
+             path, c->timeout_ms, list);
+    kvli_hint(err, "start etcd, or fix the endpoint list (NIXL_ETCD_ENDPOINTS); check the route "
+                   "to it (firewall, network namespace). Transfers already set up keep working "
+                   "meanwhile");
+    return st;
+}

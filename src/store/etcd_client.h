@@ -1,0 +1,69 @@
+/*
+ * kvlane etcd client: etcd's v3 API through its JSON gateway (HTTP POST of
+ * JSON to /v3/..., keys and values base64), with libcurl for HTTP and json-c
+ * for JSON (both Debian packages; docs/etcd.md says why not gRPC).
+ *
+ * A client holds the endpoint list, which one answered last (tried first),
+ * and the credentials and auth token. Every call is bounded by the client's
+ * timeout per endpoint; an endpoint that cannot be reached is skipped for
+ * the next one; an answer from etcd (even an error) ends the call.
+ */
+#ifndef KVLI_ETCD_CLIENT_H
+#define KVLI_ETCD_CLIENT_H
+
+#include <curl/curl.h>
+#include <json-c/json.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include "core/internal.h"
+
+#define KVLI_ETCD_EPS_MAX 16u
+#define KVLI_ETCD_EP_LEN 256u
+#define KVLI_ETCD_REPLY_MAX (64u << 20) /* bytes of one answer */
+
+typedef struct kvli_etcd_client {
+    char eps[KVLI_ETCD_EPS_MAX][KVLI_ETCD_EP_LEN]; /* "http://host:port", no trailing / */
+    unsigned n_eps;
+    atomic_uint cur;                               /* endpoint tried first */
+    char user[128], password[128];                 /* user "" : no authentication */
+    uint64_t timeout_ms;
+    pthread_mutex_t tok_lock;
+    char token[512];                               /* "" until authenticated */
+} kvli_etcd_client_t;
+
+/* Parse "url[,url...]" ("host:port" gets http://). err filled on failure. */
+kvl_status_t kvli_etcd_client_init(kvli_etcd_client_t *c, const char *endpoints,
+                                   const char *user, const char *password, uint64_t timeout_ms,
+                                   kvl_error_t *err);
+void kvli_etcd_client_fini(kvli_etcd_client_t *c);
+
+/* curl_global_init, once per process. */
+void kvli_etcd_global_init(void);
+
+/*
+ * POST body (JSON) to path ("/v3/kv/put") on the first endpoint that
+ * answers. h: a curl handle of the caller's thread (reused connection) or
+ * NULL. On KVL_OK *out is the parsed answer (json_object_put it); on error
+ * err names the endpoint(s), what each answered and what to do. ep_out
+ * (optional) gets the endpoint that answered.
+ */
+kvl_status_t kvli_etcd_call(kvli_etcd_client_t *c, CURL *h, const char *path, json_object *body,
+                            json_object **out, char *ep_out, size_t ep_cap, kvl_error_t *err);
+
+/* Authenticate now (user set), on the first endpoint that answers. */
+kvl_status_t kvli_etcd_authenticate(kvli_etcd_client_t *c, CURL *h, kvl_error_t *err);
+
+/* Copy the current "Authorization" header value ("" when none). */
+void kvli_etcd_token(kvli_etcd_client_t *c, char *buf, size_t cap);
+
+/* base64 of len bytes (malloc'ed, NUL-terminated) / decoded bytes (malloc'ed). */
+char *kvli_etcd_b64(const void *p, size_t len);
+void *kvli_etcd_unb64(const char *s, size_t *len_p);
+
+/* A JSON int64 field that the gateway writes as a string ("revision":"12"); 0 when absent. */
+int64_t kvli_etcd_i64(json_object *o, const char *field);
+
+/* Common curl options: timeouts, no signals, TCP keepalive. */
+void kvli_etcd_curl_setup(CURL *h, uint64_t timeout_ms);
+
+#endif

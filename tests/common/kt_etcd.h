@@ -1,0 +1,32 @@
+/* A real etcd (Debian's etcd-server) for tests: temporary data dir, free ports. */
+#ifndef KT_ETCD_H
+#define KT_ETCD_H
+
+#include <sys/types.h>
+
+typedef struct kt_etcd {
+    pid_t pid;
+    char dir[128];
+    unsigned client_port, peer_port;
+    char url[64];             /* http://127.0.0.1:<client_port> */
+    const char *host;         /* listen address, "127.0.0.1" unless set */
+} kt_etcd_t;
+
+/* The etcd binary, or NULL (tests skip with the reason). */
+const char *kt_etcd_binary(void);
+/* A TCP port nothing listens on now (bound then closed). */
+unsigned kt_free_port(void);
+/* Start etcd (new data dir, free ports); waits until it answers (bounded: fails the test). */
+void kt_etcd_start(kt_etcd_t *e);
+/* Start again on the same data dir and ports (after kt_etcd_kill). */
+void kt_etcd_restart(kt_etcd_t *e);
+/* SIGKILL and reap (the data dir stays). */
+void kt_etcd_kill(kt_etcd_t *e);
+/* SIGSTOP / SIGCONT. */
+void kt_etcd_pause(kt_etcd_t *e, int paused);
+/* Kill and remove the data dir. */
+void kt_etcd_stop(kt_etcd_t *e);
+/* Run etcdctl against it with args (space-separated); returns the exit status. */
+int kt_etcdctl(const kt_etcd_t *e, const char *args);
+
+#endif

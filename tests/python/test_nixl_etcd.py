@@ -1,0 +1,211 @@
+"""kvlane.nixl with NIXL_ETCD_ENDPOINTS: metadata through a real etcd (Debian's
+etcd-server on a temporary data dir and free ports), in NIXL's call shapes:
+send_local_metadata() / fetch_remote_metadata(name) without an address,
+check_remote_metadata polled until the asynchronous fetch lands,
+invalidate_local_metadata(), partial metadata under a label; a peer's
+departure and restart seen by the agent that loaded it; etcd unreachable
+at creation refused with the endpoint named."""
+
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+import urllib.request
+
+import numpy as np
+import pytest
+
+import kvlane
+from kvlane.nixl import nixl_agent, nixl_agent_config
+
+ETCD = os.environ.get("KVL_ETCD_BIN", "/usr/bin/etcd")
+pytestmark = pytest.mark.skipif(not os.access(ETCD, os.X_OK),
+                                reason=f"no etcd binary at {ETCD} (Debian's etcd-server)")
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def etcd():
+    d = tempfile.mkdtemp(prefix="kvl-etcd-py-")
+    cp, pp = _free_port(), _free_port()
+    url, purl = f"http://127.0.0.1:{cp}", f"http://127.0.0.1:{pp}"
+    log = open(os.path.join(d, "etcd.log"), "w")
+    proc = subprocess.Popen([ETCD, "--name", "kt", "--data-dir", os.path.join(d, "data"),
+                             "--listen-client-urls", url, "--advertise-client-urls", url,
+                             "--listen-peer-urls", purl, "--initial-advertise-peer-urls", purl,
+                             "--initial-cluster", f"kt={purl}", "--log-level", "warn"],
+                            stdout=log, stderr=log)
+    try:
+        for _ in range(300):          # 30 s: never hangs
+            try:
+                with urllib.request.urlopen(url + "/health", timeout=1) as r:
+                    if b'"true"' in r.read():
+                        break
+            except OSError:
+                pass
+            assert proc.poll() is None, "etcd exited at start"
+            time.sleep(0.1)
+        else:
+            pytest.fail("etcd did not answer /health in 30 s")
+        yield url
+    finally:
+        proc.kill()
+        proc.wait()
+        log.close()
+        shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.fixture
+def env(etcd, uniq, monkeypatch):
+    monkeypatch.setenv("NIXL_ETCD_ENDPOINTS", etcd)
+    monkeypatch.setenv("NIXL_ETCD_NAMESPACE", f"/kvltest/{uniq}/")
+    monkeypatch.setenv("KVL_ETCD_LEASE_TTL", "3")
+    return etcd
+
+
+def _until(cond, seconds=30):
+    """Poll cond (bounded: never hangs)."""
+    end = time.time() + seconds
+    while time.time() < end:
+        if cond():
+            return True
+        time.sleep(0.02)
+    return cond()
+
+
+def _xfer_done(agent, h, seconds=30):
+    return _until(lambda: agent.check_xfer_state(h) == "DONE", seconds)
+
+
+def test_publish_fetch_transfer_invalidate(env, uniq):
+    conf = nixl_agent_config(backends=["UCX"])
+    target = nixl_agent(uniq + "-target", conf)
+    init = nixl_agent(uniq + "-init", conf)
+    try:
+        dst = np.zeros(1 << 16, np.uint8)
+        src = (np.arange(1 << 16) % 251).astype(np.uint8)
+        target.register_memory([(dst.ctypes.data, dst.nbytes, 0, "")], "DRAM")
+        init.register_memory([(src.ctypes.data, src.nbytes, 0, "")], "DRAM")
+        # NIXL's order: fetch may come first; it waits for the publish
+        assert init.fetch_remote_metadata(uniq + "-target") is None
+        target.send_local_metadata()
+        assert _until(lambda: init.check_remote_metadata(uniq + "-target"))
+        h = init.initialize_xfer("WRITE", init.get_xfer_descs([(src.ctypes.data, src.nbytes, 0)],
+                                                              "DRAM"),
+                                 init.get_xfer_descs([(dst.ctypes.data, dst.nbytes, 0)], "DRAM"),
+                                 uniq + "-target", b"etcd-done")
+        assert init.transfer(h) in ("DONE", "PROC")
+        assert _xfer_done(init, h)
+        assert np.array_equal(src, dst)
+        assert _until(lambda: target.check_remote_xfer_done(uniq + "-init", b"etcd-done"))
+        init.release_xfer_handle(h)
+        # invalidate: the follower drops it
+        target.invalidate_local_metadata()
+        assert _until(lambda: not init.check_remote_metadata(uniq + "-target"))
+        # published again, fetched again
+        target.send_local_metadata()
+        init.fetch_remote_metadata(uniq + "-target")
+        assert _until(lambda: init.check_remote_metadata(uniq + "-target"))
+    finally:
+        init.close()
+        target.close()
+
+
+def test_partial_metadata_label(env, uniq):
+    a = nixl_agent(uniq + "-a", nixl_agent_config(backends=["UCX"]))
+    b = nixl_agent(uniq + "-b", nixl_agent_config(backends=["UCX"]))
+    try:
+        buf = np.zeros(8192, np.uint8)
+        descs = a.register_memory([(buf.ctypes.data, buf.nbytes, 0, "")], "DRAM")
+        with pytest.raises(kvlane.InvalidArgument, match="label is required"):
+            a.send_partial_agent_metadata(descs, True, ["UCX"])
+        a.send_partial_agent_metadata(descs, True, ["UCX"], label="kv-layer0")
+        b.fetch_remote_metadata(uniq + "-a", label="other")      # not published: not loaded
+        b.fetch_remote_metadata(uniq + "-a", label="kv-layer0")
+        assert _until(lambda: b.check_remote_metadata(uniq + "-a"))
+        assert b.check_remote_metadata(uniq + "-a",
+                                       b.get_xfer_descs([(buf.ctypes.data, 4096, 0)], "DRAM"))
+    finally:
+        b.close()
+        a.close()
+
+
+def test_departure_and_restart_seen(env, uniq, caplog):
+    name = uniq + "-peer"
+    watcher = nixl_agent(uniq + "-w", nixl_agent_config(backends=["UCX"]))
+    try:
+        peer = nixl_agent(name, nixl_agent_config(backends=["UCX"]))
+        peer.send_local_metadata()
+        watcher.fetch_remote_metadata(name)
+        assert _until(lambda: watcher.check_remote_metadata(name))
+        inc1 = watcher.agent.remote_incarnation(name) if hasattr(watcher.agent,
+                                                                 "remote_incarnation") else None
+        # restart: a new incarnation publishes while the old one still runs
+        peer2 = nixl_agent(name, nixl_agent_config(backends=["UCX"]))
+        peer2.send_local_metadata()
+        assert _until(lambda: not watcher.check_remote_metadata(name))
+        peer.close()
+        watcher.fetch_remote_metadata(name)
+        assert _until(lambda: watcher.check_remote_metadata(name))
+        if inc1 is not None:
+            assert watcher.agent.remote_incarnation(name) != inc1
+        # departure
+        peer2.close()
+        assert _until(lambda: not watcher.check_remote_metadata(name))
+        # a fetch of an agent that never publishes fails in the background, named
+        with caplog.at_level("ERROR", logger="kvlane.nixl"):
+            watcher.fetch_remote_metadata(uniq + "-nobody")
+            assert _until(lambda: "Failed to fetch metadata from etcd for agent "
+                          f"{uniq}-nobody" in caplog.text, 40)
+        assert "etcd has no metadata of agent" in caplog.text
+        assert not watcher.check_remote_metadata(uniq + "-nobody")
+    finally:
+        watcher.close()
+
+
+def test_unreachable_at_creation(uniq, monkeypatch):
+    port = _free_port()
+    monkeypatch.setenv("NIXL_ETCD_ENDPOINTS", f"http://127.0.0.1:{port}")
+    t0 = time.time()
+    with pytest.raises(kvlane.RemoteError, match=f"no etcd endpoint answered.*127.0.0.1:{port}"):
+        nixl_agent(uniq, nixl_agent_config(backends=["UCX"]))
+    assert time.time() - t0 < 60          # bounded (never hangs)
+
+
+def test_without_store(uniq, monkeypatch):
+    monkeypatch.delenv("NIXL_ETCD_ENDPOINTS", raising=False)
+    a = nixl_agent(uniq, nixl_agent_config(backends=["UCX"]))
+    try:
+        with pytest.raises(kvlane.UnsupportedError, match="no central metadata store"):
+            a.fetch_remote_metadata("peer")
+        with pytest.raises(kvlane.UnsupportedError, match="no central metadata store"):
+            a.send_local_metadata()
+    finally:
+        a.close()
+
+
+def test_core_agent_api(env, uniq):
+    a = kvlane.Agent(uniq + "-ca", backends=("tcp",))
+    b = kvlane.Agent(uniq + "-cb", backends=("tcp",))
+    try:
+        with pytest.raises(kvlane.StateError, match="not attached to etcd"):
+            a.etcd_publish()
+        a.etcd_attach(env, prefix=f"/kvltest/{uniq}-core", lease_ttl_s=3)
+        b.etcd_attach(env, prefix=f"/kvltest/{uniq}-core", lease_ttl_s=3)
+        a.etcd_publish()
+        with pytest.raises(kvlane.NotFound, match="waited 200 ms"):
+            b.etcd_fetch(uniq + "-nope", wait_ms=200)
+        b.etcd_fetch(uniq + "-ca")
+        assert b.check_remote(uniq + "-ca")
+        a.etcd_unpublish()
+        assert _until(lambda: not b.check_remote(uniq + "-ca"))
+    finally:
+        b.close()
+        a.close()
