@@ -9,7 +9,7 @@
 #       helpers compiled once into kvl_testutil and linked into every C test.
 #
 # Every test: exit 0 pass, 77 skip (print why), anything else fails; TIMEOUT
-# 300 s; run in the build directory with KVL_TEST_BIN and KVL_BIN (the kvlane
+# 300 s (or its KVL_TEST_TIMEOUT marker); run in the build directory with KVL_TEST_BIN and KVL_BIN (the kvlane
 # CLI), KVL_BUILD (build dir) and KVL_SRC (source dir) in the environment.
 #
 # Labels: "unit" or "integration" by folder; "tsan" when the file name
@@ -45,6 +45,18 @@ function(kvl_test_labels out_var file kind)
   set(${out_var} "${labels}" PARENT_SCOPE)
 endfunction()
 
+# A test's bound in seconds: 300, or its "KVL_TEST_TIMEOUT: <s>" marker (in
+# its first 4 KiB) for the long ones, so that a loaded machine (the suite
+# under stress --cpu 2 beside other builds) slows them without failing them.
+function(kvl_test_timeout out_var file)
+  set(t 300)
+  file(STRINGS "${file}" markers LIMIT_INPUT 4096 REGEX "KVL_TEST_TIMEOUT: *[0-9]+")
+  foreach(line IN LISTS markers)
+    string(REGEX REPLACE ".*KVL_TEST_TIMEOUT: *([0-9]+).*" "\\1" t "${line}")
+  endforeach()
+  set(${out_var} ${t} PARENT_SCOPE)
+endfunction()
+
 set(_kvl_test_names "")
 function(kvl_claim_test_name name file)
   if(name IN_LIST _kvl_test_names)
@@ -77,10 +89,11 @@ foreach(_kind unit integration)
       target_link_libraries(${_name} PRIVATE kvl_testutil)
     endif()
     kvl_test_labels(_labels "${_src}" ${_kind})
+    kvl_test_timeout(_timeout "${_src}")
     add_test(NAME ${_name} COMMAND ${_name} WORKING_DIRECTORY "${CMAKE_BINARY_DIR}")
     set_tests_properties(${_name} PROPERTIES
       SKIP_RETURN_CODE 77
-      TIMEOUT 300
+      TIMEOUT ${_timeout}
       ENVIRONMENT "${KVL_TEST_ENV}"
       LABELS "${_labels}")
   endforeach()
@@ -93,10 +106,11 @@ foreach(_src IN LISTS _sh)
   get_filename_component(_name "${_src}" NAME_WE)
   kvl_claim_test_name(${_name} "${_src}")
   kvl_test_labels(_labels "${_src}" integration)
+  kvl_test_timeout(_timeout "${_src}")
   add_test(NAME ${_name} COMMAND "${KVL_BASH}" "${_src}" WORKING_DIRECTORY "${CMAKE_BINARY_DIR}")
   set_tests_properties(${_name} PROPERTIES
     SKIP_RETURN_CODE 77
-    TIMEOUT 300
+    TIMEOUT ${_timeout}
     ENVIRONMENT "${KVL_TEST_ENV}"
     LABELS "${_labels}")
 endforeach()

@@ -30,6 +30,7 @@
  * usage: test_contract [PATH|SCENARIO]...   (a subset; default all)
  *        test_contract --case PATH SCENARIO (one case, in this process)
  * KVL_TEST_LABELS: tcp ucx
+ * KVL_TEST_TIMEOUT: 1200 (144 scenarios: about 50 s idle, over 300 s under stress --cpu 2 beside builds)
  */
 #include <errno.h>
 #include <fcntl.h>

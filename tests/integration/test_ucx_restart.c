@@ -22,6 +22,7 @@
  * timing: times are printed, never asserted (the transfer waits are hang
  * guards). Skips (77) without the ucx module.
  * KVL_TEST_LABELS: ucx
+ * KVL_TEST_TIMEOUT: 900 (100 kill/restart rounds; 40 s idle, 80 s under stress)
  */
 #include <stdlib.h>
 #include <string.h>

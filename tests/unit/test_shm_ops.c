@@ -6,6 +6,7 @@
  * that landed through its own view of the same pages.
  *
  * Exit 0 pass, 1 fail, 77 skip.
+ * KVL_TEST_TIMEOUT: 900 (50 s idle, 83 s under stress --cpu 2 beside builds)
  */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
