@@ -24,6 +24,8 @@ PKGS=(
     libssl-dev
     gnuplot-nox         # benchmark plots
     etcd-server         # etcd metadata store tests
+    liburing-dev        # posix backend (FILE memory) on io_uring
+    fio                 # file offload baseline (bench/file_compare.sh)
 )
 
 missing=()
