@@ -102,6 +102,7 @@ typedef struct kvli_region {
     uint32_t bk_mask;                 /* backends it is registered on */
     void *mh[KVLI_MAX_BACKENDS];
     uint64_t shm_id;                  /* allocation it lies in, 0 if none */
+    uint64_t file_dev, file_ino;      /* FILE: the file the fd named when registered */
 } kvli_region_t;
 
 typedef struct kvli_alloc {

@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 #include "common/host.h"
 #include "internal.h"
@@ -363,6 +364,21 @@ static kvl_status_t kvli_register_one(kvl_agent_t *a, kvli_hostchk_t *hc, size_t
     /* The same range again is a lookup, not a registration: it was
      * classified and checked when first registered. */
     kvli_region_t *r = kvli_registry_exact(a, d->addr, d->len);
+    struct stat fst;
+    if (declared == KVL_MEM_FILE && fstat(d->dev, &fst) != 0)
+        memset(&fst, 0, sizeof(fst));
+    if (r != NULL && r->kind == KVL_MEM_FILE &&
+        (r->file_dev != (uint64_t)fst.st_dev || r->file_ino != (uint64_t)fst.st_ino)) {
+        /* the same (offset, len, fd), but the fd was closed and reopened */
+        kvli_err(err, KVL_ERR_STALE, 0, "FILE range (fd %d, offset %llu, len %llu) is still "
+                 "registered for the file fd %d named before (inode %llu); fd %d now names "
+                 "another file (inode %llu)", (int)d->dev,
+                 (unsigned long long)kvli_file_off(d->addr), (unsigned long long)d->len,
+                 (int)d->dev, (unsigned long long)r->file_ino, (int)d->dev,
+                 (unsigned long long)fst.st_ino);
+        kvli_hint(err, "deregister a FILE range before closing its descriptor");
+        return KVL_ERR_STALE;
+    }
     if (r != NULL && (declared == KVL_MEM_AUTO || declared == r->kind) &&
         (d->dev == KVL_DEV_ANY || d->dev == r->dev)) {
         kind = r->kind;
@@ -447,6 +463,10 @@ static kvl_status_t kvli_register_one(kvl_agent_t *a, kvli_hostchk_t *hc, size_t
     r->kind = kind;
     r->dev = dev;
     r->refcount = 1;
+    if (kind == KVL_MEM_FILE) {
+        r->file_dev = (uint64_t)fst.st_dev;
+        r->file_ino = (uint64_t)fst.st_ino;
+    }
     atomic_init(&r->objref, 1);
     atomic_init(&r->valid, true);
 
