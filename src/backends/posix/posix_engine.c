@@ -108,6 +108,7 @@ static int64_t kvli_posix_uring_prepare(void *arg, kvli_pollset_t *ps)
 {
     kvli_posix_iface_t *iface = arg;
     unsigned queued = 0;
+    (void)ps; /* the ring is waited on in the kernel, the wake fd in ppoll */
     pthread_mutex_lock(&iface->lock);
     while (iface->ring_inflight < iface->qd && io_uring_sq_space_left(&iface->ring) > 0) {
         kvli_posix_op_t *op = kvli_posix_op_next(iface);
@@ -125,7 +126,21 @@ static int64_t kvli_posix_uring_prepare(void *arg, kvli_pollset_t *ps)
         queued++;
     }
     pthread_mutex_unlock(&iface->lock);
-    if (queued > 0) {
+    if (iface->ring_inflight > 0 && io_uring_cq_ready(&iface->ring) == 0) {
+        /* Operations in flight: submit and wait for a completion in the
+         * kernel (one io_uring_enter), as fio does, instead of a ppoll
+         * wake-up per completion. New postings wait at most for the next
+         * completion; the wake fd is needed only when nothing is in flight. */
+        int r;
+        do {
+            r = io_uring_submit_and_wait(&iface->ring, 1);
+        } while (r == -EINTR);
+        if (r < 0) {
+            iface->ctx->log(iface->ctx, KVL_LOG_ERROR, "io_uring_submit failed: %s",
+                            strerror(-r));
+            return KVLI_PROGRESS_BACKOFF;
+        }
+    } else if (queued > 0) {
         int r;
         do {
             r = io_uring_submit(&iface->ring);
@@ -138,12 +153,7 @@ static int64_t kvli_posix_uring_prepare(void *arg, kvli_pollset_t *ps)
     }
     if (io_uring_cq_ready(&iface->ring) > 0)
         return 0; /* no wait: straight to dispatch, which reaps them */
-    if (iface->ring_inflight == 0)
-        return KVLI_PROGRESS_FOREVER; /* the wake fd only */
-    if (kvli_pollset_reserve(&iface->pg, ps, 1) != 0)
-        return KVLI_PROGRESS_BACKOFF;
-    kvli_pollset_add(ps, iface->ring.ring_fd, POLLIN, iface);
-    return KVLI_PROGRESS_FOREVER;
+    return KVLI_PROGRESS_FOREVER; /* nothing in flight: the wake fd only */
 }
 
 static void kvli_posix_uring_dispatch(void *arg, kvli_pollset_t *ps)
@@ -181,7 +191,16 @@ static kvl_status_t kvli_posix_uring_open(kvli_posix_iface_t *iface, kvl_error_t
 {
     struct io_uring_params p;
     memset(&p, 0, sizeof(p));
+#ifdef IORING_SETUP_COOP_TASKRUN
+    /* completions are reaped by the thread that waits for them: no
+     * interrupt of it per completion (Linux 5.19+; refused before) */
+    p.flags = IORING_SETUP_COOP_TASKRUN;
+#endif
     int r = io_uring_queue_init_params(iface->qd < 8 ? 8 : iface->qd, &iface->ring, &p);
+    if (r == -EINVAL && p.flags != 0) {
+        memset(&p, 0, sizeof(p));
+        r = io_uring_queue_init_params(iface->qd < 8 ? 8 : iface->qd, &iface->ring, &p);
+    }
     if (r < 0) {
         const char *why = r == -ENOSYS ? "the kernel has no io_uring (ENOSYS)"
                         : r == -EPERM ? "io_uring is disabled for this process (EPERM: the "
