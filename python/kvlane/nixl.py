@@ -107,7 +107,7 @@ _FORCED = {"SHM": "shm", "TCP": "tcp", "CUDA": "cuda", "shm": "shm", "tcp": "tcp
            "cuda": "cuda", "posix": "posix", "POSIX": "posix", "GDS": "posix",
            "GDS_MT": "posix"}
 _BACKEND_MEMS = {"shm": ["DRAM"], "tcp": ["DRAM", "VRAM"], "ucx": ["DRAM", "VRAM"],
-                 "cuda": ["DRAM", "VRAM"], "posix": ["DRAM", "FILE"]}
+                 "cuda": ["DRAM", "VRAM"], "posix": ["DRAM", "VRAM", "FILE"]}
 # NIXL's file plugin parameters: what they mean on kvlane's posix backend.
 _POSIX_PARAMS = {"engine", "queue_depth", "threads"}
 # What NIXL's UCX plugin reports as its parameters (get_plugin_params("UCX")).
@@ -747,7 +747,7 @@ class nixl_agent:
         if p in TRANSPORT_NAMES:
             return ["DRAM", "VRAM"]
         if p in FILE_NAMES:
-            return ["DRAM", "FILE"]
+            return ["DRAM", "VRAM", "FILE"]
         return list(_BACKEND_MEMS.get(_FORCED.get(p, ""), []))
 
     def _check_name(self, b):
@@ -853,8 +853,9 @@ class nixl_agent:
                 _no_effect(name, k, v, f"kvlane serves {name} with its posix backend (DRAM to "
                            "and from files); parameters it knows: engine, queue_depth, threads")
         if name != "POSIX":
-            log.info("kvlane.nixl: %s is served by kvlane's posix backend: DRAM to and from "
-                     "files (GPU memory to files is not in this kvlane version)", name)
+            log.info("kvlane.nixl: %s is served by kvlane's posix backend: GPU memory is "
+                     "staged through pinned host buffers (no cuFile in this kvlane version)",
+                     name)
         return out
 
     def _bk(self, backends, what):

@@ -228,7 +228,7 @@ def test_file_backend_names_and_params(tmp_path, caplog):
             a.create_backend(nm, {"use_uring": "false", "batch_pool_size": "32"} if nm != "POSIX"
                              else {"use_uring": "false"})
             assert a.agent.backends() == ["posix"]
-            assert a.get_backend_mem_types(nm) == ["DRAM", "FILE"]
+            assert a.get_backend_mem_types(nm) == ["DRAM", "VRAM", "FILE"]
             assert a.get_backend_params(nm)["engine"] == "threads"
             fd = os.open(str(tmp_path / f"{nm}.bin"), os.O_CREAT | os.O_RDWR)
             buf = np.arange(4096, dtype=np.uint8)

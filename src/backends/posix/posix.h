@@ -37,12 +37,15 @@
 #define KVLI_POSIX_OP_MAX (1u << 30)     /* bytes per read/write */
 #define KVLI_POSIX_QD_DEFAULT 64u
 #define KVLI_POSIX_THREADS_DEFAULT 8u
+#define KVLI_POSIX_STAGERS_DEFAULT 4u    /* VRAM staging threads, one buffer each */
+#define KVLI_POSIX_STAGE_CHUNK (4u << 20) /* bytes per staged piece */
 
 enum { KVLI_POSIX_URING = 1, KVLI_POSIX_POOL = 2 };
 
 typedef struct kvli_posix_mh {
     kvl_mem_kind_t kind;
     uint64_t addr, len;              /* FILE: the core's key */
+    int32_t dev;                     /* VRAM: the device ordinal */
     int fd;                          /* FILE */
     uint64_t off;                    /* FILE: file offset of addr */
     bool direct, can_read, can_write;
@@ -54,7 +57,9 @@ typedef struct kvli_posix_op {
     int fd;
     uint32_t len, done;              /* bytes; done: moved so far */
     uint64_t off;                    /* file offset */
-    char *buf;
+    char *buf;                       /* staged: a device address */
+    bool staged;                     /* VRAM: through a pinned buffer (posix_stage.c) */
+    int32_t dev;
     const kvli_posix_mh_t *fmh;      /* the file range, for messages */
     struct kvli_posix_xpriv *xp;
     struct kvli_posix_op *retry;     /* short transfer: resubmitted from done */
@@ -68,6 +73,7 @@ typedef struct kvli_posix_xpriv {
     size_t next, completed, inflight;
     kvli_posix_op_t *retry;
     bool queued, running, canceled, failed;
+    bool staged;                     /* local side VRAM: the staging threads move it */
     kvl_status_t status;
     kvl_error_t err;
     struct kvli_posix_xpriv *qnext;
@@ -91,6 +97,16 @@ typedef struct kvli_posix_iface {
     kvli_progress_t pg;
     pthread_t *threads;
     unsigned nstarted;
+    /* VRAM staging (posix_stage.c): started at the first staged posting */
+    pthread_mutex_t stage_lock;
+    unsigned nstagers;
+    size_t stage_chunk;
+    void **stage_bufs;
+    pthread_t *stagers;
+    unsigned nstage_started;
+    bool stage_up;
+    bool stage_quit;                 /* under lock: the stagers leave */
+    char gds_why[256];               /* why GPUDirect Storage is not used */
 } kvli_posix_iface_t;
 
 /* posix_engine.c */
@@ -108,8 +124,22 @@ void kvli_posix_xfer_release(void *bk, kvl_bk_xfer_t *x);
  * returns true when its transfer is now finished (caller calls
  * kvli_posix_xfer_finish without the lock). */
 bool kvli_posix_op_done(kvli_posix_iface_t *iface, kvli_posix_op_t *op, long long res);
-/* Next op to run, under iface->lock; NULL when none. */
-kvli_posix_op_t *kvli_posix_op_next(kvli_posix_iface_t *iface);
+/* Next op to run, under iface->lock, of a staged (VRAM) transfer or not;
+ * NULL when none. */
+kvli_posix_op_t *kvli_posix_op_next(kvli_posix_iface_t *iface, bool staged);
+/* Bytes moved by pread/pwrite from buf (all, or -errno; a READ returns
+ * fewer at the end of the file). */
+long long kvli_posix_rw(int fd, char *buf, size_t len, uint64_t off, int write);
+
+/* posix_stage.c */
+/* Register VRAM: can the core's staging service copy it? */
+kvl_status_t kvli_posix_stage_reg(kvli_posix_iface_t *iface, const kvl_region_info_t *r,
+                                  char *detail, size_t detail_len, kvl_error_t *err);
+/* Start the staging threads and their pinned buffers once. */
+kvl_status_t kvli_posix_stage_start(kvli_posix_iface_t *iface, kvl_error_t *err);
+void kvli_posix_stage_stop(kvli_posix_iface_t *iface);
+/* Why GPUDirect Storage is not used (libcufile looked for), into iface->gds_why. */
+void kvli_posix_gds_probe(kvli_posix_iface_t *iface);
 /* Called without the lock for a finished transfer: xfer_done, then marks
  * it not running (a cancel or release waits for that). */
 void kvli_posix_xfer_finish(kvli_posix_iface_t *iface, kvli_posix_xpriv_t *xp);

@@ -35,12 +35,12 @@ void kvli_posix_engine_queue(kvli_posix_iface_t *iface, kvli_posix_xpriv_t *xp)
         iface->qhead = xp;
     iface->qtail = xp;
     bool empty = xp->nops == 0 && kvli_posix_xfer_check_end(iface, xp);
-    if (iface->engine == KVLI_POSIX_POOL)
+    if (iface->engine == KVLI_POSIX_POOL || xp->staged)
         pthread_cond_broadcast(&iface->cond);
     pthread_mutex_unlock(&iface->lock);
     if (empty)
         kvli_posix_xfer_finish(iface, xp);
-    else if (iface->engine == KVLI_POSIX_URING)
+    else if (iface->engine == KVLI_POSIX_URING && !xp->staged)
         kvli_progress_wake(&iface->pg);
 }
 
@@ -51,7 +51,7 @@ static void *kvli_posix_pool_main(void *arg)
     kvli_posix_iface_t *iface = arg;
     pthread_mutex_lock(&iface->lock);
     while (!iface->stop) {
-        kvli_posix_op_t *op = kvli_posix_op_next(iface);
+        kvli_posix_op_t *op = kvli_posix_op_next(iface, false);
         if (op == NULL) {
             pthread_cond_wait(&iface->cond, &iface->lock);
             continue;
@@ -111,7 +111,7 @@ static int64_t kvli_posix_uring_prepare(void *arg, kvli_pollset_t *ps)
     (void)ps; /* the ring is waited on in the kernel, the wake fd in ppoll */
     pthread_mutex_lock(&iface->lock);
     while (iface->ring_inflight < iface->qd && io_uring_sq_space_left(&iface->ring) > 0) {
-        kvli_posix_op_t *op = kvli_posix_op_next(iface);
+        kvli_posix_op_t *op = kvli_posix_op_next(iface, false);
         if (op == NULL)
             break;
         struct io_uring_sqe *sqe = io_uring_get_sqe(&iface->ring); /* room checked */
@@ -269,6 +269,7 @@ void kvli_posix_engine_close(kvli_posix_iface_t *iface)
     pthread_mutex_unlock(&iface->lock);
     for (unsigned i = 0; i < iface->nstarted; i++)
         pthread_join(iface->threads[i], NULL);
+    kvli_posix_stage_stop(iface);
     free(iface->threads);
     iface->threads = NULL;
     iface->nstarted = 0;

@@ -20,6 +20,8 @@ static const kvl_param_t kvli_posix_params[] = {
     {"engine", "auto"},          /* auto | io_uring | threads */
     {"queue_depth", "64"},       /* ops in flight (io_uring) */
     {"threads", "8"},            /* pread/pwrite threads (fallback) */
+    {"stage_threads", "4"},      /* VRAM: staging threads, one pinned buffer each */
+    {"stage_chunk_kib", "4096"}, /* VRAM: bytes per staged piece */
     {NULL, NULL}
 };
 
@@ -54,6 +56,7 @@ static void kvli_posix_close(void *bk)
         return;
     kvli_posix_engine_close(iface);
     pthread_mutex_destroy(&iface->lock);
+    pthread_mutex_destroy(&iface->stage_lock);
     pthread_cond_destroy(&iface->cond);
     free(iface);
 }
@@ -63,6 +66,7 @@ static kvl_status_t kvli_posix_open(kvl_bk_ctx_t *ctx, const kvl_param_t *params
 {
     const char *engine = "auto";
     uint64_t qd = KVLI_POSIX_QD_DEFAULT, th = KVLI_POSIX_THREADS_DEFAULT;
+    uint64_t sth = KVLI_POSIX_STAGERS_DEFAULT, sch = KVLI_POSIX_STAGE_CHUNK >> 10;
     for (size_t i = 0; i < n && params != NULL && params[i].key != NULL; i++) {
         const char *k = params[i].key, *v = params[i].value ? params[i].value : "";
         kvl_status_t st = KVL_OK;
@@ -77,10 +81,15 @@ static kvl_status_t kvli_posix_open(kvl_bk_ctx_t *ctx, const kvl_param_t *params
             st = kvli_posix_num(k, v, 1, 4096, &qd, err);
         } else if (strcmp(k, "threads") == 0) {
             st = kvli_posix_num(k, v, 1, 256, &th, err);
+        } else if (strcmp(k, "stage_threads") == 0) {
+            st = kvli_posix_num(k, v, 1, 64, &sth, err);
+        } else if (strcmp(k, "stage_chunk_kib") == 0) {
+            st = kvli_posix_num(k, v, 4, 1u << 20, &sch, err);
         } else {
             kvl_bk_error_set(err, KVL_ERR_INVALID_ARG, 0, KVLI_POSIX_NAME, -1,
                              "unknown parameter '%s' for backend posix", k);
-            kvl_bk_error_hint(err, "known: engine (auto|io_uring|threads), queue_depth, threads");
+            kvl_bk_error_hint(err, "known: engine (auto|io_uring|threads), queue_depth, threads, "
+                                   "stage_threads, stage_chunk_kib");
             return KVL_ERR_INVALID_ARG;
         }
         if (st != KVL_OK)
@@ -94,7 +103,11 @@ static kvl_status_t kvli_posix_open(kvl_bk_ctx_t *ctx, const kvl_param_t *params
     iface->ctx = ctx;
     iface->qd = (unsigned)qd;
     iface->nthreads = (unsigned)th;
+    iface->nstagers = (unsigned)sth;
+    iface->stage_chunk = (size_t)(sch << 10);
     pthread_mutex_init(&iface->lock, NULL);
+    pthread_mutex_init(&iface->stage_lock, NULL);
+    kvli_posix_gds_probe(iface);
     pthread_cond_init(&iface->cond, NULL);
     kvl_status_t st = kvli_posix_engine_open(iface, engine, err);
     if (st != KVL_OK) {
@@ -142,13 +155,18 @@ static void kvli_posix_dio_align(int fd, uint32_t *mem_p, uint32_t *off_p)
 static kvl_status_t kvli_posix_mem_reg(void *bk, const kvl_region_info_t *r, void **mh_p,
                                        char *detail, size_t detail_len, kvl_error_t *err)
 {
-    (void)bk;
-    if (r->kind != KVL_MEM_DRAM && r->kind != KVL_MEM_FILE) {
+    kvli_posix_iface_t *iface = bk;
+    if (r->kind != KVL_MEM_DRAM && r->kind != KVL_MEM_FILE && r->kind != KVL_MEM_VRAM) {
         kvl_bk_error_set(err, KVL_ERR_UNSUPPORTED, 0, KVLI_POSIX_NAME, r->dev,
                          "backend posix moves host memory (DRAM) to and from files; %s memory "
                          "is not served", kvl_mem_kind_name(r->kind));
         kvl_bk_error_hint(err, "stage VRAM through a DRAM buffer");
         return KVL_ERR_UNSUPPORTED;
+    }
+    if (r->kind == KVL_MEM_VRAM) {
+        kvl_status_t st = kvli_posix_stage_reg(iface, r, detail, detail_len, err);
+        if (st != KVL_OK)
+            return st;
     }
     kvli_posix_mh_t *mh = calloc(1, sizeof(*mh));
     if (mh == NULL) {
@@ -159,6 +177,11 @@ static kvl_status_t kvli_posix_mem_reg(void *bk, const kvl_region_info_t *r, voi
     mh->addr = r->addr;
     mh->len = r->len;
     mh->fd = -1;
+    mh->dev = r->dev;
+    if (r->kind == KVL_MEM_VRAM) {
+        *mh_p = mh;
+        return KVL_OK;
+    }
     if (r->kind == KVL_MEM_DRAM) {
         snprintf(detail, detail_len, "host memory");
         *mh_p = mh;
@@ -344,9 +367,10 @@ const kvl_backend_ops_t kvli_posix_ops = {
     .description = "this agent's DRAM to and from its files (FILE memory): io_uring, many "
                    "operations per submission, O_DIRECT checked, pread/pwrite threads when "
                    "io_uring is refused",
-    .mem_local = KVL_MEM_BIT(KVL_MEM_DRAM) | KVL_MEM_BIT(KVL_MEM_FILE),
+    /* VRAM: staged through pinned host buffers (posix_stage.c) */
+    .mem_local = KVL_MEM_BIT(KVL_MEM_DRAM) | KVL_MEM_BIT(KVL_MEM_VRAM) | KVL_MEM_BIT(KVL_MEM_FILE),
     .mem_remote = KVL_MEM_BIT(KVL_MEM_FILE),
-    .caps = KVL_BK_CAP_NOTIF,
+    .caps = KVL_BK_CAP_NOTIF | KVL_BK_CAP_STAGED_VRAM,
     .params = kvli_posix_params,
     .available = kvli_posix_available,
     .open = kvli_posix_open,

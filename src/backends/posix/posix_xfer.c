@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 #include "posix.h"
 
 static const char *kvli_posix_errname(int e)
@@ -79,12 +80,15 @@ static void kvli_posix_io_error(kvl_error_t *err, const kvli_posix_op_t *op, int
 }
 
 /* Build the ops of x once: every block of every segment, cut at 1 GiB. */
-static kvl_status_t kvli_posix_build(kvli_posix_xpriv_t *xp, kvl_bk_xfer_t *x, kvl_error_t *err)
+static kvl_status_t kvli_posix_build(kvli_posix_xpriv_t *xp, kvl_bk_xfer_t *x, uint64_t xp_chunk,
+                                     kvl_error_t *err)
 {
     size_t n = 0;
     for (size_t s = 0; s < x->nsegs; s++) {
         const kvl_seg_t *g = &x->segs[s];
-        n += g->count * ((g->len + KVLI_POSIX_OP_MAX - 1) / KVLI_POSIX_OP_MAX);
+        const kvli_posix_mh_t *l = x->lmh[g->lreg];
+        uint64_t piece = l != NULL && l->kind == KVL_MEM_VRAM ? xp_chunk : KVLI_POSIX_OP_MAX;
+        n += g->count * ((g->len + piece - 1) / piece);
     }
     xp->ops = calloc(n ? n : 1, sizeof(*xp->ops));
     if (xp->ops == NULL) {
@@ -97,12 +101,16 @@ static kvl_status_t kvli_posix_build(kvli_posix_xpriv_t *xp, kvl_bk_xfer_t *x, k
     for (size_t s = 0; s < x->nsegs; s++) {
         const kvl_seg_t *g = &x->segs[s];
         const kvli_posix_mh_t *l = x->lmh[g->lreg], *f = x->rmh[g->rreg];
-        if (l == NULL || f == NULL || l->kind != KVL_MEM_DRAM || f->kind != KVL_MEM_FILE) {
+        if (l == NULL || f == NULL || (l->kind != KVL_MEM_DRAM && l->kind != KVL_MEM_VRAM) ||
+            f->kind != KVL_MEM_FILE) {
             kvl_bk_error_set(err, KVL_ERR_INVALID_ARG, 0, KVLI_POSIX_NAME, -1,
                              "segment %zu is not host memory paired with a file range", s);
             kvl_bk_error_hint(err, "the local list must be DRAM and the remote list FILE");
             return KVL_ERR_INVALID_ARG;
         }
+        bool staged = l->kind == KVL_MEM_VRAM;
+        uint64_t piece = staged ? xp_chunk : KVLI_POSIX_OP_MAX;
+        xp->staged = staged;
         if (write ? !f->can_write : !f->can_read) {
             kvl_bk_error_set(err, KVL_ERR_INVALID_ARG, EBADF, KVLI_POSIX_NAME, -1,
                              "%s of %s (fd %d): the descriptor was opened %s", write ? "WRITE"
@@ -114,7 +122,9 @@ static kvl_status_t kvli_posix_build(kvli_posix_xpriv_t *xp, kvl_bk_xfer_t *x, k
         for (uint64_t j = 0; j < g->count; j++, block++) {
             uint64_t la = g->laddr + j * g->lstride, ra = g->raddr + j * g->rstride;
             uint64_t off = f->off + (ra - f->addr);
-            if (f->direct && ((off | g->len) % f->dio_off != 0 || la % f->dio_mem != 0)) {
+            /* staged: the memory I/O sees is a page-aligned pinned buffer */
+            if (f->direct && ((off | g->len) % f->dio_off != 0 ||
+                              (!staged && la % f->dio_mem != 0))) {
                 kvl_bk_error_set(err, KVL_ERR_INVALID_ARG, EINVAL, KVLI_POSIX_NAME, -1,
                                  "block %llu of the transfer (memory 0x%llx, file offset %llu, "
                                  "len %llu) is not aligned for O_DIRECT on %s (fd %d): %s",
@@ -129,9 +139,11 @@ static kvl_status_t kvli_posix_build(kvli_posix_xpriv_t *xp, kvl_bk_xfer_t *x, k
                                   f->dio_off, f->dio_mem);
                 return KVL_ERR_INVALID_ARG;
             }
-            for (uint64_t p = 0; p < g->len; p += KVLI_POSIX_OP_MAX) {
-                uint64_t len = g->len - p < KVLI_POSIX_OP_MAX ? g->len - p : KVLI_POSIX_OP_MAX;
+            for (uint64_t p = 0; p < g->len; p += piece) {
+                uint64_t len = g->len - p < piece ? g->len - p : piece;
                 kvli_posix_op_t *op = &xp->ops[xp->nops++];
+                op->staged = staged;
+                op->dev = l->dev;
                 op->fd = f->fd;
                 op->off = off + p;
                 op->len = (uint32_t)len;
@@ -195,7 +207,7 @@ kvl_status_t kvli_posix_xfer_post(void *bk, kvl_bk_xfer_t *x, kvl_error_t *err)
             return KVL_ERR_NO_MEMORY;
         }
         xp->x = x;
-        kvl_status_t st = kvli_posix_build(xp, x, err);
+        kvl_status_t st = kvli_posix_build(xp, x, iface->stage_chunk, err);
         if (st != KVL_OK) {
             free(xp->ops);
             free(xp);
@@ -208,17 +220,40 @@ kvl_status_t kvli_posix_xfer_post(void *bk, kvl_bk_xfer_t *x, kvl_error_t *err)
         if (st != KVL_OK)
             return st;
     }
+    if (xp->staged) {
+        kvl_status_t st = kvli_posix_stage_start(iface, err);
+        if (st != KVL_OK)
+            return st;
+    }
     snprintf(x->path, sizeof(x->path), "%s%s",
-             iface->engine == KVLI_POSIX_URING ? "io_uring" : "pread/pwrite threads",
+             xp->staged ? "staged (pinned host buffers), pread/pwrite"
+             : iface->engine == KVLI_POSIX_URING ? "io_uring" : "pread/pwrite threads",
              xp->nops > 0 && xp->ops[0].fmh->direct ? ", O_DIRECT" : ", page cache");
     kvli_posix_engine_queue(iface, xp);
     return KVL_OK;
 }
 
-kvli_posix_op_t *kvli_posix_op_next(kvli_posix_iface_t *iface)
+long long kvli_posix_rw(int fd, char *buf, size_t len, uint64_t off, int write)
+{
+    size_t done = 0;
+    while (done < len) {
+        ssize_t r = write ? pwrite(fd, buf + done, len - done, (off_t)(off + done))
+                          : pread(fd, buf + done, len - done, (off_t)(off + done));
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r < 0)
+            return done > 0 ? (long long)done : -(long long)errno;
+        if (r == 0)
+            break; /* READ: the end of the file */
+        done += (size_t)r;
+    }
+    return (long long)done;
+}
+
+kvli_posix_op_t *kvli_posix_op_next(kvli_posix_iface_t *iface, bool staged)
 {
     for (kvli_posix_xpriv_t *xp = iface->qhead; xp != NULL; xp = xp->qnext) {
-        if (xp->canceled || xp->failed)
+        if (xp->canceled || xp->failed || xp->staged != staged)
             continue;
         if (xp->retry != NULL) {
             kvli_posix_op_t *op = xp->retry;
