@@ -5,6 +5,8 @@
  * size, --iters transfers of --size bytes each way; the median bandwidth.
  *
  *   contiguous  the file is written / read from offset 0 in block order
+ *               (memory blocks in reverse order, so that each block is one
+ *               I/O of the block size: adjacent blocks would coalesce)
  *   random      --count blocks at shuffled, non-adjacent offsets of the file
  *               (scattered KV blocks), a new order per block size
  *
@@ -18,6 +20,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/mman.h>
 #include <unistd.h>
 #include <kvlane/kvlane.h>
@@ -31,6 +34,7 @@ typedef struct {
     uint64_t total, count, qd;
     unsigned iters;
     int direct, do_write, do_read, quiet;
+    int vram, dev;
 } kvl_fbench_t;
 
 static double kvl_fbench_run(kvl_agent_t *a, kvl_xfer_op_t op, kvl_dlist_t *l, kvl_dlist_t *r,
@@ -80,6 +84,8 @@ static void kvl_fbench_usage(FILE *f)
             "  --queue-depth N    operations in flight (default 64)\n"
             "  --engine E         auto (default), io_uring or threads\n"
             "  --buffered         page cache I/O (default: O_DIRECT)\n"
+            "  --mem KIND         DRAM (default) or VRAM (staged through pinned buffers)\n"
+            "  --device N         the GPU for VRAM (default 0)\n"
             "  --iters N          measured transfers per row (default 5; median reported)\n"
             "  --csv FILE         also write the rows as CSV\n"
             "  --quiet            rows only\n");
@@ -96,6 +102,7 @@ int kvl_cli_bench_file(int argc, char **argv)
         {"size", 1, 0, 'S'}, {"pattern", 1, 0, 'p'}, {"count", 1, 0, 'n'}, {"op", 1, 0, 'o'},
         {"queue-depth", 1, 0, 'Q'}, {"engine", 1, 0, 'e'}, {"buffered", 0, 0, 'u'},
         {"iters", 1, 0, 'i'}, {"csv", 1, 0, 'c'}, {"quiet", 0, 0, 'q'}, {"help", 0, 0, 'h'},
+        {"mem", 1, 0, 'm'}, {"device", 1, 0, 'D'},
         {0, 0, 0, 0}};
     int o, li = 0;
     optind = 1;
@@ -150,6 +157,14 @@ int kvl_cli_bench_file(int argc, char **argv)
         case 'i': c.iters = (unsigned)v; break;
         case 'c': c.csv = optarg; break;
         case 'q': c.quiet = 1; break;
+        case 'm':
+            if (strcasecmp(optarg, "VRAM") != 0 && strcasecmp(optarg, "DRAM") != 0) {
+                fprintf(stderr, "kvlane bench: --mem for posix is DRAM or VRAM\n");
+                return 2;
+            }
+            c.vram = strcasecmp(optarg, "VRAM") == 0;
+            break;
+        case 'D': c.dev = atoi(optarg); break;
         case 'h': kvl_fbench_usage(stdout); return 0;
         default: kvl_fbench_usage(stderr); return 2;
         }
@@ -214,6 +229,9 @@ int kvl_cli_bench_file(int argc, char **argv)
         }
         free(z);
         fsync(fd0);
+        /* and out of the page cache (as fio lays out with O_DIRECT): cached
+         * pages would make every O_DIRECT write invalidate them */
+        posix_fadvise(fd0, 0, (off_t)fsize, POSIX_FADV_DONTNEED);
     }
     int fd = c.direct ? open(path, O_RDWR | O_DIRECT) : fd0;
     if (fd < 0) {
@@ -223,16 +241,35 @@ int kvl_cli_bench_file(int argc, char **argv)
         unlink(path);
         return 2;
     }
-    unsigned char *buf = mmap(NULL, need, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
-                              -1, 0);
-    if (buf == MAP_FAILED) {
-        fprintf(stderr, "kvlane bench: mmap(%llu) failed: %s\n", (unsigned long long)need,
-                strerror(errno));
-        close(fd0);
-        unlink(path);
-        return 2;
+    unsigned char *buf = NULL;
+    if (c.vram) {
+        uint64_t gp = 0;
+        char why[512];
+        if (kvl_cli_gpu_alloc(c.dev, need, &gp, why, sizeof(why)) != 0) {
+            fprintf(stderr, "kvlane bench: --mem VRAM: %s\n", why);
+            if (fd != fd0)
+                close(fd);
+            close(fd0);
+            unlink(path);
+            return 2;
+        }
+        buf = (unsigned char *)(uintptr_t)gp;
+    } else {
+        buf = mmap(NULL, need, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (buf == MAP_FAILED) {
+            fprintf(stderr, "kvlane bench: mmap(%llu) failed: %s\n", (unsigned long long)need,
+                    strerror(errno));
+            close(fd0);
+            unlink(path);
+            return 2;
+        }
+        memset(buf, 0x5a, need);
+        /* engines' host KV pools are pinned memory: lock it so that the
+         * host's proactive reclaim does not page it out between transfers
+         * (best effort: RLIMIT_MEMLOCK may refuse) */
+        if (mlock(buf, need) != 0 && !c.quiet)
+            printf("(the buffer is not locked: mlock: %s)\n", strerror(errno));
     }
-    memset(buf, 0x5a, need);
     kvl_agent_t *a = NULL;
     kvl_agent_config_t cfg = {.field_mask = KVL_AGENT_CFG_BACKENDS, .create_backends = ""};
     char qd[32];
@@ -245,8 +282,10 @@ int kvl_cli_bench_file(int argc, char **argv)
         kvl_cli_print_error("posix backend");
         goto out;
     }
-    kvl_mem_desc_t dm = {(uint64_t)(uintptr_t)buf, need, KVL_DEV_ANY}, df = {0, fsize, fd};
-    kvl_reg_params_t pd = {.field_mask = KVL_REG_PARAM_KIND, .kind = KVL_MEM_DRAM};
+    kvl_mem_desc_t dm = {(uint64_t)(uintptr_t)buf, need, c.vram ? c.dev : KVL_DEV_ANY},
+                   df = {0, fsize, fd};
+    kvl_reg_params_t pd = {.field_mask = KVL_REG_PARAM_KIND,
+                           .kind = c.vram ? KVL_MEM_VRAM : KVL_MEM_DRAM};
     kvl_reg_params_t pf = {.field_mask = KVL_REG_PARAM_KIND, .kind = KVL_MEM_FILE};
     if (kvl_mem_register(a, &dm, 1, &pd, NULL) != KVL_OK ||
         kvl_mem_register(a, &df, 1, &pf, NULL) != KVL_OK) {
@@ -256,8 +295,8 @@ int kvl_cli_bench_file(int argc, char **argv)
     if (c.csv && (csv = fopen(c.csv, "w")) != NULL)
         fprintf(csv, "op,pattern,block,blocks,bytes,gbps,path\n");
     if (!c.quiet)
-        printf("posix bench: %s, %s, queue depth %llu, file %s\n", c.pattern,
-               c.direct ? "O_DIRECT" : "page cache", (unsigned long long)c.qd, path);
+        printf("posix bench: %s %s, %s, queue depth %llu, file %s\n", c.vram ? "VRAM" : "DRAM",
+               c.pattern, c.direct ? "O_DIRECT" : "page cache", (unsigned long long)c.qd, path);
     printf("%-6s %-10s %10s %8s %12s %9s  %s\n", "op", "pattern", "block", "blocks", "bytes",
            "GB/s", "path");
     srand(12345);
@@ -268,7 +307,7 @@ int kvl_cli_bench_file(int argc, char **argv)
             continue;
         uint64_t *perm = malloc(n * sizeof(*perm));
         kvl_dlist_t *l = NULL, *r = NULL;
-        if (perm == NULL || kvl_dlist_create(KVL_MEM_DRAM, n, &l) != KVL_OK ||
+        if (perm == NULL || kvl_dlist_create(c.vram ? KVL_MEM_VRAM : KVL_MEM_DRAM, n, &l) != KVL_OK ||
             kvl_dlist_create(KVL_MEM_FILE, n, &r) != KVL_OK) {
             free(perm);
             kvl_dlist_destroy(l);
@@ -284,7 +323,11 @@ int kvl_cli_bench_file(int argc, char **argv)
                 perm[j] = tmp;
             }
         for (uint64_t i = 0; i < n; i++) {
-            kvl_dlist_add(l, (uint64_t)(uintptr_t)(buf + i * bs), bs, KVL_DEV_ANY);
+            /* memory blocks in reverse order: no two neighbours are adjacent on
+             * both sides, so every block is one I/O of the block size (the core
+             * would merge adjacent ones into one large I/O) */
+            kvl_dlist_add(l, (uint64_t)(uintptr_t)(buf + (n - 1 - i) * bs), bs,
+                          c.vram ? c.dev : KVL_DEV_ANY);
             kvl_dlist_add(r, random ? perm[i] * 2 * bs : i * bs, bs, fd);
         }
         free(perm);
@@ -315,7 +358,10 @@ out:
     if (csv)
         fclose(csv);
     kvl_agent_destroy(a);
-    munmap(buf, need);
+    if (c.vram)
+        kvl_cli_gpu_free(c.dev, (uint64_t)(uintptr_t)buf);
+    else
+        munmap(buf, need);
     if (fd != fd0)
         close(fd);
     close(fd0);
