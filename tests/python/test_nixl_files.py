@@ -297,3 +297,33 @@ def test_file_errors(tmp_path):
             os.close(d)
     finally:
         a.close()
+
+
+# ---- the kvlane API -------------------------------------------------------------------------
+
+def test_kvlane_api_files(tmp_path):
+    a = kvlane.Agent("files-core-" + uuid.uuid4().hex[:6], backends=("posix",))
+    try:
+        n = 1 << 20
+        src = np.arange(n, dtype=np.uint8) * 7
+        dst = np.zeros(n, np.uint8)
+        fd = os.open(str(tmp_path / "core.bin"), os.O_CREAT | os.O_RDWR)
+        a.register_memory(src)
+        a.register_memory(dst)
+        rep = a.register_memory([(0, n, fd)], kind="FILE")
+        assert "page cache" in str(rep) and "core.bin" in str(rep)
+        f = kvlane.DList("FILE")
+        f.add(0, n, fd)
+        x = a.xfer("WRITE", kvlane.DList.from_descs([(src.ctypes.data, n, -1)]), a.name, f)
+        x.post()
+        assert x.wait(30000) is True and x.state == "DONE"
+        assert x.stats()["backend"] == "posix"
+        y = a.xfer("READ", kvlane.DList.from_descs([(dst.ctypes.data, n, -1)]), a.name, f)
+        y.post()
+        assert y.wait(30000) is True
+        assert np.array_equal(src, dst)
+        x.release(), y.release()
+        a.deregister_memory([(0, n, fd)])
+        os.close(fd)
+    finally:
+        a.close()
