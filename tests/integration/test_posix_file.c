@@ -5,15 +5,24 @@
  * O_DIRECT (when the file system takes it) with a misaligned descriptor
  * diagnosed at prepare; a READ past the end of a file; a read-only fd
  * written; registration of a bad fd and a pipe; deregistration by
- * (offset, len, fd); a transfer with a notification; cancel.
+ * (offset, len, fd); a transfer with a notification; cancel (a cancelled
+ * transfer's notification is never delivered); io_uring refused by a seccomp
+ * filter (as container runtimes do): the fallback to pread/pwrite threads,
+ * said in the path, and engine=io_uring refused with the reason.
  */
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <stddef.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
 #include <unistd.h>
+#include <linux/filter.h>
+#include <linux/seccomp.h>
 #include "common/kvltest.h"
 
 static char dir[256];
@@ -281,7 +290,9 @@ static void cancel_big(void)
         KT_OK(kvl_dlist_add(l, (uint64_t)(uintptr_t)(src + i * blk), blk, KVL_DEV_ANY));
         KT_OK(kvl_dlist_add(r, (n - 1 - i) * blk, blk, f));
     }
-    KT_OK(kvl_xfer_create(a, KVL_WRITE, l, "posix-cancel", r, NULL, &x));
+    kvl_xfer_params_t xp = {.field_mask = KVL_XFER_PARAM_NOTIF, .notif = "done", .notif_len = 4};
+    KT_OK(kvl_xfer_create(a, KVL_WRITE, l, "posix-cancel", r, &xp, &x));
+    unsigned done = 0;
     for (int round = 0; round < 5; round++) {
         kvl_status_t st = kvl_xfer_post(x);
         KT_CHECK(st == KVL_OK || st == KVL_IN_PROGRESS);
@@ -289,7 +300,16 @@ static void cancel_big(void)
         st = kvl_xfer_cancel(x, &state);
         KT_CHECK(st == KVL_OK || st == KVL_ERR_CANCELED || st == KVL_ERR_STATE);
         KT_CHECK(state == KVL_XFER_CANCELED || state == KVL_XFER_DONE);
+        done += state == KVL_XFER_DONE;
     }
+    /* one notification per posting that completed, none for a cancelled one */
+    kvl_notif_t nt[8];
+    size_t nn = 0;
+    KT_OK(kvl_notif_poll(a, nt, 8, &nn));
+    KT_CHECK(nn == done);
+    for (size_t i = 0; i < nn; i++)
+        kvl_notif_free(&nt[i]);
+    printf("cancel: %u of 5 postings completed before the cancel\n", done);
     /* after the cancels, the same transfer posts and completes */
     kvl_status_t pst = kvl_xfer_post(x);
     if (pst != KVL_OK && pst != KVL_IN_PROGRESS)
@@ -307,6 +327,86 @@ static void cancel_big(void)
     printf("cancel: ok\n");
 }
 
+/* A seccomp filter that answers io_uring_setup with EPERM, as a container
+ * runtime's default profile does; everything else is allowed. */
+static int deny_io_uring(void)
+{
+#ifdef __NR_io_uring_setup
+    struct sock_filter f[] = {
+        BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, nr)),
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, __NR_io_uring_setup, 0, 1),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | (EPERM & SECCOMP_RET_DATA)),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+    };
+    struct sock_fprog prog = {(unsigned short)(sizeof(f) / sizeof(f[0])), f};
+    if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0)
+        return -1;
+    return prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &prog);
+#else
+    errno = ENOSYS;
+    return -1;
+#endif
+}
+
+static void seccomp_fallback(void)
+{
+    fflush(stdout);
+    pid_t pid = fork();
+    KT_CHECK(pid >= 0);
+    if (pid == 0) {
+        if (deny_io_uring() != 0) {
+            printf("seccomp part skipped: cannot install a seccomp filter (%s)\n",
+                   strerror(errno));
+            exit(0);
+        }
+        /* engine=io_uring: refused, saying why */
+        kvl_agent_t *a;
+        kvl_agent_config_t cfg = {.field_mask = KVL_AGENT_CFG_BACKENDS, .create_backends = ""};
+        KT_OK(kvl_agent_create("posix-seccomp", &cfg, &a));
+        kvl_param_t p[] = {{"engine", "io_uring"}, {NULL, NULL}};
+        KT_STATUS(kvl_backend_create(a, "posix", p, 1, NULL), KVL_ERR_UNSUPPORTED);
+        KT_ERROR_HAS("engine=io_uring was asked for");
+        KT_ERROR_HAS("seccomp");
+        kvl_agent_destroy(a);
+        /* engine=auto: pread/pwrite threads, and every transfer says so */
+        a = make_agent("posix-seccomp2", "auto");
+        enum { L = 256 * 1024 };
+        char *src = malloc(L), *dst = calloc(1, L);
+        KT_CHECK(src && dst);
+        kt_fill(src, L, 21);
+        int fd = open_in("seccomp.bin", O_RDWR | O_TRUNC);
+        KT_CHECK(fd >= 0);
+        reg(a, KVL_MEM_DRAM, (uint64_t)(uintptr_t)src, L, KVL_DEV_ANY);
+        reg(a, KVL_MEM_FILE, 0, L, fd);
+        kvl_dlist_t *l, *r;
+        kvl_xfer_t *x;
+        KT_OK(kvl_dlist_create(KVL_MEM_DRAM, 1, &l));
+        KT_OK(kvl_dlist_create(KVL_MEM_FILE, 1, &r));
+        KT_OK(kvl_dlist_add(l, (uint64_t)(uintptr_t)src, L, KVL_DEV_ANY));
+        KT_OK(kvl_dlist_add(r, 0, L, fd));
+        KT_OK(kvl_xfer_create(a, KVL_WRITE, l, "posix-seccomp2", r, NULL, &x));
+        kvl_status_t st = kvl_xfer_post(x);
+        KT_CHECK(st == KVL_OK || st == KVL_IN_PROGRESS);
+        KT_OK(kvl_xfer_wait(x, 60000));
+        kvl_xfer_stats_t s;
+        KT_OK(kvl_xfer_get_stats(x, &s));
+        KT_CHECK(strstr(s.path, "pread/pwrite threads") != NULL);
+        KT_CHECK(pread(fd, dst, L, 0) == L && memcmp(src, dst, L) == 0);
+        printf("io_uring denied by seccomp: path '%s'\n", s.path);
+        kvl_xfer_release(x);
+        kvl_dlist_destroy(l);
+        kvl_dlist_destroy(r);
+        kvl_agent_destroy(a);
+        close(fd);
+        free(src);
+        free(dst);
+        exit(0);
+    }
+    int status;
+    KT_CHECK(waitpid(pid, &status, 0) == pid);
+    KT_CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+}
+
 int main(void)
 {
     const char *t = getenv("TMPDIR");
@@ -318,6 +418,7 @@ int main(void)
     roundtrip("threads");
     direct_io();
     cancel_big();
+    seccomp_fallback();
     char cmd[300];
     snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
     if (system(cmd) != 0)
