@@ -27,6 +27,8 @@ PKGS=(
     etcd-client         # etcdctl: auth set-up in the etcd tests, kvlane doctor's hints
     libcurl4-openssl-dev # etcd store: HTTP to etcd's JSON gateway
     libjson-c-dev       # etcd store: JSON
+    liburing-dev        # posix backend (FILE memory) on io_uring
+    fio                 # file offload baseline (bench/file_compare.sh)
 )
 
 missing=()

@@ -47,12 +47,22 @@ enum {
     KVL_BK_CAP_INDEXED = 1u << 3
 };
 
+/*
+ * FILE regions and segments: the core keys a FILE range (fd, offset) as an
+ * address of its own (bit 63 set, the fd above bit 40); kvl_region_info_t.dev
+ * is the fd, and the file offset of any address in it is this.
+ */
+static inline uint64_t kvl_bk_file_offset(uint64_t addr)
+{
+    return addr & (KVL_FILE_OFFSET_MAX - 1);
+}
+
 /* A registered range as the core sees it. */
 typedef struct kvl_region_info {
     uint64_t addr;
     uint64_t len;
     kvl_mem_kind_t kind;
-    int32_t dev;
+    int32_t dev;                  /* FILE: the file descriptor */
     /* When the range lies in a kvl_mem_alloc() allocation: its memfd, the
      * offset of addr inside the memfd and the allocation's size. fd -1 else. */
     int shm_fd;

@@ -29,8 +29,20 @@ kvl_status_t kvl_mem_kind_parse(const char *s, kvl_mem_kind_t *kind_p);
 typedef struct kvl_mem_desc {
     uint64_t addr;
     uint64_t len;
-    int32_t dev;        /* DRAM: NUMA node or KVL_DEV_ANY; VRAM: CUDA ordinal */
+    int32_t dev;        /* DRAM: NUMA node or KVL_DEV_ANY; VRAM: CUDA ordinal;
+                           FILE: the file descriptor (opened by the caller) */
 } kvl_mem_desc_t;
+
+/*
+ * FILE memory: a range (offset, len) of a file the caller opened, named by
+ * its descriptor (dev). kvlane never opens, creates, truncates or closes it;
+ * keep it open while registered. Limits: offset + len <= KVL_FILE_OFFSET_MAX
+ * (1 TiB) and fd < KVL_FILE_FD_MAX; larger values are refused. Transfers
+ * take FILE lists as their remote side with this agent's own name as the
+ * remote agent (as NIXL does): files are local to the process.
+ */
+#define KVL_FILE_OFFSET_MAX (1ull << 40)
+#define KVL_FILE_FD_MAX (1 << 23)
 
 typedef enum {
     KVL_REG_ANY = 0,    /* registered if at least one backend accepts */

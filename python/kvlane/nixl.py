@@ -30,7 +30,7 @@ __all__ = ["nixl_agent", "nixl_agent_config", "nixl_reg_dlist", "nixl_xfer_dlist
            "nixl_prepped_dlist_handle", "nixl_xfer_handle", "nixl_xfer_telemetry",
            "nixlRegDList", "nixlXferDList", "nixlXferTelemetry", "nixl_mem_t", "nixl_xfer_op_t",
            "nixl_thread_sync_t", "DEFAULT_COMM_PORT", "NIXL_INIT_AGENT", "transport_set",
-           "TRANSPORT_NAMES", "STORAGE_NAMES"]
+           "TRANSPORT_NAMES", "STORAGE_NAMES", "FILE_NAMES"]
 
 log = logging.getLogger("kvlane.nixl")
 
@@ -63,16 +63,13 @@ class nixl_thread_sync_t(enum.Enum):
 
 
 # NIXL memory type names (and nixl_mem_t values) -> kvlane kinds.
-_MEM = {"DRAM": "DRAM", "VRAM": "VRAM", "cpu": "DRAM", "cuda": "VRAM",
-        nixl_mem_t.DRAM_SEG: "DRAM", nixl_mem_t.VRAM_SEG: "VRAM"}
-_MEM_LATER = {"FILE": "FILE memory (KV offload to files) is not in this kvlane version",
-              "BLOCK": "BLOCK memory (raw block devices) is not served by kvlane",
+_MEM = {"DRAM": "DRAM", "VRAM": "VRAM", "FILE": "FILE", "cpu": "DRAM", "cuda": "VRAM",
+        nixl_mem_t.DRAM_SEG: "DRAM", nixl_mem_t.VRAM_SEG: "VRAM", nixl_mem_t.FILE_SEG: "FILE"}
+_MEM_LATER = {"BLOCK": "BLOCK memory (raw block devices) is not served by kvlane",
               "OBJ": "OBJ memory (object stores) is not served by kvlane",
-              nixl_mem_t.FILE_SEG: "FILE memory (KV offload to files) is not in this kvlane "
-                                   "version",
               nixl_mem_t.BLK_SEG: "BLOCK memory (raw block devices) is not served by kvlane",
               nixl_mem_t.OBJ_SEG: "OBJ memory (object stores) is not served by kvlane"}
-_SEG = {"DRAM": nixl_mem_t.DRAM_SEG, "VRAM": nixl_mem_t.VRAM_SEG}
+_SEG = {"DRAM": nixl_mem_t.DRAM_SEG, "VRAM": nixl_mem_t.VRAM_SEG, "FILE": nixl_mem_t.FILE_SEG}
 
 
 def _mem(mem_type):
@@ -89,7 +86,8 @@ def _mem(mem_type):
         why = None
     if why is not None:
         raise UnsupportedError(f"memory type {mem_type!r}: {why}",
-                               hint="kvlane moves DRAM and VRAM ('cpu' and 'cuda' as in NIXL)")
+                               hint="kvlane moves DRAM and VRAM ('cpu' and 'cuda' as in NIXL) "
+                                    "and FILE (with POSIX, GDS or GDS_MT)")
     raise InvalidArgument(f"memory type {mem_type!r} is not one of NIXL's: 'DRAM', 'VRAM', "
                           "'FILE', 'BLOCK', 'OBJ' (or 'cpu', 'cuda', or a nixl_mem_t)")
 
@@ -99,15 +97,20 @@ def _mem(mem_type):
 # NIXL plugins that mean "a network transport": each creates kvlane's whole
 # transport set for this host (see transport_set()).
 TRANSPORT_NAMES = ("UCX", "UCCL", "LIBFABRIC", "MOONCAKE", "GPUNETIO", "TCPXO", "UCX_MO")
-# NIXL storage plugins: known names, not served by this kvlane version.
+# NIXL storage plugins: known names. The file ones (FILE_NAMES) are served by
+# kvlane's posix backend; the others are not served by this kvlane version.
 STORAGE_NAMES = ("POSIX", "GDS", "GDS_MT", "OBJ", "HF3FS", "3FS", "AZURE_BLOB", "GUSLI",
                  "INFINIA")
+FILE_NAMES = ("POSIX", "GDS", "GDS_MT")
 # kvlane's own backends: an explicit name forces that one backend.
 _KVLANE_NAMES = ("shm", "tcp", "ucx", "cuda")
 _FORCED = {"SHM": "shm", "TCP": "tcp", "CUDA": "cuda", "shm": "shm", "tcp": "tcp", "ucx": "ucx",
-           "cuda": "cuda"}
+           "cuda": "cuda", "posix": "posix", "POSIX": "posix", "GDS": "posix",
+           "GDS_MT": "posix"}
 _BACKEND_MEMS = {"shm": ["DRAM"], "tcp": ["DRAM", "VRAM"], "ucx": ["DRAM", "VRAM"],
-                 "cuda": ["DRAM", "VRAM"]}
+                 "cuda": ["DRAM", "VRAM"], "posix": ["DRAM", "VRAM", "FILE"]}
+# NIXL's file plugin parameters: what they mean on kvlane's posix backend.
+_POSIX_PARAMS = {"engine", "queue_depth", "threads"}
 # What NIXL's UCX plugin reports as its parameters (get_plugin_params("UCX")).
 _UCX_DEFAULTS = {"ucx_devices": "", "num_workers": "1", "ucx_error_handling_mode": "peer"}
 _NO_EFFECT_SEEN = set()
@@ -669,6 +672,7 @@ class nixl_agent:
         self.backends = {}           # NIXL name -> tuple of kvlane backends
         self.backend_options = {}
         self.backend_mems = {}
+        self._path_fds = {}          # path-mode FILE id -> descriptor kvlane opened
         self._telemetry = bool(nixl_conf.capture_telemetry) or \
             os.environ.get("NIXL_TELEMETRY_ENABLE", "").lower() in ("y", "yes", "1", "true",
                                                                     "on")
@@ -694,7 +698,7 @@ class nixl_agent:
             wanted = self.plugin_list if instantiate_all else list(nixl_conf.backends)
             for b in wanted:
                 self._check_name(b)
-                if b in STORAGE_NAMES:
+                if b in STORAGE_NAMES and b not in FILE_NAMES:
                     log.warning("Skipping backend registration %s due to the missing plugin: "
                                 "%s", b, _storage_why(b))
                     continue
@@ -734,6 +738,8 @@ class nixl_agent:
         for n in ("shm", "tcp", "cuda"):
             if _kvlane.backend_available(n)[0]:
                 out.append(n.upper())
+        if _kvlane.backend_available("posix")[0]:
+            out.append("POSIX")   # GDS and GDS_MT are accepted by create_backend too
         if _kvlane.backend_available("ucx")[0]:
             out.append("ucx")
         return out
@@ -753,6 +759,8 @@ class nixl_agent:
     def _plugin_mems(p):
         if p in TRANSPORT_NAMES:
             return ["DRAM", "VRAM"]
+        if p in FILE_NAMES:
+            return ["DRAM", "VRAM", "FILE"]
         return list(_BACKEND_MEMS.get(_FORCED.get(p, ""), []))
 
     def _check_name(self, b):
@@ -796,7 +804,9 @@ class nixl_agent:
     def create_backend(self, backend, initParams=None):  # noqa: N803 (NIXL's name)
         self._check_name(backend)
         params = _str_params(initParams, backend)
-        if backend in STORAGE_NAMES:
+        if backend in FILE_NAMES:
+            params = self._file_params(backend, params)
+        elif backend in STORAGE_NAMES:
             raise UnsupportedError(f"backend {backend!r}: {_storage_why(backend)}",
                                    hint="kvlane moves DRAM and VRAM between agents; keep a NIXL "
                                         "install for file and object storage for now")
@@ -838,6 +848,28 @@ class nixl_agent:
         opts.update(params)
         self.backend_options[backend] = opts
         self.backend_mems[backend] = list(_BACKEND_MEMS[m])
+
+    @staticmethod
+    def _file_params(name, params):
+        """NIXL POSIX/GDS/GDS_MT parameters -> kvlane posix parameters."""
+        out = {}
+        for k, v in params.items():
+            key = k.split(".", 1)[1] if k.startswith("posix.") else k
+            if key in _POSIX_PARAMS:
+                out[key] = v
+            elif key == "use_uring" and v.lower() in ("false", "0", "no"):
+                out["engine"] = "threads"
+            elif key in ("use_uring", "use_aio", "use_posix_aio"):
+                _no_effect(name, k, v, "kvlane's posix backend runs on io_uring, or on "
+                           "pread/pwrite threads when the kernel refuses io_uring")
+            else:
+                _no_effect(name, k, v, f"kvlane serves {name} with its posix backend (DRAM to "
+                           "and from files); parameters it knows: engine, queue_depth, threads")
+        if name != "POSIX":
+            log.info("kvlane.nixl: %s is served by kvlane's posix backend: GPU memory is "
+                     "staged through pinned host buffers (no cuFile in this kvlane version)",
+                     name)
+        return out
 
     def _bk(self, backends, what):
         """kvlane backends for a NIXL backends argument: None for "any that
@@ -895,11 +927,17 @@ class nixl_agent:
         bk = self._bk(backends, "register_memory")
         if descs.descCount() == 0:
             return descs
+        rows, opened = descs._descs, []
+        if descs.mem_type == "FILE":
+            rows, opened = self._file_rows(descs)
         try:
-            rep = self.agent._register(descs._descs, descs.mem_type, bk, False,
+            rep = self.agent._register(rows, descs.mem_type, bk, False,
                                        -1 if descs.mem_type == "DRAM" else None)
         except Error as e:
+            self._file_close(opened)
             raise as_nixl(e, nixlBackendError) from None
+        for dev_id, fd in opened:
+            self._path_fds[dev_id] = fd
         descs.report = RegistrationReport._from_tuple(rep)
         return descs
 
@@ -908,10 +946,67 @@ class nixl_agent:
         self._bk(backends, "deregister_memory")
         if descs.descCount() == 0:
             return
+        rows, closing = descs._descs, []
+        if descs.mem_type == "FILE" and self._path_fds:
+            rows = []
+            for d in descs._descs:
+                fd = self._path_fds.get(int(d[2])) if _path_spec(d) else None
+                if fd is not None:
+                    closing.append(int(d[2]))
+                rows.append((int(d[0]), int(d[1]), int(d[2]) if fd is None else fd))
         try:
-            self.agent._deregister(descs._descs, -1 if descs.mem_type == "DRAM" else None)
+            self.agent._deregister(rows, -1 if descs.mem_type == "DRAM" else None)
         except Error as e:
             raise as_nixl(e, nixlBackendError) from None
+        self._file_close([(i, self._path_fds.pop(i)) for i in closing if i in self._path_fds])
+
+    # ---- FILE registrations ----
+    def _file_rows(self, descs):
+        """(offset, len, fd, meta) rows as kvlane registers them. NIXL's path
+        mode (meta "<flags>:<path>", flags from ro, rw, create, direct; the
+        third field an id the caller picks): kvlane opens the file, the id
+        stands for its descriptor in later lists, deregistration closes it.
+        Otherwise the third field is the caller's open descriptor."""
+        rows, opened = [], []
+        try:
+            for i, d in enumerate(descs._descs):
+                spec = _path_spec(d)
+                if spec is None:
+                    rows.append(tuple(d))
+                    continue
+                flags, path = spec
+                dev_id = int(d[2])
+                if dev_id in self._path_fds or any(o[0] == dev_id for o in opened):
+                    raise InvalidArgument(
+                        f"register_memory: FILE descriptor {i} names id {dev_id} for {path!r}, "
+                        "which a path-mode registration of this agent already uses",
+                        hint="give every path-mode FILE registration its own id (as SGLang's "
+                             "HiCache does), or deregister the old one first")
+                fd = _open_spec(flags, path, i)
+                opened.append((dev_id, fd))
+                rows.append((int(d[0]), int(d[1]), fd, path))
+        except BaseException:
+            self._file_close(opened)
+            raise
+        return rows, opened
+
+    @staticmethod
+    def _file_close(pairs):
+        for _dev_id, fd in pairs:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+    def _file_list(self, descs):
+        """A FILE transfer list whose ids name path-mode registrations, with
+        the descriptors kvlane opened for them."""
+        if descs.mem_type != "FILE" or not self._path_fds:
+            return descs
+        rows = descs.descs()
+        if not any(r[2] in self._path_fds for r in rows):
+            return descs
+        return nixlXferDList("FILE", [(a, n, self._path_fds.get(d, d)) for a, n, d in rows])
 
     def query_memory(self, reg_list, backend, mem_type=None):
         """For each range: None unless one registered region holds all of it
@@ -921,6 +1016,8 @@ class nixl_agent:
         if backend not in self.backends:
             raise ValueError(f"Backend '{backend}' not found. Available backends: "
                              f"{list(self.backends.keys())}")
+        if descs.mem_type == "FILE":
+            return [_file_info(d) for d in descs._descs]
         members = set(self.backends[backend])
         out = []
         for addr, length, _dev in descs.descs():
@@ -1029,11 +1126,14 @@ class nixl_agent:
     # ---- transfers ----
     def prep_xfer_dlist(self, agent_name, xfer_list, mem_type=None, backends=_EMPTY, *,
                         is_sorted=False):
-        descs = self.get_xfer_descs(xfer_list, mem_type)
+        descs = self._file_list(self.get_xfer_descs(xfer_list, mem_type))
         self._bk(backends, "prep_xfer_dlist")
         name = _name(agent_name)
         if name in ("", NIXL_INIT_AGENT):
             return nixl_prepped_dlist_handle(self.agent.prep_local(descs.dlist), None)
+        if descs.mem_type == "FILE" and name == self.name:
+            # files are this agent's own: kvlane needs no loopback metadata
+            return nixl_prepped_dlist_handle(self.agent.prep_remote(name, descs.dlist), name)
         if name == self.name and not self.agent.check_remote(name):
             self.agent.load_metadata(self.agent.get_metadata())   # loopback
         return nixl_prepped_dlist_handle(self.agent.prep_remote(name, descs.dlist), name)
@@ -1054,9 +1154,9 @@ class nixl_agent:
                         notif_msg=b"", backends=_EMPTY):
         op = _op(operation)
         local = self.get_xfer_descs(local_descs)
-        remote = self.get_xfer_descs(remote_descs)
+        remote = self._file_list(self.get_xfer_descs(remote_descs))
         name = _name(remote_agent)
-        if name == self.name and not self.agent.check_remote(name):
+        if name == self.name and remote.mem_type != "FILE" and not self.agent.check_remote(name):
             self.agent.load_metadata(self.agent.get_metadata())   # loopback
         backend = self._one_bk(backends, "initialize_xfer")
 
@@ -1165,8 +1265,67 @@ class nixl_agent:
 
     # ---- kvlane additions ----
     def close(self):
-        """Destroy the agent now (also done at interpreter exit)."""
+        """Destroy the agent now (also done at interpreter exit); files that
+        path-mode registrations opened are closed after it."""
         self.agent.close()
+        self._file_close(list(self._path_fds.items()))
+        self._path_fds.clear()
+
+
+_PATH_FLAGS = {"ro", "rw", "create", "direct"}
+
+
+def _path_spec(row):
+    """(flags, path) of a path-mode FILE registration's meta, else None."""
+    meta = row[3] if len(row) > 3 else ""
+    if isinstance(meta, (bytes, bytearray)):
+        meta = bytes(meta).decode(errors="replace")
+    if not isinstance(meta, str) or ":" not in meta:
+        return None
+    head, path = meta.split(":", 1)
+    flags = [f.strip() for f in head.split(",") if f.strip()]
+    if not flags or not path or not set(flags) <= _PATH_FLAGS:
+        return None
+    return flags, path
+
+
+def _open_spec(flags, path, i):
+    if "ro" in flags and ("rw" in flags or "create" in flags):
+        raise InvalidArgument(f"register_memory: FILE descriptor {i}: path-mode flags "
+                              f"{','.join(flags)} for {path!r} ask for read-only and for writing",
+                              hint="use ro, or rw[,create]")
+    mode = os.O_RDONLY if "ro" in flags else os.O_RDWR
+    if "create" in flags:
+        mode |= os.O_CREAT
+    if "direct" in flags:
+        mode |= getattr(os, "O_DIRECT", 0)
+    try:
+        if "create" in flags and os.path.dirname(path):
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+        return os.open(path, mode, 0o644)
+    except OSError as e:
+        why = ("the file system refuses O_DIRECT: drop the direct flag" if e.errno == 22 and
+               "direct" in flags else
+               "create it first, or add the create flag" if e.errno == 2 else
+               "check the path, its permissions and that the file system is writable")
+        raise as_nixl(InvalidArgument(f"register_memory: FILE descriptor {i}: cannot open "
+                                      f"{path!r} ({','.join(flags)}): {e.strerror}", hint=why),
+                      nixlBackendError) from None
+
+
+def _file_info(row):
+    """query_memory of one FILE descriptor: by path (its meta), else by fd;
+    None when there is no such file."""
+    meta = row[3] if len(row) > 3 else ""
+    if isinstance(meta, (bytes, bytearray)):
+        meta = bytes(meta).decode(errors="replace")
+    spec = _path_spec(row)
+    path = spec[1] if spec else meta
+    try:
+        st = os.stat(path) if path else os.fstat(int(row[2]))
+    except (OSError, ValueError):
+        return None
+    return {"size": str(st.st_size), "mode": str(st.st_mode), "mtime": str(int(st.st_mtime))}
 
 
 def _storage_why(b):

@@ -506,8 +506,15 @@ static int kvl_parse_list(const char *s, uint64_t *out, int max)
     return n;
 }
 
+int kvl_cli_bench_file(int argc, char **argv); /* bench_file.c */
+
 int kvl_cli_bench(int argc, char **argv)
 {
+    /* --backend posix: DRAM to files, one agent (bench_file.c) */
+    for (int i = 1; i < argc; i++)
+        if ((strcmp(argv[i], "--backend") == 0 && i + 1 < argc && strcmp(argv[i + 1], "posix") == 0) ||
+            strcmp(argv[i], "--backend=posix") == 0)
+            return kvl_cli_bench_file(argc, argv);
     kvl_bench_cfg_t c = {.op = KVL_WRITE, .pattern = "contiguous", .total = 256ull << 20, .batch = 1,
                          .threads = 1, .warmup = 2, .iters = 10};
     snprintf(c.backends, sizeof(c.backends), "shm");

@@ -29,6 +29,8 @@
 #include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <sys/uio.h>
 #include <sys/utsname.h>
 #include <sys/wait.h>
@@ -663,6 +665,130 @@ out:
     return rc;
 }
 
+/* FILE offload (posix): the target directory takes files, has room and
+ * (or not) O_DIRECT; then a file is written from registered memory and
+ * read back through the backend, verified. */
+static void kvl_smoke_file(const char *dir, uint64_t size)
+{
+    char path[4200], fs[64] = "";
+    struct stat st;
+    struct statvfs sv;
+    if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode)) {
+        kvl_check("file.dir", KVL_FAIL, "create the directory the engine offloads KV cache to, "
+                  "or pass it with --dir", "%s: %s", dir,
+                  errno ? strerror(errno) : "not a directory");
+        return;
+    }
+    snprintf(path, sizeof(path), "%s/.kvlane-doctor-XXXXXX", dir);
+    int fd = mkstemp(path);
+    if (fd < 0) {
+        kvl_check("file.dir", KVL_FAIL, "the engine cannot create its KV files there: fix the "
+                  "permissions or the mount (read-only?), or use another directory",
+                  "cannot create a file in %s: %s", dir, strerror(errno));
+        return;
+    }
+    if (fstatvfs(fd, &sv) == 0) {
+        uint64_t avail = (uint64_t)sv.f_bavail * sv.f_frsize;
+        char b[32];
+        kvl_fmt_bytes(avail, b, sizeof(b));
+        snprintf(fs, sizeof(fs), "%s free", b);
+        kvl_check("file.dir", avail < size * 2 ? KVL_WARN : KVL_OKAY,
+                  "the file system is nearly full: offload writes will fail with ENOSPC; free "
+                  "space or use another directory", "%s: writable, %s", dir, fs);
+    }
+    int dfd = open(path, O_RDWR | O_DIRECT);
+    if (dfd < 0)
+        kvl_check("file.o_direct", KVL_WARN, "open KV files without O_DIRECT here (page cache), "
+                  "or offload to a file system that takes it (ext4, xfs on NVMe)",
+                  "%s refuses O_DIRECT: %s", dir, strerror(errno));
+    else
+        kvl_check("file.o_direct", KVL_OKAY, NULL, "%s takes O_DIRECT", dir);
+    /* the smoke test: DRAM -> file -> DRAM through posix */
+    kvl_agent_config_t cfg = {.field_mask = KVL_AGENT_CFG_BACKENDS, .create_backends = ""};
+    kvl_agent_t *a = NULL;
+    kvl_dlist_t *l = NULL, *r = NULL;
+    kvl_xfer_t *x = NULL;
+    const char *step = "kvl_agent_create";
+    int useful = dfd >= 0 ? dfd : fd;
+    size_t len = (size_t)(size & ~4095ull) ? (size_t)(size & ~4095ull) : 4096; /* O_DIRECT */
+    unsigned char *buf = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
+                              -1, 0);
+    double t0 = 0, t1 = 0;
+    int ok = 0;
+    if (buf == MAP_FAILED) {
+        buf = NULL;
+        step = "allocate";
+        goto out;
+    }
+    for (size_t i = 0; i < len; i++)
+        buf[i] = (unsigned char)(i * 31 + 7);
+    if (kvl_agent_create("doctor-file", &cfg, &a) != KVL_OK)
+        goto out;
+    step = "kvl_backend_create";
+    if (kvl_backend_create(a, "posix", NULL, 0, NULL) != KVL_OK)
+        goto out;
+    step = "kvl_mem_register";
+    kvl_mem_desc_t dm = {(uint64_t)(uintptr_t)buf, len, KVL_DEV_ANY}, df = {0, len, useful};
+    kvl_reg_params_t pd = {.field_mask = KVL_REG_PARAM_KIND, .kind = KVL_MEM_DRAM};
+    kvl_reg_params_t pf = {.field_mask = KVL_REG_PARAM_KIND, .kind = KVL_MEM_FILE};
+    if (kvl_mem_register(a, &dm, 1, &pd, NULL) != KVL_OK ||
+        kvl_mem_register(a, &df, 1, &pf, NULL) != KVL_OK)
+        goto out;
+    step = "kvl_xfer_create";
+    if (kvl_dlist_create(KVL_MEM_DRAM, 1, &l) || kvl_dlist_create(KVL_MEM_FILE, 1, &r) ||
+        kvl_dlist_add(l, dm.addr, len, KVL_DEV_ANY) || kvl_dlist_add(r, 0, len, useful))
+        goto out;
+    if (kvl_xfer_create(a, KVL_WRITE, l, "doctor-file", r, NULL, &x) != KVL_OK)
+        goto out;
+    step = "WRITE";
+    t0 = kvl_cli_now();
+    kvl_status_t xs = kvl_xfer_post(x);
+    if ((xs != KVL_OK && xs != KVL_IN_PROGRESS) || kvl_xfer_wait(x, 60000) != KVL_OK)
+        goto out;
+    t1 = kvl_cli_now();
+    kvl_xfer_release(x);
+    x = NULL;
+    memset(buf, 0, len);
+    step = "READ";
+    if (kvl_xfer_create(a, KVL_READ, l, "doctor-file", r, NULL, &x) != KVL_OK)
+        goto out;
+    xs = kvl_xfer_post(x);
+    if ((xs != KVL_OK && xs != KVL_IN_PROGRESS) || kvl_xfer_wait(x, 60000) != KVL_OK)
+        goto out;
+    step = "verify";
+    for (size_t i = 0; i < len; i++)
+        if (buf[i] != (unsigned char)(i * 31 + 7))
+            goto out;
+    ok = 1;
+out:
+    if (ok) {
+        kvl_xfer_stats_t xst;
+        char path_used[96] = "";
+        if (kvl_xfer_get_stats(x, &xst) == KVL_OK)
+            snprintf(path_used, sizeof(path_used), "%s", xst.path);
+        kvl_check("smoke.posix.FILE", KVL_OKAY, NULL, "wrote %.1f MiB to a file in %s (%.2f GB/s) "
+                  "and read it back over %s, verified", (double)len / 1048576.0, dir,
+                  t1 > t0 ? (double)len / (t1 - t0) / 1e9 : 0.0, path_used);
+    } else {
+        char err[1024] = "";
+        kvl_error_render(NULL, err, sizeof(err));
+        kvl_check("smoke.posix.FILE", KVL_FAIL, "the step's error says why; fix that before "
+                  "starting the engine", "%s failed: %s", step,
+                  strcmp(step, "verify") == 0 ? "the bytes read back differ" : err);
+    }
+    if (x)
+        kvl_xfer_release(x);
+    kvl_dlist_destroy(l);
+    kvl_dlist_destroy(r);
+    kvl_agent_destroy(a);
+    if (buf)
+        munmap(buf, len);
+    if (dfd >= 0)
+        close(dfd);
+    close(fd);
+    unlink(path);
+}
+
 static void kvl_smoke(kvl_mem_kind_t mem, int32_t dev, uint64_t size, const char *only)
 {
     for (const char *const *n = kvl_backend_names(); *n; n++) {
@@ -675,6 +801,8 @@ static void kvl_smoke(kvl_mem_kind_t mem, int32_t dev, uint64_t size, const char
             continue; /* cuda's smoke test needs VRAM */
         if (mem == KVL_MEM_VRAM && strcmp(*n, "cuda") != 0)
             continue; /* ucx's GPU support is its probe's to report */
+        if (strcmp(*n, "posix") == 0)
+            continue; /* files, not a second agent: kvl_smoke_file */
         kvl_smoke_one(*n, mem, dev, size, 0);
         if (mem == KVL_MEM_DRAM && strcmp(*n, "shm") == 0)
             kvl_smoke_one(*n, mem, dev, size, 1);
@@ -761,6 +889,8 @@ static void kvl_doctor_usage(FILE *f)
             "                     namespace $NIXL_ETCD_NAMESPACE, credentials $KVL_ETCD_USER and\n"
             "                     $KVL_ETCD_PASSWORD)\n"
             "  --backend NAME     smoke-test only this backend\n"
+            "  --dir DIR          where the engine offloads KV files (default $TMPDIR or /tmp):\n"
+            "                     writable, free space, O_DIRECT, a posix write/read smoke test\n"
             "  --no-smoke         skip the register/transfer smoke tests\n"
             "exit code: 0 all ok, 1 warnings only, 2 a failure that breaks registration or "
             "transfers\n");
@@ -774,11 +904,12 @@ int kvl_cli_doctor(int argc, char **argv)
         {"peer", required_argument, 0, 'p'}, {"backend", required_argument, 0, 'b'},
         {"no-smoke", no_argument, 0, 'n'},  {"help", no_argument, 0, 'h'},
         {"etcd", required_argument, 0, 'e'},
+        {"dir", required_argument, 0, 'D'},
         {0, 0, 0, 0}};
     kvl_mem_kind_t mem = KVL_MEM_DRAM;
     int32_t dev = KVL_DEV_ANY;
     uint64_t size = 0;
-    const char *peer = NULL, *only = NULL, *etcd = getenv("NIXL_ETCD_ENDPOINTS");
+    const char *peer = NULL, *only = NULL, *fdir = NULL, *etcd = getenv("NIXL_ETCD_ENDPOINTS");
     int smoke = 1, o, li = 0;
     optind = 1;
     while ((o = getopt_long(argc, argv, "h", opts, &li)) != -1) {
@@ -802,6 +933,7 @@ int kvl_cli_doctor(int argc, char **argv)
         case 'e': etcd = optarg; break;
         case 'b': only = optarg; break;
         case 'n': smoke = 0; break;
+        case 'D': fdir = optarg; break;
         case 'h': kvl_doctor_usage(stdout); return 0;
         default: kvl_doctor_usage(stderr); return 2;
         }
@@ -828,6 +960,11 @@ int kvl_cli_doctor(int argc, char **argv)
     if (smoke) {
         uint64_t ssz = size ? (size < (256ull << 20) ? size : 256ull << 20) : (16ull << 20);
         kvl_smoke(mem, dev, ssz, only);
+        if (mem == KVL_MEM_DRAM && (only == NULL || strcmp(only, "posix") == 0) &&
+            kvl_backend_available("posix", NULL, 0) == KVL_OK) {
+            const char *t = getenv("TMPDIR");
+            kvl_smoke_file(fdir ? fdir : t && t[0] ? t : "/tmp", ssz);
+        }
     }
     int rc = kvl_doctor_output();
     free(kvl_rep.v);

@@ -36,6 +36,9 @@ extern const kvl_backend_ops_t kvli_tcp_ops;
 #ifdef KVL_HAVE_CUDA
 extern const kvl_backend_ops_t kvli_cuda_ops;
 #endif
+#ifdef KVL_HAVE_POSIX
+extern const kvl_backend_ops_t kvli_posix_ops;
+#endif
 
 static const kvl_backend_ops_t *const kvli_builtin_src[] = {
     &kvli_shm_ops,
@@ -44,6 +47,9 @@ static const kvl_backend_ops_t *const kvli_builtin_src[] = {
 #endif
 #ifdef KVL_HAVE_CUDA
     &kvli_cuda_ops,
+#endif
+#ifdef KVL_HAVE_POSIX
+    &kvli_posix_ops,
 #endif
 };
 #define KVLI_NBUILTIN (sizeof(kvli_builtin_src) / sizeof(kvli_builtin_src[0]))

@@ -1,4 +1,5 @@
 /* Descriptor lists: plain and strided entries, never expanded. */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include "internal.h"
@@ -117,6 +118,14 @@ kvl_status_t kvl_dlist_add_strided(kvl_dlist_t *dl, uint64_t base, uint64_t stri
                                 "strided descriptor at 0x%llx: stride %llu < len %llu",
                                 (unsigned long long)base, (unsigned long long)stride,
                                 (unsigned long long)len);
+    if (dl->kind == KVL_MEM_FILE) {
+        /* (offset, len, fd): the range's key inside the core (internal.h) */
+        kvl_error_t err;
+        if (kvli_file_range_check("descriptor", base, stride * (count - 1) + len, dev, &err) !=
+            KVL_OK)
+            return kvli_fail(NULL, &err);
+        base = kvli_file_key(dev, base);
+    }
     if (kvli_dlist_reserve(dl, 1) != KVL_OK)
         return KVL_ERR_NO_MEMORY;
     dl->ents[dl->n++] = (kvli_dent_t){base, stride, count, len, dev};
@@ -145,7 +154,18 @@ kvl_status_t kvl_dlist_add_array(kvl_dlist_t *dl, const uint64_t *addrs, const u
                                     "empty or overflows; nothing was added",
                                     i, (unsigned long long)addrs[i], (unsigned long long)l);
         }
-        dl->ents[base + i] = (kvli_dent_t){addrs[i], 0, 1, l, dev};
+        uint64_t at = addrs[i];
+        if (dl->kind == KVL_MEM_FILE) {
+            kvl_error_t err;
+            char what[64];
+            snprintf(what, sizeof(what), "kvl_dlist_add_array: entry %zu", i);
+            if (kvli_file_range_check(what, at, l, dev, &err) != KVL_OK) {
+                dl->n = base;
+                return kvli_fail(NULL, &err);
+            }
+            at = kvli_file_key(dev, at);
+        }
+        dl->ents[base + i] = (kvli_dent_t){at, 0, 1, l, dev};
         bytes += l;
     }
     dl->n = base + n;
@@ -193,7 +213,7 @@ kvl_status_t kvl_dlist_get(const kvl_dlist_t *dl, size_t i, uint64_t *addr_p, ui
                                 "kvl_dlist_get: index %zu is past the list's %zu entries", i,
                                 dl->n);
     const kvli_dent_t *e = &dl->ents[i];
-    if (addr_p) *addr_p = e->addr;
+    if (addr_p) *addr_p = dl->kind == KVL_MEM_FILE ? kvli_file_off(e->addr) : e->addr;
     if (stride_p) *stride_p = e->stride;
     if (count_p) *count_p = e->count;
     if (len_p) *len_p = e->len;

@@ -53,6 +53,29 @@ void kvli_buf_free(void *p, size_t bytes);
 /* Copy with truncation, always NUL-terminated (src may be NULL). */
 void kvli_scopy(char *dst, size_t cap, const char *src);
 
+/* ---- FILE ranges (registration.c) ----
+ * Inside the core a FILE range (fd, offset) lives at a key in an address
+ * space of its own: bit 63 set (no pointer has it), the fd in bits 40..62,
+ * the offset below. Registry lookups, overlaps and descriptors then work as
+ * for memory, per file. Backends see keys (kvl_bk_file_offset). */
+#define KVLI_FILE_TAG (1ull << 63)
+static inline uint64_t kvli_file_key(int32_t fd, uint64_t off)
+{
+    return KVLI_FILE_TAG | ((uint64_t)(uint32_t)fd << 40) | off;
+}
+static inline bool kvli_file_is_key(uint64_t k)
+{
+    return (k & KVLI_FILE_TAG) != 0;
+}
+static inline uint64_t kvli_file_off(uint64_t k)
+{
+    return k & (KVL_FILE_OFFSET_MAX - 1);
+}
+/* Check a FILE range as the caller gave it (offset, len, fd); KVL_OK or
+ * KVL_ERR_INVALID_ARG with err filled (what names it). */
+kvl_status_t kvli_file_range_check(const char *what, uint64_t off, uint64_t len, int32_t fd,
+                                   kvl_error_t *err);
+
 /* ---- backends (backend_table.c) ---- */
 const kvl_backend_ops_t *kvli_backend_find(const char *name);
 /* Built-in backend i, NULL past the last. */
@@ -79,6 +102,7 @@ typedef struct kvli_region {
     uint32_t bk_mask;                 /* backends it is registered on */
     void *mh[KVLI_MAX_BACKENDS];
     uint64_t shm_id;                  /* allocation it lies in, 0 if none */
+    uint64_t file_dev, file_ino;      /* FILE: the file the fd named when registered */
 } kvli_region_t;
 
 typedef struct kvli_alloc {
@@ -136,6 +160,9 @@ typedef struct kvli_remote {
     atomic_bool valid;                /* false once removed or replaced */
     void *peer[KVLI_MAX_BACKENDS];    /* NULL: not reachable through it */
     char unreachable[KVLI_MAX_BACKENDS][256];
+    /* The agent itself as the remote side of FILE transfers (files are
+     * local): its regions are the agent's own registry (kvl_agent.self_rem). */
+    bool self_files;
     size_t n_regions;
     kvli_rregion_t *regions;          /* sorted by addr */
     uint64_t max_len;
@@ -147,6 +174,10 @@ void kvli_remote_put(kvl_agent_t *a, kvli_remote_t *r);
 kvli_remote_t *kvli_remote_find(kvl_agent_t *a, const char *name); /* under lock */
 /* Find and reference a remote agent; NULL with err filled when unknown. */
 kvli_remote_t *kvli_remote_acquire(kvl_agent_t *a, const char *name, kvl_error_t *err);
+/* The same, for a list of this kind: FILE under the agent's own name is the
+ * agent itself (self_files), loaded or not. */
+kvli_remote_t *kvli_remote_acquire_for(kvl_agent_t *a, const char *name, kvl_mem_kind_t kind,
+                                       kvl_error_t *err);
 const kvli_rregion_t *kvli_rregion_find(const kvli_remote_t *r, uint64_t addr, uint64_t len);
 const kvli_rregion_t *kvli_rregion_nearest(const kvli_remote_t *r, uint64_t addr);
 void kvli_remotes_destroy(kvl_agent_t *a);
@@ -160,6 +191,8 @@ typedef struct kvli_pent {
 struct kvl_prep {
     kvl_agent_t *agent;
     bool remote;
+    bool self_files;                  /* remote side of FILE transfers: this agent's
+                                         own files, regs are kvli_region_t* */
     kvli_remote_t *rem;               /* remote: referenced */
     kvl_mem_kind_t kind;
     size_t n;
@@ -257,6 +290,7 @@ struct kvl_agent {
     uint64_t next_alloc_id;
 
     kvli_remote_t *remotes;
+    kvli_remote_t *self_rem;          /* made at first FILE transfer (remote.c) */
     struct kvl_prep *preps;
     struct kvl_xfer *xfers;
     /* Held while a transfer is released or cancelled on the agent's behalf,

@@ -163,13 +163,16 @@ kvl_status_t kvli_prep_build(kvl_agent_t *a, kvli_remote_t *rem, const kvl_dlist
     p->agent = a;
     p->remote = rem != NULL;
     p->rem = rem;
+    /* FILE transfers name this agent as the remote: its own registry. */
+    bool lookup_local = rem == NULL || rem->self_files;
+    p->self_files = rem != NULL && rem->self_files;
     p->kind = dl->kind;
     p->n = dl->n;
     atomic_init(&p->refs, 1);
     pthread_mutex_init(&p->tab_lock, NULL);
     p->uniform = dl->n > 0;
     p->ulen = dl->n > 0 ? dl->ents[0].len : 0;
-    if (rem)
+    if (!lookup_local)
         snprintf(whose, sizeof(whose), "remote agent '%s'", rem->name);
     else
         snprintf(whose, sizeof(whose), "this agent ('%s')", a->name);
@@ -188,7 +191,7 @@ kvl_status_t kvli_prep_build(kvl_agent_t *a, kvli_remote_t *rem, const kvl_dlist
 
         if (e->addr >= last_lo && e->addr <= last_hi && span <= last_hi - e->addr) {
             reg = last; /* fast path: same region as the entry before */
-        } else if (rem) {
+        } else if (!lookup_local) {
             const kvli_rregion_t *g = kvli_rregion_find(rem, e->addr, span);
             uint64_t ca[2], cl[2];
             unsigned nc = g == NULL ? kvli_span_chain(a, rem, e->addr, span, ca, cl) : 0;
@@ -215,6 +218,19 @@ kvl_status_t kvli_prep_build(kvl_agent_t *a, kvli_remote_t *rem, const kvl_dlist
             unsigned nc = r == NULL ? kvli_span_chain(a, NULL, e->addr, span, ca, cl) : 0;
             if (nc > 0) {
                 kvli_describe_chain(err, i, e, span, nc, ca, cl, whose);
+                st = KVL_ERR_OUT_OF_BOUNDS;
+                break;
+            }
+            if (r == NULL && dl->kind == KVL_MEM_FILE) {
+                kvli_err(err, KVL_ERR_OUT_OF_BOUNDS, 0,
+                         "descriptor %zu (fd %d, offset %llu, len %llu%s) is not inside a FILE "
+                         "range registered on agent '%s'", i, (int)e->dev,
+                         (unsigned long long)kvli_file_off(e->addr), (unsigned long long)span,
+                         e->count > 1 ? ", strided" : "", a->name);
+                kvli_hint(err, "register (offset, length, fd) of the file first (kind FILE); a "
+                               "descriptor names the fd it was registered with (a dup or a "
+                               "reopened file is another fd) and lies inside one registration");
+                kvli_err_region(err, "descriptor %zu", i);
                 st = KVL_ERR_OUT_OF_BOUNDS;
                 break;
             }
@@ -267,7 +283,7 @@ kvl_status_t kvli_prep_build(kvl_agent_t *a, kvli_remote_t *rem, const kvl_dlist
                     p->regs = nr;
                 }
                 p->regs[p->nregs++] = reg;
-                if (!rem)
+                if (lookup_local)
                     kvli_region_get(reg);
             }
             last = reg;
@@ -280,7 +296,8 @@ kvl_status_t kvli_prep_build(kvl_agent_t *a, kvli_remote_t *rem, const kvl_dlist
             p->uniform = false;
         /* The fast path skips the device check: recheck it cheaply. */
         if (reg == last && e->dev != KVL_DEV_ANY) {
-            int32_t rdev = rem ? ((const kvli_rregion_t *)reg)->dev : ((kvli_region_t *)reg)->dev;
+            int32_t rdev = !lookup_local ? ((const kvli_rregion_t *)reg)->dev
+                                         : ((kvli_region_t *)reg)->dev;
             if (rdev != e->dev) {
                 kvli_err(err, KVL_ERR_DEVICE_MISMATCH, 0,
                          "descriptor %zu (0x%llx+%llu) declares device %d but its region is on "
@@ -358,7 +375,7 @@ void kvli_prep_free(kvl_prep_t *p)
     kvli_buf_free(p->tab_addrs, p->n * sizeof(*p->tab_addrs));
     kvli_buf_free(p->tab_regs, p->n * sizeof(*p->tab_regs));
     pthread_mutex_destroy(&p->tab_lock);
-    if (!p->remote)
+    if (!p->remote || p->self_files)
         for (size_t i = 0; i < p->nregs; i++)
             kvli_region_put(p->regs[i]);
     if (p->rem)
@@ -377,7 +394,7 @@ static kvl_status_t kvli_prep_api(kvl_agent_t *a, const char *remote, const kvl_
         *prep_p = NULL;
     if (a == NULL || dl == NULL || prep_p == NULL)
         return kvli_fail_simple(a, KVL_ERR_INVALID_ARG, NULL, "kvl_prep: NULL argument");
-    if (remote && (rem = kvli_remote_acquire(a, remote, &err)) == NULL)
+    if (remote && (rem = kvli_remote_acquire_for(a, remote, dl->kind, &err)) == NULL)
         return kvli_fail(a, &err);
     kvl_status_t st = kvli_prep_build(a, rem, dl, prep_p, &err);
     if (rem)

@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 #include "common/host.h"
 #include "internal.h"
@@ -210,6 +211,28 @@ static kvl_status_t kvli_mem_classify(kvl_agent_t *a, kvli_hostchk_t *hc, size_t
     return KVL_OK;
 }
 
+kvl_status_t kvli_file_range_check(const char *what, uint64_t off, uint64_t len, int32_t fd,
+                                   kvl_error_t *err)
+{
+    if (fd < 0 || fd >= KVL_FILE_FD_MAX) {
+        kvli_err(err, KVL_ERR_INVALID_ARG, 0, "%s: FILE range (offset %llu, len %llu) names fd %d, "
+                 "which is not a file descriptor kvlane can hold (0 <= fd < %d)", what,
+                 (unsigned long long)off, (unsigned long long)len, (int)fd, KVL_FILE_FD_MAX);
+        kvli_hint(err, "a FILE range is (offset, length, fd): pass the descriptor of the file you "
+                       "opened as its device");
+        return KVL_ERR_INVALID_ARG;
+    }
+    if (len == 0 || off >= KVL_FILE_OFFSET_MAX || len > KVL_FILE_OFFSET_MAX - off) {
+        kvli_err(err, KVL_ERR_INVALID_ARG, 0, "%s: FILE range of fd %d (offset %llu, len %llu) %s",
+                 what, (int)fd, (unsigned long long)off, (unsigned long long)len,
+                 len == 0 ? "is empty" : "ends past 1 TiB, the largest file offset kvlane serves");
+        kvli_hint(err, "%s", len == 0 ? "pass the byte length of the range"
+                                      : "split the data over several files of at most 1 TiB");
+        return KVL_ERR_INVALID_ARG;
+    }
+    return KVL_OK;
+}
+
 /* "DRAM (NUMA node 0)", "VRAM on GPU 1": a kind and its device in words. */
 static const char *kvli_kind_where(kvl_mem_kind_t kind, int32_t dev, char *buf, size_t cap)
 {
@@ -217,6 +240,8 @@ static const char *kvli_kind_where(kvl_mem_kind_t kind, int32_t dev, char *buf, 
         snprintf(buf, cap, "DRAM (NUMA node %d)", (int)dev);
     else if (kind == KVL_MEM_VRAM)
         snprintf(buf, cap, "VRAM on GPU %d", (int)dev);
+    else if (kind == KVL_MEM_FILE)
+        snprintf(buf, cap, "FILE (fd %d)", (int)dev);
     else
         snprintf(buf, cap, "%s (device %d)", kvl_mem_kind_name(kind), (int)dev);
     return buf;
@@ -285,7 +310,11 @@ static kvl_status_t kvli_reg_candidates(kvl_agent_t *a, const kvl_reg_params_t *
 static void kvli_reg_refused(kvl_error_t *all, kvl_mem_kind_t kind, const kvl_mem_desc_t *d,
                              const kvl_error_t *berr)
 {
-    if (all->code == KVL_OK)
+    if (all->code == KVL_OK && kind == KVL_MEM_FILE)
+        kvli_err(all, KVL_ERR_NO_BACKEND, 0, "no backend accepted FILE range (fd %d, offset %llu, "
+                 "len %llu)", (int)d->dev, (unsigned long long)kvli_file_off(d->addr),
+                 (unsigned long long)d->len);
+    else if (all->code == KVL_OK)
         kvli_err(all, KVL_ERR_NO_BACKEND, 0, "no backend accepted %s region 0x%llx+%llu",
                  kvl_mem_kind_name(kind), (unsigned long long)d->addr,
                  (unsigned long long)d->len);
@@ -309,7 +338,8 @@ static kvl_status_t kvli_register_one(kvl_agent_t *a, kvli_hostchk_t *hc, size_t
         e->kind = declared;
         e->dev = d->dev;
     }
-    if (d->len == 0 || d->addr == 0 || kvli_add_overflows(d->addr, d->len)) {
+    if (declared != KVL_MEM_FILE && (d->len == 0 || d->addr == 0 ||
+                                     kvli_add_overflows(d->addr, d->len))) {
         kvli_err(err, KVL_ERR_INVALID_ARG, 0, "%s",
                  d->addr == 0 ? "address is NULL" : d->len == 0 ? "length is 0"
                                                   : "addr + len wraps past 2^64");
@@ -321,14 +351,34 @@ static kvl_status_t kvli_register_one(kvl_agent_t *a, kvli_hostchk_t *hc, size_t
                  (int)declared, (int)policy);
         return KVL_ERR_INVALID_ARG;
     }
-    if (declared == KVL_MEM_FILE) {
-        kvli_err(err, KVL_ERR_UNSUPPORTED, 0, "FILE memory needs the file backend, which this build "
-                                              "does not have yet");
-        return KVL_ERR_UNSUPPORTED;
+    if (declared == KVL_MEM_FILE && fcntl(d->dev, F_GETFL) < 0) {
+        int e2 = errno;
+        kvli_err(err, KVL_ERR_INVALID_ARG, e2, "FILE range (offset %llu, len %llu): fd %d is not an "
+                 "open file descriptor of this process (fcntl: %s)",
+                 (unsigned long long)kvli_file_off(d->addr), (unsigned long long)d->len,
+                 (int)d->dev, strerror(e2));
+        kvli_hint(err, "open the file first and pass its descriptor; keep it open while it is "
+                       "registered");
+        return KVL_ERR_INVALID_ARG;
     }
     /* The same range again is a lookup, not a registration: it was
      * classified and checked when first registered. */
     kvli_region_t *r = kvli_registry_exact(a, d->addr, d->len);
+    struct stat fst;
+    if (declared == KVL_MEM_FILE && fstat(d->dev, &fst) != 0)
+        memset(&fst, 0, sizeof(fst));
+    if (r != NULL && r->kind == KVL_MEM_FILE &&
+        (r->file_dev != (uint64_t)fst.st_dev || r->file_ino != (uint64_t)fst.st_ino)) {
+        /* the same (offset, len, fd), but the fd was closed and reopened */
+        kvli_err(err, KVL_ERR_STALE, 0, "FILE range (fd %d, offset %llu, len %llu) is still "
+                 "registered for the file fd %d named before (inode %llu); fd %d now names "
+                 "another file (inode %llu)", (int)d->dev,
+                 (unsigned long long)kvli_file_off(d->addr), (unsigned long long)d->len,
+                 (int)d->dev, (unsigned long long)r->file_ino, (int)d->dev,
+                 (unsigned long long)fst.st_ino);
+        kvli_hint(err, "deregister a FILE range before closing its descriptor");
+        return KVL_ERR_STALE;
+    }
     if (r != NULL && (declared == KVL_MEM_AUTO || declared == r->kind) &&
         (d->dev == KVL_DEV_ANY || d->dev == r->dev)) {
         kind = r->kind;
@@ -365,9 +415,14 @@ static kvl_status_t kvli_register_one(kvl_agent_t *a, kvli_hostchk_t *hc, size_t
                        "it with kind AUTO and the device it has");
         return KVL_ERR_DEVICE_MISMATCH;
     }
-    st = kvli_mem_classify(a, hc, k, declared, &kind, &dev, err);
-    if (st != KVL_OK)
-        return st;
+    if (declared == KVL_MEM_FILE) {
+        kind = KVL_MEM_FILE; /* the caller's word: a file descriptor is no address */
+        dev = d->dev;
+    } else {
+        st = kvli_mem_classify(a, hc, k, declared, &kind, &dev, err);
+        if (st != KVL_OK)
+            return st;
+    }
     if (e) {
         e->kind = kind;
         e->dev = dev;
@@ -408,6 +463,10 @@ static kvl_status_t kvli_register_one(kvl_agent_t *a, kvli_hostchk_t *hc, size_t
     r->kind = kind;
     r->dev = dev;
     r->refcount = 1;
+    if (kind == KVL_MEM_FILE) {
+        r->file_dev = (uint64_t)fst.st_dev;
+        r->file_ino = (uint64_t)fst.st_ino;
+    }
     atomic_init(&r->objref, 1);
     atomic_init(&r->valid, true);
 
@@ -481,8 +540,12 @@ static kvl_status_t kvli_register_one(kvl_agent_t *a, kvli_hostchk_t *hc, size_t
                      "accepted were undone)", tried - ok, tried, kvl_mem_kind_name(kind),
                      (unsigned long long)d->addr, (unsigned long long)d->len, ok);
         memcpy(err, &all, offsetof(kvl_error_t, causes) + all.n_causes * sizeof(all.causes[0]));
-        kvli_err_region(err, "region 0x%llx+%llu (%s)", (unsigned long long)d->addr,
-                        (unsigned long long)d->len, kvl_mem_kind_name(kind));
+        if (kind == KVL_MEM_FILE)
+            kvli_err_region(err, "FILE fd %d offset %llu+%llu", (int)d->dev,
+                            (unsigned long long)kvli_file_off(d->addr), (unsigned long long)d->len);
+        else
+            kvli_err_region(err, "region 0x%llx+%llu (%s)", (unsigned long long)d->addr,
+                            (unsigned long long)d->len, kvl_mem_kind_name(kind));
         if (err->n_causes == 1) {
             err->sys_errno = err->causes[0].sys_errno;
             err->device = err->causes[0].device;
@@ -552,6 +615,42 @@ kvl_status_t kvl_mem_register(kvl_agent_t *a, const kvl_mem_desc_t *regions, siz
         return kvli_fail_simple(a, KVL_ERR_NO_MEMORY, NULL, "kvl_mem_register: out of memory");
     }
 
+    /* FILE: (offset, len, fd) -> the range's key in the registry (internal.h) */
+    const kvl_mem_desc_t *given = regions;
+    kvl_mem_desc_t *keyed = NULL;
+    if (params && (params->field_mask & KVL_REG_PARAM_KIND) && params->kind == KVL_MEM_FILE) {
+        keyed = malloc(n * sizeof(*keyed));
+        if (keyed == NULL) {
+            free(done);
+            kvl_reg_report_free(rep);
+            return kvli_fail_simple(a, KVL_ERR_NO_MEMORY, NULL, "kvl_mem_register: out of memory");
+        }
+        for (size_t i = 0; i < n; i++) {
+            char what[64];
+            snprintf(what, sizeof(what), "region %zu of %zu", i, n);
+            if (kvli_file_range_check(what, given[i].addr, given[i].len, given[i].dev, &err) !=
+                KVL_OK) {
+                free(keyed);
+                free(done);
+                if (rep) {
+                    for (size_t j = 0; j < n; j++) {
+                        rep->entries[j].addr = given[j].addr;
+                        rep->entries[j].len = given[j].len;
+                        rep->entries[j].kind = KVL_MEM_FILE;
+                        rep->entries[j].dev = given[j].dev;
+                        rep->entries[j].status = j == i ? KVL_ERR_INVALID_ARG : KVL_ERR_CANCELED;
+                    }
+                    kvli_outcome(&rep->entries[i], "core", KVL_ERR_INVALID_ARG, err.what);
+                    *report_p = rep;
+                }
+                return kvli_fail(a, &err);
+            }
+            keyed[i] = (kvl_mem_desc_t){kvli_file_key(given[i].dev, given[i].addr), given[i].len,
+                                        given[i].dev};
+        }
+        regions = keyed;
+    }
+
     kvli_hostchk_t hc = {regions, n, 0, NULL};
     pthread_mutex_lock(&a->lock);
     size_t k;
@@ -578,11 +677,11 @@ kvl_status_t kvl_mem_register(kvl_agent_t *a, const kvl_mem_desc_t *regions, siz
                 rep->entries[j].status = KVL_ERR_CANCELED;
             for (size_t j = k + 1; j < n; j++) {
                 kvl_reg_entry_t *ej = &rep->entries[j];
-                ej->addr = regions[j].addr;
-                ej->len = regions[j].len;
+                ej->addr = given[j].addr;
+                ej->len = given[j].len;
                 ej->kind = params && (params->field_mask & KVL_REG_PARAM_KIND) ? params->kind
                                                                               : KVL_MEM_AUTO;
-                ej->dev = regions[j].dev;
+                ej->dev = given[j].dev;
                 ej->status = KVL_ERR_CANCELED;
             }
         }
@@ -591,15 +690,15 @@ kvl_status_t kvl_mem_register(kvl_agent_t *a, const kvl_mem_desc_t *regions, siz
             kvli_scopy(what, sizeof(what), err.what);
             snprintf(err.what, sizeof(err.what),
                      "region %zu of %zu (0x%llx+%llu): %.400s; regions 0..%zu were undone", k, n,
-                     (unsigned long long)regions[k].addr, (unsigned long long)regions[k].len,
+                     (unsigned long long)given[k].addr, (unsigned long long)given[k].len,
                      what, k ? k - 1 : 0);
             if (k == 0)
                 snprintf(err.what, sizeof(err.what), "region 0 of %zu (0x%llx+%llu): %.400s", n,
-                         (unsigned long long)regions[0].addr,
-                         (unsigned long long)regions[0].len, what);
+                         (unsigned long long)given[0].addr,
+                         (unsigned long long)given[0].len, what);
         } else if (!err.region[0]) {
-            kvli_err_region(&err, "region 0x%llx+%llu", (unsigned long long)regions[0].addr,
-                            (unsigned long long)regions[0].len);
+            kvli_err_region(&err, "region 0x%llx+%llu", (unsigned long long)given[0].addr,
+                            (unsigned long long)given[0].len);
         }
     } else {
         atomic_fetch_add(&a->generation, 1);
@@ -607,6 +706,12 @@ kvl_status_t kvl_mem_register(kvl_agent_t *a, const kvl_mem_desc_t *regions, siz
     pthread_mutex_unlock(&a->lock);
     free(hc.ranges);
     free(done);
+    if (keyed != NULL) {
+        /* Reports and errors speak of what the caller gave. */
+        for (size_t i = 0; rep != NULL && i < n; i++)
+            rep->entries[i].addr = given[i].addr;
+        free(keyed);
+    }
     if (report_p)
         *report_p = rep;
     if (st != KVL_OK)
@@ -721,16 +826,40 @@ static kvl_status_t kvli_regions_revoke(kvl_agent_t *a, const kvli_drop_t *drops
 kvl_status_t kvl_mem_deregister(kvl_agent_t *a, const kvl_mem_desc_t *regions, size_t n)
 {
     kvl_error_t err;
+    const kvl_mem_desc_t *given = regions;
     if (a == NULL || regions == NULL || n == 0)
         return kvli_fail_simple(a, KVL_ERR_INVALID_ARG, NULL,
                                 "kvl_mem_deregister: agent or regions is NULL, or n = 0");
     kvli_drop_t *drops = malloc(n * sizeof(*drops));
-    if (drops == NULL || kvli_drops_count(regions, n, drops) != 0) {
+    kvl_mem_desc_t *keyed = malloc(n * sizeof(*keyed));
+    if (drops == NULL || keyed == NULL) {
         free(drops);
+        free(keyed);
         return kvli_fail_simple(a, KVL_ERR_NO_MEMORY, NULL,
                                 "kvl_mem_deregister: out of memory for a list of %zu regions", n);
     }
     pthread_mutex_lock(&a->lock);
+    /* A FILE range is given as (offset, len, fd): its key, when no memory
+     * range is registered at that address. */
+    for (size_t i = 0; i < n; i++) {
+        keyed[i] = regions[i];
+        if (regions[i].dev >= 0 && regions[i].dev < KVL_FILE_FD_MAX &&
+            regions[i].addr < KVL_FILE_OFFSET_MAX &&
+            regions[i].len <= KVL_FILE_OFFSET_MAX - regions[i].addr &&
+            kvli_registry_exact(a, regions[i].addr, regions[i].len) == NULL) {
+            uint64_t k = kvli_file_key(regions[i].dev, regions[i].addr);
+            if (kvli_registry_exact(a, k, regions[i].len) != NULL)
+                keyed[i].addr = k;
+        }
+    }
+    regions = keyed;
+    if (kvli_drops_count(regions, n, drops) != 0) {
+        pthread_mutex_unlock(&a->lock);
+        free(drops);
+        free(keyed);
+        return kvli_fail_simple(a, KVL_ERR_NO_MEMORY, NULL,
+                                "kvl_mem_deregister: out of memory for a list of %zu regions", n);
+    }
     /* Check everything first so a refused call changes nothing. Counting
      * duplicates in the request matters: two drops of a refcount-1 range
      * must fail. */
@@ -795,14 +924,16 @@ kvl_status_t kvl_mem_deregister(kvl_agent_t *a, const kvl_mem_desc_t *regions, s
     const kvli_agent_hooks_t *hooks = a->hooks;
     pthread_mutex_unlock(&a->lock);
     free(drops);
+    free(keyed);
     if (hooks != NULL && hooks->regions_changed != NULL)
         hooks->regions_changed(a);
     return KVL_OK;
 fail:
     pthread_mutex_unlock(&a->lock);
     free(drops);
-    kvli_err_region(&err, "region 0x%llx+%llu", (unsigned long long)regions[0].addr,
-                    (unsigned long long)regions[0].len);
+    free(keyed);
+    kvli_err_region(&err, "region 0x%llx+%llu", (unsigned long long)given[0].addr,
+                    (unsigned long long)given[0].len);
     return kvli_fail(a, &err);
 }
 

@@ -415,8 +415,35 @@ size_t kvl_remote_describe(kvl_agent_t *a, const char *name, char *buf, size_t l
     return need;
 }
 
+kvli_remote_t *kvli_remote_acquire_for(kvl_agent_t *a, const char *name, kvl_mem_kind_t kind,
+                                       kvl_error_t *err)
+{
+    if (kind != KVL_MEM_FILE || strcmp(name, a->name) != 0)
+        return kvli_remote_acquire(a, name, err);
+    pthread_mutex_lock(&a->lock);
+    kvli_remote_t *r = a->self_rem;
+    if (r == NULL && (r = calloc(1, sizeof(*r))) != NULL) {
+        kvli_scopy(r->name, sizeof(r->name), a->name);
+        r->incarnation = a->incarnation;
+        r->self_files = true;
+        atomic_init(&r->objref, 1); /* the agent's */
+        atomic_init(&r->valid, true);
+        a->self_rem = r;
+    }
+    if (r != NULL)
+        kvli_remote_get(r);
+    pthread_mutex_unlock(&a->lock);
+    if (r == NULL)
+        kvli_err(err, KVL_ERR_NO_MEMORY, ENOMEM, "out of memory preparing FILE transfers");
+    return r;
+}
+
 void kvli_remotes_destroy(kvl_agent_t *a)
 {
+    if (a->self_rem != NULL) {
+        kvli_remote_put(a, a->self_rem); /* no transfer or list holds it any more */
+        a->self_rem = NULL;
+    }
     for (;;) {
         pthread_mutex_lock(&a->lock);
         kvli_remote_t *r = a->remotes;

@@ -41,14 +41,42 @@ static bool kvli_segv_push(kvli_segv_t *v, const kvl_seg_t *s)
     return true;
 }
 
+/* Backend b's handle of region i of the remote list (a FILE list of this
+ * agent's own files: the agent's own registration). */
+static void *kvli_rp_handle(const kvl_prep_t *rp, size_t i, unsigned b)
+{
+    if (rp->self_files)
+        return ((kvli_region_t *)rp->regs[i])->mh[b];
+    return ((const kvli_rregion_t *)rp->regs[i])->rh[b];
+}
+
+/* A FILE list's regions are the agent's own: a transfer holds them against
+ * deregistration as it holds its local ones (x->lregs has room). */
+static void kvli_hold_self_files(kvl_xfer_t *x, const kvl_prep_t *rp, const bool *rused)
+{
+    if (!rp->self_files)
+        return;
+    for (size_t i = 0; i < rp->nregs; i++) {
+        if (rused != NULL && !rused[i])
+            continue;
+        kvli_region_t *r = rp->regs[i];
+        x->lregs[x->nlregs++] = r;
+        kvli_region_get(r);
+    }
+}
+
 static kvl_status_t kvli_pick_backend(kvl_agent_t *a, kvl_xfer_t *x, const kvl_prep_t *lp,
                                       const kvl_prep_t *rp, const bool *lused, const bool *rused,
                                       const char *want, kvl_error_t *err)
 {
     kvli_remote_t *rem = rp->rem;
-    kvli_err(err, KVL_ERR_NO_BACKEND, 0, "no backend can move %s -> %s between agent '%s' and "
-             "agent '%s'", kvl_mem_kind_name(lp->kind), kvl_mem_kind_name(rp->kind), a->name,
-             rem->name);
+    if (rp->self_files)
+        kvli_err(err, KVL_ERR_NO_BACKEND, 0, "no backend of agent '%s' can move %s memory to "
+                 "and from its files", a->name, kvl_mem_kind_name(lp->kind));
+    else
+        kvli_err(err, KVL_ERR_NO_BACKEND, 0, "no backend can move %s -> %s between agent '%s' "
+                 "and agent '%s'", kvl_mem_kind_name(lp->kind), kvl_mem_kind_name(rp->kind),
+                 a->name, rem->name);
     kvli_scopy(err->agent, sizeof(err->agent), rem->name);
     /* VRAM on either side: backends that reach it directly come first, those
      * that stage it through host memory (tcp) after them. */
@@ -66,7 +94,7 @@ static kvl_status_t kvli_pick_backend(kvl_agent_t *a, kvl_xfer_t *x, const kvl_p
             snprintf(why, sizeof(why), "does not serve local %s memory", kvl_mem_kind_name(lp->kind));
         else if (!(bk->ops->mem_remote & KVL_MEM_BIT(rp->kind)))
             snprintf(why, sizeof(why), "cannot reach remote %s memory", kvl_mem_kind_name(rp->kind));
-        else if (rem->peer[b] == NULL)
+        else if (!rp->self_files && rem->peer[b] == NULL)
             snprintf(why, sizeof(why), "peer not reachable: %s",
                      rem->unreachable[b][0] ? rem->unreachable[b] : "no connection info");
         for (size_t i = 0; !why[0] && i < lp->nregs; i++) {
@@ -75,7 +103,14 @@ static kvl_status_t kvli_pick_backend(kvl_agent_t *a, kvl_xfer_t *x, const kvl_p
                 snprintf(why, sizeof(why), "local region 0x%llx+%llu is not registered on it",
                          (unsigned long long)r->addr, (unsigned long long)r->len);
         }
-        for (size_t i = 0; !why[0] && i < rp->nregs; i++) {
+        for (size_t i = 0; !why[0] && rp->self_files && i < rp->nregs; i++) {
+            const kvli_region_t *r = rp->regs[i];
+            if (rused[i] && !(r->bk_mask & (1u << b)))
+                snprintf(why, sizeof(why), "file range (fd %d, offset %llu, len %llu) is not "
+                         "registered on it", (int)r->dev,
+                         (unsigned long long)kvli_file_off(r->addr), (unsigned long long)r->len);
+        }
+        for (size_t i = 0; !why[0] && !rp->self_files && i < rp->nregs; i++) {
             const kvli_rregion_t *g = rp->regs[i];
             if (rused[i] && g->rh[b] == NULL)
                 snprintf(why, sizeof(why), "remote region 0x%llx+%llu carries no key for it",
@@ -282,7 +317,7 @@ static kvl_status_t kvli_xfer_build_indexed(kvl_agent_t *a, kvl_xfer_op_t op, kv
         return KVL_OK;
     }
     unsigned b = x->bk->index;
-    x->lregs = malloc((lp->nregs + 1) * sizeof(*x->lregs));
+    x->lregs = malloc((lp->nregs + (rp->self_files ? rp->nregs : 0) + 1) * sizeof(*x->lregs));
     x->lmh = malloc((lp->nregs + 1) * sizeof(*x->lmh));
     x->rmh = malloc((rp->nregs + 1) * sizeof(*x->rmh));
     if (!x->lregs || !x->lmh || !x->rmh) {
@@ -295,10 +330,9 @@ static kvl_status_t kvli_xfer_build_indexed(kvl_agent_t *a, kvl_xfer_op_t op, kv
         x->lmh[x->nlregs++] = r->mh[b];
         kvli_region_get(r);
     }
-    for (size_t i = 0; i < rp->nregs; i++) {
-        const kvli_rregion_t *g = rp->regs[i];
-        x->rmh[x->nrregs++] = g->rh[b];
-    }
+    for (size_t i = 0; i < rp->nregs; i++)
+        x->rmh[x->nrregs++] = kvli_rp_handle(rp, i, b);
+    kvli_hold_self_files(x, rp, NULL);
     x->rem = rp->rem;
     kvli_remote_get(x->rem);
     pthread_mutex_unlock(&a->lock);
@@ -389,6 +423,16 @@ kvl_status_t kvli_xfer_build(kvl_agent_t *a, kvl_xfer_op_t op, const kvl_prep_t 
     if (lp->remote || !rp->remote || rp->rem == NULL) {
         kvli_err(err, KVL_ERR_INVALID_ARG, 0, "the first prepared list must be local and the "
                  "second remote");
+        return KVL_ERR_INVALID_ARG;
+    }
+    if (lp->kind == KVL_MEM_FILE || (rp->kind == KVL_MEM_FILE && !rp->self_files)) {
+        kvli_err(err, KVL_ERR_INVALID_ARG, 0, "%s", lp->kind == KVL_MEM_FILE
+                 ? "the local list of the transfer is FILE: files are the remote side of a "
+                   "transfer, the local side is the DRAM or VRAM they fill or empty"
+                 : "the remote list is FILE ranges of another agent: files are local to the "
+                   "process that registered them");
+        kvli_hint(err, "pass the DRAM/VRAM list as local and the FILE list as remote, naming "
+                       "this agent ('%s') as the remote agent", a->name);
         return KVL_ERR_INVALID_ARG;
     }
     const void *notif = NULL;
@@ -514,7 +558,7 @@ kvl_status_t kvli_xfer_build(kvl_agent_t *a, kvl_xfer_op_t op, const kvl_prep_t 
     /* Compact region arrays to those used; remap segment indices. */
     lmap = malloc((lp->nregs + 1) * sizeof(*lmap));
     rmap = malloc((rp->nregs + 1) * sizeof(*rmap));
-    x->lregs = malloc((lp->nregs + 1) * sizeof(*x->lregs));
+    x->lregs = malloc((lp->nregs + (rp->self_files ? rp->nregs : 0) + 1) * sizeof(*x->lregs));
     x->lmh = malloc((lp->nregs + 1) * sizeof(*x->lmh));
     x->rmh = malloc((rp->nregs + 1) * sizeof(*x->rmh));
     if (!lmap || !rmap || !x->lregs || !x->lmh || !x->rmh) {
@@ -533,10 +577,10 @@ kvl_status_t kvli_xfer_build(kvl_agent_t *a, kvl_xfer_op_t op, const kvl_prep_t 
     for (size_t i = 0; i < rp->nregs; i++) {
         if (!rused[i])
             continue;
-        const kvli_rregion_t *g = rp->regs[i];
         rmap[i] = (uint32_t)x->nrregs;
-        x->rmh[x->nrregs++] = g->rh[b];
+        x->rmh[x->nrregs++] = kvli_rp_handle(rp, i, b);
     }
+    kvli_hold_self_files(x, rp, rused);
     x->rem = rp->rem;
     kvli_remote_get(x->rem);
     pthread_mutex_unlock(&a->lock);
@@ -631,7 +675,7 @@ kvl_status_t kvl_xfer_create(kvl_agent_t *a, kvl_xfer_op_t op, const kvl_dlist_t
         *xfer_p = NULL;
     if (a == NULL || local == NULL || remote == NULL || remote_list == NULL || xfer_p == NULL)
         return kvli_fail_simple(a, KVL_ERR_INVALID_ARG, NULL, "kvl_xfer_create: NULL argument");
-    if ((rem = kvli_remote_acquire(a, remote, &err)) == NULL)
+    if ((rem = kvli_remote_acquire_for(a, remote, remote_list->kind, &err)) == NULL)
         return kvli_fail(a, &err);
     st = kvli_prep_build(a, NULL, local, &lp, &err);
     if (st == KVL_OK)

@@ -111,7 +111,8 @@ def test_ucx_creates_the_transport_set(agent):
     names = agent.get_plugin_list()
     for n in ("UCX", "UCCL", "LIBFABRIC", "MOONCAKE", "GPUNETIO", "SHM", "TCP"):
         assert n in names
-    assert "POSIX" not in names            # storage plugins are not served
+    assert "POSIX" in names                # files: kvlane's posix backend
+    assert "OBJ" not in names and "HF3FS" not in names    # not served
 
 
 def test_same_host_transfer_takes_shm_and_explicit_name_forces(uniq):
@@ -190,8 +191,8 @@ def test_ucx_params_refused(uniq):
             a.create_backend("UCX", {"num_threads": "many"})
         with pytest.raises(nixlInvalidParamError):
             a.create_backend("UXC")
-        with pytest.raises(nixlNotSupportedError, match="GDS"):
-            a.create_backend("GDS")
+        with pytest.raises(nixlNotSupportedError, match="OBJ"):
+            a.create_backend("OBJ")
         if "ucx" not in kn.transport_set():
             with pytest.raises(kvlane.InvalidArgument, match="not in this host's set"):
                 a.create_backend("UCX", {"ucx.tls": "tcp"})

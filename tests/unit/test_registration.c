@@ -4,6 +4,8 @@
  * backend's outcome, reference counts, all-or-nothing lists and the report
  * that tells what happened to each entry, deregistration guards.
  */
+#include <fcntl.h>
+#include <unistd.h>
 #include <errno.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -83,9 +85,17 @@ static void test_bad_input(void)
     p = (kvl_reg_params_t){.field_mask = KVL_REG_PARAM_POLICY, .policy = (kvl_reg_policy_t)5};
     KT_STATUS(kvl_mem_register(a, &d, 1, &p, NULL), KVL_ERR_INVALID_ARG);
     KT_ERROR_HAS("memory kind 0 or policy 5 is not valid");
+    /* FILE: the device is the file descriptor; a range with none is refused,
+     * and with no backend serving FILE the causes say which serve what */
     p = (kvl_reg_params_t){.field_mask = KVL_REG_PARAM_KIND, .kind = KVL_MEM_FILE};
-    KT_STATUS(kvl_mem_register(a, &d, 1, &p, NULL), KVL_ERR_UNSUPPORTED);
-    KT_ERROR_HAS("FILE memory needs the file backend");
+    KT_STATUS(kvl_mem_register(a, &d, 1, &p, NULL), KVL_ERR_INVALID_ARG);
+    KT_ERROR_HAS("which is not a file descriptor kvlane can hold");
+    int nullfd = open("/dev/null", O_RDONLY);
+    KT_CHECK(nullfd >= 0);
+    kvl_mem_desc_t fd0 = {0, 4096, nullfd};
+    KT_STATUS(kvl_mem_register(a, &fd0, 1, &p, NULL), KVL_ERR_NO_BACKEND);
+    KT_ERROR_HAS("no backend created on agent 'strict' serves FILE memory");
+    close(nullfd);
     /* a field whose bit is not set is not read */
     p = (kvl_reg_params_t){.field_mask = 0, .kind = KVL_MEM_FILE, .policy = (kvl_reg_policy_t)5};
     KT_OK(kvl_mem_register(a, &d, 1, &p, NULL));

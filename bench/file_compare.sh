@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# kvlane's posix backend side by side with fio (io_uring engine) in one run:
+# the same directory (one file system), block size, queue depth and O_DIRECT.
+#
+#   1. sequential DRAM -> file and file -> DRAM, 256 KiB .. 4 MiB blocks
+#      (fio --rw=write / --rw=read, --bs, --iodepth=QD; kvlane bench
+#      --backend posix --pattern contiguous)
+#   2. 16 KiB scattered KV blocks, 4096 per transfer (fio --rw=randwrite /
+#      randread at 16k; kvlane --pattern random --count 4096)
+#
+# Usage: bench/file_compare.sh [DIR] (default $TMPDIR or /tmp)
+#   env: KVL_BIN (kvlane CLI, default build/kvlane), QD (64), SIZE (256M per
+#   transfer / fio job), ITERS (3 transfers / fio loops per measurement),
+#   ROUNDS (3: fio and kvlane alternate, the median of each is printed),
+#   BUFFERED=1 for page-cache I/O on both.
+# Both lay their file out with data first (fio by writing it; kvlane bench
+# writes its file before measuring), so reads read written blocks.
+# Prints one table: each row kvlane GB/s, fio GB/s and the ratio.
+set -euo pipefail
+dir=${1:-${TMPDIR:-/tmp}}
+here=$(cd "$(dirname "$0")/.." && pwd)
+kvl=${KVL_BIN:-$here/build/kvlane}
+qd=${QD:-64}
+size=${SIZE:-256M}
+iters=${ITERS:-3}
+rounds=${ROUNDS:-3}
+direct=1; kdirect=()
+if [ "${BUFFERED:-0}" = 1 ]; then direct=0; kdirect=(--buffered); fi
+command -v fio >/dev/null || { echo "fio not found (apt-get install fio; scripts/deps.sh)"; exit 77; }
+[ -x "$kvl" ] || { echo "kvlane CLI not found at $kvl (build first, or set KVL_BIN)"; exit 2; }
+work=$(mktemp -d "$dir/kvl-fio-XXXXXX")
+trap 'rm -rf "$work"' EXIT
+
+# fio: GB/s (1e9 bytes) of one job on one file laid out first
+fio_gbps() { # rw bs size
+    local out
+    out=$(fio --name=kvl --filename="$work/fio.bin" --ioengine=io_uring --direct=$direct \
+        --rw="$1" --bs="$2" --iodepth="$qd" --size="$3" --loops="$iters" --numjobs=1 \
+        --norandommap --randrepeat=0 --invalidate=1 --output-format=json 2>/dev/null)
+    python3 -c 'import json,sys; j=json.load(sys.stdin)["jobs"][0]; \
+k="write" if j["write"]["io_bytes"] else "read"; print("%.3f" % (j[k]["bw_bytes"]/1e9))' <<<"$out"
+}
+
+# kvlane: GB/s column of its table for op
+kvl_gbps() { # op args...
+    local op=$1; shift
+    "$kvl" bench --backend posix --dir "$work" --op "$op" --queue-depth "$qd" --iters "$iters" \
+        "${kdirect[@]}" --quiet "$@" | awk -v op="$op" '$1 == op { print $6 }'
+}
+
+echo "file: $(df -T "$dir" | awk 'NR==2 {print $2" on "$1}'), $( [ $direct = 1 ] && echo O_DIRECT || echo page cache ), queue depth $qd, $(fio --version), kernel $(uname -r), $rounds interleaved rounds (median)"
+printf '%-28s %10s %10s %8s\n' "case" "kvlane" "fio" "ratio"
+median() { python3 -c 'import sys,statistics; print("%.3f" % statistics.median(map(float, sys.argv[1:])))' "$@"; }
+row() { printf '%-28s %10s %10s %8s\n' "$1" "$2" "$3" \
+          "$(python3 -c "print('%.2f' % ($2/$3) if $3 > 0 else 'n/a')")"; }
+# one case: fio and kvlane alternate, $rounds times each
+case_() { # label fio-rw fio-bs fio-size kvl-op kvl-args...
+    local label=$1 rw=$2 bs=$3 fsz=$4 op=$5; shift 5
+    local k=() f=()
+    for _ in $(seq "$rounds"); do
+        f+=("$(fio_gbps "$rw" "$bs" "$fsz")")
+        k+=("$(kvl_gbps "$op" "$@")")
+    done
+    row "$label" "$(median "${k[@]}")" "$(median "${f[@]}")"
+}
+for bs in 256K 1M 4M; do
+    case_ "write seq $bs" write "$bs" "$size" write --block-size "$bs" --size "$size"
+    case_ "read seq $bs" read "$bs" "$size" read --block-size "$bs" --size "$size"
+done
+# 4096 scattered 16 KiB blocks (64 MiB) per transfer, over a 128 MiB file
+case_ "write random 16K x4096" randwrite 16K 128M write --pattern random --block-size 16K --count 4096
+case_ "read random 16K x4096" randread 16K 128M read --pattern random --block-size 16K --count 4096

@@ -1,0 +1,150 @@
+/*
+ * kvlane posix backend: KV offload between host memory and files the
+ * application opened (FILE memory).
+ *
+ * Objects:
+ *   iface  - one per open(): the engine (io_uring ring driven by the shared
+ *            progress thread, or a pool of pread/pwrite threads when the
+ *            kernel refuses io_uring), the queue of posted transfers.
+ *   mh     - one per registered range: DRAM (a host range) or FILE (fd,
+ *            offset, how the fd was opened: O_DIRECT, access mode, the
+ *            alignment O_DIRECT needs, a path for messages).
+ *   op     - one read or write of one contiguous piece (<= 1 GiB).
+ *   xpriv  - per transfer (x->bk_priv), kept across postings: its ops, made
+ *            and checked at the first posting (alignment, access mode).
+ *
+ * Files are local: the remote side of a transfer is this agent's own FILE
+ * registrations (the core hands their handles as rmh); peers never reach
+ * them.
+ *
+ * Locking: iface->lock guards the queue and every xpriv's counters. The
+ * progress thread (io_uring) or the pool threads take ops under it and do
+ * the I/O outside it; xfer_done is called without it.
+ */
+#ifndef KVLI_POSIX_H
+#define KVLI_POSIX_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <kvlane/backend.h>
+#include "common/progress.h"
+#ifdef KVL_HAVE_LIBURING
+#include <liburing.h>
+#endif
+
+#define KVLI_POSIX_NAME "posix"
+#define KVLI_POSIX_OP_MAX (1u << 30)     /* bytes per read/write */
+#define KVLI_POSIX_QD_DEFAULT 64u
+#define KVLI_POSIX_THREADS_DEFAULT 8u
+#define KVLI_POSIX_STAGERS_DEFAULT 4u    /* VRAM staging threads, one buffer each */
+#define KVLI_POSIX_STAGE_CHUNK (4u << 20) /* bytes per staged piece */
+
+enum { KVLI_POSIX_URING = 1, KVLI_POSIX_POOL = 2 };
+
+typedef struct kvli_posix_mh {
+    kvl_mem_kind_t kind;
+    uint64_t addr, len;              /* FILE: the core's key */
+    int32_t dev;                     /* VRAM: the device ordinal */
+    int fd;                          /* FILE */
+    uint64_t off;                    /* FILE: file offset of addr */
+    bool direct, can_read, can_write;
+    uint32_t dio_mem, dio_off;       /* O_DIRECT: alignment of memory and of offset/len */
+    char path[256];                  /* for messages: /proc/self/fd/N resolved */
+} kvli_posix_mh_t;
+
+typedef struct kvli_posix_op {
+    int fd;
+    uint32_t len, done;              /* bytes; done: moved so far */
+    uint64_t off;                    /* file offset */
+    char *buf;                       /* staged: a device address */
+    bool staged;                     /* VRAM: through a pinned buffer (posix_stage.c) */
+    int32_t dev;
+    const kvli_posix_mh_t *fmh;      /* the file range, for messages */
+    struct kvli_posix_xpriv *xp;
+    struct kvli_posix_op *retry;     /* short transfer: resubmitted from done */
+} kvli_posix_op_t;
+
+typedef struct kvli_posix_xpriv {
+    kvl_bk_xfer_t *x;
+    kvli_posix_op_t *ops;
+    size_t nops;
+    /* per posting, under iface->lock */
+    size_t next, completed, inflight;
+    kvli_posix_op_t *retry;
+    bool queued, running, canceled, failed;
+    bool staged;                     /* local side VRAM: the staging threads move it */
+    kvl_status_t status;
+    kvl_error_t err;
+    struct kvli_posix_xpriv *qnext;
+} kvli_posix_xpriv_t;
+
+typedef struct kvli_posix_iface {
+    kvl_bk_ctx_t *ctx;
+    int engine;                      /* KVLI_POSIX_URING or _POOL */
+    char engine_why[384];            /* why the pool, when it is */
+    unsigned qd, nthreads;
+    bool sqpoll;
+    pthread_mutex_t lock;
+    pthread_cond_t cond;             /* pool: work; all: a transfer finished */
+    kvli_posix_xpriv_t *qhead, *qtail;
+    bool stop;
+#ifdef KVL_HAVE_LIBURING
+    struct io_uring ring;
+    bool ring_up;
+    unsigned ring_inflight;
+#endif
+    kvli_progress_t pg;
+    pthread_t *threads;
+    unsigned nstarted;
+    /* VRAM staging (posix_stage.c): started at the first staged posting */
+    pthread_mutex_t stage_lock;
+    unsigned nstagers;
+    size_t stage_chunk;
+    void **stage_bufs;
+    pthread_t *stagers;
+    unsigned nstage_started;
+    bool stage_up;
+    bool stage_quit;                 /* under lock: the stagers leave */
+    char gds_why[256];               /* why GPUDirect Storage is not used */
+} kvli_posix_iface_t;
+
+/* posix_engine.c */
+kvl_status_t kvli_posix_engine_open(kvli_posix_iface_t *iface, const char *want,
+                                    kvl_error_t *err);
+void kvli_posix_engine_close(kvli_posix_iface_t *iface);
+/* Queue a transfer (its counters reset) and wake the engine. */
+void kvli_posix_engine_queue(kvli_posix_iface_t *iface, kvli_posix_xpriv_t *xp);
+
+/* posix_xfer.c */
+kvl_status_t kvli_posix_xfer_post(void *bk, kvl_bk_xfer_t *x, kvl_error_t *err);
+void kvli_posix_xfer_cancel(void *bk, kvl_bk_xfer_t *x);
+void kvli_posix_xfer_release(void *bk, kvl_bk_xfer_t *x);
+/* One op finished with res (bytes moved, or -errno) under iface->lock;
+ * returns true when its transfer is now finished (caller calls
+ * kvli_posix_xfer_finish without the lock). */
+bool kvli_posix_op_done(kvli_posix_iface_t *iface, kvli_posix_op_t *op, long long res);
+/* Next op to run, under iface->lock, of a staged (VRAM) transfer or not;
+ * NULL when none. */
+kvli_posix_op_t *kvli_posix_op_next(kvli_posix_iface_t *iface, bool staged);
+/* Bytes moved by pread/pwrite from buf (all, or -errno; a READ returns
+ * fewer at the end of the file). */
+long long kvli_posix_rw(int fd, char *buf, size_t len, uint64_t off, int write);
+
+/* posix_stage.c */
+/* Register VRAM: can the core's staging service copy it? */
+kvl_status_t kvli_posix_stage_reg(kvli_posix_iface_t *iface, const kvl_region_info_t *r,
+                                  char *detail, size_t detail_len, kvl_error_t *err);
+/* Start the staging threads and their pinned buffers once. */
+kvl_status_t kvli_posix_stage_start(kvli_posix_iface_t *iface, kvl_error_t *err);
+void kvli_posix_stage_stop(kvli_posix_iface_t *iface);
+/* Why GPUDirect Storage is not used (libcufile looked for), into iface->gds_why. */
+void kvli_posix_gds_probe(kvli_posix_iface_t *iface);
+/* Called without the lock for a finished transfer: xfer_done, then marks
+ * it not running (a cancel or release waits for that). */
+void kvli_posix_xfer_finish(kvli_posix_iface_t *iface, kvli_posix_xpriv_t *xp);
+/* Under the lock: true when xp has nothing in flight and nothing left to
+ * start (done, failed or canceled); removes it from the queue. */
+bool kvli_posix_xfer_check_end(kvli_posix_iface_t *iface, kvli_posix_xpriv_t *xp);
+
+#endif

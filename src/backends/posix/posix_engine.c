@@ -1,0 +1,283 @@
+/*
+ * posix backend: the engine that runs file operations.
+ *
+ * io_uring (the default): one ring per backend, driven by the shared
+ * progress thread (common/progress.c): each turn submits as many queued ops
+ * as the queue depth allows and waits on the ring's descriptor, which polls
+ * readable when completions are there.
+ *
+ * Thread pool (when the kernel refuses io_uring: io_uring_disabled sysctl,
+ * a seccomp profile, an old kernel; or engine=threads): threads that take
+ * ops from the queue and run pread/pwrite. Same counting, same completion.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <unistd.h>
+#include "posix.h"
+
+void kvli_posix_engine_queue(kvli_posix_iface_t *iface, kvli_posix_xpriv_t *xp)
+{
+    pthread_mutex_lock(&iface->lock);
+    xp->next = xp->completed = xp->inflight = 0;
+    xp->retry = NULL;
+    for (size_t i = 0; i < xp->nops; i++)
+        xp->ops[i].done = 0, xp->ops[i].retry = NULL;
+    xp->canceled = xp->failed = false;
+    xp->status = KVL_OK;
+    xp->queued = xp->running = true;
+    xp->qnext = NULL;
+    if (iface->qtail)
+        iface->qtail->qnext = xp;
+    else
+        iface->qhead = xp;
+    iface->qtail = xp;
+    bool empty = xp->nops == 0 && kvli_posix_xfer_check_end(iface, xp);
+    if (iface->engine == KVLI_POSIX_POOL || xp->staged)
+        pthread_cond_broadcast(&iface->cond);
+    pthread_mutex_unlock(&iface->lock);
+    if (empty)
+        kvli_posix_xfer_finish(iface, xp);
+    else if (iface->engine == KVLI_POSIX_URING && !xp->staged)
+        kvli_progress_wake(&iface->pg);
+}
+
+/* ---- thread pool ---- */
+
+static void *kvli_posix_pool_main(void *arg)
+{
+    kvli_posix_iface_t *iface = arg;
+    pthread_mutex_lock(&iface->lock);
+    while (!iface->stop) {
+        kvli_posix_op_t *op = kvli_posix_op_next(iface, false);
+        if (op == NULL) {
+            pthread_cond_wait(&iface->cond, &iface->lock);
+            continue;
+        }
+        int write = op->xp->x->op == KVL_WRITE;
+        pthread_mutex_unlock(&iface->lock);
+        ssize_t r;
+        do {
+            r = write ? pwrite(op->fd, op->buf + op->done, op->len - op->done,
+                               (off_t)(op->off + op->done))
+                      : pread(op->fd, op->buf + op->done, op->len - op->done,
+                              (off_t)(op->off + op->done));
+        } while (r < 0 && errno == EINTR);
+        long long res = r < 0 ? -(long long)errno : (long long)r;
+        pthread_mutex_lock(&iface->lock);
+        kvli_posix_xpriv_t *xp = op->xp;
+        if (kvli_posix_op_done(iface, op, res)) {
+            pthread_mutex_unlock(&iface->lock);
+            kvli_posix_xfer_finish(iface, xp);
+            pthread_mutex_lock(&iface->lock);
+        } else if (xp->retry != NULL) {
+            pthread_cond_signal(&iface->cond);
+        }
+    }
+    pthread_mutex_unlock(&iface->lock);
+    return NULL;
+}
+
+static kvl_status_t kvli_posix_pool_open(kvli_posix_iface_t *iface, kvl_error_t *err)
+{
+    iface->threads = calloc(iface->nthreads, sizeof(*iface->threads));
+    if (iface->threads == NULL) {
+        kvl_bk_error_set(err, KVL_ERR_NO_MEMORY, ENOMEM, KVLI_POSIX_NAME, -1,
+                         "out of memory for %u I/O threads", iface->nthreads);
+        return KVL_ERR_NO_MEMORY;
+    }
+    for (unsigned i = 0; i < iface->nthreads; i++) {
+        int e = pthread_create(&iface->threads[i], NULL, kvli_posix_pool_main, iface);
+        if (e != 0) {
+            kvl_bk_error_set(err, KVL_ERR_SYSTEM, e, KVLI_POSIX_NAME, -1,
+                             "pthread_create of I/O thread %u failed: %s", i, strerror(e));
+            kvl_bk_error_hint(err, "the process may be at its thread limit (ulimit -u)");
+            return KVL_ERR_SYSTEM;
+        }
+        iface->nstarted++;
+    }
+    return KVL_OK;
+}
+
+/* ---- io_uring ---- */
+
+#ifdef KVL_HAVE_LIBURING
+static int64_t kvli_posix_uring_prepare(void *arg, kvli_pollset_t *ps)
+{
+    kvli_posix_iface_t *iface = arg;
+    unsigned queued = 0;
+    (void)ps; /* the ring is waited on in the kernel, the wake fd in ppoll */
+    pthread_mutex_lock(&iface->lock);
+    while (iface->ring_inflight < iface->qd && io_uring_sq_space_left(&iface->ring) > 0) {
+        kvli_posix_op_t *op = kvli_posix_op_next(iface, false);
+        if (op == NULL)
+            break;
+        struct io_uring_sqe *sqe = io_uring_get_sqe(&iface->ring); /* room checked */
+        if (op->xp->x->op == KVL_WRITE)
+            io_uring_prep_write(sqe, op->fd, op->buf + op->done, op->len - op->done,
+                                op->off + op->done);
+        else
+            io_uring_prep_read(sqe, op->fd, op->buf + op->done, op->len - op->done,
+                               op->off + op->done);
+        io_uring_sqe_set_data(sqe, op);
+        iface->ring_inflight++;
+        queued++;
+    }
+    pthread_mutex_unlock(&iface->lock);
+    if (iface->ring_inflight > 0 && io_uring_cq_ready(&iface->ring) == 0) {
+        /* Operations in flight: submit and wait for a completion in the
+         * kernel (one io_uring_enter), as fio does, instead of a ppoll
+         * wake-up per completion. New postings wait at most for the next
+         * completion; the wake fd is needed only when nothing is in flight. */
+        int r;
+        do {
+            r = io_uring_submit_and_wait(&iface->ring, 1);
+        } while (r == -EINTR);
+        if (r < 0) {
+            iface->ctx->log(iface->ctx, KVL_LOG_ERROR, "io_uring_submit failed: %s",
+                            strerror(-r));
+            return KVLI_PROGRESS_BACKOFF;
+        }
+    } else if (queued > 0) {
+        int r;
+        do {
+            r = io_uring_submit(&iface->ring);
+        } while (r == -EINTR);
+        if (r < 0) {
+            iface->ctx->log(iface->ctx, KVL_LOG_ERROR, "io_uring_submit failed: %s",
+                            strerror(-r));
+            return KVLI_PROGRESS_BACKOFF;
+        }
+    }
+    if (io_uring_cq_ready(&iface->ring) > 0)
+        return 0; /* no wait: straight to dispatch, which reaps them */
+    return KVLI_PROGRESS_FOREVER; /* nothing in flight: the wake fd only */
+}
+
+static void kvli_posix_uring_dispatch(void *arg, kvli_pollset_t *ps)
+{
+    kvli_posix_iface_t *iface = arg;
+    (void)ps;
+    for (;;) {
+        struct io_uring_cqe *cqes[64];
+        unsigned n = io_uring_peek_batch_cqe(&iface->ring, cqes, 64);
+        if (n == 0)
+            return;
+        kvli_posix_xpriv_t *ended[64];
+        unsigned nend = 0;
+        pthread_mutex_lock(&iface->lock);
+        for (unsigned i = 0; i < n; i++) {
+            kvli_posix_op_t *op = io_uring_cqe_get_data(cqes[i]);
+            long long res = cqes[i]->res;
+            iface->ring_inflight--;
+            if (kvli_posix_op_done(iface, op, res))
+                ended[nend++] = op->xp;
+        }
+        io_uring_cq_advance(&iface->ring, n);
+        pthread_mutex_unlock(&iface->lock);
+        for (unsigned i = 0; i < nend; i++)
+            kvli_posix_xfer_finish(iface, ended[i]);
+    }
+}
+
+static const kvli_progress_ops_t kvli_posix_uring_ops = {
+    .prepare = kvli_posix_uring_prepare,
+    .dispatch = kvli_posix_uring_dispatch,
+};
+
+static kvl_status_t kvli_posix_uring_open(kvli_posix_iface_t *iface, kvl_error_t *err)
+{
+    struct io_uring_params p;
+    memset(&p, 0, sizeof(p));
+#ifdef IORING_SETUP_COOP_TASKRUN
+    /* completions are reaped by the thread that waits for them: no
+     * interrupt of it per completion (Linux 5.19+; refused before) */
+    p.flags = IORING_SETUP_COOP_TASKRUN;
+#endif
+    int r = io_uring_queue_init_params(iface->qd < 8 ? 8 : iface->qd, &iface->ring, &p);
+    if (r == -EINVAL && p.flags != 0) {
+        memset(&p, 0, sizeof(p));
+        r = io_uring_queue_init_params(iface->qd < 8 ? 8 : iface->qd, &iface->ring, &p);
+    }
+    if (r < 0) {
+        const char *why = r == -ENOSYS ? "the kernel has no io_uring (ENOSYS)"
+                        : r == -EPERM ? "io_uring is disabled for this process (EPERM: the "
+                                        "kernel.io_uring_disabled sysctl, or a seccomp profile "
+                                        "such as a container runtime's default)"
+                        : r == -ENOMEM ? "the kernel could not allocate the ring (ENOMEM: "
+                                         "RLIMIT_MEMLOCK too low on kernels before 5.12)"
+                                       : "io_uring_queue_init failed";
+        kvl_bk_error_set(err, KVL_ERR_UNSUPPORTED, -r, KVLI_POSIX_NAME, -1, "%s: %s", why,
+                         strerror(-r));
+        kvl_bk_error_hint(err, "kvlane falls back to pread/pwrite threads; to use io_uring, "
+                               "allow io_uring_setup/io_uring_enter in the seccomp profile or set "
+                               "kernel.io_uring_disabled=0");
+        return KVL_ERR_UNSUPPORTED;
+    }
+    iface->ring_up = true;
+    kvl_status_t st = kvli_progress_open(&iface->pg, err);
+    if (st == KVL_OK)
+        st = kvli_progress_start(&iface->pg, &kvli_posix_uring_ops, iface, err);
+    return st;
+}
+#endif
+
+kvl_status_t kvli_posix_engine_open(kvli_posix_iface_t *iface, const char *want,
+                                    kvl_error_t *err)
+{
+    kvli_progress_init(&iface->pg, iface->ctx, KVLI_POSIX_NAME);
+    if (strcasecmp(want, "threads") != 0) {
+#ifdef KVL_HAVE_LIBURING
+        kvl_error_t uerr;
+        memset(&uerr, 0, offsetof(kvl_error_t, causes));
+        kvl_status_t st = kvli_posix_uring_open(iface, &uerr);
+        if (st == KVL_OK) {
+            iface->engine = KVLI_POSIX_URING;
+            return KVL_OK;
+        }
+        if (iface->ring_up) { /* the progress thread failed: not io_uring's fault */
+            memcpy(err, &uerr, offsetof(kvl_error_t, causes));
+            return st;
+        }
+        snprintf(iface->engine_why, sizeof(iface->engine_why), "%.380s", uerr.what);
+#else
+        snprintf(iface->engine_why, sizeof(iface->engine_why),
+                 "this kvlane was built without liburing (install liburing-dev and rebuild)");
+#endif
+        if (strcasecmp(want, "io_uring") == 0) {
+            kvl_bk_error_set(err, KVL_ERR_UNSUPPORTED, 0, KVLI_POSIX_NAME, -1,
+                             "engine=io_uring was asked for, but %s", iface->engine_why);
+            kvl_bk_error_hint(err, "use engine=auto (falls back to threads) or enable io_uring");
+            return KVL_ERR_UNSUPPORTED;
+        }
+        iface->ctx->log(iface->ctx, KVL_LOG_WARN, "io_uring unavailable, using %u pread/pwrite "
+                        "threads: %s", iface->nthreads, iface->engine_why);
+    } else {
+        snprintf(iface->engine_why, sizeof(iface->engine_why), "engine=threads was asked for");
+    }
+    iface->engine = KVLI_POSIX_POOL;
+    return kvli_posix_pool_open(iface, err);
+}
+
+void kvli_posix_engine_close(kvli_posix_iface_t *iface)
+{
+    pthread_mutex_lock(&iface->lock);
+    iface->stop = true;
+    pthread_cond_broadcast(&iface->cond);
+    pthread_mutex_unlock(&iface->lock);
+    for (unsigned i = 0; i < iface->nstarted; i++)
+        pthread_join(iface->threads[i], NULL);
+    kvli_posix_stage_stop(iface);
+    free(iface->threads);
+    iface->threads = NULL;
+    iface->nstarted = 0;
+    kvli_progress_stop(&iface->pg);
+    kvli_progress_close(&iface->pg);
+#ifdef KVL_HAVE_LIBURING
+    if (iface->ring_up)
+        io_uring_queue_exit(&iface->ring);
+    iface->ring_up = false;
+#endif
+}

@@ -1,0 +1,370 @@
+/*
+ * kvlane bench --backend posix: DRAM to a file and back through the posix
+ * backend (FILE memory), as an engine offloading KV cache does. One agent,
+ * one file in --dir (made, laid out once, removed at the end); per block
+ * size, --iters transfers of --size bytes each way; the median bandwidth.
+ *
+ *   contiguous  the file is written / read from offset 0 in block order
+ *               (memory blocks in reverse order, so that each block is one
+ *               I/O of the block size: adjacent blocks would coalesce)
+ *   random      --count blocks at shuffled, non-adjacent offsets of the file
+ *               (scattered KV blocks), a new order per block size
+ *
+ * bench/file_compare.sh runs it side by side with fio on the same file, block
+ * size and queue depth.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/mman.h>
+#include <unistd.h>
+#include <kvlane/kvlane.h>
+#include "cli.h"
+
+typedef struct {
+    const char *dir, *engine, *csv;
+    const char *pattern;
+    uint64_t sizes[16];
+    int nsizes;
+    uint64_t total, count, qd;
+    unsigned iters;
+    int direct, do_write, do_read, quiet;
+    int vram, dev;
+} kvl_fbench_t;
+
+static double kvl_fbench_run(kvl_agent_t *a, kvl_xfer_op_t op, kvl_dlist_t *l, kvl_dlist_t *r,
+                             unsigned iters, char *path, size_t path_len)
+{
+    kvl_xfer_t *x;
+    if (kvl_xfer_create(a, op, l, kvl_agent_name(a), r, NULL, &x) != KVL_OK) {
+        kvl_cli_print_error("kvl_xfer_create");
+        return -1;
+    }
+    double *v = calloc(iters + 1, sizeof(double));
+    uint64_t bytes = kvl_dlist_bytes(l);
+    for (unsigned i = 0; v != NULL && i <= iters; i++) { /* i == 0: warm-up */
+        double t0 = kvl_cli_now();
+        kvl_status_t st = kvl_xfer_post(x);
+        if ((st != KVL_OK && st != KVL_IN_PROGRESS) || kvl_xfer_wait(x, 600000) != KVL_OK) {
+            kvl_cli_print_error(op == KVL_WRITE ? "WRITE" : "READ");
+            free(v);
+            kvl_xfer_release(x);
+            return -1;
+        }
+        if (i > 0)
+            v[i - 1] = (double)bytes / (kvl_cli_now() - t0) / 1e9;
+    }
+    kvl_xfer_stats_t s;
+    if (kvl_xfer_get_stats(x, &s) == KVL_OK)
+        snprintf(path, path_len, "%s", s.path);
+    kvl_xfer_release(x);
+    if (v == NULL)
+        return -1;
+    qsort(v, iters, sizeof(double), kvl_cli_cmp_double);
+    double med = v[iters / 2];
+    free(v);
+    return med;
+}
+
+static void kvl_fbench_usage(FILE *f)
+{
+    fprintf(f,
+            "usage: kvlane bench --backend posix [options]\n"
+            "  --dir DIR          where the test file goes (default $TMPDIR or /tmp)\n"
+            "  --block-size LIST  block sizes, e.g. 256K,1M,4M (default 256K,1M,4M)\n"
+            "  --size BYTES       bytes per transfer, contiguous pattern (default 256M)\n"
+            "  --pattern P        contiguous (default) or random (scattered blocks)\n"
+            "  --count N          blocks per transfer, random pattern (default 4096)\n"
+            "  --op OP            write, read or both (default both)\n"
+            "  --queue-depth N    operations in flight (default 64)\n"
+            "  --engine E         auto (default), io_uring or threads\n"
+            "  --buffered         page cache I/O (default: O_DIRECT)\n"
+            "  --mem KIND         DRAM (default) or VRAM (staged through pinned buffers)\n"
+            "  --device N         the GPU for VRAM (default 0)\n"
+            "  --iters N          measured transfers per row (default 5; median reported)\n"
+            "  --csv FILE         also write the rows as CSV\n"
+            "  --quiet            rows only\n");
+}
+
+int kvl_cli_bench_file(int argc, char **argv);
+int kvl_cli_bench_file(int argc, char **argv)
+{
+    kvl_fbench_t c = {.engine = "auto", .pattern = "contiguous", .total = 256ull << 20,
+                      .count = 4096, .qd = 64, .iters = 5, .direct = 1, .do_write = 1,
+                      .do_read = 1};
+    static const struct option opts[] = {
+        {"backend", 1, 0, 'b'}, {"dir", 1, 0, 'd'}, {"block-size", 1, 0, 's'},
+        {"size", 1, 0, 'S'}, {"pattern", 1, 0, 'p'}, {"count", 1, 0, 'n'}, {"op", 1, 0, 'o'},
+        {"queue-depth", 1, 0, 'Q'}, {"engine", 1, 0, 'e'}, {"buffered", 0, 0, 'u'},
+        {"iters", 1, 0, 'i'}, {"csv", 1, 0, 'c'}, {"quiet", 0, 0, 'q'}, {"help", 0, 0, 'h'},
+        {"mem", 1, 0, 'm'}, {"device", 1, 0, 'D'},
+        {0, 0, 0, 0}};
+    int o, li = 0;
+    optind = 1;
+    while ((o = getopt_long(argc, argv, "h", opts, &li)) != -1) {
+        uint64_t v = 0;
+        if (strchr("SnQi", o) && (kvl_cli_parse_size(optarg, &v) != 0 || v == 0)) {
+            fprintf(stderr, "kvlane bench: bad value '%s' for --%s\n", optarg, opts[li].name);
+            return 2;
+        }
+        switch (o) {
+        case 'b':
+            if (strcmp(optarg, "posix") != 0) {
+                fprintf(stderr, "kvlane bench: the file bench runs the posix backend only\n");
+                return 2;
+            }
+            break;
+        case 'd': c.dir = optarg; break;
+        case 's': {
+            char buf[256], *save = NULL;
+            snprintf(buf, sizeof(buf), "%s", optarg);
+            c.nsizes = 0;
+            for (char *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+                if (c.nsizes == 16 || kvl_cli_parse_size(t, &c.sizes[c.nsizes]) != 0 ||
+                    c.sizes[c.nsizes] == 0) {
+                    fprintf(stderr, "kvlane bench: bad --block-size '%s'\n", optarg);
+                    return 2;
+                }
+                c.nsizes++;
+            }
+            break;
+        }
+        case 'S': c.total = v; break;
+        case 'p':
+            if (strcmp(optarg, "contiguous") != 0 && strcmp(optarg, "random") != 0) {
+                fprintf(stderr, "kvlane bench: --pattern for posix is contiguous or random\n");
+                return 2;
+            }
+            c.pattern = optarg;
+            break;
+        case 'n': c.count = v; break;
+        case 'o':
+            c.do_write = strcmp(optarg, "read") != 0;
+            c.do_read = strcmp(optarg, "write") != 0;
+            if (strcmp(optarg, "read") && strcmp(optarg, "write") && strcmp(optarg, "both")) {
+                fprintf(stderr, "kvlane bench: --op is write, read or both\n");
+                return 2;
+            }
+            break;
+        case 'Q': c.qd = v; break;
+        case 'e': c.engine = optarg; break;
+        case 'u': c.direct = 0; break;
+        case 'i': c.iters = (unsigned)v; break;
+        case 'c': c.csv = optarg; break;
+        case 'q': c.quiet = 1; break;
+        case 'm':
+            if (strcasecmp(optarg, "VRAM") != 0 && strcasecmp(optarg, "DRAM") != 0) {
+                fprintf(stderr, "kvlane bench: --mem for posix is DRAM or VRAM\n");
+                return 2;
+            }
+            c.vram = strcasecmp(optarg, "VRAM") == 0;
+            break;
+        case 'D': c.dev = atoi(optarg); break;
+        case 'h': kvl_fbench_usage(stdout); return 0;
+        default: kvl_fbench_usage(stderr); return 2;
+        }
+    }
+    int random = strcmp(c.pattern, "random") == 0;
+    if (c.nsizes == 0) {
+        if (random) {
+            c.sizes[0] = 16 << 10;
+            c.nsizes = 1;
+        } else {
+            c.sizes[0] = 256 << 10, c.sizes[1] = 1 << 20, c.sizes[2] = 4 << 20;
+            c.nsizes = 3;
+        }
+    }
+    const char *t = getenv("TMPDIR");
+    if (c.dir == NULL)
+        c.dir = t && t[0] ? t : "/tmp";
+    /* the largest buffer and file the rows need */
+    uint64_t need = 0;
+    for (int i = 0; i < c.nsizes; i++) {
+        uint64_t n = random ? c.count * c.sizes[i] : c.total;
+        if (n > need)
+            need = n;
+    }
+    char path[4200];
+    snprintf(path, sizeof(path), "%s/kvlane-bench-XXXXXX", c.dir);
+    int fd0 = mkstemp(path);
+    if (fd0 < 0) {
+        fprintf(stderr, "kvlane bench: cannot create a file in %s: %s\n", c.dir, strerror(errno));
+        return 2;
+    }
+    uint64_t fsize = random ? 2 * need : need; /* random: holes between the blocks */
+    if (posix_fallocate(fd0, 0, (off_t)fsize) != 0 && ftruncate(fd0, (off_t)fsize) != 0) {
+        fprintf(stderr, "kvlane bench: cannot size %s to %llu bytes: %s\n", path,
+                (unsigned long long)fsize, strerror(errno));
+        close(fd0);
+        unlink(path);
+        return 2;
+    }
+    /* Lay the file out with data, as fio does: reads then read written
+     * blocks (not unwritten extents, which cost nothing) and writes
+     * overwrite. */
+    {
+        size_t lay = 4u << 20;
+        char *z = malloc(lay);
+        if (z == NULL) {
+            close(fd0);
+            unlink(path);
+            return 2;
+        }
+        memset(z, 0xa5, lay);
+        for (uint64_t at = 0; at < fsize; at += lay) {
+            size_t k = fsize - at < lay ? (size_t)(fsize - at) : lay;
+            if (pwrite(fd0, z, k, (off_t)at) != (ssize_t)k) {
+                fprintf(stderr, "kvlane bench: cannot size %s to %llu bytes: %s\n", path,
+                        (unsigned long long)fsize, strerror(errno));
+                free(z);
+                close(fd0);
+                unlink(path);
+                return 2;
+            }
+        }
+        free(z);
+        fsync(fd0);
+        /* and out of the page cache (as fio lays out with O_DIRECT): cached
+         * pages would make every O_DIRECT write invalidate them */
+        posix_fadvise(fd0, 0, (off_t)fsize, POSIX_FADV_DONTNEED);
+    }
+    int fd = c.direct ? open(path, O_RDWR | O_DIRECT) : fd0;
+    if (fd < 0) {
+        fprintf(stderr, "kvlane bench: %s refuses O_DIRECT (%s); use --buffered\n", c.dir,
+                strerror(errno));
+        close(fd0);
+        unlink(path);
+        return 2;
+    }
+    unsigned char *buf = NULL;
+    if (c.vram) {
+        uint64_t gp = 0;
+        char why[512];
+        if (kvl_cli_gpu_alloc(c.dev, need, &gp, why, sizeof(why)) != 0) {
+            fprintf(stderr, "kvlane bench: --mem VRAM: %s\n", why);
+            if (fd != fd0)
+                close(fd);
+            close(fd0);
+            unlink(path);
+            return 2;
+        }
+        buf = (unsigned char *)(uintptr_t)gp;
+    } else {
+        buf = mmap(NULL, need, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (buf == MAP_FAILED) {
+            fprintf(stderr, "kvlane bench: mmap(%llu) failed: %s\n", (unsigned long long)need,
+                    strerror(errno));
+            close(fd0);
+            unlink(path);
+            return 2;
+        }
+        memset(buf, 0x5a, need);
+        /* engines' host KV pools are pinned memory: lock it so that the
+         * host's proactive reclaim does not page it out between transfers
+         * (best effort: RLIMIT_MEMLOCK may refuse) */
+        if (mlock(buf, need) != 0 && !c.quiet)
+            printf("(the buffer is not locked: mlock: %s)\n", strerror(errno));
+    }
+    kvl_agent_t *a = NULL;
+    kvl_agent_config_t cfg = {.field_mask = KVL_AGENT_CFG_BACKENDS, .create_backends = ""};
+    char qd[32];
+    snprintf(qd, sizeof(qd), "%llu", (unsigned long long)c.qd);
+    kvl_param_t prm[] = {{"engine", c.engine}, {"queue_depth", qd}, {NULL, NULL}};
+    int rc = 2;
+    FILE *csv = NULL;
+    if (kvl_agent_create("bench-file", &cfg, &a) != KVL_OK ||
+        kvl_backend_create(a, "posix", prm, 2, NULL) != KVL_OK) {
+        kvl_cli_print_error("posix backend");
+        goto out;
+    }
+    kvl_mem_desc_t dm = {(uint64_t)(uintptr_t)buf, need, c.vram ? c.dev : KVL_DEV_ANY},
+                   df = {0, fsize, fd};
+    kvl_reg_params_t pd = {.field_mask = KVL_REG_PARAM_KIND,
+                           .kind = c.vram ? KVL_MEM_VRAM : KVL_MEM_DRAM};
+    kvl_reg_params_t pf = {.field_mask = KVL_REG_PARAM_KIND, .kind = KVL_MEM_FILE};
+    if (kvl_mem_register(a, &dm, 1, &pd, NULL) != KVL_OK ||
+        kvl_mem_register(a, &df, 1, &pf, NULL) != KVL_OK) {
+        kvl_cli_print_error("kvl_mem_register");
+        goto out;
+    }
+    if (c.csv && (csv = fopen(c.csv, "w")) != NULL)
+        fprintf(csv, "op,pattern,block,blocks,bytes,gbps,path\n");
+    if (!c.quiet)
+        printf("posix bench: %s %s, %s, queue depth %llu, file %s\n", c.vram ? "VRAM" : "DRAM",
+               c.pattern, c.direct ? "O_DIRECT" : "page cache", (unsigned long long)c.qd, path);
+    printf("%-6s %-10s %10s %8s %12s %9s  %s\n", "op", "pattern", "block", "blocks", "bytes",
+           "GB/s", "path");
+    srand(12345);
+    for (int si = 0; si < c.nsizes; si++) {
+        uint64_t bs = c.sizes[si];
+        uint64_t n = random ? c.count : c.total / bs;
+        if (n == 0)
+            continue;
+        uint64_t *perm = malloc(n * sizeof(*perm));
+        kvl_dlist_t *l = NULL, *r = NULL;
+        if (perm == NULL || kvl_dlist_create(c.vram ? KVL_MEM_VRAM : KVL_MEM_DRAM, n, &l) != KVL_OK ||
+            kvl_dlist_create(KVL_MEM_FILE, n, &r) != KVL_OK) {
+            free(perm);
+            kvl_dlist_destroy(l);
+            goto out;
+        }
+        for (uint64_t i = 0; i < n; i++)
+            perm[i] = i;
+        if (random)
+            for (uint64_t i = n - 1; i > 0; i--) {
+                uint64_t j = ((uint64_t)rand() << 16 ^ (uint64_t)rand()) % (i + 1);
+                uint64_t tmp = perm[i];
+                perm[i] = perm[j];
+                perm[j] = tmp;
+            }
+        for (uint64_t i = 0; i < n; i++) {
+            /* memory blocks in reverse order: no two neighbours are adjacent on
+             * both sides, so every block is one I/O of the block size (the core
+             * would merge adjacent ones into one large I/O) */
+            kvl_dlist_add(l, (uint64_t)(uintptr_t)(buf + (n - 1 - i) * bs), bs,
+                          c.vram ? c.dev : KVL_DEV_ANY);
+            kvl_dlist_add(r, random ? perm[i] * 2 * bs : i * bs, bs, fd);
+        }
+        free(perm);
+        for (int w = 0; w < 2; w++) {
+            if ((w == 0 && !c.do_write) || (w == 1 && !c.do_read))
+                continue;
+            char xpath[64] = "";
+            kvl_xfer_op_t op = w == 0 ? KVL_WRITE : KVL_READ;
+            double g = kvl_fbench_run(a, op, l, r, c.iters, xpath, sizeof(xpath));
+            if (g < 0) {
+                kvl_dlist_destroy(l);
+                kvl_dlist_destroy(r);
+                goto out;
+            }
+            printf("%-6s %-10s %10llu %8llu %12llu %9.3f  %s\n", w == 0 ? "write" : "read",
+                   c.pattern, (unsigned long long)bs, (unsigned long long)n,
+                   (unsigned long long)(n * bs), g, xpath);
+            if (csv)
+                fprintf(csv, "%s,%s,%llu,%llu,%llu,%.4f,%s\n", w == 0 ? "write" : "read",
+                        c.pattern, (unsigned long long)bs, (unsigned long long)n,
+                        (unsigned long long)(n * bs), g, xpath);
+        }
+        kvl_dlist_destroy(l);
+        kvl_dlist_destroy(r);
+    }
+    rc = 0;
+out:
+    if (csv)
+        fclose(csv);
+    kvl_agent_destroy(a);
+    if (c.vram)
+        kvl_cli_gpu_free(c.dev, (uint64_t)(uintptr_t)buf);
+    else
+        munmap(buf, need);
+    if (fd != fd0)
+        close(fd);
+    close(fd0);
+    unlink(path);
+    return rc;
+}

@@ -1,0 +1,145 @@
+/*
+ * posix backend, GPU memory to and from files, staged through pinned host
+ * buffers (GPU machine; skips with the reason elsewhere): VRAM -> file ->
+ * VRAM with every byte checked, scattered blocks in shuffled file order,
+ * pieces larger than the staging chunk, O_DIRECT when the file system takes
+ * it, a short file, and the registration report naming the staged path and
+ * why GPUDirect Storage is not used.
+ * KVL_TEST_LABELS: gpu
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include "common/kvltest.h"
+#include "gpu/kvl_cuda_test.h"
+
+static kt_cuda_t cu;
+static char dir[256];
+
+static kvl_status_t move(kvl_agent_t *a, kvl_xfer_op_t op, kt_cu_ptr d, const uint64_t *doff,
+                         const uint64_t *foff, size_t n, uint64_t len, int fd)
+{
+    kvl_dlist_t *l, *r;
+    kvl_xfer_t *x;
+    KT_OK(kvl_dlist_create(KVL_MEM_VRAM, n, &l));
+    KT_OK(kvl_dlist_create(KVL_MEM_FILE, n, &r));
+    for (size_t i = 0; i < n; i++) {
+        KT_OK(kvl_dlist_add(l, d + doff[i], len, 0));
+        KT_OK(kvl_dlist_add(r, foff[i], len, fd));
+    }
+    kvl_status_t st = kvl_xfer_create(a, op, l, kvl_agent_name(a), r, NULL, &x);
+    if (st == KVL_OK) {
+        st = kvl_xfer_post(x);
+        if (st == KVL_OK || st == KVL_IN_PROGRESS)
+            st = kvl_xfer_wait(x, 120000);
+        kvl_xfer_stats_t s;
+        if (kvl_xfer_get_stats(x, &s) == KVL_OK && st == KVL_OK)
+            printf("  %s %zu x %llu bytes: path %s\n", op == KVL_WRITE ? "WRITE" : "READ", n,
+                   (unsigned long long)len, s.path);
+        kvl_xfer_release(x);
+    }
+    kvl_dlist_destroy(l);
+    kvl_dlist_destroy(r);
+    return st;
+}
+
+static void run(int direct)
+{
+    enum { LEN = 48 << 20 };
+    char p[512];
+    snprintf(p, sizeof(p), "%s/vram-%d.bin", dir, direct);
+    int fd = open(p, O_RDWR | O_CREAT | O_TRUNC | (direct ? O_DIRECT : 0), 0644);
+    if (fd < 0 && direct) {
+        printf("O_DIRECT part skipped: %s refuses O_DIRECT (%s)\n", dir, strerror(errno));
+        return;
+    }
+    KT_CHECK(fd >= 0);
+    kvl_agent_t *a;
+    kvl_agent_config_t cfg = {.field_mask = KVL_AGENT_CFG_BACKENDS, .create_backends = ""};
+    KT_OK(kvl_agent_create(direct ? "posix-vram-d" : "posix-vram", &cfg, &a));
+    kvl_param_t prm[] = {{"stage_chunk_kib", "1024"}, {NULL, NULL}};
+    KT_OK(kvl_backend_create(a, "posix", prm, 1, NULL));
+    kt_cu_ptr d;
+    KT_CHECK(cu.MemAlloc(&d, LEN) == 0);
+    kt_cuda_fill(&cu, d, LEN, 11);
+    kvl_mem_desc_t dv = {d, LEN, 0}, df = {0, 2ull * LEN, fd};
+    kvl_reg_params_t pv = {.field_mask = KVL_REG_PARAM_KIND, .kind = KVL_MEM_VRAM};
+    kvl_reg_params_t pf = {.field_mask = KVL_REG_PARAM_KIND, .kind = KVL_MEM_FILE};
+    kvl_reg_report_t *rep = NULL;
+    KT_OK(kvl_mem_register(a, &dv, 1, &pv, &rep));
+    char text[8192];
+    kvl_reg_report_render(rep, text, sizeof(text));
+    printf("%s", text);
+    KT_CHECK(strstr(text, "staged through pinned host buffers") != NULL);
+    KT_CHECK(strstr(text, "GPUDirect Storage not used") != NULL);
+    kvl_reg_report_free(rep);
+    KT_OK(kvl_mem_register(a, &df, 1, &pf, NULL));
+
+    /* 1. one 48 MiB block (48 staged pieces of 1 MiB) out and back */
+    uint64_t z = 0;
+    KT_OK(move(a, KVL_WRITE, d, &z, &z, 1, LEN, fd));
+    unsigned char *h = malloc(LEN), *want = malloc(LEN);
+    KT_CHECK(h && want);
+    kt_fill(want, LEN, 11);
+    int rfd = open(p, O_RDONLY);
+    KT_CHECK(rfd >= 0 && pread(rfd, h, LEN, 0) == LEN && memcmp(h, want, LEN) == 0);
+    KT_CHECK(cu.MemsetD8(d, 0, LEN) == 0);
+    KT_OK(move(a, KVL_READ, d, &z, &z, 1, LEN, fd));
+    KT_CHECK(kt_cuda_verify(&cu, d, LEN, 11) == -1);
+
+    /* 2. 512 scattered 64 KiB blocks at shuffled file offsets */
+    enum { NB = 512, BS = 64 << 10 };
+    uint64_t *doff = malloc(NB * 8), *foff = malloc(NB * 8);
+    for (uint64_t i = 0; i < NB; i++) {
+        doff[i] = i * BS;
+        foff[i] = LEN + ((i * 181) % NB) * BS; /* 181 prime to 512 */
+    }
+    kt_cuda_fill(&cu, d, LEN, 12);
+    KT_OK(move(a, KVL_WRITE, d, doff, foff, NB, BS, fd));
+    KT_CHECK(cu.MemsetD8(d, 0, LEN) == 0);
+    KT_OK(move(a, KVL_READ, d, doff, foff, NB, BS, fd));
+    KT_CHECK(kt_cuda_verify(&cu, d, (uint64_t)NB * BS, 12) == -1);
+    KT_CHECK(pread(rfd, h, BS, (off_t)foff[7]) == BS);
+    kt_fill(want, (uint64_t)NB * BS, 12);
+    KT_CHECK(memcmp(h, want + 7 * BS, BS) == 0);
+
+    /* 3. a READ past the end of the file: refused before anything moves */
+    KT_CHECK(ftruncate(fd, 4096) == 0);
+    KT_STATUS(move(a, KVL_READ, d, &z, &z, 1, LEN, fd), KVL_ERR_OUT_OF_BOUNDS);
+    KT_ERROR_HAS("short file");
+
+    kvl_mem_desc_t dr[2] = {dv, df};
+    KT_OK(kvl_mem_deregister(a, &dr[0], 1));
+    KT_OK(kvl_mem_deregister(a, &dr[1], 1));
+    kvl_agent_destroy(a);
+    cu.MemFree(d);
+    close(rfd);
+    close(fd);
+    free(h), free(want), free(doff), free(foff);
+    printf("VRAM <-> file%s: ok\n", direct ? " (O_DIRECT)" : "");
+}
+
+int main(void)
+{
+    char why[512];
+    if (kt_cuda_open(&cu, why, sizeof(why)) != 0)
+        KT_SKIP("%s", why);
+    if (kvl_backend_available("cuda", why, sizeof(why)) != KVL_OK)
+        KT_SKIP("cuda backend (the staging copies) not available: %s", why);
+    const char *t = getenv("TMPDIR");
+    snprintf(dir, sizeof(dir), "%s/kvl-posix-vram-XXXXXX", t && t[0] ? t : "/tmp");
+    if (mkdtemp(dir) == NULL)
+        KT_SKIP("cannot make a temp dir: %s", strerror(errno));
+    run(0);
+    run(1);
+    char cmd[300];
+    snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
+    if (system(cmd) != 0)
+        fprintf(stderr, "could not remove %s\n", dir);
+    printf("PASS\n");
+    return 0;
+}
