@@ -376,6 +376,8 @@ static void auth(void)
 
 int main(void)
 {
+    if (kvl_etcd_attach(NULL, NULL) == KVL_ERR_UNSUPPORTED) /* built without the store */
+        KT_SKIP("%s", kvl_last_error()->what);
     if (kt_etcd_binary() == NULL)
         KT_SKIP("no etcd binary (/usr/bin/etcd from Debian's etcd-server, or KVL_ETCD_BIN)");
     signal(SIGPIPE, SIG_IGN);

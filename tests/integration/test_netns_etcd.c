@@ -141,6 +141,8 @@ static int wait_check(kvl_agent_t *a, const char *name, kvl_status_t want, int s
 
 int main(void)
 {
+    if (kvl_etcd_attach(NULL, NULL) == KVL_ERR_UNSUPPORTED) /* built without the store */
+        KT_SKIP("%s", kvl_last_error()->what);
     if (kt_etcd_binary() == NULL)
         KT_SKIP("no etcd binary (/usr/bin/etcd from Debian's etcd-server, or KVL_ETCD_BIN)");
     if (geteuid() != 0)

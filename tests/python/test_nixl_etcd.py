@@ -21,8 +21,27 @@ import kvlane
 from kvlane.nixl import nixl_agent, nixl_agent_config
 
 ETCD = os.environ.get("KVL_ETCD_BIN", "/usr/bin/etcd")
-pytestmark = pytest.mark.skipif(not os.access(ETCD, os.X_OK),
-                                reason=f"no etcd binary at {ETCD} (Debian's etcd-server)")
+
+
+def _built_without_etcd():
+    """The library says so when it was built without the etcd store."""
+    a = kvlane.Agent("etcd-built-probe", backends="")
+    try:
+        a.etcd_attach("http://127.0.0.1:1", timeout_ms=1)
+    except kvlane.UnsupportedError as e:
+        return "built without the etcd metadata store" in str(e)
+    except kvlane.Error:
+        return False
+    finally:
+        a.close()
+    return False
+
+
+pytestmark = [
+    pytest.mark.skipif(not os.access(ETCD, os.X_OK),
+                       reason=f"no etcd binary at {ETCD} (Debian's etcd-server)"),
+    pytest.mark.skipif(_built_without_etcd(), reason="kvlane was built without the etcd store"),
+]
 
 
 def _free_port():
