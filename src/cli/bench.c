@@ -472,7 +472,9 @@ static void kvl_bench_usage(FILE *f)
 {
     fprintf(f,
             "usage: kvlane bench [options]\n"
-            "  --backend LIST       comma-separated backends to compare (default shm)\n"
+            "  --backend LIST       comma-separated backends to compare (default shm);\n"
+            "                       --backend posix benches files instead (its own options:\n"
+            "                       kvlane bench --backend posix --help)\n"
             "  --op write|read      (default write)\n"
             "  --block-size LIST    comma-separated sizes, e.g. 4K,64K,1M (default sweep 4K..4M)\n"
             "  --size BYTES         bytes per transfer (default 256M)\n"
