@@ -123,6 +123,25 @@ if(KVL_FUZZ)
   # The library sources exactly as this build compiles them (no CLI).
   string(REPLACE ";" "\n" _lib_lines "${KVL_LIB_SOURCES}")
   file(WRITE "${CMAKE_BINARY_DIR}/fuzz/lib_sources.txt" "${_lib_lines}\n")
+  # ... with the optional parts this build has: their defines and headers
+  # (lib_cflags.txt) and libraries (lib_libs.txt), one word a line
+  set(_fz_cflags "")
+  set(_fz_libs "")
+  if(KVL_HAVE_ETCD)
+    list(APPEND _fz_cflags -DKVL_HAVE_ETCD=1)
+    foreach(_d IN LISTS KVL_CURL_INCLUDE_DIRS KVL_JSONC_INCLUDE_DIRS)
+      list(APPEND _fz_cflags "-I${_d}")
+    endforeach()
+    list(APPEND _fz_libs ${KVL_CURL_LDFLAGS} ${KVL_JSONC_LDFLAGS})
+  endif()
+  if(KVL_URING_LINK)
+    list(APPEND _fz_cflags -DKVL_HAVE_LIBURING=1 "-I${KVL_LIBURING_INCLUDE}")
+    list(APPEND _fz_libs "${KVL_URING_LINK}")
+  endif()
+  string(REPLACE ";" "\n" _fz_cflags "${_fz_cflags}")
+  string(REPLACE ";" "\n" _fz_libs "${_fz_libs}")
+  file(WRITE "${CMAKE_BINARY_DIR}/fuzz/lib_cflags.txt" "${_fz_cflags}\n")
+  file(WRITE "${CMAKE_BINARY_DIR}/fuzz/lib_libs.txt" "${_fz_libs}\n")
   math(EXPR _fuzz_timeout "300 + ${_nfuzz} * (${KVL_FUZZ_SECONDS} + 60)")
   add_test(NAME fuzz_metadata
            COMMAND "${KVL_BASH}" "${CMAKE_SOURCE_DIR}/cmake/run_fuzz.sh"

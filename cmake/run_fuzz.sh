@@ -6,6 +6,8 @@
 #
 # usage: run_fuzz.sh SOURCE_DIR WORK_DIR
 #   WORK_DIR/lib_sources.txt   library sources, one a line (written by CMake)
+#   WORK_DIR/lib_cflags.txt    their defines and include flags, one a line
+#   WORK_DIR/lib_libs.txt      the libraries they need (etcd store, liburing)
 #   WORK_DIR/<target>          fuzzer binaries
 #   WORK_DIR/corpus/<target>/  corpus, seeded from tests/fuzz/corpus/<target>/
 #   WORK_DIR/artifacts/        crashing inputs; WORK_DIR/logs/ full output
@@ -69,12 +71,26 @@ if [ -f "$work/lib_sources.txt" ]; then
     done <"$work/lib_sources.txt"
 fi
 [ "${#libsrcs[@]}" -gt 0 ] || { echo "FAIL: $work/lib_sources.txt lists no library sources"; exit 1; }
+# the optional parts the build has (etcd store, liburing): their flags and libraries
+libcflags=()
+liblibs=()
+if [ -f "$work/lib_cflags.txt" ]; then
+    while IFS= read -r line; do
+        [ -n "$line" ] && libcflags+=("$line")
+    done <"$work/lib_cflags.txt"
+fi
+if [ -f "$work/lib_libs.txt" ]; then
+    while IFS= read -r line; do
+        [ -n "$line" ] && liblibs+=("$line")
+    done <"$work/lib_libs.txt"
+fi
 
 objs=()
 for s in "${libsrcs[@]}"; do
     rel=${s#"$src"/}
     o="$work/obj/${rel//\//_}.o"
-    "$cc" "${cflags[@]}" -fsanitize=fuzzer-no-link,address,undefined -c "$s" -o "$o"
+    "$cc" "${cflags[@]}" "${libcflags[@]}" -fsanitize=fuzzer-no-link,address,undefined -c "$s" \
+        -o "$o"
     objs+=("$o")
 done
 
@@ -83,7 +99,7 @@ failed=()
 for t in "${targets[@]}"; do
     name=$(basename "$t" .c)
     "$cc" "${cflags[@]}" -fsanitize=fuzzer,address,undefined "$t" "${objs[@]}" \
-        -pthread -ldl -lcrypto -o "$work/$name"
+        "${liblibs[@]}" -pthread -ldl -lcrypto -o "$work/$name"
     corpus="$work/corpus/$name"
     mkdir -p "$corpus"
     if [ -d "$src/tests/fuzz/corpus/$name" ]; then

@@ -8,7 +8,12 @@
  * (offset, len, fd); a transfer with a notification; cancel (a cancelled
  * transfer's notification is never delivered); io_uring refused by a seccomp
  * filter (as container runtimes do): the fallback to pread/pwrite threads,
- * said in the path, and engine=io_uring refused with the reason.
+ * said in the path, and engine=io_uring refused with the reason. io_uring
+ * fixed buffers: DRAM registered on posix is pinned as one (the report and
+ * the transfer's path say so) and bytes move through it; with
+ * fixed_buffers_mib=0, or a RLIMIT_MEMLOCK too low to pin it (a child without
+ * CAP_IPC_LOCK), the region still registers and moves, and the report says
+ * why it is not a fixed buffer.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -17,6 +22,8 @@
 #include <string.h>
 #include <stddef.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
+#include <linux/capability.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
@@ -419,6 +426,120 @@ static void seccomp_fallback(void)
     KT_CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
 }
 
+/* Register 1 MiB of DRAM on a posix backend with params; the report's
+ * detail into det; then a WRITE and READ back through a file, checked, whose
+ * path goes into path. */
+static void fixed_case(const kvl_param_t *prm, size_t np, char *det, size_t dcap, char *path,
+                       size_t pcap)
+{
+    enum { L = 1 << 20 };
+    kvl_agent_t *a;
+    kvl_agent_config_t cfg = {.field_mask = KVL_AGENT_CFG_BACKENDS, .create_backends = ""};
+    KT_OK(kvl_agent_create("posix-fixed", &cfg, &a));
+    KT_OK(kvl_backend_create(a, "posix", prm, np, NULL));
+    char *src = aligned_alloc(4096, L), *dst = aligned_alloc(4096, L);
+    KT_CHECK(src && dst);
+    kt_fill(src, L, 77);
+    memset(dst, 0, L);
+    kvl_mem_desc_t d[2] = {{(uint64_t)(uintptr_t)src, L, KVL_DEV_ANY},
+                           {(uint64_t)(uintptr_t)dst, L, KVL_DEV_ANY}};
+    kvl_reg_params_t rp = {.field_mask = KVL_REG_PARAM_KIND, .kind = KVL_MEM_DRAM};
+    kvl_reg_report_t *rep = NULL;
+    KT_OK(kvl_mem_register(a, d, 2, &rp, &rep));
+    KT_CHECK(rep->n_entries == 2 && rep->entries[0].n_outcomes >= 1);
+    snprintf(det, dcap, "%s", rep->entries[0].outcomes[0].detail);
+    kvl_reg_report_free(rep);
+    int fd = open_in("fixed.bin", O_RDWR | O_CREAT | O_TRUNC);
+    KT_CHECK(fd >= 0);
+    reg(a, KVL_MEM_FILE, 0, L, fd);
+    kvl_dlist_t *l, *r;
+    kvl_xfer_t *x;
+    KT_OK(kvl_dlist_create(KVL_MEM_DRAM, 1, &l));
+    KT_OK(kvl_dlist_create(KVL_MEM_FILE, 1, &r));
+    KT_OK(kvl_dlist_add(l, d[0].addr, L, KVL_DEV_ANY));
+    KT_OK(kvl_dlist_add(r, 0, L, fd));
+    KT_OK(kvl_xfer_create(a, KVL_WRITE, l, kvl_agent_name(a), r, NULL, &x));
+    kvl_status_t st = kvl_xfer_post(x);
+    if (st == KVL_OK || st == KVL_IN_PROGRESS)
+        st = kvl_xfer_wait(x, 60000);
+    KT_OK(st);
+    kvl_xfer_stats_t xs;
+    KT_OK(kvl_xfer_get_stats(x, &xs));
+    snprintf(path, pcap, "%s", xs.path);
+    kvl_xfer_release(x);
+    uint64_t h = d[1].addr, off = 0;
+    KT_OK(move(a, KVL_READ, &h, &off, &fd, 1, L, NULL));
+    KT_CHECK(memcmp(src, dst, L) == 0);
+    kvl_dlist_destroy(l);
+    kvl_dlist_destroy(r);
+    kvl_mem_desc_t fdsc = {0, L, fd};
+    KT_OK(kvl_mem_deregister(a, &fdsc, 1));
+    KT_OK(kvl_mem_deregister(a, d, 2)); /* the slots are given back */
+    kvl_agent_destroy(a);
+    close(fd);
+    free(src);
+    free(dst);
+}
+
+static void fixed_buffers(void)
+{
+    char det[2100], path[80];
+    kvl_param_t on[] = {{"engine", "io_uring"}};
+    kvl_agent_t *probe;
+    kvl_agent_config_t cfg = {.field_mask = KVL_AGENT_CFG_BACKENDS, .create_backends = ""};
+    KT_OK(kvl_agent_create("posix-fixed-probe", &cfg, &probe));
+    kvl_status_t pst = kvl_backend_create(probe, "posix", on, 1, NULL);
+    kvl_agent_destroy(probe);
+    if (pst != KVL_OK) {
+        printf("fixed buffers skipped: no io_uring here\n");
+        return;
+    }
+    fixed_case(on, 1, det, sizeof(det), path, sizeof(path));
+    printf("fixed buffers: %s; path '%s'\n", det, path);
+    if (strstr(det, "io_uring_register_buffers_sparse") != NULL) {
+        printf("fixed buffers skipped: this kernel has no sparse buffer table\n");
+        return;
+    }
+    KT_CHECK(strstr(det, "io_uring fixed buffer") != NULL && strstr(det, "not an") == NULL);
+    KT_CHECK(strstr(path, "io_uring, fixed buffers") != NULL);
+
+    kvl_param_t off[] = {{"engine", "io_uring"}, {"fixed_buffers_mib", "0"}};
+    fixed_case(off, 2, det, sizeof(det), path, sizeof(path));
+    printf("fixed_buffers_mib=0: %s; path '%s'\n", det, path);
+    KT_CHECK(strstr(det, "not an io_uring fixed buffer: fixed_buffers_mib=0") != NULL);
+    KT_CHECK(strstr(path, "fixed") == NULL && strstr(path, "io_uring") != NULL);
+
+    /* RLIMIT_MEMLOCK too low to pin it: a child without CAP_IPC_LOCK */
+    fflush(stdout);
+    pid_t pid = fork();
+    KT_CHECK(pid >= 0);
+    if (pid == 0) {
+        struct __user_cap_header_struct hd = {_LINUX_CAPABILITY_VERSION_3, 0};
+        struct __user_cap_data_struct cd[2];
+        struct rlimit rl = {64 << 10, 64 << 10};
+        if (syscall(SYS_capget, &hd, cd) != 0)
+            exit(3);
+        for (int i = 0; i < 2; i++) {
+            cd[i].effective &= ~(i == CAP_IPC_LOCK / 32 ? 1u << (CAP_IPC_LOCK % 32) : 0u);
+            cd[i].permitted &= ~(i == CAP_IPC_LOCK / 32 ? 1u << (CAP_IPC_LOCK % 32) : 0u);
+        }
+        if (syscall(SYS_capset, &hd, cd) != 0 || setrlimit(RLIMIT_MEMLOCK, &rl) != 0) {
+            printf("memlock part skipped: cannot drop CAP_IPC_LOCK or lower the limit (%s)\n",
+                   strerror(errno));
+            exit(0);
+        }
+        fixed_case(on, 1, det, sizeof(det), path, sizeof(path));
+        printf("RLIMIT_MEMLOCK 64 KiB, no CAP_IPC_LOCK: %s; path '%s'\n", det, path);
+        KT_CHECK(strstr(det, "not an io_uring fixed buffer") != NULL);
+        KT_CHECK(strstr(det, "RLIMIT_MEMLOCK is 65536 bytes") != NULL);
+        KT_CHECK(strstr(path, "fixed") == NULL);
+        exit(0);
+    }
+    int status;
+    KT_CHECK(waitpid(pid, &status, 0) == pid);
+    KT_CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+}
+
 int main(void)
 {
     const char *t = getenv("TMPDIR");
@@ -431,6 +552,7 @@ int main(void)
     direct_io();
     cancel_big();
     seccomp_fallback();
+    fixed_buffers();
     char cmd[300];
     snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
     if (system(cmd) != 0)

@@ -39,6 +39,9 @@
 #define KVLI_POSIX_THREADS_DEFAULT 8u
 #define KVLI_POSIX_STAGERS_DEFAULT 4u    /* VRAM staging threads, one buffer each */
 #define KVLI_POSIX_STAGE_CHUNK (4u << 20) /* bytes per staged piece */
+#define KVLI_POSIX_FIXED_SLOTS 1024u     /* io_uring fixed buffers (registered DRAM regions) */
+#define KVLI_POSIX_FIXED_LEN (1ull << 30) /* the kernel's bound per fixed buffer */
+#define KVLI_POSIX_FIXED_MIB_DEFAULT 4096u /* pinned for fixed buffers, at most */
 
 enum { KVLI_POSIX_URING = 1, KVLI_POSIX_POOL = 2 };
 
@@ -51,6 +54,7 @@ typedef struct kvli_posix_mh {
     bool direct, can_read, can_write;
     uint32_t dio_mem, dio_off;       /* O_DIRECT: alignment of memory and of offset/len */
     char path[256];                  /* for messages: /proc/self/fd/N resolved */
+    int buf_index;                   /* DRAM: its io_uring fixed buffer, -1 none */
 } kvli_posix_mh_t;
 
 typedef struct kvli_posix_op {
@@ -61,6 +65,7 @@ typedef struct kvli_posix_op {
     bool staged;                     /* VRAM: through a pinned buffer (posix_stage.c) */
     int32_t dev;
     const kvli_posix_mh_t *fmh;      /* the file range, for messages */
+    int buf_index;                   /* io_uring fixed buffer holding buf, -1 none */
     struct kvli_posix_xpriv *xp;
     struct kvli_posix_op *retry;     /* short transfer: resubmitted from done */
 } kvli_posix_op_t;
@@ -93,7 +98,14 @@ typedef struct kvli_posix_iface {
     struct io_uring ring;
     bool ring_up;
     unsigned ring_inflight;
+    /* Fixed buffers: DRAM regions registered with the ring (pinned once, so
+     * no operation pins its pages again). Slots and bytes under lock. */
+    bool fixed_up;
+    uint8_t fixed_used[KVLI_POSIX_FIXED_SLOTS];
+    uint64_t fixed_bytes;
 #endif
+    uint64_t fixed_max;              /* parameter fixed_buffers_mib, in bytes (0: off) */
+    char fixed_why[256];             /* why regions are not fixed buffers, "" when they are */
     kvli_progress_t pg;
     pthread_t *threads;
     unsigned nstarted;
@@ -110,6 +122,11 @@ typedef struct kvli_posix_iface {
 } kvli_posix_iface_t;
 
 /* posix_engine.c */
+/* A DRAM region as an io_uring fixed buffer: its slot, or -1 with why
+ * (the region still works, through ordinary reads and writes). */
+int kvli_posix_fixed_add(kvli_posix_iface_t *iface, uint64_t addr, uint64_t len, char *why,
+                         size_t cap);
+void kvli_posix_fixed_del(kvli_posix_iface_t *iface, int slot, uint64_t len);
 kvl_status_t kvli_posix_engine_open(kvli_posix_iface_t *iface, const char *want,
                                     kvl_error_t *err);
 void kvli_posix_engine_close(kvli_posix_iface_t *iface);

@@ -16,6 +16,8 @@
 #include <string.h>
 #include <strings.h>
 #include <unistd.h>
+#include <sys/resource.h>
+#include <sys/uio.h>
 #include "posix.h"
 
 void kvli_posix_engine_queue(kvli_posix_iface_t *iface, kvli_posix_xpriv_t *xp)
@@ -115,7 +117,13 @@ static int64_t kvli_posix_uring_prepare(void *arg, kvli_pollset_t *ps)
         if (op == NULL)
             break;
         struct io_uring_sqe *sqe = io_uring_get_sqe(&iface->ring); /* room checked */
-        if (op->xp->x->op == KVL_WRITE)
+        if (op->buf_index >= 0 && op->xp->x->op == KVL_WRITE)
+            io_uring_prep_write_fixed(sqe, op->fd, op->buf + op->done, op->len - op->done,
+                                      op->off + op->done, op->buf_index);
+        else if (op->buf_index >= 0)
+            io_uring_prep_read_fixed(sqe, op->fd, op->buf + op->done, op->len - op->done,
+                                     op->off + op->done, op->buf_index);
+        else if (op->xp->x->op == KVL_WRITE)
             io_uring_prep_write(sqe, op->fd, op->buf + op->done, op->len - op->done,
                                 op->off + op->done);
         else
@@ -217,12 +225,106 @@ static kvl_status_t kvli_posix_uring_open(kvli_posix_iface_t *iface, kvl_error_t
         return KVL_ERR_UNSUPPORTED;
     }
     iface->ring_up = true;
+    /* a table of empty fixed-buffer slots, filled as DRAM is registered */
+    if (iface->fixed_max == 0) {
+        snprintf(iface->fixed_why, sizeof(iface->fixed_why), "fixed_buffers_mib=0");
+    } else {
+        r = io_uring_register_buffers_sparse(&iface->ring, KVLI_POSIX_FIXED_SLOTS);
+        if (r == 0)
+            iface->fixed_up = true;
+        else
+            snprintf(iface->fixed_why, sizeof(iface->fixed_why),
+                     "io_uring_register_buffers_sparse(%u) = %s (Linux 5.19+)",
+                     KVLI_POSIX_FIXED_SLOTS, strerror(-r));
+    }
     kvl_status_t st = kvli_progress_open(&iface->pg, err);
     if (st == KVL_OK)
         st = kvli_progress_start(&iface->pg, &kvli_posix_uring_ops, iface, err);
     return st;
 }
 #endif
+
+int kvli_posix_fixed_add(kvli_posix_iface_t *iface, uint64_t addr, uint64_t len, char *why,
+                         size_t cap)
+{
+#ifdef KVL_HAVE_LIBURING
+    int slot = -1;
+    if (iface->engine != KVLI_POSIX_URING || !iface->fixed_up) {
+        snprintf(why, cap, "%s", iface->engine != KVLI_POSIX_URING ? "the engine is pread/pwrite threads"
+                                                                  : iface->fixed_why);
+        return -1;
+    }
+    if (len > KVLI_POSIX_FIXED_LEN) {
+        snprintf(why, cap, "the region is larger than 1 GiB, io_uring's bound per fixed buffer");
+        return -1;
+    }
+    pthread_mutex_lock(&iface->lock);
+    if (iface->fixed_bytes + len > iface->fixed_max) {
+        pthread_mutex_unlock(&iface->lock);
+        snprintf(why, cap, "fixed buffers already pin %llu bytes, the bound is %llu "
+                 "(parameter fixed_buffers_mib)", (unsigned long long)iface->fixed_bytes,
+                 (unsigned long long)iface->fixed_max);
+        return -1;
+    }
+    for (unsigned i = 0; i < KVLI_POSIX_FIXED_SLOTS && slot < 0; i++)
+        if (!iface->fixed_used[i])
+            slot = (int)i;
+    if (slot >= 0) {
+        iface->fixed_used[slot] = 1;
+        iface->fixed_bytes += len;
+    }
+    pthread_mutex_unlock(&iface->lock);
+    if (slot < 0) {
+        snprintf(why, cap, "all %u fixed-buffer slots are taken", KVLI_POSIX_FIXED_SLOTS);
+        return -1;
+    }
+    /* pins the pages (faulting them in) and counts them against
+     * RLIMIT_MEMLOCK unless the process has CAP_IPC_LOCK */
+    struct iovec iov = {(void *)(uintptr_t)addr, (size_t)len};
+    int r = io_uring_register_buffers_update_tag(&iface->ring, (unsigned)slot, &iov, NULL, 1);
+    if (r == 1)
+        return slot;
+    if (r == -ENOMEM) {
+        struct rlimit rl;
+        if (getrlimit(RLIMIT_MEMLOCK, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY)
+            snprintf(why, cap, "the kernel would not pin it (ENOMEM): RLIMIT_MEMLOCK is %llu "
+                     "bytes; raise it (ulimit -l, the container's memlock limit) for io_uring "
+                     "fixed buffers", (unsigned long long)rl.rlim_cur);
+        else
+            snprintf(why, cap, "the kernel would not pin it (ENOMEM)");
+    } else {
+        snprintf(why, cap, "io_uring_register_buffers_update_tag = %s%s", strerror(r < 0 ? -r : EIO),
+                 r == -EOPNOTSUPP ? " (file-backed memory other than shmem cannot be a fixed "
+                                    "buffer)" : "");
+    }
+    pthread_mutex_lock(&iface->lock);
+    iface->fixed_used[slot] = 0;
+    iface->fixed_bytes -= len;
+    pthread_mutex_unlock(&iface->lock);
+    return -1;
+#else
+    (void)iface, (void)addr, (void)len;
+    snprintf(why, cap, "this kvlane was built without liburing");
+    return -1;
+#endif
+}
+
+void kvli_posix_fixed_del(kvli_posix_iface_t *iface, int slot, uint64_t len)
+{
+#ifdef KVL_HAVE_LIBURING
+    if (slot < 0 || !iface->ring_up)
+        return;
+    /* no operation uses it: the core refuses to deregister memory in flight */
+    struct iovec iov = {NULL, 0};
+    (void)io_uring_register_buffers_update_tag(&iface->ring, (unsigned)slot, &iov, NULL, 1);
+    pthread_mutex_lock(&iface->lock);
+    iface->fixed_used[slot] = 0;
+    iface->fixed_bytes -= len;
+    pthread_mutex_unlock(&iface->lock);
+#else
+    (void)iface, (void)slot, (void)len;
+#endif
+}
 
 kvl_status_t kvli_posix_engine_open(kvli_posix_iface_t *iface, const char *want,
                                     kvl_error_t *err)

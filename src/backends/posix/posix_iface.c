@@ -22,6 +22,7 @@ static const kvl_param_t kvli_posix_params[] = {
     {"threads", "8"},            /* pread/pwrite threads (fallback) */
     {"stage_threads", "4"},      /* VRAM: staging threads, one pinned buffer each */
     {"stage_chunk_kib", "4096"}, /* VRAM: bytes per staged piece */
+    {"fixed_buffers_mib", "4096"}, /* DRAM pinned as io_uring fixed buffers, at most (0: off) */
     {NULL, NULL}
 };
 
@@ -67,6 +68,7 @@ static kvl_status_t kvli_posix_open(kvl_bk_ctx_t *ctx, const kvl_param_t *params
     const char *engine = "auto";
     uint64_t qd = KVLI_POSIX_QD_DEFAULT, th = KVLI_POSIX_THREADS_DEFAULT;
     uint64_t sth = KVLI_POSIX_STAGERS_DEFAULT, sch = KVLI_POSIX_STAGE_CHUNK >> 10;
+    uint64_t fmib = KVLI_POSIX_FIXED_MIB_DEFAULT;
     for (size_t i = 0; i < n && params != NULL && params[i].key != NULL; i++) {
         const char *k = params[i].key, *v = params[i].value ? params[i].value : "";
         kvl_status_t st = KVL_OK;
@@ -85,11 +87,13 @@ static kvl_status_t kvli_posix_open(kvl_bk_ctx_t *ctx, const kvl_param_t *params
             st = kvli_posix_num(k, v, 1, 64, &sth, err);
         } else if (strcmp(k, "stage_chunk_kib") == 0) {
             st = kvli_posix_num(k, v, 4, 1u << 20, &sch, err);
+        } else if (strcmp(k, "fixed_buffers_mib") == 0) {
+            st = kvli_posix_num(k, v, 0, 1u << 30, &fmib, err);
         } else {
             kvl_bk_error_set(err, KVL_ERR_INVALID_ARG, 0, KVLI_POSIX_NAME, -1,
                              "unknown parameter '%s' for backend posix", k);
             kvl_bk_error_hint(err, "known: engine (auto|io_uring|threads), queue_depth, threads, "
-                                   "stage_threads, stage_chunk_kib");
+                                   "stage_threads, stage_chunk_kib, fixed_buffers_mib");
             return KVL_ERR_INVALID_ARG;
         }
         if (st != KVL_OK)
@@ -105,6 +109,7 @@ static kvl_status_t kvli_posix_open(kvl_bk_ctx_t *ctx, const kvl_param_t *params
     iface->nthreads = (unsigned)th;
     iface->nstagers = (unsigned)sth;
     iface->stage_chunk = (size_t)(sch << 10);
+    iface->fixed_max = fmib << 20;
     pthread_mutex_init(&iface->lock, NULL);
     pthread_mutex_init(&iface->stage_lock, NULL);
     kvli_posix_gds_probe(iface);
@@ -178,12 +183,19 @@ static kvl_status_t kvli_posix_mem_reg(void *bk, const kvl_region_info_t *r, voi
     mh->len = r->len;
     mh->fd = -1;
     mh->dev = r->dev;
+    mh->buf_index = -1;
     if (r->kind == KVL_MEM_VRAM) {
         *mh_p = mh;
         return KVL_OK;
     }
     if (r->kind == KVL_MEM_DRAM) {
-        snprintf(detail, detail_len, "host memory");
+        char why[320];
+        mh->buf_index = kvli_posix_fixed_add(iface, r->addr, r->len, why, sizeof(why));
+        if (mh->buf_index >= 0)
+            snprintf(detail, detail_len, "host memory, io_uring fixed buffer %d (pinned)",
+                     mh->buf_index);
+        else
+            snprintf(detail, detail_len, "host memory (not an io_uring fixed buffer: %s)", why);
         *mh_p = mh;
         return KVL_OK;
     }
@@ -235,9 +247,11 @@ static kvl_status_t kvli_posix_mem_reg(void *bk, const kvl_region_info_t *r, voi
     return KVL_OK;
 }
 
-static void kvli_posix_mem_dereg(void *bk, void *mh)
+static void kvli_posix_mem_dereg(void *bk, void *mhv)
 {
-    (void)bk;
+    kvli_posix_mh_t *mh = mhv;
+    if (mh != NULL && mh->buf_index >= 0)
+        kvli_posix_fixed_del(bk, mh->buf_index, mh->len);
     free(mh);
 }
 
