@@ -365,9 +365,10 @@ static kvl_status_t kvli_register_one(kvl_agent_t *a, kvli_hostchk_t *hc, size_t
      * classified and checked when first registered. */
     kvli_region_t *r = kvli_registry_exact(a, d->addr, d->len);
     struct stat fst;
+    memset(&fst, 0, sizeof(fst));
     if (declared == KVL_MEM_FILE && fstat(d->dev, &fst) != 0)
         memset(&fst, 0, sizeof(fst));
-    if (r != NULL && r->kind == KVL_MEM_FILE &&
+    if (r != NULL && r->kind == KVL_MEM_FILE && declared == KVL_MEM_FILE &&
         (r->file_dev != (uint64_t)fst.st_dev || r->file_ino != (uint64_t)fst.st_ino)) {
         /* the same (offset, len, fd), but the fd was closed and reopened */
         kvli_err(err, KVL_ERR_STALE, 0, "FILE range (fd %d, offset %llu, len %llu) is still "
