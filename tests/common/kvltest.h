@@ -45,6 +45,30 @@ void kt_fail_at(const char *file, int line, const char *expr, int with_error);
 
 /* This process's open file descriptors, and its mappings whose line in
  * /proc/self/maps contains needle (NULL: all): for "nothing grows" checks. */
+/* Two network namespaces ("hosts") joined by a veth pair: ns[0] has
+ * ip[0] = 10.<x>.<net>.1, ns[1] ip[1] = 10.<x>.<net>.2 on veth[i]. Names
+ * carry tag[i] and the pid, so tests running at once never collide. Removed
+ * at exit (or kt_netns_remove). Skips (77) when namespaces cannot be made. */
+typedef struct kt_netns_pair {
+    char ns[2][32], veth[2][16], ip[2][32];
+} kt_netns_pair_t;
+void kt_netns_pair(kt_netns_pair_t *n, const char tag[2], int net);
+void kt_netns_remove(void);
+/* This thread (the process, before any thread exists) joins namespace ns. */
+void kt_netns_join(const char *ns);
+/* One WRITE of len bytes from src here to dst at agent `to`, waited for
+ * (bounded by wait_ms), checked KVL_OK. */
+void kt_write_wait(kvl_agent_t *from, const char *to, const void *src, uint64_t dst,
+                   uint64_t len, int wait_ms);
+/* A log callback keeping every line (kvl_log_set_callback(kt_log_cb, NULL)),
+ * and questions on what it kept: any line containing needle; forget all. */
+void kt_log_cb(kvl_log_level_t level, const char *comp, const char *msg, void *arg);
+int kt_log_has(const char *needle);
+void kt_log_clear(void);
+/* Run a shell command (system(3)); its exit status, -1 when it did not exit. */
+int kt_sh(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* CLOCK_MONOTONIC in milliseconds (for printing how long things took). */
+uint64_t kt_now_ms(void);
 int kt_count_fds(void);
 int kt_count_maps(const char *needle);
 

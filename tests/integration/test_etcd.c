@@ -19,36 +19,6 @@
 #include "common/kvltest.h"
 #include "common/kt_etcd.h"
 
-static pthread_mutex_t log_lock = PTHREAD_MUTEX_INITIALIZER;
-static char logbuf[1 << 18];
-static size_t logn;
-
-static void log_cb(kvl_log_level_t level, const char *comp, const char *msg, void *arg)
-{
-    (void)arg;
-    pthread_mutex_lock(&log_lock);
-    int w = snprintf(logbuf + logn, sizeof(logbuf) - logn, "[%d] %s: %s\n", (int)level, comp, msg);
-    if (w > 0 && logn + (size_t)w < sizeof(logbuf))
-        logn += (size_t)w;
-    pthread_mutex_unlock(&log_lock);
-}
-
-static int log_has(const char *needle)
-{
-    pthread_mutex_lock(&log_lock);
-    int r = strstr(logbuf, needle) != NULL;
-    pthread_mutex_unlock(&log_lock);
-    return r;
-}
-
-static void log_clear(void)
-{
-    pthread_mutex_lock(&log_lock);
-    logn = 0;
-    logbuf[0] = 0;
-    pthread_mutex_unlock(&log_lock);
-}
-
 static kt_etcd_t etcd;
 
 static kvl_agent_t *agent(const char *name)
@@ -79,31 +49,6 @@ static int wait_check(kvl_agent_t *a, const char *name, kvl_status_t want, int s
     return 0;
 }
 
-static void write_to(kvl_agent_t *from, const char *to, void *src, uint64_t dst, uint64_t len)
-{
-    kvl_dlist_t *l, *r;
-    kvl_xfer_t *x;
-    KT_OK(kvl_dlist_create(KVL_MEM_DRAM, 1, &l));
-    KT_OK(kvl_dlist_create(KVL_MEM_DRAM, 1, &r));
-    KT_OK(kvl_dlist_add(l, (uint64_t)(uintptr_t)src, len, KVL_DEV_ANY));
-    KT_OK(kvl_dlist_add(r, dst, len, KVL_DEV_ANY));
-    KT_OK(kvl_xfer_create(from, KVL_WRITE, l, to, r, NULL, &x));
-    kvl_status_t st = kvl_xfer_post(x);
-    if (st == KVL_IN_PROGRESS)
-        st = kvl_xfer_wait(x, 10000);
-    KT_OK(st);
-    kvl_xfer_release(x);
-    kvl_dlist_destroy(l);
-    kvl_dlist_destroy(r);
-}
-
-static uint64_t now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
-}
-
 static void bad_input(void)
 {
     kvl_agent_t *a = agent("bad");
@@ -126,10 +71,10 @@ static void bad_input(void)
     KT_STATUS(kvl_etcd_fetch(a, "bad", NULL, 0), KVL_ERR_INVALID_ARG);
     KT_ERROR_HAS("is not its own peer");
     KT_STATUS(kvl_etcd_fetch(a, "x/y", NULL, 0), KVL_ERR_INVALID_ARG);
-    uint64_t t0 = now_ms();
+    uint64_t t0 = kt_now_ms();
     KT_STATUS(kvl_etcd_fetch(a, "nobody", NULL, 300), KVL_ERR_NOT_FOUND);
     KT_ERROR_HAS("etcd has no metadata of agent 'nobody' under /kt/bad/nobody/metadata");
-    KT_CHECK(now_ms() - t0 >= 300 && now_ms() - t0 < 30000);
+    KT_CHECK(kt_now_ms() - t0 >= 300 && kt_now_ms() - t0 < 30000);
     kvl_agent_destroy(a);
     printf("bad input: refused, each with its reason\n");
 }
@@ -140,11 +85,11 @@ static void down_at_start_and_dead_member(void)
     unsigned dead = kt_free_port();
     kvl_agent_t *a = agent("early");
     snprintf(eps, sizeof(eps), "http://127.0.0.1:%u", dead);
-    uint64_t t0 = now_ms();
+    uint64_t t0 = kt_now_ms();
     KT_STATUS(attach(a, eps, "/kt/dead", 5), KVL_ERR_REMOTE_DISCONNECT);
     KT_ERROR_HAS("no etcd endpoint answered /v3/lease/grant");
     KT_ERROR_HAS(eps);
-    KT_CHECK(now_ms() - t0 < 30000);
+    KT_CHECK(kt_now_ms() - t0 < 30000);
     /* a dead member first: skipped, the live one serves */
     snprintf(eps, sizeof(eps), "http://127.0.0.1:%u,%s", dead, etcd.url);
     KT_OK(attach(a, eps, "/kt/dead", 5));
@@ -183,7 +128,7 @@ static void lifecycle(void)
     kvl_mem_desc_t r[4];
     KT_OK(kvl_remote_regions(a, "beta", r, NULL, 4, &n));
     KT_CHECK(n == 2);
-    write_to(a, "beta", abuf, bd[0].addr, len);
+    kt_write_wait(a, "beta", abuf, bd[0].addr, len, 10000);
     KT_CHECK(kt_verify(bbuf, len, 1) == -1);
 
     /* region update: beta drops one region, the watcher loads the new generation */
@@ -197,36 +142,36 @@ static void lifecycle(void)
 
     /* etcd killed mid-run: the transfer set up keeps working; store calls
      * fail bounded, naming the endpoint */
-    log_clear();
+    kt_log_clear();
     kt_etcd_kill(&etcd);
     kt_fill(abuf, len, 2);
-    write_to(a, "beta", abuf, bd[0].addr, len);
+    kt_write_wait(a, "beta", abuf, bd[0].addr, len, 10000);
     KT_CHECK(kt_verify(bbuf, len, 2) == -1);
-    uint64_t t0 = now_ms();
+    uint64_t t0 = kt_now_ms();
     KT_STATUS(kvl_etcd_publish(b, NULL), KVL_ERR_REMOTE_DISCONNECT);
     KT_ERROR_HAS(etcd.url);
     KT_STATUS(kvl_etcd_fetch(a, "beta", NULL, 0), KVL_ERR_REMOTE_DISCONNECT);
-    KT_CHECK(now_ms() - t0 < 60000);
-    for (int i = 0; i < 200 && !log_has("etcd keepalive failed"); i++)
+    KT_CHECK(kt_now_ms() - t0 < 60000);
+    for (int i = 0; i < 200 && !kt_log_has("etcd keepalive failed"); i++)
         usleep(50000);
-    KT_CHECK(log_has("etcd keepalive failed"));
+    KT_CHECK(kt_log_has("etcd keepalive failed"));
     KT_CHECK(kvl_remote_check(a, "beta") == KVL_OK); /* not dropped for etcd's absence */
     printf("etcd down mid-run: transfer ok, publish/fetch refused naming %s\n", etcd.url);
     sleep(4); /* longer than the TTL */
     kt_etcd_restart(&etcd);
-    for (int i = 0; i < 600 && !log_has("etcd answers again"); i++)
+    for (int i = 0; i < 600 && !kt_log_has("etcd answers again"); i++)
         usleep(50000);
-    KT_CHECK(log_has("etcd answers again"));
+    KT_CHECK(kt_log_has("etcd answers again"));
     KT_OK(kvl_etcd_fetch(a, "beta", NULL, 10000));
     KT_OK(kvl_etcd_publish(b, NULL));
     kt_fill(abuf, len, 3);
-    write_to(a, "beta", abuf, bd[0].addr, len);
+    kt_write_wait(a, "beta", abuf, bd[0].addr, len, 10000);
     KT_CHECK(kt_verify(bbuf, len, 3) == -1);
     printf("etcd back: fetch, publish and transfers work\n");
 
     /* expired lease (revoked behind the agent's back): the follower drops
      * beta, beta's keeper grants a new lease and publishes again */
-    log_clear();
+    kt_log_clear();
     KT_CHECK(kt_etcdctl(&etcd, "lease list") == 0);
     {
         char cmd[300];
@@ -236,9 +181,9 @@ static void lifecycle(void)
         KT_CHECK(system(cmd) == 0);
     }
     KT_CHECK(wait_check(a, "beta", KVL_ERR_NOT_FOUND, 30));
-    for (int i = 0; i < 600 && !log_has("expired (etcd was out of reach"); i++)
+    for (int i = 0; i < 600 && !kt_log_has("expired (etcd was out of reach"); i++)
         usleep(50000);
-    KT_CHECK(log_has("expired (etcd was out of reach"));
+    KT_CHECK(kt_log_has("expired (etcd was out of reach"));
     KT_OK(kvl_etcd_fetch(a, "beta", NULL, 15000));
     printf("expired lease: follower dropped beta; beta republished under a new lease\n");
 
@@ -381,7 +326,7 @@ int main(void)
     if (kt_etcd_binary() == NULL)
         KT_SKIP("no etcd binary (/usr/bin/etcd from Debian's etcd-server, or KVL_ETCD_BIN)");
     signal(SIGPIPE, SIG_IGN);
-    kvl_log_set_callback(log_cb, NULL);
+    kvl_log_set_callback(kt_log_cb, NULL);
     kvl_log_set_level(KVL_LOG_INFO);
     kt_etcd_start(&etcd);
     bad_input();

@@ -23,45 +23,9 @@
 #include "common/kvltest.h"
 #include "common/kt_etcd.h"
 
-static char ns_e[32], ns_p[32], veth_e[16], veth_p[16], ip_e[32], ip_p[32];
-static int net_made;
+/* host E (etcd, this process): ns[0]; host P (the agent "part"): ns[1] */
+static kt_netns_pair_t net;
 static kt_etcd_t etcd;
-
-static int sh(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static int sh(const char *fmt, ...)
-{
-    char cmd[1024];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(cmd, sizeof(cmd), fmt, ap);
-    va_end(ap);
-    int rc = system(cmd);
-    return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
-}
-
-static void net_teardown(void)
-{
-    if (!net_made)
-        return;
-    sh("ip netns del %s 2>/dev/null; ip netns del %s 2>/dev/null", ns_e, ns_p);
-    net_made = 0;
-}
-
-static uint64_t now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
-}
-
-static void join_ns(const char *ns)
-{
-    char p[128];
-    snprintf(p, sizeof(p), "/var/run/netns/%s", ns);
-    int fd = open(p, O_RDONLY | O_CLOEXEC);
-    KT_CHECK(fd >= 0 && setns(fd, CLONE_NEWNET) == 0);
-    close(fd);
-}
 
 static void say(int fd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static void say(int fd, const char *fmt, ...)
@@ -77,12 +41,12 @@ static void say(int fd, const char *fmt, ...)
 /* Host P: the agent "part"; commands from the parent on cmd, replies on rep. */
 static void part_main(int cmd, int rep)
 {
-    join_ns(ns_p);
+    kt_netns_join(net.ns[1]);
     kvl_agent_t *a;
     kvl_agent_config_t cfg = {.field_mask = KVL_AGENT_CFG_BACKENDS | KVL_AGENT_CFG_TIMEOUT,
                               .create_backends = "", .timeout_ms = 2000};
     KT_OK(kvl_agent_create("part", &cfg, &a));
-    kvl_param_t p = {"host", ip_p};
+    kvl_param_t p = {"host", net.ip[1]};
     KT_OK(kvl_backend_create(a, "tcp", &p, 1, NULL));
     uint8_t *buf = calloc(1, 1 << 20);
     kvl_mem_desc_t d = {(uint64_t)(uintptr_t)buf, 1 << 20, KVL_DEV_ANY};
@@ -97,9 +61,9 @@ static void part_main(int cmd, int rep)
         if (m == NULL || strcmp(m, "exit") == 0)
             break;
         if (strcmp(m, "publish") == 0) {
-            uint64_t t0 = now_ms();
+            uint64_t t0 = kt_now_ms();
             kvl_status_t st = kvl_etcd_publish(a, NULL);
-            say(rep, "%s %llu %s", kvl_status_name(st), (unsigned long long)(now_ms() - t0),
+            say(rep, "%s %llu %s", kvl_status_name(st), (unsigned long long)(kt_now_ms() - t0),
                 st == KVL_OK ? "" : kvl_last_error()->what);
         } else if (strcmp(m, "check") == 0) {
             long bad = kt_verify(buf, 4096, 91);
@@ -109,24 +73,6 @@ static void part_main(int cmd, int rep)
     }
     kvl_agent_destroy(a);
     _exit(0);
-}
-
-static void write_to(kvl_agent_t *from, const char *to, void *src, uint64_t dst, uint64_t len)
-{
-    kvl_dlist_t *l, *r;
-    kvl_xfer_t *x;
-    KT_OK(kvl_dlist_create(KVL_MEM_DRAM, 1, &l));
-    KT_OK(kvl_dlist_create(KVL_MEM_DRAM, 1, &r));
-    KT_OK(kvl_dlist_add(l, (uint64_t)(uintptr_t)src, len, KVL_DEV_ANY));
-    KT_OK(kvl_dlist_add(r, dst, len, KVL_DEV_ANY));
-    KT_OK(kvl_xfer_create(from, KVL_WRITE, l, to, r, NULL, &x));
-    kvl_status_t st = kvl_xfer_post(x);
-    if (st == KVL_IN_PROGRESS)
-        st = kvl_xfer_wait(x, 20000);
-    KT_OK(st);
-    kvl_xfer_release(x);
-    kvl_dlist_destroy(l);
-    kvl_dlist_destroy(r);
 }
 
 static int wait_check(kvl_agent_t *a, const char *name, kvl_status_t want, int seconds)
@@ -148,41 +94,16 @@ int main(void)
     if (geteuid() != 0)
         KT_SKIP("network namespaces need root (CAP_SYS_ADMIN, CAP_NET_ADMIN); running as uid %d",
                 (int)geteuid());
-    if (sh("command -v ip >/dev/null 2>&1") != 0)
+    if (kt_sh("command -v ip >/dev/null 2>&1") != 0)
         KT_SKIP("the ip command (iproute2) is not installed");
     signal(SIGPIPE, SIG_IGN);
-    int id = getpid() % 200 + 20;
-    snprintf(ns_e, sizeof(ns_e), "kvlE%d", (int)getpid());
-    snprintf(ns_p, sizeof(ns_p), "kvlP%d", (int)getpid());
-    snprintf(veth_e, sizeof(veth_e), "kve%d", (int)getpid() % 100000);
-    snprintf(veth_p, sizeof(veth_p), "kvp%d", (int)getpid() % 100000);
-    snprintf(ip_e, sizeof(ip_e), "10.%d.78.1", id);
-    snprintf(ip_p, sizeof(ip_p), "10.%d.78.2", id);
-    if (sh("ip netns add %s 2>/tmp/kvl_netns_etcd_err.txt", ns_e) != 0) {
-        char why[256] = "";
-        FILE *f = fopen("/tmp/kvl_netns_etcd_err.txt", "r");
-        if (f) {
-            if (!fgets(why, sizeof(why), f))
-                why[0] = 0;
-            fclose(f);
-        }
-        KT_SKIP("'ip netns add' is not allowed here: %s", why);
-    }
-    net_made = 1;
-    atexit(net_teardown);
-    KT_CHECK(sh("ip netns add %s", ns_p) == 0);
-    KT_CHECK(sh("ip link add %s type veth peer name %s", veth_e, veth_p) == 0);
-    KT_CHECK(sh("ip link set %s netns %s && ip link set %s netns %s", veth_e, ns_e, veth_p,
-                ns_p) == 0);
-    KT_CHECK(sh("ip -n %s addr add %s/24 dev %s && ip -n %s link set %s up && ip -n %s link set "
-                "lo up", ns_e, ip_e, veth_e, ns_e, veth_e, ns_e) == 0);
-    KT_CHECK(sh("ip -n %s addr add %s/24 dev %s && ip -n %s link set %s up && ip -n %s link set "
-                "lo up", ns_p, ip_p, veth_p, ns_p, veth_p, ns_p) == 0);
+    kt_netns_pair(&net, "EP", 78);
     /* This process becomes host E (before any thread exists); etcd runs here. */
-    join_ns(ns_e);
-    etcd.host = ip_e;
+    kt_netns_join(net.ns[0]);
+    etcd.host = net.ip[0];
     kt_etcd_start(&etcd);
-    printf("hosts: %s (%s, etcd %s) <-veth-> %s (%s)\n", ns_e, ip_e, etcd.url, ns_p, ip_p);
+    printf("hosts: %s (%s, etcd %s) <-veth-> %s (%s)\n", net.ns[0], net.ip[0], etcd.url,
+           net.ns[1], net.ip[1]);
 
     int cmd[2], rep[2];
     KT_CHECK(pipe(cmd) == 0 && pipe(rep) == 0);
@@ -205,7 +126,7 @@ int main(void)
     kvl_agent_config_t cfg = {.field_mask = KVL_AGENT_CFG_BACKENDS | KVL_AGENT_CFG_TIMEOUT,
                               .create_backends = "", .timeout_ms = 2000};
     KT_OK(kvl_agent_create("stay", &cfg, &a));
-    kvl_param_t p = {"host", ip_e};
+    kvl_param_t p = {"host", net.ip[0]};
     KT_OK(kvl_backend_create(a, "tcp", &p, 1, NULL));
     uint8_t *src = malloc(4096);
     kt_fill(src, 4096, 91);
@@ -214,7 +135,7 @@ int main(void)
     kvl_etcd_config_t ec = {.endpoints = etcd.url, .prefix = "/kt/netns", .lease_ttl_s = 3};
     KT_OK(kvl_etcd_attach(a, &ec));
     KT_OK(kvl_etcd_fetch(a, "part", NULL, 10000));
-    write_to(a, "part", src, pbuf, 4096);
+    kt_write_wait(a, "part", src, pbuf, 4096, 20000);
     say(cmd[1], "check");
     m = kt_recv_msg(rep[0], &len, 30000);
     KT_CHECK(m != NULL && strcmp(m, "verified") == 0);
@@ -222,8 +143,8 @@ int main(void)
     printf("across hosts: fetched through etcd, write verified\n");
 
     /* partition: E's end goes down; P's packets to etcd vanish */
-    KT_CHECK(sh("ip -n %s link set %s down", ns_e, veth_e) == 0);
-    uint64_t t0 = now_ms();
+    KT_CHECK(kt_sh("ip -n %s link set %s down", net.ns[0], net.veth[0]) == 0);
+    uint64_t t0 = kt_now_ms();
     say(cmd[1], "publish");
     m = kt_recv_msg(rep[0], &len, 120000);
     KT_CHECK(m != NULL);
@@ -231,17 +152,17 @@ int main(void)
     KT_CHECK(strncmp(m, "KVL_ERR_TIMEOUT", 15) == 0 ||
              strncmp(m, "KVL_ERR_REMOTE_DISCONNECT", 25) == 0);
     KT_CHECK(strstr(m, etcd.url) != NULL);
-    KT_CHECK(now_ms() - t0 < 60000); /* bounded: never hangs */
+    KT_CHECK(kt_now_ms() - t0 < 60000); /* bounded: never hangs */
     free(m);
     KT_CHECK(wait_check(a, "part", KVL_ERR_NOT_FOUND, 60)); /* its lease expired (TTL 3 s) */
     printf("partition: publish failed bounded naming etcd; the follower dropped 'part' at "
            "lease expiry\n");
 
     /* heal: part's keeper grants a new lease and publishes again */
-    KT_CHECK(sh("ip -n %s link set %s up", ns_e, veth_e) == 0);
+    KT_CHECK(kt_sh("ip -n %s link set %s up", net.ns[0], net.veth[0]) == 0);
     KT_OK(kvl_etcd_fetch(a, "part", NULL, 60000));
     kt_fill(src, 4096, 91);
-    write_to(a, "part", src, pbuf, 4096);
+    kt_write_wait(a, "part", src, pbuf, 4096, 20000);
     say(cmd[1], "check");
     m = kt_recv_msg(rep[0], &len, 30000);
     KT_CHECK(m != NULL && strcmp(m, "verified") == 0);

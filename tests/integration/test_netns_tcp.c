@@ -25,35 +25,8 @@
 #define MIB (1ull << 20)
 #define TLEN (64 * MIB)
 
-static char ns_a[32], ns_b[32], veth_a[16], veth_b[16], ip_a[32], ip_b[32], self[4096];
-static int net_made;
-
-static int sh(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static int sh(const char *fmt, ...)
-{
-    char cmd[1024];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(cmd, sizeof(cmd), fmt, ap);
-    va_end(ap);
-    int rc = system(cmd);
-    return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
-}
-
-static void net_teardown(void)
-{
-    if (!net_made)
-        return;
-    sh("ip netns del %s 2>/dev/null; ip netns del %s 2>/dev/null", ns_a, ns_b);
-    net_made = 0;
-}
-
-static uint64_t now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
-}
+static char self[4096];
+static kt_netns_pair_t net;   /* host A: ns[0], ip[0]; host B (the target): ns[1] */
 
 /* ---- the target, in namespace B ---- */
 static int target_main(char **argv)
@@ -106,7 +79,7 @@ static void target_start(target_t *t, const char *name, const char *port, int lp
         dup2(from[1], 1);
         close(to[1]);
         close(from[0]);
-        execlp("ip", "ip", "netns", "exec", ns_b, self, "target", name, ip_b, port, lp,
+        execlp("ip", "ip", "netns", "exec", net.ns[1], self, "target", name, net.ip[1], port, lp,
                secret, (char *)NULL);
         _exit(127);
     }
@@ -157,12 +130,12 @@ static kvl_xfer_t *mk(kvl_agent_t *a, kvl_xfer_op_t op, void *l, const char *rna
 
 static kvl_status_t run(kvl_xfer_t *x, uint64_t *ms)
 {
-    uint64_t t0 = now_ms();
+    uint64_t t0 = kt_now_ms();
     kvl_status_t st = kvl_xfer_post(x);
     if (st == KVL_IN_PROGRESS)
         st = kvl_xfer_wait(x, 30000);
     if (ms)
-        *ms = now_ms() - t0;
+        *ms = kt_now_ms() - t0;
     return st;
 }
 
@@ -179,7 +152,7 @@ static void *later(void *arg)
     if (l->pid > 0)
         kill(l->pid, SIGKILL);
     else
-        sh("%s", l->cmd);
+        kt_sh("%s", l->cmd);
     return NULL;
 }
 
@@ -189,10 +162,10 @@ static kvl_status_t until_failure(kvl_xfer_t *x, later_t *l, uint64_t *worst)
 {
     pthread_t t;
     kvl_status_t st = KVL_OK;
-    uint64_t t0 = now_ms(), ms;
+    uint64_t t0 = kt_now_ms(), ms;
     *worst = 0;
     pthread_create(&t, NULL, later, l);
-    while (st == KVL_OK && now_ms() - t0 < 20000) {
+    while (st == KVL_OK && kt_now_ms() - t0 < 20000) {
         st = run(x, &ms);
         if (ms > *worst)
             *worst = ms;
@@ -208,50 +181,21 @@ int main(int argc, char **argv)
     if (geteuid() != 0)
         KT_SKIP("network namespaces need root (CAP_SYS_ADMIN, CAP_NET_ADMIN); running as uid %d",
                 (int)geteuid());
-    if (sh("command -v ip >/dev/null 2>&1") != 0)
+    if (kt_sh("command -v ip >/dev/null 2>&1") != 0)
         KT_SKIP("the ip command (iproute2) is not installed");
     ssize_t sl = readlink("/proc/self/exe", self, sizeof(self) - 1);
     KT_CHECK(sl > 0);
     self[sl] = 0;
-    int id = getpid() % 200 + 20;
-    snprintf(ns_a, sizeof(ns_a), "kvlA%d", (int)getpid());
-    snprintf(ns_b, sizeof(ns_b), "kvlB%d", (int)getpid());
-    snprintf(veth_a, sizeof(veth_a), "kva%d", (int)getpid() % 100000);
-    snprintf(veth_b, sizeof(veth_b), "kvb%d", (int)getpid() % 100000);
-    snprintf(ip_a, sizeof(ip_a), "10.%d.77.1", id);
-    snprintf(ip_b, sizeof(ip_b), "10.%d.77.2", id);
-    if (sh("ip netns add %s 2>/tmp/kvl_netns_err.txt", ns_a) != 0) {
-        char why[256] = "";
-        FILE *f = fopen("/tmp/kvl_netns_err.txt", "r");
-        if (f) {
-            if (!fgets(why, sizeof(why), f))
-                why[0] = 0;
-            fclose(f);
-        }
-        KT_SKIP("'ip netns add' is not allowed here: %s", why);
-    }
-    net_made = 1;
-    atexit(net_teardown);
-    KT_CHECK(sh("ip netns add %s", ns_b) == 0);
-    KT_CHECK(sh("ip link add %s type veth peer name %s", veth_a, veth_b) == 0);
-    KT_CHECK(sh("ip link set %s netns %s && ip link set %s netns %s", veth_a, ns_a, veth_b, ns_b) == 0);
-    KT_CHECK(sh("ip -n %s addr add %s/24 dev %s && ip -n %s link set %s up && ip -n %s link set lo up",
-                ns_a, ip_a, veth_a, ns_a, veth_a, ns_a) == 0);
-    KT_CHECK(sh("ip -n %s addr add %s/24 dev %s && ip -n %s link set %s up && ip -n %s link set lo up",
-                ns_b, ip_b, veth_b, ns_b, veth_b, ns_b) == 0);
+    kt_netns_pair(&net, "AB", 77);
     /* This process becomes host A: join namespace A before any thread exists. */
-    char nsp[128];
-    snprintf(nsp, sizeof(nsp), "/var/run/netns/%s", ns_a);
-    int nfd = open(nsp, O_RDONLY | O_CLOEXEC);
-    KT_CHECK(nfd >= 0 && setns(nfd, CLONE_NEWNET) == 0);
-    close(nfd);
-    printf("hosts: %s (%s) <-veth-> %s (%s)\n", ns_a, ip_a, ns_b, ip_b);
+    kt_netns_join(net.ns[0]);
+    printf("hosts: %s (%s) <-veth-> %s (%s)\n", net.ns[0], net.ip[0], net.ns[1], net.ip[1]);
 
     kvl_agent_t *a;
     kvl_agent_config_t cfg = {.field_mask = KVL_AGENT_CFG_BACKENDS | KVL_AGENT_CFG_TIMEOUT,
                               .create_backends = "", .timeout_ms = 2000};
     KT_OK(kvl_agent_create("hostA", &cfg, &a));
-    kvl_param_t p = {"host", ip_a};
+    kvl_param_t p = {"host", net.ip[0]};
     KT_OK(kvl_backend_create(a, "tcp", &p, 1, NULL));
     uint8_t *buf = mmap(NULL, 2 * TLEN, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     KT_CHECK(buf != MAP_FAILED);
@@ -279,7 +223,7 @@ int main(int argc, char **argv)
 
     /* 2. link down mid-transfer: the transfer fails within its 2 s bound */
     later_t l = {.ms = 150};
-    snprintf(l.cmd, sizeof(l.cmd), "ip link set %s down", veth_a);
+    snprintf(l.cmd, sizeof(l.cmd), "ip link set %s down", net.veth[0]);
     uint64_t worst;
     kvl_status_t st = until_failure(wx, &l, &worst);
     char e[4096];
@@ -289,7 +233,7 @@ int main(int argc, char **argv)
     KT_CHECK(st != KVL_OK && st != KVL_ERR_TIMEOUT);
     KT_CHECK(worst < 2000 + 1500);
     KT_ERROR_HAS("hostB");
-    KT_CHECK(sh("ip link set %s up", veth_a) == 0);
+    KT_CHECK(kt_sh("ip link set %s up", net.veth[0]) == 0);
     usleep(300000);
     st = KVL_ERR_REMOTE;
     for (int i = 0; i < 20 && st != KVL_OK; i++) {   /* reconnects once the link is back */
@@ -340,7 +284,7 @@ int main(int argc, char **argv)
     printf("5. secret required across hosts: refused\n");
 
     kvl_agent_destroy(a);
-    net_teardown();
+    kt_netns_remove();
     printf("netns: ok\n");
     return 0;
 }

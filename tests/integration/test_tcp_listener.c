@@ -22,45 +22,15 @@
 #include "backends/tcp/tcp_proto.h"
 #include "common/inet.h"
 
-static pthread_mutex_t log_lock = PTHREAD_MUTEX_INITIALIZER;
-static char logbuf[1 << 16];
-static size_t logn;
-
-static void log_cb(kvl_log_level_t level, const char *comp, const char *msg, void *arg)
-{
-    (void)arg;
-    pthread_mutex_lock(&log_lock);
-    int w = snprintf(logbuf + logn, sizeof(logbuf) - logn, "[%d] %s: %s\n", (int)level, comp, msg);
-    if (w > 0 && logn + (size_t)w < sizeof(logbuf))
-        logn += (size_t)w;
-    pthread_mutex_unlock(&log_lock);
-}
-
-static int log_has(const char *needle)
-{
-    pthread_mutex_lock(&log_lock);
-    int r = strstr(logbuf, needle) != NULL;
-    pthread_mutex_unlock(&log_lock);
-    return r;
-}
-
 /* The refusing side logs after the refused side returns: wait for it. */
 static int log_wait(const char *needle)
 {
     for (int i = 0; i < 100; i++) {
-        if (log_has(needle))
+        if (kt_log_has(needle))
             return 1;
         usleep(20000);
     }
     return 0;
-}
-
-static void log_clear(void)
-{
-    pthread_mutex_lock(&log_lock);
-    logn = 0;
-    logbuf[0] = 0;
-    pthread_mutex_unlock(&log_lock);
 }
 
 static kvl_agent_t *agent(const char *name, const char *secret)
@@ -85,24 +55,6 @@ static size_t nregions(kvl_agent_t *a, const char *name)
     if (kvl_remote_regions(a, name, r, NULL, 8, &n) != KVL_OK)
         return 0;
     return n;
-}
-
-static void write_to(kvl_agent_t *from, const char *to, void *src, uint64_t dst, uint64_t len)
-{
-    kvl_dlist_t *l, *r;
-    kvl_xfer_t *x;
-    KT_OK(kvl_dlist_create(KVL_MEM_DRAM, 1, &l));
-    KT_OK(kvl_dlist_create(KVL_MEM_DRAM, 1, &r));
-    KT_OK(kvl_dlist_add(l, (uint64_t)(uintptr_t)src, len, KVL_DEV_ANY));
-    KT_OK(kvl_dlist_add(r, dst, len, KVL_DEV_ANY));
-    KT_OK(kvl_xfer_create(from, KVL_WRITE, l, to, r, NULL, &x));
-    kvl_status_t st = kvl_xfer_post(x);
-    if (st == KVL_IN_PROGRESS)
-        st = kvl_xfer_wait(x, 10000);
-    KT_OK(st);
-    kvl_xfer_release(x);
-    kvl_dlist_destroy(l);
-    kvl_dlist_destroy(r);
 }
 
 /* Address of the tcp data port of an agent, from its metadata. */
@@ -173,7 +125,7 @@ static int32_t evil_request(int fd, uint16_t type, uint64_t id, uint64_t addr, u
 
 int main(void)
 {
-    kvl_log_set_callback(log_cb, NULL);
+    kvl_log_set_callback(kt_log_cb, NULL);
     const char *secret = "correct horse battery staple";
     kvl_agent_t *a = agent("alpha", secret), *b = agent("beta", secret);
     const size_t len = 1 << 20, page = 4096;
@@ -199,7 +151,7 @@ int main(void)
     printf("alpha listens on %s, beta on %s\n", la, lb);
     KT_OK(kvl_metadata_fetch(b, la, name, sizeof(name)));
     KT_CHECK(strcmp(name, "alpha") == 0);
-    write_to(b, "alpha", bbuf, ad.addr, len);
+    kt_write_wait(b, "alpha", bbuf, ad.addr, len, 10000);
     KT_CHECK(memcmp(abuf, bbuf, len) == 0);
     char d[512];
     kvl_remote_describe(b, "alpha", d, sizeof(d));
@@ -224,11 +176,11 @@ int main(void)
     /* 3. secrets: none, or another one, are refused on the listener and on
      *    data connections; both sides say why */
     kvl_agent_t *c = agent("gamma", NULL), *dd = agent("delta", "another secret");
-    log_clear();
+    kt_log_clear();
     KT_STATUS(kvl_metadata_fetch(c, la, NULL, 0), KVL_ERR_PERMISSION);
     KT_ERROR_HAS("requires a shared secret and this agent has none");
     KT_CHECK(log_wait("refused a connection from"));
-    log_clear();
+    kt_log_clear();
     KT_STATUS(kvl_metadata_fetch(dd, la, NULL, 0), KVL_ERR_PERMISSION);
     KT_ERROR_HAS("different secrets");
     KT_CHECK(log_wait("different secrets"));
@@ -241,7 +193,7 @@ int main(void)
     void *blob;
     size_t bl;
     KT_OK(kvl_metadata_get(a, &blob, &bl));
-    log_clear();
+    kt_log_clear();
     KT_STATUS(kvl_metadata_load(c, blob, bl, NULL, 0), KVL_ERR_NO_BACKEND);
     KT_ERROR_HAS("requires a shared secret");
     KT_CHECK(log_wait("refused a tcp connection"));
@@ -269,7 +221,7 @@ int main(void)
         KT_CHECK(kvli_tcp_io_read(fd, r, KVLI_TCP_HDR_LEN, deadline()) == 0);
         KT_CHECK(kvli_tcp_proto_hdr_parse(r, KVLI_TCP_DIR_REPLY, &h, why, sizeof(why)) == 0);
         KT_CHECK(h.status == 0 && kvli_tcp_io_read(fd, r, h.len, deadline()) == 0);
-        log_clear();
+        kt_log_clear();
         uint64_t A = ad.addr;
         KT_CHECK(evil_request(fd, KVLI_TCP_MSG_WRITE, 1, A - page, page) == KVL_ERR_OUT_OF_BOUNDS);
         KT_CHECK(evil_request(fd, KVLI_TCP_MSG_WRITE, 2, A + len - 100, 200) == KVL_ERR_OUT_OF_BOUNDS);
@@ -284,7 +236,7 @@ int main(void)
                 fprintf(stderr, "target byte %zu changed\n", i);
                 KT_CHECK(0);
             }
-        KT_CHECK(log_has("refused, nothing touched"));
+        KT_CHECK(kt_log_has("refused, nothing touched"));
         printf("4. out-of-region requests refused, target memory unchanged (%zu bytes checked)\n",
                len + 2 * page);
     }
@@ -321,7 +273,7 @@ int main(void)
         /* serving goes on while the idle connections are still open */
         KT_OK(kvl_metadata_fetch(b, la, NULL, 0));
         kt_fill(bbuf, len, 13);
-        write_to(b, "alpha", bbuf, ad.addr, len);
+        kt_write_wait(b, "alpha", bbuf, ad.addr, len, 10000);
         KT_CHECK(memcmp(abuf, bbuf, len) == 0);
         for (int i = 0; i < 8; i++)
             close(idle[i]);
