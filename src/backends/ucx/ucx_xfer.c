@@ -844,9 +844,10 @@ static kvli_ucx_xpriv_t *kvli_ucx_xfer_find(kvli_ucx_iface_t *iface, const kvl_b
     return NULL;
 }
 
-/* Ask the progress thread to stop xp and wait until xfer_done was called.
+/* Ask the progress thread to stop xp and wait until it is finished (its
+ * xfer_done returned), bounded; 1 when it is (xp may be freed then).
  * Called and returns with iface->lock held. */
-static void kvli_ucx_xfer_stop_wait(kvli_ucx_iface_t *iface, kvli_ucx_xpriv_t *xp, int abort)
+static int kvli_ucx_xfer_stop_wait(kvli_ucx_iface_t *iface, kvli_ucx_xpriv_t *xp, int abort)
 {
     struct timespec dl;
     uint64_t ms = 2 * xp->timeout_ms + 1000;
@@ -885,9 +886,11 @@ static void kvli_ucx_xfer_stop_wait(kvli_ucx_iface_t *iface, kvli_ucx_xpriv_t *x
         pthread_mutex_lock(&iface->lock);
     }
     xp->waiters--;
-    free_now = xp->finished && xp->waiters == 0;
+    int finished = xp->finished;
+    free_now = finished && xp->waiters == 0;
     if (free_now)
         free(xp);
+    return finished;
 }
 
 static void kvli_ucx_xfer_stop(void *bk, kvl_bk_xfer_t *x, int abort)
@@ -896,8 +899,11 @@ static void kvli_ucx_xfer_stop(void *bk, kvl_bk_xfer_t *x, int abort)
     kvli_ucx_xpriv_t *xp;
     pthread_mutex_lock(&iface->lock);
     xp = kvli_ucx_xfer_find(iface, x, NULL);
-    if (xp != NULL && atomic_load(&xp->done_called) == 0)
-        kvli_ucx_xfer_stop_wait(iface, xp, abort);
+    /* Also when xfer_done was already called: the progress thread may be
+     * inside it (it marks the call before making it), and the core frees
+     * the transfer as soon as this returns. Wait until it is finished. */
+    if (xp != NULL)
+        (void)kvli_ucx_xfer_stop_wait(iface, xp, abort);
     pthread_mutex_unlock(&iface->lock);
 }
 
@@ -917,9 +923,11 @@ void kvli_ucx_xfer_cancel_peer(kvli_ucx_iface_t *iface, kvli_ucx_peer_t *peer)
 {
     kvli_ucx_xpriv_t *xp;
     pthread_mutex_lock(&iface->lock);
-    while ((xp = kvli_ucx_xfer_find(iface, NULL, peer)) != NULL &&
-           atomic_load(&xp->done_called) == 0)
-        kvli_ucx_xfer_stop_wait(iface, xp, 0);
+    /* each until it is finished (see kvli_ucx_xfer_stop); one the progress
+     * thread never finishes (stuck) ends the loop after its bound */
+    while ((xp = kvli_ucx_xfer_find(iface, NULL, peer)) != NULL)
+        if (!kvli_ucx_xfer_stop_wait(iface, xp, 0))
+            break;
     pthread_mutex_unlock(&iface->lock);
 }
 
