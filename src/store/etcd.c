@@ -583,19 +583,8 @@ static size_t kvli_etcd_stream_sink(char *data, size_t sz, size_t nm, void *arg)
 {
     kvli_etcd_stream_t *w = arg;
     size_t n = sz * nm;
-    if (w->len + n + 1 > KVLI_ETCD_REPLY_MAX)
+    if (kvli_etcd_append(&w->buf, &w->len, &w->cap, data, n) != 0)
         return 0;
-    if (w->len + n + 1 > w->cap) {
-        size_t cap = (w->len + n + 1) * 2;
-        char *q = realloc(w->buf, cap);
-        if (q == NULL)
-            return 0;
-        w->buf = q;
-        w->cap = cap;
-    }
-    memcpy(w->buf + w->len, data, n);
-    w->len += n;
-    w->buf[w->len] = '\0';
     char *nl;
     while ((nl = memchr(w->buf, '\n', w->len)) != NULL) {
         *nl = '\0';

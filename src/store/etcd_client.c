@@ -172,26 +172,32 @@ typedef struct kvli_etcd_buf {
     bool over;
 } kvli_etcd_buf_t;
 
+int kvli_etcd_append(char **p, size_t *len, size_t *cap, const char *data, size_t n)
+{
+    if (*len + n + 1 > KVLI_ETCD_REPLY_MAX)
+        return -1;
+    if (*len + n + 1 > *cap) {
+        size_t c = (*len + n + 1) * 2;
+        char *q = realloc(*p, c);
+        if (q == NULL)
+            return -2;
+        *p = q;
+        *cap = c;
+    }
+    memcpy(*p + *len, data, n);
+    *len += n;
+    (*p)[*len] = '\0';
+    return 0;
+}
+
 static size_t kvli_etcd_sink(char *data, size_t sz, size_t nm, void *arg)
 {
     kvli_etcd_buf_t *b = arg;
     size_t n = sz * nm;
-    if (b->len + n + 1 > KVLI_ETCD_REPLY_MAX) {
+    int r = kvli_etcd_append(&b->p, &b->len, &b->cap, data, n);
+    if (r == -1)
         b->over = true;
-        return 0;
-    }
-    if (b->len + n + 1 > b->cap) {
-        size_t cap = (b->len + n + 1) * 2;
-        char *q = realloc(b->p, cap);
-        if (q == NULL)
-            return 0;
-        b->p = q;
-        b->cap = cap;
-    }
-    memcpy(b->p + b->len, data, n);
-    b->len += n;
-    b->p[b->len] = '\0';
-    return n;
+    return r == 0 ? n : 0;
 }
 
 /* One POST to one endpoint. Returns 0 with *out parsed (etcd answered,

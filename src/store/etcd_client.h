@@ -65,5 +65,8 @@ int64_t kvli_etcd_i64(json_object *o, const char *field);
 
 /* Common curl options: timeouts, no signals, TCP keepalive. */
 void kvli_etcd_curl_setup(CURL *h, uint64_t timeout_ms);
+/* Append n bytes to the NUL-terminated buffer *p (length *len, room *cap),
+ * growing it: 0; -1 past KVLI_ETCD_REPLY_MAX; -2 out of memory. */
+int kvli_etcd_append(char **p, size_t *len, size_t *cap, const char *data, size_t n);
 
 #endif

@@ -784,3 +784,12 @@ void kt_ucx_sanitizer_env(void)
     setenv("UCX_MEM_MMAP_HOOK_MODE", "none", 0);
 #endif
 }
+
+void kt_need_ucx(void)
+{
+    char reason[512];
+    kt_ucx_sanitizer_env();
+    if (kvl_backend_available("ucx", reason, sizeof(reason)) != KVL_OK)
+        KT_SKIP("ucx backend not available: %s", reason);
+    printf("ucx: %s\n", reason);
+}

@@ -97,6 +97,9 @@ void kt_clean_exit(void (*fn)(int), int arg, const char *label);
 /* Under AddressSanitizer UCX's mmap hooks break LeakSanitizer's tracer at
  * exit ("Tracer caught signal 11"): turn them off (peers inherit it). */
 void kt_ucx_sanitizer_env(void);
+/* The ucx tests' start: kt_ucx_sanitizer_env(), then skip (77) with the
+ * reason when the ucx backend is not available, else print what it has. */
+void kt_need_ucx(void);
 
 /* Deterministic pattern for checking bytes. */
 void kt_fill(void *p, size_t len, uint64_t seed);

@@ -201,10 +201,7 @@ static void teardown_child(int which)
 
 int main(void)
 {
-    kt_ucx_sanitizer_env();
-    char reason[512];
-    if (kvl_backend_available("ucx", reason, sizeof(reason)) != KVL_OK)
-        KT_SKIP("ucx backend not available: %s", reason);
+    kt_need_ucx();
     usage_errors();
     transfers("UCX's default transports", NULL);
     transfers("UCX_TLS=tcp", "tls=tcp");

@@ -140,10 +140,7 @@ static void scenario(int which)
 
 int main(void)
 {
-    kt_ucx_sanitizer_env();
-    char reason[512];
-    if (kvl_backend_available("ucx", reason, sizeof(reason)) != KVL_OK)
-        KT_SKIP("ucx backend not available: %s", reason);
+    kt_need_ucx();
     setenv("UCX_LOG_LEVEL", "warn", 1);
     kt_clean_exit(scenario, 1, "exit() without kvl_agent_destroy, registrations and a transfer live");
     kt_clean_exit(scenario, 2, "kvl_agent_destroy with registrations, remote and a transfer live");

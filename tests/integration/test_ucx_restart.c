@@ -194,11 +194,7 @@ static void run_mode(const char *label, const char *params, int rounds)
 
 int main(void)
 {
-    kt_ucx_sanitizer_env();
-    char reason[512];
-    if (kvl_backend_available("ucx", reason, sizeof(reason)) != KVL_OK)
-        KT_SKIP("ucx backend not available: %s", reason);
-    printf("ucx: %s\n", reason);
+    kt_need_ucx();
     /* UCX's keepalive every 200 ms instead of a quarter of the agents' 3 s:
      * a target killed mid-transfer is found dead sooner, so 100 rounds fit
      * CI's time (what is checked does not depend on it) */

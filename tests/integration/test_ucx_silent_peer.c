@@ -153,11 +153,7 @@ static void run_mode(const char *label, const char *params)
 
 int main(void)
 {
-    kt_ucx_sanitizer_env();
-    char reason[512];
-    if (kvl_backend_available("ucx", reason, sizeof(reason)) != KVL_OK)
-        KT_SKIP("ucx backend not available: %s", reason);
-    printf("ucx: %s\n", reason);
+    kt_need_ucx();
     /* UCX's keepalive every 200 ms (the agents' 60 s bound would make it
      * 15 s): a SIGSTOPped peer still passes it (its process is there), a
      * killed one fails it */

@@ -95,11 +95,7 @@ static void run_mode(const char *label, const char *params)
 
 int main(void)
 {
-    kt_ucx_sanitizer_env();
-    char reason[512];
-    if (kvl_backend_available("ucx", reason, sizeof(reason)) != KVL_OK)
-        KT_SKIP("ucx backend not available: %s", reason);
-    printf("ucx: %s\n", reason);
+    kt_need_ucx();
     run_mode("UCX default (shared memory)", NULL);
     run_mode("UCX_TLS=tcp", "tls=tcp");
     /* the staged path VRAM takes when UCX cannot map it, here with DRAM */
