@@ -17,6 +17,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <poll.h>
+#include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <unistd.h>
 #include "common/clock.h"
@@ -43,6 +45,21 @@ typedef struct kvli_etcd_waiter {
     int64_t rev;                       /* watch from (after the first read; 0 before) */
 } kvli_etcd_waiter_t;
 
+/* A read of one key, sent to etcd with the reads other threads of the
+ * agent wait for (kvli_etcd_get_key). */
+typedef struct kvli_etcd_read {
+    struct kvli_etcd_read *next;
+    const char *key;
+    bool done;
+    kvl_status_t st;
+    void *blob;
+    size_t len;
+    int64_t rev;
+    kvl_error_t err;
+} kvli_etcd_read_t;
+
+#define KVLI_ETCD_READ_BATCH 64u       /* etcd allows 128 operations per transaction */
+
 typedef struct kvli_etcd_pub {
     struct kvli_etcd_pub *next;
     char label[KVLI_ETCD_LABEL_MAX];
@@ -64,7 +81,8 @@ typedef struct kvli_etcd {
     kvli_etcd_waiter_t *waiters;
     kvli_etcd_pub_t *pubs;
     kvli_etcd_follow_t *follows;
-    CURLM *multi;                      /* the watcher's, NULL when it does not run */
+    CURLM *multi;                      /* the HTTP watcher's, NULL when it does not run */
+    int wake_fd;                       /* eventfd: wakes the WebSocket watcher */
     bool watch_restart;
     pthread_t keeper, watcher;
     bool threads;
@@ -72,6 +90,9 @@ typedef struct kvli_etcd {
     CURL *call_h;
     CURL *fetch_pool[2];               /* idle handles of fetches (under lock), */
     unsigned n_fetch_pool;             /* which run in parallel */
+    kvli_etcd_read_t *reads, **reads_tail; /* reads queued for the next batch */
+    bool reading;                      /* a batch is with etcd */
+    pthread_cond_t read_cond;          /* a batch came back */
 } kvli_etcd_t;
 
 static void *kvli_etcd_create(kvl_agent_t *a)
@@ -80,9 +101,16 @@ static void *kvli_etcd_create(kvl_agent_t *a)
     if (s == NULL)
         return NULL;
     s->a = a;
+    s->wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    if (s->wake_fd < 0) {
+        free(s);
+        return NULL;
+    }
     pthread_mutex_init(&s->lock, NULL);
     pthread_cond_init(&s->cond, NULL);
     pthread_cond_init(&s->put_cond, NULL);
+    pthread_cond_init(&s->read_cond, NULL);
+    s->reads_tail = &s->reads;
     pthread_mutex_init(&s->call_lock, NULL);
     return s;
 }
@@ -102,6 +130,9 @@ static void kvli_etcd_wake(kvli_etcd_t *s)
 {
     if (s->multi != NULL)
         curl_multi_wakeup(s->multi);
+    uint64_t one = 1;
+    if (s->wake_fd >= 0 && write(s->wake_fd, &one, sizeof(one)) < 0 && errno != EAGAIN)
+        kvli_log(KVL_LOG_DEBUG, "etcd", "watcher wake: %s", strerror(errno));
 }
 
 /* ---- keys ---- */
@@ -461,7 +492,9 @@ static void kvli_etcd_event(kvli_etcd_t *s, CURL *h, json_object *ev)
         pthread_cond_broadcast(&s->put_cond);
     }
     kvli_etcd_follow_t *f = kvli_etcd_follow_find(s, name);
-    bool mine = f != NULL;
+    /* An event older than what the fetch read (a stream opened for the
+     * fetch's wait delivers it late) says nothing about what is loaded. */
+    bool mine = f != NULL && kvli_etcd_i64(kv, "mod_revision") >= f->rev;
     uint64_t held = mine ? f->incarnation : 0, held_gen = mine ? f->generation : 0;
     char label[KVLI_ETCD_LABEL_MAX] = "";
     if (mine)
@@ -676,11 +709,51 @@ static void kvli_etcd_stream_ended(kvli_etcd_t *s, kvli_etcd_stream_t *w, CURLco
     w->backoff_ms = w->backoff_ms * 2 > 2000 ? 2000 : w->backoff_ms * 2;
 }
 
-/* The watcher thread: one stream per followed or awaited agent, driven by
- * one curl multi handle; resumed from the next revision. */
-static void *kvli_etcd_watcher_main(void *arg)
+/* Every agent to watch (under s->lock): each followed one, and each one a
+ * fetch waits for once its first read is done, with the revision to watch
+ * from; fn marks (and creates) the watch of that name. */
+typedef void (*kvli_etcd_want_fn)(void *ctx, const char *name, int64_t rev);
+
+static void kvli_etcd_wanted(kvli_etcd_t *s, kvli_etcd_want_fn fn, void *ctx)
 {
-    kvli_etcd_t *s = arg;
+    for (kvli_etcd_follow_t *f = s->follows; f != NULL; f = f->next)
+        fn(ctx, f->name, f->rev);
+    for (kvli_etcd_waiter_t *wt = s->waiters; wt != NULL; wt = wt->next)
+        if (wt->rev != 0)
+            fn(ctx, wt->name, wt->rev);
+}
+
+typedef struct kvli_etcd_http_want {
+    kvli_etcd_t *s;
+    CURL *rh;
+    kvli_etcd_stream_t **streams;
+} kvli_etcd_http_want_t;
+
+static void kvli_etcd_http_want(void *ctx, const char *name, int64_t rev)
+{
+    kvli_etcd_http_want_t *hw = ctx;
+    kvli_etcd_stream_t *w = *hw->streams;
+    while (w != NULL && strcmp(w->name, name) != 0)
+        w = w->next;
+    if (w == NULL && (w = calloc(1, sizeof(*w))) != NULL) {
+        w->s = hw->s;
+        w->rh = hw->rh;
+        kvli_scopy(w->name, sizeof(w->name), name);
+        w->rev = rev;
+        w->backoff_ms = 100;
+        w->next = *hw->streams;
+        *hw->streams = w;
+    }
+    if (w != NULL)
+        w->wanted = true;
+}
+
+/* The watcher over plain HTTP: one stream per followed or awaited agent,
+ * driven by one curl multi handle; resumed from the next revision. Used
+ * with etcd authentication (etcd's WebSocket proxy does not pass the token
+ * on) and where the gateway refuses WebSockets. */
+static void kvli_etcd_watcher_http(kvli_etcd_t *s)
+{
     CURLM *m = curl_multi_init();
     CURL *rh = curl_easy_init();
     kvli_etcd_stream_t *streams = NULL;
@@ -693,40 +766,9 @@ static void *kvli_etcd_watcher_main(void *arg)
         s->watch_restart = false;
         for (kvli_etcd_stream_t *w = streams; w != NULL; w = w->next)
             w->wanted = false;
-        for (kvli_etcd_follow_t *f = s->follows; !stop && f != NULL; f = f->next) {
-            kvli_etcd_stream_t *w = streams;
-            while (w != NULL && strcmp(w->name, f->name) != 0)
-                w = w->next;
-            if (w == NULL && (w = calloc(1, sizeof(*w))) != NULL) {
-                w->s = s;
-                w->rh = rh;
-                kvli_scopy(w->name, sizeof(w->name), f->name);
-                w->rev = f->rev;
-                w->backoff_ms = 100;
-                w->next = streams;
-                streams = w;
-            }
-            if (w != NULL)
-                w->wanted = true;
-        }
-        for (kvli_etcd_waiter_t *wt = s->waiters; !stop && wt != NULL; wt = wt->next) {
-            kvli_etcd_stream_t *w = streams;
-            if (wt->rev == 0)
-                continue; /* its first read is not done */
-            while (w != NULL && strcmp(w->name, wt->name) != 0)
-                w = w->next;
-            if (w == NULL && (w = calloc(1, sizeof(*w))) != NULL) {
-                w->s = s;
-                w->rh = rh;
-                kvli_scopy(w->name, sizeof(w->name), wt->name);
-                w->rev = wt->rev;
-                w->backoff_ms = 100;
-                w->next = streams;
-                streams = w;
-            }
-            if (w != NULL)
-                w->wanted = true;
-        }
+        kvli_etcd_http_want_t hw = {.s = s, .rh = rh, .streams = &streams};
+        if (!stop)
+            kvli_etcd_wanted(s, kvli_etcd_http_want, &hw);
         pthread_mutex_unlock(&s->lock);
         if (stop)
             break;
@@ -793,6 +835,324 @@ static void *kvli_etcd_watcher_main(void *arg)
     }
     curl_multi_cleanup(m);
     curl_easy_cleanup(rh);
+}
+
+/* ---- the watcher over one WebSocket ---- */
+
+/* One watch on the agent's WebSocket: the presence key of one agent. */
+typedef struct kvli_etcd_ww {
+    struct kvli_etcd_ww *next;
+    char name[KVL_NAME_MAX];
+    int64_t id;                        /* our watch_id on the connection */
+    int64_t rev;                       /* next revision to watch from (0: now) */
+    uint64_t order;                    /* when its create was sent (creates answer in order) */
+    bool sent, pending, wanted, warned;
+    uint64_t retry_ms;                 /* monotonic ms of the next create */
+    unsigned backoff_ms;
+} kvli_etcd_ww_t;
+
+typedef struct kvli_etcd_wsw {
+    kvli_etcd_t *s;
+    CURL *rh;                          /* reloads and resyncs */
+    kvli_etcd_ws_t ws;
+    bool open, ever, warned, broken;
+    kvli_etcd_ww_t *list;
+    int64_t next_id;
+    uint64_t next_order, retry_ms;
+    unsigned backoff_ms;
+    char fail[256];
+} kvli_etcd_wsw_t;
+
+static void kvli_etcd_ws_want(void *ctx, const char *name, int64_t rev)
+{
+    kvli_etcd_wsw_t *c = ctx;
+    kvli_etcd_ww_t *w = c->list;
+    while (w != NULL && strcmp(w->name, name) != 0)
+        w = w->next;
+    if (w == NULL && (w = calloc(1, sizeof(*w))) != NULL) {
+        kvli_scopy(w->name, sizeof(w->name), name);
+        w->rev = rev;
+        w->backoff_ms = 100;
+        w->next = c->list;
+        c->list = w;
+    }
+    if (w != NULL)
+        w->wanted = true;
+}
+
+static kvli_etcd_ww_t *kvli_etcd_ww_by_id(kvli_etcd_wsw_t *c, int64_t id)
+{
+    for (kvli_etcd_ww_t *w = c->list; w != NULL; w = w->next)
+        if (w->sent && !w->pending && w->id == id)
+            return w;
+    return NULL;
+}
+
+/* The create that this "created" answer is for: the oldest one unanswered. */
+static kvli_etcd_ww_t *kvli_etcd_ww_oldest(kvli_etcd_wsw_t *c)
+{
+    kvli_etcd_ww_t *o = NULL;
+    for (kvli_etcd_ww_t *w = c->list; w != NULL; w = w->next)
+        if (w->pending && (o == NULL || w->order < o->order))
+            o = w;
+    return o;
+}
+
+/* Send one watch request (create or cancel): false when the connection broke. */
+static bool kvli_etcd_ws_req(kvli_etcd_wsw_t *c, json_object *req, const char *what)
+{
+    char why[200];
+    int r = kvli_etcd_ws_send(&c->ws, json_object_to_json_string_ext(req, JSON_C_TO_STRING_PLAIN),
+                              c->s->cl.timeout_ms, why, sizeof(why));
+    json_object_put(req);
+    if (r != 0) {
+        snprintf(c->fail, sizeof(c->fail), "%s: %s", what, why);
+        c->broken = true;
+    }
+    return r == 0;
+}
+
+static void kvli_etcd_ws_create(kvli_etcd_wsw_t *c, kvli_etcd_ww_t *w)
+{
+    char key[KVLI_ETCD_PREFIX_MAX + KVL_NAME_MAX + 8];
+    json_object *b = json_object_new_object(), *cr = json_object_new_object();
+    kvli_etcd_pkey(c->s, w->name, key, sizeof(key));
+    kvli_etcd_put_key(cr, "key", key);
+    if (w->rev > 0)
+        json_object_object_add(cr, "start_revision", json_object_new_int64(w->rev));
+    w->id = ++c->next_id;
+    json_object_object_add(cr, "watch_id", json_object_new_int64(w->id));
+    json_object_object_add(b, "create_request", cr);
+    if (kvli_etcd_ws_req(c, b, "creating a watch")) {
+        w->sent = w->pending = true;
+        w->order = ++c->next_order;
+    }
+}
+
+static void kvli_etcd_ws_cancel(kvli_etcd_wsw_t *c, kvli_etcd_ww_t *w)
+{
+    json_object *b = json_object_new_object(), *cr = json_object_new_object();
+    json_object_object_add(cr, "watch_id", json_object_new_int64(w->id));
+    json_object_object_add(b, "cancel_request", cr);
+    (void)kvli_etcd_ws_req(c, b, "cancelling a watch");
+}
+
+/* A watch etcd ended or refused: again after its backoff. */
+static void kvli_etcd_ww_retry(kvli_etcd_wsw_t *c, kvli_etcd_ww_t *w, const char *why)
+{
+    if (!w->warned)
+        kvli_log(KVL_LOG_WARN, "etcd", "agent '%s': etcd watch on agent '%s' ended: %s; "
+                 "resuming from revision %" PRId64 " (its restarts and departures are seen "
+                 "when it resumes)", c->s->a->name, w->name, why, w->rev);
+    w->warned = true;
+    w->sent = w->pending = false;
+    w->retry_ms = kvli_clock_ms() + w->backoff_ms;
+    w->backoff_ms = w->backoff_ms * 2 > 2000 ? 2000 : w->backoff_ms * 2;
+}
+
+/* One message on the WebSocket: a watch answer. */
+static void kvli_etcd_ws_msg(void *arg, const char *text, size_t len)
+{
+    kvli_etcd_wsw_t *c = arg;
+    json_object *o = json_tokener_parse(text), *r = NULL, *evs = NULL, *x = NULL;
+    (void)len;
+    if (o == NULL)
+        return;
+    if (!json_object_object_get_ex(o, "result", &r)) {
+        int code = 0;
+        json_object *m = NULL;
+        json_object_object_get_ex(o, "message", &m);
+        if (json_object_object_get_ex(o, "code", &x))
+            code = json_object_get_int(x);
+        snprintf(c->fail, sizeof(c->fail), "%s (gRPC code %d)",
+                 m ? json_object_get_string(m) : "an error", code);
+        c->broken = true;
+        json_object_put(o);
+        return;
+    }
+    bool created = json_object_object_get_ex(r, "created", &x) && json_object_get_boolean(x);
+    bool canceled = json_object_object_get_ex(r, "canceled", &x) && json_object_get_boolean(x);
+    int64_t compact = kvli_etcd_i64(r, "compact_revision");
+    const char *reason = json_object_object_get_ex(r, "cancel_reason", &x)
+                         ? json_object_get_string(x) : "no reason given";
+    kvli_etcd_ww_t *w = created ? kvli_etcd_ww_oldest(c)
+                                : kvli_etcd_ww_by_id(c, kvli_etcd_i64(r, "watch_id"));
+    if (w == NULL) {
+        json_object_put(o); /* a watch cancelled since */
+        return;
+    }
+    if (created) {
+        w->pending = false;
+        if (!canceled) {
+            w->backoff_ms = 100;
+            if (w->warned)
+                kvli_log(KVL_LOG_INFO, "etcd", "agent '%s': etcd watch on agent '%s' resumed",
+                         c->s->a->name, w->name);
+            w->warned = false;
+        }
+    }
+    if (canceled && compact > 0) {
+        kvli_log(KVL_LOG_INFO, "etcd", "agent '%s': etcd compacted past the watch's "
+                 "revision; checking the followed agents", c->s->a->name);
+        w->rev = compact;
+        w->sent = w->pending = false;
+        kvli_etcd_resync(c->s, c->rh);
+    } else if (canceled) {
+        char why[200];
+        snprintf(why, sizeof(why), "etcd canceled the watch: %.150s", reason);
+        kvli_etcd_ww_retry(c, w, why);
+    }
+    if (!canceled && json_object_object_get_ex(r, "events", &evs)) {
+        size_t n = json_object_array_length(evs);
+        for (size_t i = 0; i < n; i++) {
+            json_object *ev = json_object_array_get_idx(evs, i), *kv = NULL;
+            kvli_etcd_event(c->s, c->rh, ev);
+            if (json_object_object_get_ex(ev, "kv", &kv) &&
+                kvli_etcd_i64(kv, "mod_revision") >= w->rev)
+                w->rev = kvli_etcd_i64(kv, "mod_revision") + 1;
+        }
+    }
+    json_object_put(o);
+}
+
+/* The connection went (or never came): every watch is created again on
+ * the next one, from its revision. */
+static void kvli_etcd_ws_down(kvli_etcd_wsw_t *c, const char *why)
+{
+    kvli_etcd_t *s = c->s;
+    if (c->open)
+        kvli_etcd_ws_close(&c->ws);
+    if (!c->warned)
+        kvli_log(c->ever ? KVL_LOG_INFO : KVL_LOG_WARN, "etcd", "agent '%s': etcd watch "
+                 "connection to %s ended: %s; resuming every watch from its revision (restarts "
+                 "and departures are seen when it resumes)", s->a->name,
+                 s->cl.eps[atomic_load(&s->cl.cur) % s->cl.n_eps], why);
+    c->warned = true;
+    if (!c->open && s->cl.n_eps > 1) {
+        unsigned cur = atomic_load(&s->cl.cur);
+        atomic_compare_exchange_strong(&s->cl.cur, &cur, (cur + 1) % s->cl.n_eps);
+    }
+    c->open = c->broken = false;
+    for (kvli_etcd_ww_t *w = c->list; w != NULL; w = w->next)
+        w->sent = w->pending = false;
+    c->retry_ms = kvli_clock_ms() + c->backoff_ms;
+    c->backoff_ms = c->backoff_ms * 2 > 2000 ? 2000 : c->backoff_ms * 2;
+}
+
+/* Connect when due: 1 open, 0 not now, -1 the gateway answers no
+ * WebSocket upgrade (use plain HTTP streams instead). */
+static int kvli_etcd_ws_connect(kvli_etcd_wsw_t *c)
+{
+    kvli_etcd_t *s = c->s;
+    char why[300];
+    if (c->open)
+        return 1;
+    if (kvli_clock_ms() < c->retry_ms)
+        return 0;
+    const char *ep = s->cl.eps[atomic_load(&s->cl.cur) % s->cl.n_eps];
+    int r = kvli_etcd_ws_open(&c->ws, ep, "/v3/watch", s->cl.timeout_ms, why, sizeof(why));
+    if (r == -2) {
+        kvli_log(KVL_LOG_INFO, "etcd", "agent '%s': etcd at %s: %s; watching each agent on a "
+                 "plain HTTP stream of its own instead", s->a->name, ep, why);
+        return -1;
+    }
+    if (r != 0) {
+        kvli_etcd_ws_down(c, why);
+        return 0;
+    }
+    if (c->warned)
+        kvli_log(KVL_LOG_INFO, "etcd", "agent '%s': etcd watch connection to %s is back",
+                 s->a->name, ep);
+    c->open = c->ever = true;
+    c->warned = false;
+    c->backoff_ms = 100;
+    return 1;
+}
+
+/* Creates and cancels the wanted set needs; the time of the next retry. */
+static uint64_t kvli_etcd_ws_sync(kvli_etcd_wsw_t *c, uint64_t now)
+{
+    uint64_t next = now + 1000;
+    for (kvli_etcd_ww_t **pp = &c->list; *pp != NULL;) {
+        kvli_etcd_ww_t *w = *pp;
+        if (!w->wanted && !w->pending) {
+            /* one still unanswered stays until its answer, so the order holds */
+            if (w->sent && c->open && !c->broken)
+                kvli_etcd_ws_cancel(c, w);
+            *pp = w->next;
+            free(w);
+            continue;
+        }
+        if (w->wanted && !w->sent && c->open && !c->broken && now >= w->retry_ms)
+            kvli_etcd_ws_create(c, w);
+        if (w->wanted && !w->sent && w->retry_ms < next)
+            next = w->retry_ms;
+        pp = &w->next;
+    }
+    return next;
+}
+
+/* The watcher over one WebSocket: every watch of the agent on one
+ * connection. Returns false when the gateway has no WebSockets. */
+static bool kvli_etcd_watcher_ws(kvli_etcd_t *s)
+{
+    kvli_etcd_wsw_t c = {.s = s, .rh = curl_easy_init(), .backoff_ms = 100};
+    bool ok = true;
+    for (;;) {
+        pthread_mutex_lock(&s->lock);
+        bool stop = s->stopping, restart = s->watch_restart;
+        s->watch_restart = false;
+        for (kvli_etcd_ww_t *w = c.list; w != NULL; w = w->next)
+            w->wanted = false;
+        if (!stop)
+            kvli_etcd_wanted(s, kvli_etcd_ws_want, &c);
+        pthread_mutex_unlock(&s->lock);
+        if (stop)
+            break;
+        if (restart && c.open) {
+            kvli_etcd_ws_down(&c, "etcd was out of reach");
+            c.retry_ms = kvli_clock_ms();
+        }
+        int r = c.list != NULL ? kvli_etcd_ws_connect(&c) : 0;
+        if (r < 0) {
+            ok = false;
+            break;
+        }
+        uint64_t now = kvli_clock_ms(), next = kvli_etcd_ws_sync(&c, now);
+        if (!c.open && c.list != NULL && c.retry_ms < next)
+            next = c.retry_ms;
+        struct pollfd p[2] = {{.fd = s->wake_fd, .events = POLLIN},
+                              {.fd = c.open ? c.ws.fd : -1, .events = POLLIN}};
+        int wait_ms = c.broken ? 0 : next > now ? (int)(next - now) : 0;
+        (void)poll(p, 2, wait_ms > 1000 ? 1000 : wait_ms);
+        if (p[0].revents & POLLIN) {
+            uint64_t v;
+            if (read(s->wake_fd, &v, sizeof(v)) < 0 && errno != EAGAIN)
+                kvli_log(KVL_LOG_DEBUG, "etcd", "watcher wake read: %s", strerror(errno));
+        }
+        char why[300] = "";
+        if (c.open && !c.broken &&
+            kvli_etcd_ws_read(&c.ws, kvli_etcd_ws_msg, &c, why, sizeof(why)) != 0)
+            kvli_etcd_ws_down(&c, why);
+        else if (c.open && c.broken)
+            kvli_etcd_ws_down(&c, c.fail);
+    }
+    if (c.open)
+        kvli_etcd_ws_close(&c.ws);
+    while (c.list != NULL) {
+        kvli_etcd_ww_t *w = c.list;
+        c.list = w->next;
+        free(w);
+    }
+    curl_easy_cleanup(c.rh);
+    return ok;
+}
+
+static void *kvli_etcd_watcher_main(void *arg)
+{
+    kvli_etcd_t *s = arg;
+    if (s->cl.user[0] != '\0' || !kvli_etcd_watcher_ws(s))
+        kvli_etcd_watcher_http(s);
     return NULL;
 }
 
@@ -831,7 +1191,8 @@ kvl_status_t kvl_etcd_attach(kvl_agent_t *a, const kvl_etcd_config_t *cfg)
     kvli_etcd_global_init();
     kvli_etcd_t *s = kvli_store_state(a, &kvli_etcd_store, true);
     if (s == NULL)
-        return kvli_fail_simple(a, KVL_ERR_NO_MEMORY, NULL, "kvl_etcd_attach: out of memory");
+        return kvli_fail_simple(a, KVL_ERR_NO_MEMORY, NULL,
+                                "kvl_etcd_attach: out of memory or file descriptors (eventfd)");
     pthread_mutex_lock(&s->call_lock);
     pthread_mutex_lock(&s->lock);
     bool busy = s->attached || s->stopping;
@@ -972,35 +1333,127 @@ kvl_status_t kvl_etcd_publish(kvl_agent_t *a, const char *label)
     return KVL_OK;
 }
 
-/* Range-get one key: KVL_OK with *blob_p (malloc'ed) or KVL_ERR_NOT_FOUND. */
-static kvl_status_t kvli_etcd_get_key(kvli_etcd_t *s, CURL *h, const char *key, void **blob_p,
-                                      size_t *len_p, int64_t *rev_p, kvl_error_t *err)
+/* The metadata in one range answer: KVL_OK with *blob_p (malloc'ed), or
+ * KVL_ERR_NOT_FOUND (no key, or an empty value: no metadata, as NIXL). */
+static kvl_status_t kvli_etcd_range_value(json_object *ans, void **blob_p, size_t *len_p)
 {
-    json_object *b = json_object_new_object(), *out = NULL, *kvs = NULL, *v = NULL;
+    json_object *kvs = NULL, *v = NULL;
     *blob_p = NULL;
-    kvli_etcd_put_key(b, "key", key);
-    kvl_status_t st = kvli_etcd_call(&s->cl, h, "/v3/kv/range", b, &out, NULL, 0, err);
-    json_object_put(b);
-    if (st != KVL_OK)
-        return st;
-    if (rev_p != NULL) {
-        json_object *hdr = NULL;
-        json_object_object_get_ex(out, "header", &hdr);
-        *rev_p = kvli_etcd_i64(hdr, "revision");
-    }
-    if (!json_object_object_get_ex(out, "kvs", &kvs) || json_object_array_length(kvs) == 0 ||
-        !json_object_object_get_ex(json_object_array_get_idx(kvs, 0), "value", &v)) {
-        json_object_put(out);
+    *len_p = 0;
+    if (!json_object_object_get_ex(ans, "kvs", &kvs) || json_object_array_length(kvs) == 0 ||
+        !json_object_object_get_ex(json_object_array_get_idx(kvs, 0), "value", &v))
         return KVL_ERR_NOT_FOUND;
-    }
     *blob_p = kvli_etcd_unb64(json_object_get_string(v), len_p);
-    json_object_put(out);
     if (*blob_p == NULL || *len_p == 0) {
         free(*blob_p);
         *blob_p = NULL;
-        return KVL_ERR_NOT_FOUND; /* an empty value is no metadata (NIXL: same) */
+        return KVL_ERR_NOT_FOUND;
     }
     return KVL_OK;
+}
+
+/* Read a batch of keys: one range, or one read-only transaction of ranges
+ * (etcd answers it at one revision). Fills every read's result. */
+static void kvli_etcd_read_batch(kvli_etcd_t *s, CURL *h, kvli_etcd_read_t **batch, unsigned n)
+{
+    json_object *b = json_object_new_object(), *out = NULL, *hdr = NULL, *resps = NULL;
+    kvl_error_t err;
+    kvli_err_blank(&err);
+    if (n == 1) {
+        kvli_etcd_put_key(b, "key", batch[0]->key);
+    } else {
+        json_object *ops = json_object_new_array();
+        for (unsigned i = 0; i < n; i++) {
+            json_object *op = json_object_new_object(), *rr = json_object_new_object();
+            kvli_etcd_put_key(rr, "key", batch[i]->key);
+            json_object_object_add(op, "request_range", rr);
+            json_object_array_add(ops, op);
+        }
+        json_object_object_add(b, "success", ops);
+    }
+    kvl_status_t st = kvli_etcd_call(&s->cl, h, n == 1 ? "/v3/kv/range" : "/v3/kv/txn", b, &out,
+                                     NULL, 0, &err);
+    json_object_put(b);
+    if (st == KVL_OK && n > 1 && (!json_object_object_get_ex(out, "responses", &resps) ||
+                                  json_object_array_length(resps) != n)) {
+        kvli_err(&err, KVL_ERR_REMOTE, EPROTO, "etcd answered a transaction of %u reads with "
+                 "%zu answers", n, resps ? json_object_array_length(resps) : (size_t)0);
+        kvli_hint(&err, "is that an etcd v3.4 or later? Check its log");
+        st = KVL_ERR_REMOTE;
+    }
+    json_object_object_get_ex(out, "header", &hdr);
+    int64_t rev = st == KVL_OK ? kvli_etcd_i64(hdr, "revision") : 0;
+    for (unsigned i = 0; i < n; i++) {
+        kvli_etcd_read_t *r = batch[i];
+        json_object *ans = out, *rr = NULL;
+        r->rev = rev;
+        r->st = st;
+        if (st != KVL_OK) {
+            r->err = err;
+            continue;
+        }
+        if (n > 1 && json_object_object_get_ex(json_object_array_get_idx(resps, i),
+                                               "response_range", &rr))
+            ans = rr;
+        else if (n > 1)
+            ans = NULL;
+        r->st = kvli_etcd_range_value(ans, &r->blob, &r->len);
+    }
+    if (out != NULL)
+        json_object_put(out);
+}
+
+/* Range-get one key: KVL_OK with *blob_p (malloc'ed) or KVL_ERR_NOT_FOUND.
+ * Reads that threads of this agent ask for at the same time go to etcd
+ * together: the caller that finds no batch in flight sends every read
+ * queued so far (up to KVLI_ETCD_READ_BATCH) as one request. */
+static kvl_status_t kvli_etcd_get_key(kvli_etcd_t *s, CURL *h, const char *key, void **blob_p,
+                                      size_t *len_p, int64_t *rev_p, kvl_error_t *err)
+{
+    kvli_etcd_read_t me = {.key = key};
+    pthread_mutex_lock(&s->lock);
+    *s->reads_tail = &me;
+    s->reads_tail = &me.next;
+    while (!me.done) {
+        if (s->reading) {
+            pthread_cond_wait(&s->read_cond, &s->lock);
+            continue;
+        }
+        kvli_etcd_read_t *batch[KVLI_ETCD_READ_BATCH];
+        unsigned n = 0;
+        s->reading = true;
+        while (s->reads != NULL && n < KVLI_ETCD_READ_BATCH) {
+            batch[n++] = s->reads;
+            s->reads = s->reads->next;
+        }
+        if (s->reads == NULL)
+            s->reads_tail = &s->reads;
+        pthread_mutex_unlock(&s->lock);
+        kvli_etcd_read_batch(s, h, batch, n);
+        pthread_mutex_lock(&s->lock);
+        for (unsigned i = 0; i < n; i++)
+            batch[i]->done = true;
+        s->reading = false;
+        pthread_cond_broadcast(&s->read_cond);
+    }
+    pthread_mutex_unlock(&s->lock);
+    *blob_p = me.blob;
+    *len_p = me.len;
+    if (rev_p != NULL)
+        *rev_p = me.rev;
+    if (me.st != KVL_OK && me.st != KVL_ERR_NOT_FOUND)
+        *err = me.err;
+    return me.st;
+}
+
+/* Stop waiting for a publish (under s->lock). */
+static void kvli_etcd_unwait(kvli_etcd_t *s, kvli_etcd_waiter_t *wt)
+{
+    for (kvli_etcd_waiter_t **pp = &s->waiters; *pp != NULL; pp = &(*pp)->next)
+        if (*pp == wt) {
+            *pp = wt->next;
+            break;
+        }
 }
 
 kvl_status_t kvl_etcd_fetch(kvl_agent_t *a, const char *name, const char *label,
@@ -1085,13 +1538,6 @@ kvl_status_t kvl_etcd_fetch(kvl_agent_t *a, const char *name, const char *label,
     pthread_mutex_unlock(&s->lock);
     if (fh != NULL)
         curl_easy_cleanup(fh);
-    pthread_mutex_lock(&s->lock);
-    for (kvli_etcd_waiter_t **pp = &s->waiters; *pp != NULL; pp = &(*pp)->next)
-        if (*pp == &wt) {
-            *pp = wt.next;
-            break;
-        }
-    pthread_mutex_unlock(&s->lock);
     if (st == KVL_ERR_NOT_FOUND) {
         kvli_err(&err, KVL_ERR_NOT_FOUND, 0, "etcd has no metadata of agent '%s' under %s "
                  "(waited %" PRIu64 " ms)", name, key, wait_ms);
@@ -1100,8 +1546,14 @@ kvl_status_t kvl_etcd_fetch(kvl_agent_t *a, const char *name, const char *label,
                         "died and its lease expired");
         kvli_scopy(err.agent, sizeof(err.agent), name);
     }
-    if (st != KVL_OK)
+    /* The waiter stays until the peer is followed: its watch goes on as
+     * the follower's instead of being closed and opened again. */
+    if (st != KVL_OK) {
+        pthread_mutex_lock(&s->lock);
+        kvli_etcd_unwait(s, &wt);
+        pthread_mutex_unlock(&s->lock);
         return kvli_fail(a, &err);
+    }
     char got[KVL_NAME_MAX] = "";
     uint64_t gen = 0;
     kvli_md_t md;
@@ -1112,6 +1564,11 @@ kvl_status_t kvl_etcd_fetch(kvl_agent_t *a, const char *name, const char *label,
     }
     st = kvl_metadata_load(a, blob, len, got, sizeof(got));
     free(blob);
+    if (st != KVL_OK || strcmp(got, name) != 0) {
+        pthread_mutex_lock(&s->lock);
+        kvli_etcd_unwait(s, &wt);
+        pthread_mutex_unlock(&s->lock);
+    }
     if (st != KVL_OK)
         return st;
     if (strcmp(got, name) != 0) {
@@ -1135,8 +1592,9 @@ kvl_status_t kvl_etcd_fetch(kvl_agent_t *a, const char *name, const char *label,
         f->incarnation = inc;
         f->generation = gen;
         f->rev = last_rev + 1;
-        kvli_etcd_wake(s);
     }
+    kvli_etcd_unwait(s, &wt);
+    kvli_etcd_wake(s);
     pthread_mutex_unlock(&s->lock);
     kvli_log(KVL_LOG_DEBUG, "etcd", "agent '%s': loaded agent '%s' from etcd", a->name, name);
     return KVL_OK;
@@ -1225,7 +1683,9 @@ static void kvli_etcd_destroy(kvl_agent_t *a, void *state)
         curl_easy_cleanup(s->fetch_pool[--s->n_fetch_pool]);
     pthread_cond_destroy(&s->cond);
     pthread_cond_destroy(&s->put_cond);
+    pthread_cond_destroy(&s->read_cond);
     pthread_mutex_destroy(&s->lock);
     pthread_mutex_destroy(&s->call_lock);
+    close(s->wake_fd);
     free(s);
 }

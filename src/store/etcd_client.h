@@ -69,4 +69,30 @@ void kvli_etcd_curl_setup(CURL *h, uint64_t timeout_ms);
  * growing it: 0; -1 past KVLI_ETCD_REPLY_MAX; -2 out of memory. */
 int kvli_etcd_append(char **p, size_t *len, size_t *cap, const char *data, size_t n);
 
+
+/* A WebSocket to etcd's gateway (etcd_ws.c): one bidirectional stream. */
+typedef struct kvli_etcd_ws {
+    CURL *h;
+    int fd;                            /* -1 when closed */
+    char *in, *msg;                    /* received bytes; the message being reassembled */
+    size_t in_len, in_cap, msg_len, msg_cap;
+} kvli_etcd_ws_t;
+
+typedef void (*kvli_etcd_ws_msg_fn)(void *arg, const char *text, size_t len);
+
+/* Connect to ep and upgrade path ("/v3/watch") to a WebSocket, bounded by
+ * timeout_ms: 0; -1 not reached (why); -2 reached, but it answered no
+ * upgrade (a gateway or proxy without WebSockets: why quotes it). */
+int kvli_etcd_ws_open(kvli_etcd_ws_t *w, const char *ep, const char *path, uint64_t timeout_ms,
+                      char *why, size_t why_cap);
+/* One text message: 0, or -1 with why (then close it). */
+int kvli_etcd_ws_send(kvli_etcd_ws_t *w, const char *text, uint64_t timeout_ms, char *why,
+                      size_t why_cap);
+/* Read what has arrived without blocking and call fn for every whole
+ * message (NUL-terminated); pings are answered: 0, or -1 when the
+ * connection ended or broke the protocol (why). */
+int kvli_etcd_ws_read(kvli_etcd_ws_t *w, kvli_etcd_ws_msg_fn fn, void *arg, char *why,
+                      size_t why_cap);
+void kvli_etcd_ws_close(kvli_etcd_ws_t *w);
+
 #endif

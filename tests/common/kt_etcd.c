@@ -167,3 +167,15 @@ int kt_etcdctl(const kt_etcd_t *e, const char *args)
     int st = system(cmd);
     return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
 }
+
+int kt_etcd_compact(const kt_etcd_t *e)
+{
+    char cmd[1024];
+    snprintf(cmd, sizeof(cmd), "rev=$(ETCDCTL_API=3 etcdctl --endpoints=%s --dial-timeout=5s "
+             "--command-timeout=10s put /kt-compact-mark x -w json | sed -n "
+             "'s/.*\"revision\":\\([0-9]*\\).*/\\1/p') && [ -n \"$rev\" ] && "
+             "ETCDCTL_API=3 etcdctl --endpoints=%s --dial-timeout=5s --command-timeout=10s "
+             "compact \"$rev\" >>'%s/etcdctl.log' 2>&1", e->url, e->url, e->dir);
+    int st = system(cmd);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}

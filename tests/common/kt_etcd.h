@@ -28,5 +28,7 @@ void kt_etcd_pause(kt_etcd_t *e, int paused);
 void kt_etcd_stop(kt_etcd_t *e);
 /* Run etcdctl against it with args (space-separated); returns the exit status. */
 int kt_etcdctl(const kt_etcd_t *e, const char *args);
+/* Compact etcd's history up to its current revision: 0 when done. */
+int kt_etcd_compact(const kt_etcd_t *e);
 
 #endif

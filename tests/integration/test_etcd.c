@@ -96,7 +96,7 @@ static void down_at_start_and_dead_member(void)
     kvl_agent_t *b = agent("late");
     KT_OK(attach(b, eps, "/kt/dead", 5));
     KT_OK(kvl_etcd_publish(b, NULL));
-    KT_OK(kvl_etcd_fetch(a, "late", NULL, 0));
+    KT_OK(kvl_etcd_fetch(a, "late", NULL, 30000)); /* waits out a lease lost to load */
     kvl_agent_destroy(b);
     KT_CHECK(wait_check(a, "late", KVL_ERR_NOT_FOUND, 30));
     kvl_agent_destroy(a);
@@ -123,7 +123,7 @@ static void lifecycle(void)
     /* fetch waits for a publish that comes later */
     KT_STATUS(kvl_etcd_fetch(a, "beta", NULL, 0), KVL_ERR_NOT_FOUND);
     KT_OK(kvl_etcd_publish(b, NULL));
-    KT_OK(kvl_etcd_fetch(a, "beta", NULL, 5000));
+    KT_OK(kvl_etcd_fetch(a, "beta", NULL, 30000));
     size_t n = 0;
     kvl_mem_desc_t r[4];
     KT_OK(kvl_remote_regions(a, "beta", r, NULL, 4, &n));
@@ -194,7 +194,7 @@ static void lifecycle(void)
     KT_OK(attach(b2, etcd.url, pfx, 3));
     KT_OK(kvl_etcd_publish(b2, NULL));
     KT_CHECK(wait_check(a, "beta", KVL_ERR_NOT_FOUND, 30));
-    KT_OK(kvl_etcd_fetch(a, "beta", NULL, 5000));
+    KT_OK(kvl_etcd_fetch(a, "beta", NULL, 30000));
     KT_CHECK(kvl_remote_incarnation(a, "beta") != old);
     kvl_agent_destroy(b); /* the old incarnation's lease no longer holds the key */
     usleep(300000);
@@ -303,7 +303,7 @@ static void auth(void)
     kvl_agent_t *b = agent("authed2");
     KT_OK(kvl_etcd_attach(b, &c));
     KT_OK(kvl_etcd_publish(b, NULL));
-    KT_OK(kvl_etcd_fetch(a, "authed2", NULL, 0));
+    KT_OK(kvl_etcd_fetch(a, "authed2", NULL, 30000));
     kvl_agent_destroy(b);
     KT_CHECK(wait_check(a, "authed2", KVL_ERR_NOT_FOUND, 30));
     kvl_agent_destroy(a);

@@ -8,6 +8,11 @@
  * fails bounded by its timeout, naming the endpoint; "part"'s lease expires
  * and "stay" drops it; the link comes back; "part"'s keeper grants a new
  * lease and publishes again; "stay" fetches it again and the write works.
+ * And a watch resumed after etcd compacted its history: "part" follows the
+ * agent "other" (host E); while P is cut off, "other" restarts (a new
+ * incarnation) and etcd is compacted past P's watch; once healed, P's
+ * watch finds its revision compacted, P checks what it follows, and drops
+ * "other"'s old incarnation.
  * KVL_TEST_LABELS: etcd netns
  */
 #include <errno.h>
@@ -65,6 +70,10 @@ static void part_main(int cmd, int rep)
             kvl_status_t st = kvl_etcd_publish(a, NULL);
             say(rep, "%s %llu %s", kvl_status_name(st), (unsigned long long)(kt_now_ms() - t0),
                 st == KVL_OK ? "" : kvl_last_error()->what);
+        } else if (strcmp(m, "follow") == 0) {
+            say(rep, "%s", kvl_status_name(kvl_etcd_fetch(a, "other", NULL, 10000)));
+        } else if (strcmp(m, "has") == 0) {
+            say(rep, "%s", kvl_status_name(kvl_remote_check(a, "other")));
         } else if (strcmp(m, "check") == 0) {
             long bad = kt_verify(buf, 4096, 91);
             say(rep, "%s", bad == -1 ? "verified" : "differs");
@@ -73,6 +82,38 @@ static void part_main(int cmd, int rep)
     }
     kvl_agent_destroy(a);
     _exit(0);
+}
+
+/* The agent "other" on host E, published under /kt/netns. */
+static kvl_agent_t *other_start(void)
+{
+    kvl_agent_t *o;
+    kvl_agent_config_t cfg = {.field_mask = KVL_AGENT_CFG_BACKENDS | KVL_AGENT_CFG_TIMEOUT,
+                              .create_backends = "", .timeout_ms = 2000};
+    KT_OK(kvl_agent_create("other", &cfg, &o));
+    kvl_param_t p = {"host", net.ip[0]};
+    KT_OK(kvl_backend_create(o, "tcp", &p, 1, NULL));
+    kvl_etcd_config_t ec = {.endpoints = etcd.url, .prefix = "/kt/netns", .lease_ttl_s = 3};
+    KT_OK(kvl_etcd_attach(o, &ec));
+    KT_OK(kvl_etcd_publish(o, NULL));
+    return o;
+}
+
+/* Ask host P whether it still holds "other", until it answers want. */
+static int part_has_other(int cmd, int rep, const char *want, int seconds)
+{
+    for (int i = 0; i < seconds * 10; i++) {
+        uint64_t len;
+        say(cmd, "has");
+        char *m = kt_recv_msg(rep, &len, 30000);
+        KT_CHECK(m != NULL);
+        int same = strcmp(m, want) == 0;
+        free(m);
+        if (same)
+            return 1;
+        usleep(100000);
+    }
+    return 0;
 }
 
 static int wait_check(kvl_agent_t *a, const char *name, kvl_status_t want, int seconds)
@@ -141,6 +182,11 @@ int main(void)
     KT_CHECK(m != NULL && strcmp(m, "verified") == 0);
     free(m);
     printf("across hosts: fetched through etcd, write verified\n");
+    kvl_agent_t *other = other_start();
+    say(cmd[1], "follow");
+    m = kt_recv_msg(rep[0], &len, 30000);
+    KT_CHECK(m != NULL && strcmp(m, "KVL_OK") == 0);
+    free(m);
 
     /* partition: E's end goes down; P's packets to etcd vanish */
     KT_CHECK(kt_sh("ip -n %s link set %s down", net.ns[0], net.veth[0]) == 0);
@@ -157,6 +203,11 @@ int main(void)
     KT_CHECK(wait_check(a, "part", KVL_ERR_NOT_FOUND, 60)); /* its lease expired (TTL 3 s) */
     printf("partition: publish failed bounded naming etcd; the follower dropped 'part' at "
            "lease expiry\n");
+    /* meanwhile "other" restarts and etcd forgets the events P's watch missed */
+    kvl_agent_destroy(other);
+    other = other_start();
+    KT_CHECK(kt_etcd_compact(&etcd) == 0);
+    KT_CHECK(part_has_other(cmd[1], rep[0], "KVL_OK", 1)); /* P cannot know yet */
 
     /* heal: part's keeper grants a new lease and publishes again */
     KT_CHECK(kt_sh("ip -n %s link set %s up", net.ns[0], net.veth[0]) == 0);
@@ -168,6 +219,10 @@ int main(void)
     KT_CHECK(m != NULL && strcmp(m, "verified") == 0);
     free(m);
     printf("healed: 'part' published again under a new lease, fetched again, write verified\n");
+    KT_CHECK(part_has_other(cmd[1], rep[0], "KVL_ERR_NOT_FOUND", 60));
+    printf("compacted: P's watch resumed past etcd's compaction, P checked and dropped the old "
+           "incarnation of 'other'\n");
+    kvl_agent_destroy(other);
 
     say(cmd[1], "exit");
     int st;

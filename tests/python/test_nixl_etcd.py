@@ -85,7 +85,7 @@ def etcd():
 def env(etcd, uniq, monkeypatch):
     monkeypatch.setenv("NIXL_ETCD_ENDPOINTS", etcd)
     monkeypatch.setenv("NIXL_ETCD_NAMESPACE", f"/kvltest/{uniq}/")
-    monkeypatch.setenv("KVL_ETCD_LEASE_TTL", "3")
+    monkeypatch.setenv("KVL_ETCD_LEASE_TTL", "10")  # no test here waits for an expiry
     return etcd
 
 
@@ -216,15 +216,110 @@ def test_core_agent_api(env, uniq):
     try:
         with pytest.raises(kvlane.StateError, match="not attached to etcd"):
             a.etcd_publish()
-        a.etcd_attach(env, prefix=f"/kvltest/{uniq}-core", lease_ttl_s=3)
-        b.etcd_attach(env, prefix=f"/kvltest/{uniq}-core", lease_ttl_s=3)
+        a.etcd_attach(env, prefix=f"/kvltest/{uniq}-core", lease_ttl_s=10)
+        b.etcd_attach(env, prefix=f"/kvltest/{uniq}-core", lease_ttl_s=10)
         a.etcd_publish()
         with pytest.raises(kvlane.NotFound, match="waited 200 ms"):
             b.etcd_fetch(uniq + "-nope", wait_ms=200)
-        b.etcd_fetch(uniq + "-ca")
+        b.etcd_fetch(uniq + "-ca", wait_ms=30000)  # waits out a lease lost to load
         assert b.check_remote(uniq + "-ca")
         a.etcd_unpublish()
         assert _until(lambda: not b.check_remote(uniq + "-ca"))
     finally:
         b.close()
         a.close()
+
+
+class _NoUpgradeProxy:
+    """A TCP relay to etcd that answers WebSocket upgrades with 400, as an
+    HTTP proxy without WebSocket support does; every other connection is
+    relayed byte for byte. Counts what the first request of each
+    connection asked for."""
+
+    def __init__(self, target):
+        import threading
+        host, port = target.rsplit("//", 1)[1].split(":")
+        self.target = (host, int(port))
+        self.upgrades = self.watch_posts = 0
+        self.lsock = socket.socket()
+        self.lsock.bind(("127.0.0.1", 0))
+        self.lsock.listen(64)
+        self.url = f"http://127.0.0.1:{self.lsock.getsockname()[1]}"
+        self.stop = False
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self):
+        import threading
+        while not self.stop:
+            try:
+                c, _ = self.lsock.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._serve, args=(c,), daemon=True).start()
+
+    @staticmethod
+    def _pump(a, b):
+        try:
+            while True:
+                d = a.recv(65536)
+                if not d:
+                    break
+                b.sendall(d)
+        except OSError:
+            pass
+        for s in (a, b):
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    def _serve(self, c):
+        import threading
+        head = b""
+        while b"\r\n\r\n" not in head:
+            d = c.recv(65536)
+            if not d:
+                c.close()
+                return
+            head += d
+        first = head.split(b"\r\n\r\n", 1)[0].lower()
+        if b"upgrade: websocket" in first:
+            self.upgrades += 1
+            c.sendall(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n"
+                      b"Connection: close\r\n\r\n")
+            c.close()
+            return
+        if first.startswith(b"post /v3/watch "):
+            self.watch_posts += 1
+        u = socket.create_connection(self.target)
+        u.sendall(head)
+        threading.Thread(target=self._pump, args=(u, c), daemon=True).start()
+        self._pump(c, u)
+
+    def close(self):
+        self.stop = True
+        self.lsock.close()
+
+
+def test_gateway_without_websockets(etcd, uniq):
+    """Behind a proxy that refuses WebSocket upgrades, the watcher falls back
+    to one plain HTTP stream per followed agent: restarts and departures
+    are still seen."""
+    px = _NoUpgradeProxy(etcd)
+    a = kvlane.Agent(uniq + "-pa", backends=("tcp",))
+    b = kvlane.Agent(uniq + "-pb", backends=("tcp",))
+    try:
+        pfx = f"/kvltest/{uniq}-px"
+        a.etcd_attach(px.url, prefix=pfx, lease_ttl_s=10)
+        b.etcd_attach(px.url, prefix=pfx, lease_ttl_s=10)
+        b.etcd_publish()
+        a.etcd_fetch(uniq + "-pb", wait_ms=30000)
+        assert a.check_remote(uniq + "-pb")
+        assert _until(lambda: px.watch_posts >= 1)
+        assert px.upgrades >= 1
+        b.close()
+        assert _until(lambda: not a.check_remote(uniq + "-pb"))
+    finally:
+        b.close()
+        a.close()
+        px.close()
