@@ -51,6 +51,9 @@ static void report(const char *fmt, ...)
         _exit(5);
 }
 
+/* When this process's agent was set up and attached (rt_ns). */
+static uint64_t g_t_setup, g_t_attach;
+
 static kvl_agent_t *join(unsigned i, void **mem)
 {
     char name[32];
@@ -64,9 +67,12 @@ static kvl_agent_t *join(unsigned i, void **mem)
     kvl_etcd_config_t ec = {.endpoints = g_eps, .prefix = "/bench/agents", .lease_ttl_s = g_ttl};
     *mem = calloc(1, 1 << 20);
     kvl_mem_desc_t d = {(uint64_t)(uintptr_t)*mem, 1 << 20, KVL_DEV_ANY};
-    if (kvl_backend_create(a, "tcp", &p, 1, NULL) != KVL_OK ||
-        kvl_mem_register(a, &d, 1, NULL, NULL) != KVL_OK || kvl_etcd_attach(a, &ec) != KVL_OK ||
-        kvl_etcd_publish(a, NULL) != KVL_OK) {
+    bool ok = kvl_backend_create(a, "tcp", &p, 1, NULL) == KVL_OK &&
+              kvl_mem_register(a, &d, 1, NULL, NULL) == KVL_OK;
+    g_t_setup = rt_ns();
+    ok = ok && kvl_etcd_attach(a, &ec) == KVL_OK;
+    g_t_attach = rt_ns();
+    if (!ok || kvl_etcd_publish(a, NULL) != KVL_OK) {
         char buf[2048];
         kvl_error_render(kvl_last_error(), buf, sizeof(buf));
         fprintf(stderr, "agent %s: join failed: %s\n", name, buf);
@@ -128,7 +134,8 @@ static void child(unsigned i, bool restarted)
         getrusage(RUSAGE_SELF, &ru);
         uint64_t cpu_us = (uint64_t)ru.ru_utime.tv_sec * 1000000u + (uint64_t)ru.ru_utime.tv_usec +
                           (uint64_t)ru.ru_stime.tv_sec * 1000000u + (uint64_t)ru.ru_stime.tv_usec;
-        report("J %u %" PRIu64 " %" PRIu64 " %" PRIu64 "\n", i, t1 - t0, t_pub - t0, cpu_us);
+        report("J %u %" PRIu64 " %" PRIu64 " %" PRIu64 " %" PRIu64 " %" PRIu64 "\n", i, t1 - t0,
+               t_pub - t0, cpu_us, g_t_setup - t0, g_t_attach - g_t_setup);
     }
     for (;;) {
         for (unsigned k = 0; k < g_peers; k++) {
@@ -225,7 +232,7 @@ static void pump(int ms, void (*fn)(const char *))
     }
 }
 
-static uint64_t *g_join, *g_pub, *g_cpu, *g_drop_t;
+static uint64_t *g_join, *g_pub, *g_cpu, *g_setup, *g_attach, *g_drop_t;
 static unsigned *g_drop_who;
 static size_t g_nj, g_nd;
 static uint64_t g_pub_at[4096];
@@ -233,8 +240,11 @@ static uint64_t g_pub_at[4096];
 static void on_line(const char *l)
 {
     unsigned i, who;
-    uint64_t a, b, c;
-    if (sscanf(l, "J %u %" SCNu64 " %" SCNu64 " %" SCNu64, &i, &a, &b, &c) == 4) {
+    uint64_t a, b, c, d, e;
+    if (sscanf(l, "J %u %" SCNu64 " %" SCNu64 " %" SCNu64 " %" SCNu64 " %" SCNu64, &i, &a, &b,
+               &c, &d, &e) == 6) {
+        g_setup[g_nj] = d;
+        g_attach[g_nj] = e;
         g_join[g_nj] = a;
         g_cpu[g_nj] = c;
         g_pub[g_nj++] = b;
@@ -281,6 +291,8 @@ int main(int argc, char **argv)
     g_join = calloc(g_n, sizeof(uint64_t));
     g_pub = calloc(g_n, sizeof(uint64_t));
     g_cpu = calloc(g_n, sizeof(uint64_t));
+    g_setup = calloc(g_n, sizeof(uint64_t));
+    g_attach = calloc(g_n, sizeof(uint64_t));
     g_drop_t = calloc(g_n * g_peers * 2, sizeof(uint64_t));
     g_drop_who = calloc(g_n * g_peers * 2, sizeof(unsigned));
     pid_t *pids = calloc(g_n, sizeof(pid_t));
@@ -311,6 +323,8 @@ int main(int argc, char **argv)
         printf("joined: %zu of %u in %.2f s (all started at once)\n", g_nj, g_n, join_wall);
     stats("join (attach+register+publish+fetch peers)", g_join, g_nj, 1e6, "ms");
     stats("  of which attach+register+publish", g_pub, g_nj, 1e6, "ms");
+    stats("    agent, tcp backend, register", g_setup, g_nj, 1e6, "ms");
+    stats("    attach (lease grant, read check)", g_attach, g_nj, 1e6, "ms");
     stats("CPU of one agent process until joined", g_cpu, g_nj, 1e3, "ms");
 
     /* steady state: keepalives and idle watches only */

@@ -489,6 +489,46 @@ static void local_checks(void)
     exit(0);
 }
 
+/* Whether libcuda is mapped into this process. */
+static int cuda_mapped(void)
+{
+    char line[512];
+    int found = 0;
+    FILE *f = fopen("/proc/self/maps", "r");
+    KT_CHECK(f != NULL);
+    while (!found && fgets(line, sizeof(line), f) != NULL)
+        found = strstr(line, "libcuda.so") != NULL;
+    fclose(f);
+    return found;
+}
+
+/* A process that never touched CUDA registers host memory (kind AUTO) on
+ * tcp: kvlane must not load the driver (cuInit costs every CPU-only process
+ * hundreds of ms, serialised across processes on one GPU); creating the
+ * cuda backend then loads it. */
+static void no_cuda_for_host_memory(void)
+{
+    kvl_agent_t *a;
+    kvl_agent_config_t cfg = {.field_mask = KVL_AGENT_CFG_BACKENDS, .create_backends = ""};
+    KT_OK(kvl_agent_create("hostonly", &cfg, &a));
+    kvl_param_t p = {"host", "127.0.0.1"};
+    KT_OK(kvl_backend_create(a, "tcp", &p, 1, NULL));
+    void *buf = calloc(1, 1 << 20);
+    kvl_mem_desc_t d = {(uint64_t)(uintptr_t)buf, 1 << 20, KVL_DEV_ANY};
+    KT_CHECK(!cuda_mapped());
+    KT_OK(kvl_mem_register(a, &d, 1, NULL, NULL));
+    kvl_mem_info_t info;
+    KT_OK(kvl_mem_query(a, d.addr, d.len, &info));
+    KT_CHECK(info.kind == KVL_MEM_DRAM);
+    KT_CHECK(!cuda_mapped());
+    KT_OK(kvl_backend_create(a, "cuda", NULL, 0, NULL));
+    KT_CHECK(cuda_mapped());
+    kvl_agent_destroy(a);
+    free(buf);
+    printf("host memory registered without loading CUDA; the cuda backend loads it\n");
+    exit(0);
+}
+
 int main(void)
 {
     int rc = 0, st;
@@ -506,6 +546,17 @@ int main(void)
     waitpid(p, &st, 0);
     if (!WIFEXITED(st) || WEXITSTATUS(st) != 0)
         return 77;
+    printf("== a CPU-only process: no CUDA for host memory\n");
+    p = fork();
+    if (p == 0) {
+        alarm(60);
+        no_cuda_for_host_memory();
+    }
+    waitpid(p, &st, 0);
+    if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) {
+        fprintf(stderr, "no-CUDA check failed (status %d)\n", st);
+        rc = 1;
+    }
     printf("== one process: registration checks\n");
     p = fork();
     if (p == 0) {

@@ -23,6 +23,7 @@
 #define KVLI_CUDA_H
 
 #include <pthread.h>
+#include <stdbool.h>
 #include "common/clock.h"
 #include "common/chunk.h"
 #include "common/progress.h"
@@ -215,6 +216,11 @@ typedef struct kvli_cuda_drv {
 /* The driver table, loaded once; NULL when unusable (reason says why). */
 const kvli_cuda_drv_t *kvli_cuda_drv_get(void);
 const char *kvli_cuda_drv_reason(void);
+/* Whether the CUDA driver is loaded in this process (by kvlane or by the
+ * application), without loading it: where it is not, no memory of this
+ * process can be CUDA's, and a query that only classifies need not pay
+ * for cuInit (hundreds of ms, serialised across processes on one GPU). */
+bool kvli_cuda_drv_in_process(void);
 /* "CUDA_ERROR_X (text)" */
 const char *kvli_cuda_drv_errstr(CUresult r, char *buf, size_t cap);
 /* Push device d's primary context (retaining it on first use). */

@@ -6,6 +6,8 @@
  */
 #include <ctype.h>
 #include <dlfcn.h>
+#include <stdatomic.h>
+#include <stdbool.h>
 #include <link.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -21,6 +23,7 @@ static kvli_cuda_drv_t kvli_cuda_drv;
 static int kvli_cuda_drv_ok;
 static char kvli_cuda_drv_why[640];
 static pthread_once_t kvli_cuda_drv_once = PTHREAD_ONCE_INIT;
+static atomic_bool kvli_cuda_drv_tried;  /* kvli_cuda_drv_load ran (or runs) */
 
 const char *kvli_cuda_drv_errstr(CUresult r, char *buf, size_t cap)
 {
@@ -124,6 +127,7 @@ static int kvli_cuda_drv_resolve(void *h)
 static void kvli_cuda_drv_load(void)
 {
     kvli_cuda_drv_t *d = &kvli_cuda_drv;
+    atomic_store(&kvli_cuda_drv_tried, true);
     const char *env = getenv("KVL_CUDA_DRIVER");
     const char *want = env && env[0] ? env : "libcuda.so.1";
     char eb[200];
@@ -202,6 +206,18 @@ const kvli_cuda_drv_t *kvli_cuda_drv_get(void)
 {
     pthread_once(&kvli_cuda_drv_once, kvli_cuda_drv_load);
     return kvli_cuda_drv_ok ? &kvli_cuda_drv : NULL;
+}
+
+bool kvli_cuda_drv_in_process(void)
+{
+    if (atomic_load(&kvli_cuda_drv_tried))
+        return kvli_cuda_drv_get() != NULL;
+    const char *env = getenv("KVL_CUDA_DRIVER");
+    void *h = dlopen(env && env[0] ? env : "libcuda.so.1", RTLD_LAZY | RTLD_LOCAL | RTLD_NOLOAD);
+    if (h == NULL)
+        return false;
+    dlclose(h);
+    return true;
 }
 
 const char *kvli_cuda_drv_reason(void)

@@ -117,6 +117,11 @@ kvl_status_t kvli_cuda_md_query(uint64_t addr, uint64_t len, int32_t declared_de
                                 kvl_mem_kind_t *kind_p, int32_t *dev_p, char *info,
                                 size_t info_len, kvl_error_t *err)
 {
+    /* Asked only to classify (no one wants a reason): a process without
+     * the driver loaded holds no CUDA memory, and loading it here would
+     * cost every CPU-only process a cuInit. */
+    if (err == NULL && !kvli_cuda_drv_in_process())
+        return KVL_ERR_NOT_FOUND;
     const kvli_cuda_drv_t *d = kvli_cuda_drv_get();
     uint64_t v, base = 0, size = 0, bad;
     unsigned type;
