@@ -4,7 +4,8 @@
  * VRAM with every byte checked, scattered blocks in shuffled file order,
  * pieces larger than the staging chunk, O_DIRECT when the file system takes
  * it, a short file, and the registration report naming the staged path and
- * why GPUDirect Storage is not used.
+ * why GPUDirect Storage is not used (gds=off here: test_posix_gds drives
+ * cuFile).
  * KVL_TEST_LABELS: gpu
  */
 #include <errno.h>
@@ -61,8 +62,8 @@ static void run(int direct)
     kvl_agent_t *a;
     kvl_agent_config_t cfg = {.field_mask = KVL_AGENT_CFG_BACKENDS, .create_backends = ""};
     KT_OK(kvl_agent_create(direct ? "posix-vram-d" : "posix-vram", &cfg, &a));
-    kvl_param_t prm[] = {{"stage_chunk_kib", "1024"}, {NULL, NULL}};
-    KT_OK(kvl_backend_create(a, "posix", prm, 1, NULL));
+    kvl_param_t prm[] = {{"stage_chunk_kib", "1024"}, {"gds", "off"}, {NULL, NULL}};
+    KT_OK(kvl_backend_create(a, "posix", prm, 2, NULL));
     kt_cu_ptr d;
     KT_CHECK(cu.MemAlloc(&d, LEN) == 0);
     kt_cuda_fill(&cu, d, LEN, 11);
@@ -75,7 +76,7 @@ static void run(int direct)
     kvl_reg_report_render(rep, text, sizeof(text));
     printf("%s", text);
     KT_CHECK(strstr(text, "staged through pinned host buffers") != NULL);
-    KT_CHECK(strstr(text, "GPUDirect Storage not used") != NULL);
+    KT_CHECK(strstr(text, "GPUDirect Storage not used: parameter gds=off") != NULL);
     kvl_reg_report_free(rep);
     KT_OK(kvl_mem_register(a, &df, 1, &pf, NULL));
 
