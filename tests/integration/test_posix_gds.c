@@ -33,29 +33,10 @@ static kvl_status_t move(kvl_agent_t *a, kvl_xfer_op_t op, kt_cu_ptr d, const ui
                          const uint64_t *foff, size_t n, uint64_t len, int fd, char *path,
                          size_t cap)
 {
-    kvl_dlist_t *l, *r;
-    kvl_xfer_t *x;
-    KT_OK(kvl_dlist_create(KVL_MEM_VRAM, n, &l));
-    KT_OK(kvl_dlist_create(KVL_MEM_FILE, n, &r));
-    for (size_t i = 0; i < n; i++) {
-        KT_OK(kvl_dlist_add(l, d + doff[i], len, 0));
-        KT_OK(kvl_dlist_add(r, foff[i], len, fd));
-    }
-    kvl_status_t st = kvl_xfer_create(a, op, l, kvl_agent_name(a), r, NULL, &x);
-    if (st == KVL_OK) {
-        st = kvl_xfer_post(x);
-        if (st == KVL_OK || st == KVL_IN_PROGRESS)
-            st = kvl_xfer_wait(x, 120000);
-        kvl_xfer_stats_t s;
-        if (st == KVL_OK && kvl_xfer_get_stats(x, &s) == KVL_OK) {
-            snprintf(path, cap, "%s", s.path);
-            printf("  %s %zu x %llu bytes: path %s\n", op == KVL_WRITE ? "WRITE" : "READ", n,
-                   (unsigned long long)len, s.path);
-        }
-        kvl_xfer_release(x);
-    }
-    kvl_dlist_destroy(l);
-    kvl_dlist_destroy(r);
+    kvl_status_t st = kt_file_move(a, op, KVL_MEM_VRAM, 0, d, doff, foff, n, len, fd, path, cap);
+    if (st == KVL_OK)
+        printf("  %s %zu x %llu bytes: path %s\n", op == KVL_WRITE ? "WRITE" : "READ", n,
+               (unsigned long long)len, path);
     return st;
 }
 
