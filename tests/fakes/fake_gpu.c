@@ -9,6 +9,7 @@
  *
  * KVL_FAKE_CUFILE, read at each call, a list of words:
  *   nvfs         nvidia-fs is loaded (else cuFile is in compatibility mode)
+ *   p2p          cuFile reports PCI P2PDMA support (GPUDirect without nvidia-fs)
  *   open_fail    cuFileDriverOpen fails (CU_FILE_DRIVER_NOT_INITIALIZED)
  *   handle_fail  cuFileHandleRegister fails (CU_FILE_IO_NOT_SUPPORTED)
  *   io_fail      cuFileRead/Write fail (CU_FILE_IO_ERROR)
@@ -215,8 +216,10 @@ cf_status_t cuFileDriverClose_v2(void)
 cf_status_t cuFileDriverGetProperties(void *props)
 {
     unsigned v[2] = {mode("nvfs") ? 2u : 0u, mode("nvfs") ? 20u : 0u};
+    unsigned fflags = mode("p2p") ? 1u << 4 : 0u; /* CU_FILE_P2P_SUPPORTED, at offset 32 */
     memset(props, 0, 64);
     memcpy(props, v, sizeof(v));
+    memcpy((char *)props + 32, &fflags, sizeof(fflags));
     return (cf_status_t){0, 0};
 }
 

@@ -6,7 +6,7 @@
  * knows; its cuFileRead/Write pread/pwrite it, and fail unless a device
  * context is current and the buffer lies in a live allocation.
  * Checked: the reports (compatibility mode, GPUDirect Storage with the
- * version, staged and why: driver open failed, cuFileHandleRegister
+ * version, through nvidia-fs or PCI P2PDMA, staged and why: driver open failed, cuFileHandleRegister
  * refused), the transfers' paths and bytes (whole, pieces of the staging
  * chunk, scattered; short cuFile calls continued), gds=on refusing at
  * registration and at posting, failed and short cuFile calls as errors
@@ -165,6 +165,12 @@ static void gpudirect(void)
                             "(nvidia-fs 2.20), buffer registered with cuFile"));
     KT_CHECK(strstr(c.fdet, "; VRAM with it: GPUDirect Storage"));
     roundtrip(&c, "cuFile (GPUDirect Storage)");
+    teardown(&c);
+
+    setup(&c, "p2p", "on", 1);
+    KT_OK(c.vst);
+    KT_CHECK(strstr(c.vdet, "VRAM on GPU 0: GPUDirect Storage through libcufile 1.15 (PCI "
+                            "P2PDMA; nvidia-fs not loaded)"));
     teardown(&c);
 
     long s0[S_N], s1[S_N];

@@ -57,6 +57,7 @@ typedef union kvli_cufile_props {
 } kvli_cufile_props_t;
 
 #define KVLI_CUFILE_CTL_ALLOW_COMPAT 1   /* CU_FILE_ALLOW_COMPAT_MODE */
+#define KVLI_CUFILE_FEATURE_P2PDMA 4     /* fflags bit: CU_FILE_P2P_SUPPORTED (PCI P2PDMA) */
 
 /* The entry points posix resolves; NULL where the library lacks an optional
  * one (GetProperties, GetVersion, BufRegister/BufDeregister). */

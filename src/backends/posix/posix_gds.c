@@ -187,8 +187,13 @@ static void kvli_cufile_describe(void)
                  kvli_cufile.api.DriverGetProperties(&pr).err == 0;
     bool nvfs = props ? pr.p.nvfs.major_version != 0 || pr.p.nvfs.minor_version != 0
                       : access("/proc/driver/nvidia-fs/version", F_OK) == 0;
-    kvli_cufile.compat = !nvfs;
-    if (nvfs && props)
+    /* newer cuFile reach NVMe without nvidia-fs, through the kernel's P2PDMA */
+    bool p2p = props && (pr.p.fflags & (1u << KVLI_CUFILE_FEATURE_P2PDMA)) != 0;
+    kvli_cufile.compat = !nvfs && !p2p;
+    if (!nvfs && p2p)
+        snprintf(kvli_cufile.what, sizeof(kvli_cufile.what), "GPUDirect Storage through "
+                 "libcufile%s (PCI P2PDMA; nvidia-fs not loaded)", ver);
+    else if (nvfs && props)
         snprintf(kvli_cufile.what, sizeof(kvli_cufile.what), "GPUDirect Storage through "
                  "libcufile%s (nvidia-fs %u.%u)", ver, pr.p.nvfs.major_version,
                  pr.p.nvfs.minor_version);
