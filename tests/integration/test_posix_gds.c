@@ -173,10 +173,11 @@ static void run_on(kt_cu_ptr src, kt_cu_ptr dst)
     int fd = open_file("on.bin", &direct);
     st = reg(a, KVL_MEM_VRAM, src, LEN, 0, vdet, sizeof(vdet));
     if (st != KVL_OK) {
-        KT_STATUS(st, KVL_ERR_UNSUPPORTED);
+        const kvl_error_t *e = kvl_last_error();
+        KT_STATUS(st, KVL_ERR_NO_BACKEND); /* posix refused it: the cause says why */
         KT_ERROR_HAS("parameter gds=on, but GPUDirect Storage cannot be used: ");
         printf("gds=on: VRAM registration refused, as it must be without GPUDirect Storage: "
-               "%s\n", kvl_last_error()->what);
+               "%s\n", e->n_causes > 0 ? e->causes[0].what : e->what);
     } else {
         printf("gds=on: VRAM report: %s\n", vdet);
         KT_CHECK(strcmp(path_of(vdet), "GDS") == 0);
