@@ -341,7 +341,8 @@ void kvli_posix_gds_file(kvli_posix_iface_t *iface, kvli_posix_mh_t *mh, char *d
     snprintf(detail + l, cap - l, "; VRAM with it: %s%s", mh->gds_st != 0 ? ""
              : iface->gds_state == KVLI_POSIX_GDS_NONE ? "staged, " : "", mh->gds_st != 0
              ? mh->gds_why : iface->gds_state == KVLI_POSIX_GDS_NONE ? iface->gds_why
-             : "cuFile handle registered at the first VRAM transfer");
+             : "cuFile or staged, decided when VRAM first moves with it (the cuFile "
+               "driver opens at the first VRAM registration)");
     pthread_mutex_unlock(&iface->gds_lock);
 }
 
