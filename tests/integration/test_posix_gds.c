@@ -10,6 +10,7 @@
  * fails with the error that says why.
  * The directory: $KVL_GDS_DIR (a file system GDS supports, e.g. ext4 or XFS
  * on local NVMe), else $TMPDIR, else /tmp. O_DIRECT when it takes it.
+ * libcufile: $KVL_CUFILE (a path), else the loader's libcufile.so.0.
  * KVL_TEST_LABELS: gpu
  */
 #include <dlfcn.h>
@@ -212,10 +213,12 @@ int main(void)
     snprintf(dir, sizeof(dir), "%s/kvl-posix-gds-XXXXXX", t && t[0] ? t : "/tmp");
     if (mkdtemp(dir) == NULL)
         KT_SKIP("cannot make a temp dir: %s", strerror(errno));
-    void *h = dlopen("libcufile.so.0", RTLD_NOW | RTLD_LOCAL);
-    if (h == NULL)
+    const char *cf = getenv("KVL_CUFILE");
+    void *h = dlopen(cf && cf[0] ? cf : "libcufile.so.0", RTLD_NOW | RTLD_LOCAL);
+    if (h == NULL && !(cf && cf[0]))
         h = dlopen("libcufile.so", RTLD_NOW | RTLD_LOCAL);
-    printf("libcufile: %s; files in %s\n", h != NULL ? "loads" : dlerror(), dir);
+    printf("libcufile (KVL_CUFILE=%s): %s; files in %s\n", cf ? cf : "", h != NULL ? "loads"
+           : dlerror(), dir);
     if (h != NULL)
         dlclose(h);
     kt_cu_ptr src, dst;

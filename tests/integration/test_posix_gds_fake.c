@@ -1,8 +1,7 @@
 /*
  * posix backend, GPUDirect Storage's code path without a GPU: a stand-in
- * CUDA driver and libcufile (tests/fakes/fake_gpu.c, loaded through
- * KVL_CUDA_DRIVER and a libcufile.so.0 link on LD_LIBRARY_PATH; the test
- * runs itself again with them). "VRAM" is host memory the fake driver
+ * CUDA driver and libcufile (tests/fakes/fake_gpu.c, one module named by
+ * KVL_CUDA_DRIVER and KVL_CUFILE). "VRAM" is host memory the fake driver
  * knows; its cuFileRead/Write pread/pwrite it, and fail unless a device
  * context is current and the buffer lies in a live allocation.
  * Checked: the reports (compatibility mode, GPUDirect Storage with the
@@ -248,28 +247,18 @@ static int load_fake(const char *lib)
     return fake_alloc && fake_free && fake_stats ? 0 : -1;
 }
 
-int main(int argc, char **argv)
+int main(void)
 {
-    (void)argc;
     const char *b = getenv("KVL_BUILD"), *t = getenv("TMPDIR");
     char lib[600], cmd[700];
     snprintf(lib, sizeof(lib), "%s/tests/libkvl_fake_gpu.so", b && b[0] ? b : ".");
     if (access(lib, R_OK) != 0)
         KT_SKIP("the fake driver %s is not built (%s)", lib, strerror(errno));
-    if (getenv("KVL_FAKE_GPU_RUN") == NULL) {
-        /* again, with the fakes on the loader's path (read at start only) */
-        snprintf(dir, sizeof(dir), "%s/kvl-gds-fake-XXXXXX", t && t[0] ? t : "/tmp");
-        if (mkdtemp(dir) == NULL)
-            KT_SKIP("cannot make a temp dir: %s", strerror(errno));
-        char link[300];
-        snprintf(link, sizeof(link), "%s/libcufile.so.0", dir);
-        KT_CHECK(symlink(lib, link) == 0);
-        KT_CHECK(setenv("LD_LIBRARY_PATH", dir, 1) == 0 && setenv("KVL_CUDA_DRIVER", lib, 1) == 0 &&
-                 setenv("KVL_FAKE_GPU_RUN", dir, 1) == 0);
-        execv("/proc/self/exe", argv);
-        KT_SKIP("cannot run itself again: %s", strerror(errno));
-    }
-    snprintf(dir, sizeof(dir), "%s", getenv("KVL_FAKE_GPU_RUN"));
+    snprintf(dir, sizeof(dir), "%s/kvl-gds-fake-XXXXXX", t && t[0] ? t : "/tmp");
+    if (mkdtemp(dir) == NULL)
+        KT_SKIP("cannot make a temp dir: %s", strerror(errno));
+    /* read when kvlane first needs them */
+    KT_CHECK(setenv("KVL_CUDA_DRIVER", lib, 1) == 0 && setenv("KVL_CUFILE", lib, 1) == 0);
     KT_CHECK(load_fake(lib) == 0);
     compat();
     gpudirect();

@@ -3,7 +3,8 @@
  *
  *   backend open   - parameter gds (auto | on | off, default from the
  *                    environment's KVL_POSIX_GDS, else auto); unless off,
- *                    dlopen libcufile (once per process) and resolve the
+ *                    dlopen libcufile (once per process: $KVL_CUFILE, else
+ *                    libcufile.so.0, else libcufile.so) and resolve the
  *                    entry points by name.
  *   VRAM region    - the first one opens the cuFile driver (slow; in the
  *                    device's context, made current through the core's
@@ -101,7 +102,18 @@ static void *kvli_cufile_sym(void *h, const char *a, const char *b)
 static void kvli_cufile_load(void)
 {
     kvli_cufile_api_t *f = &kvli_cufile.api;
-    void *h = dlopen("libcufile.so.0", RTLD_NOW | RTLD_LOCAL);
+    const char *env = getenv("KVL_CUFILE");
+    void *h = NULL;
+    if (env != NULL && env[0] != '\0') {
+        h = dlopen(env, RTLD_NOW | RTLD_LOCAL);
+        if (h == NULL) {
+            snprintf(kvli_cufile.why, sizeof(kvli_cufile.why), "libcufile not loaded from "
+                     "KVL_CUFILE (%.200s)", dlerror());
+            return;
+        }
+    }
+    if (h == NULL)
+        h = dlopen("libcufile.so.0", RTLD_NOW | RTLD_LOCAL);
     if (h == NULL)
         h = dlopen("libcufile.so", RTLD_NOW | RTLD_LOCAL);
     if (h == NULL) {
