@@ -68,7 +68,12 @@ int cuGetErrorString(int r, const char **s) { (void)r; *s = "fake driver error";
 int cuDeviceGetCount(int *n) { *n = 1; return 0; }
 int cuDeviceGet(int *d, int i) { *d = i; return 0; }
 int cuDeviceGetName(char *s, int n, int d) { (void)d; strncpy(s, "Fake GPU", (size_t)n); return 0; }
-int cuDeviceGetPCIBusId(char *s, int n, int d) { (void)d; strncpy(s, "0000:00:00.0", (size_t)n); return 0; }
+int cuDeviceGetPCIBusId(char *s, int n, int d)
+{
+    (void)d;
+    strncpy(s, "0000:00:00.0", (size_t)n);
+    return 0;
+}
 int cuDeviceGetAttribute(int *v, int a, int d) { (void)a, (void)d; *v = 0; return 0; }
 int cuDeviceCanAccessPeer(int *v, int a, int b) { (void)a, (void)b; *v = 0; return 0; }
 int cuDevicePrimaryCtxRetain(void **c, int d) { (void)d; *c = &ctx_cell; return 0; }
@@ -174,7 +179,11 @@ int cuEventRecord(void *e, void *s) { (void)e, (void)s; return 0; }
 int cuEventQuery(void *e) { (void)e; return 0; }
 int cuEventSynchronize(void *e) { (void)e; return 0; }
 int cuIpcGetMemHandle(void *h, dptr_t p) { (void)h, (void)p; return 801; }
-int cuIpcOpenMemHandle_v2(dptr_t *p, const void *h, unsigned f) { (void)p, (void)h, (void)f; return 801; }
+int cuIpcOpenMemHandle_v2(dptr_t *p, const void *h, unsigned f)
+{
+    (void)p, (void)h, (void)f;
+    return 801;
+}
 int cuIpcCloseMemHandle(dptr_t p) { (void)p; return 801; }
 int cuModuleLoadData(void **m, const void *i) { (void)m, (void)i; return 801; }
 int cuModuleUnload(void *m) { (void)m; return 801; }

@@ -5,12 +5,13 @@
  * knows; its cuFileRead/Write pread/pwrite it, and fail unless a device
  * context is current and the buffer lies in a live allocation.
  * Checked: the reports (compatibility mode, GPUDirect Storage with the
- * version, through nvidia-fs or PCI P2PDMA, staged and why: driver open failed, cuFileHandleRegister
+ * version, through nvidia-fs or PCI P2PDMA, staged and why: driver open
+ * failed, cuFileHandleRegister
  * refused), the transfers' paths and bytes (whole, pieces of the staging
  * chunk, scattered; short cuFile calls continued), gds=on refusing at
  * registration and at posting, failed and short cuFile calls as errors
- * naming the call, file, offset and cuFile status, and every handle, buffer
- * and driver session given back.
+ * naming the call, file, offset and cuFile status, every handle, buffer and
+ * driver session given back, and kvlane doctor's line (--mem VRAM).
  */
 #include <dlfcn.h>
 #include <errno.h>
@@ -95,7 +96,8 @@ static void roundtrip(gcase_t *c, const char *want)
 {
     char path[80];
     uint64_t z = 0;
-    unsigned char *src = (unsigned char *)(uintptr_t)c->src, *dst = (unsigned char *)(uintptr_t)c->dst;
+    unsigned char *src = (unsigned char *)(uintptr_t)c->src;
+    unsigned char *dst = (unsigned char *)(uintptr_t)c->dst;
     kt_fill(src, LEN, 31);
     memset(dst, 0, LEN);
     KT_OK(move(c, KVL_WRITE, c->src, &z, &z, 1, LEN, path));
@@ -236,6 +238,27 @@ static void failures(void)
     teardown(&c);
 }
 
+static char doctor_obs[512];
+static void doctor_cb(void *arg, const char *check, int status, const char *observed,
+                      const char *hint)
+{
+    (void)arg, (void)hint;
+    if (strcmp(check, "posix GPUDirect Storage") == 0 && status == 0)
+        snprintf(doctor_obs, sizeof(doctor_obs), "%s", observed);
+}
+
+/* kvlane doctor --mem VRAM: posix's line on libcufile (the driver not opened) */
+static void doctor(void)
+{
+    long s0[S_N], s1[S_N];
+    stats(s0);
+    KT_OK(kvl_backend_probe("posix", doctor_cb, NULL, KVL_MEM_VRAM, 0, 0));
+    stats(s1);
+    printf("doctor: posix GPUDirect Storage: %s\n", doctor_obs);
+    KT_CHECK(strstr(doctor_obs, "libcufile loads (version 1.15); nvidia-fs "));
+    KT_CHECK(s1[S_OPEN] == s0[S_OPEN]);
+}
+
 static int load_fake(const char *lib)
 {
     void *h = dlopen(lib, RTLD_NOW | RTLD_LOCAL);
@@ -264,6 +287,7 @@ int main(void)
     gpudirect();
     staged();
     failures();
+    doctor();
     long s[S_N];
     stats(s);
     printf("cuFile calls: %ld driver opens, %ld closes; %ld/%ld handles, %ld/%ld buffers "

@@ -192,6 +192,10 @@ bool kvli_posix_xfer_check_end(kvli_posix_iface_t *iface, kvli_posix_xpriv_t *xp
 kvl_status_t kvli_posix_gds_mode(const char *what, const char *v, int *mode_p, kvl_error_t *err);
 /* At open: load libcufile unless gds is off (off_by: what turned it off). */
 void kvli_posix_gds_probe(kvli_posix_iface_t *iface, const char *off_by);
+/* kvlane doctor, VRAM: libcufile and nvidia-fs (the driver is not opened). */
+void kvli_posix_gds_doctor(void (*report)(void *arg, const char *check, int status,
+                                          const char *observed, const char *hint),
+                           void *arg);
 /* Release the cuFile driver session at close. */
 void kvli_posix_gds_close(kvli_posix_iface_t *iface);
 /* A VRAM registration: open the driver (first time), register the buffer;

@@ -186,6 +186,27 @@ void kvli_posix_gds_probe(kvli_posix_iface_t *iface, const char *off_by)
              "opened yet (at the first VRAM registration)");
 }
 
+void kvli_posix_gds_doctor(void (*report)(void *arg, const char *check, int status,
+                                           const char *observed, const char *hint),
+                           void *arg)
+{
+    char obs[400];
+    pthread_once(&kvli_cufile.once, kvli_cufile_load);
+    bool nvfs = access("/proc/driver/nvidia-fs/version", F_OK) == 0;
+    if (!kvli_cufile.ok)
+        snprintf(obs, sizeof(obs), "%s: VRAM <-> FILE is staged through pinned host buffers",
+                 kvli_cufile.why);
+    else
+        snprintf(obs, sizeof(obs), "libcufile loads (version %d.%d); nvidia-fs %s",
+                 kvli_cufile.version / 1000, kvli_cufile.version % 1000 / 10, nvfs
+                 ? "loaded: VRAM <-> FILE through GPUDirect Storage where the file system takes it"
+                 : "not loaded: cuFile runs in compatibility mode (POSIX I/O), unless it reaches "
+                   "NVMe through PCI P2PDMA (the VRAM registration report says)");
+    report(arg, "posix GPUDirect Storage", 0, obs,
+           kvli_cufile.ok && nvfs ? "" : "for GPUDirect Storage: libcufile (KVL_CUFILE names it), "
+           "nvidia-fs (modprobe nvidia-fs), O_DIRECT files on a file system GDS supports");
+}
+
 /* After cuFileDriverOpen, under the lock: GPUDirect or compatibility mode. */
 static void kvli_cufile_describe(void)
 {

@@ -353,13 +353,14 @@ static void kvli_posix_peer_describe(void *bk, void *peer, char *buf, size_t len
                  iface->engine_why);
 }
 
-/* Doctor: io_uring and the locked-memory limit (registered buffers). */
+/* Doctor: io_uring and the locked-memory limit (registered buffers); with
+ * VRAM, GPUDirect Storage. */
 static void kvli_posix_probe(void (*report)(void *arg, const char *check, int status,
                                             const char *observed, const char *hint),
                              void *arg, kvl_mem_kind_t mem, int32_t dev, uint64_t planned_bytes)
 {
     char obs[512];
-    (void)mem, (void)dev, (void)planned_bytes;
+    (void)dev, (void)planned_bytes;
 #ifdef KVL_HAVE_LIBURING
     struct io_uring ring;
     int r = io_uring_queue_init(8, &ring, 0);
@@ -377,6 +378,8 @@ static void kvli_posix_probe(void (*report)(void *arg, const char *check, int st
     report(arg, "posix io_uring", 1, "this build has no liburing",
            "install liburing-dev and rebuild kvlane; posix uses pread/pwrite threads");
 #endif
+    if (mem == KVL_MEM_VRAM)
+        kvli_posix_gds_doctor(report, arg);
     FILE *f = fopen("/proc/sys/kernel/io_uring_disabled", "r");
     if (f != NULL) {
         int v = 0;
