@@ -186,19 +186,29 @@ void kvli_posix_gds_probe(kvli_posix_iface_t *iface, const char *off_by)
              "opened yet (at the first VRAM registration)");
 }
 
+/* " 1.15" from cuFileGetVersion, "" when unknown */
+static const char *kvli_cufile_ver(char *buf, size_t cap)
+{
+    buf[0] = '\0';
+    if (kvli_cufile.version > 0)
+        snprintf(buf, cap, " %d.%d", kvli_cufile.version / 1000,
+                 kvli_cufile.version % 1000 / 10);
+    return buf;
+}
+
 void kvli_posix_gds_doctor(void (*report)(void *arg, const char *check, int status,
                                            const char *observed, const char *hint),
                            void *arg)
 {
-    char obs[400];
+    char obs[400], ver[48];
     pthread_once(&kvli_cufile.once, kvli_cufile_load);
     bool nvfs = access("/proc/driver/nvidia-fs/version", F_OK) == 0;
     if (!kvli_cufile.ok)
         snprintf(obs, sizeof(obs), "%s: VRAM <-> FILE is staged through pinned host buffers",
                  kvli_cufile.why);
     else
-        snprintf(obs, sizeof(obs), "libcufile loads (version %d.%d); nvidia-fs %s",
-                 kvli_cufile.version / 1000, kvli_cufile.version % 1000 / 10, nvfs
+        snprintf(obs, sizeof(obs), "libcufile%s loads; nvidia-fs %s",
+                 kvli_cufile_ver(ver, sizeof(ver)), nvfs
                  ? "loaded: VRAM <-> FILE through GPUDirect Storage where the file system takes it"
                  : "not loaded: cuFile runs in compatibility mode (POSIX I/O), unless it reaches "
                    "NVMe through PCI P2PDMA (the VRAM registration report says)");
@@ -211,11 +221,9 @@ void kvli_posix_gds_doctor(void (*report)(void *arg, const char *check, int stat
 static void kvli_cufile_describe(void)
 {
     kvli_cufile_props_t pr;
-    char ver[48] = "";
+    char ver[48];
     memset(&pr, 0, sizeof(pr));
-    if (kvli_cufile.version > 0)
-        snprintf(ver, sizeof(ver), " %d.%d", kvli_cufile.version / 1000,
-                 kvli_cufile.version % 1000 / 10);
+    kvli_cufile_ver(ver, sizeof(ver));
     bool props = kvli_cufile.api.DriverGetProperties != NULL &&
                  kvli_cufile.api.DriverGetProperties(&pr).err == 0;
     bool nvfs = props ? pr.p.nvfs.major_version != 0 || pr.p.nvfs.minor_version != 0
