@@ -286,6 +286,8 @@ static void kvli_posix_gds_open(kvli_posix_iface_t *iface, int32_t dev)
     }
     pthread_mutex_unlock(&kvli_cufile.lock);
     ctx->stage_ctx_leave(ctx);
+    /* said once per backend; every VRAM registration's report says it too */
+    ctx->log(ctx, KVL_LOG_INFO, "VRAM <-> FILE: %s", iface->gds_why);
 }
 
 void kvli_posix_gds_close(kvli_posix_iface_t *iface)
