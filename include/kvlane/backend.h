@@ -242,6 +242,14 @@ struct kvl_bk_ctx {
                                          size_t len, size_t slot_len);
     void (*notif_unreserve)(kvl_bk_ctx_t *ctx, const char *from, uint32_t slots,
                             size_t slot_len);
+    /*
+     * For a host-only backend that calls a device library working in the
+     * calling thread's current context (cuFile): make device dev's context
+     * current (pushed; KVL_OK, or why not in err), and undo it (pop) on the
+     * same thread. Present when ctx->size covers them and not NULL.
+     */
+    kvl_status_t (*stage_ctx_enter)(kvl_bk_ctx_t *ctx, int32_t dev, kvl_error_t *err);
+    void (*stage_ctx_leave)(kvl_bk_ctx_t *ctx);
 };
 
 /*
@@ -275,6 +283,9 @@ typedef struct kvl_device_ops {
                                void (*notify)(void *arg), void *arg, void **ticket_p,
                                kvl_error_t *err);
     int (*stage_test)(void *ticket, int wait, kvl_error_t *err);
+    /* kvl_bk_ctx_t's stage_ctx_enter/stage_ctx_leave (both or none). */
+    kvl_status_t (*ctx_enter)(int32_t dev, kvl_error_t *err);
+    void (*ctx_leave)(void);
 } kvl_device_ops_t;
 
 /*

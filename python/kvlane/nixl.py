@@ -110,7 +110,7 @@ _FORCED = {"SHM": "shm", "TCP": "tcp", "CUDA": "cuda", "shm": "shm", "tcp": "tcp
 _BACKEND_MEMS = {"shm": ["DRAM"], "tcp": ["DRAM", "VRAM"], "ucx": ["DRAM", "VRAM"],
                  "cuda": ["DRAM", "VRAM"], "posix": ["DRAM", "VRAM", "FILE"]}
 # NIXL's file plugin parameters: what they mean on kvlane's posix backend.
-_POSIX_PARAMS = {"engine", "queue_depth", "threads"}
+_POSIX_PARAMS = {"engine", "queue_depth", "threads", "gds"}
 # What NIXL's UCX plugin reports as its parameters (get_plugin_params("UCX")).
 _UCX_DEFAULTS = {"ucx_devices": "", "num_workers": "1", "ucx_error_handling_mode": "peer"}
 _NO_EFFECT_SEEN = set()
@@ -864,10 +864,12 @@ class nixl_agent:
                            "pread/pwrite threads when the kernel refuses io_uring")
             else:
                 _no_effect(name, k, v, f"kvlane serves {name} with its posix backend (DRAM to "
-                           "and from files); parameters it knows: engine, queue_depth, threads")
+                           "and from files); parameters it knows: engine, queue_depth, "
+                           "threads, gds")
         if name != "POSIX":
-            log.info("kvlane.nixl: %s is served by kvlane's posix backend: GPU memory is "
-                     "staged through pinned host buffers (no cuFile in this kvlane version)",
+            log.info("kvlane.nixl: %s is served by kvlane's posix backend: GPU memory moves "
+                     "through cuFile (GPUDirect Storage) where libcufile works, else staged "
+                     "through pinned host buffers; the registration report says which and why",
                      name)
         return out
 

@@ -26,6 +26,8 @@ kvl_status_t kvli_ctx_stage_copy(kvl_bk_ctx_t *ctx, int to_host, const kvl_stage
                                  size_t n, void (*notify)(void *arg), void *arg, void **ticket_p,
                                  kvl_error_t *err);
 int kvli_ctx_stage_test(kvl_bk_ctx_t *ctx, void *ticket, int wait, kvl_error_t *err);
+kvl_status_t kvli_ctx_stage_enter(kvl_bk_ctx_t *ctx, int32_t dev, kvl_error_t *err);
+void kvli_ctx_stage_leave(kvl_bk_ctx_t *ctx);
 
 static void kvli_ctx_log(kvl_bk_ctx_t *ctx, kvl_log_level_t level, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
@@ -129,6 +131,8 @@ kvl_status_t kvl_backend_create(kvl_agent_t *a, const char *name, const kvl_para
         .notif_reserve = kvli_notif_reserve,
         .notif_offer_reserved = kvli_notif_offer_reserved,
         .notif_unreserve = kvli_notif_unreserve,
+        .stage_ctx_enter = kvli_ctx_stage_enter,
+        .stage_ctx_leave = kvli_ctx_stage_leave,
     };
     memset(&err, 0, offsetof(kvl_error_t, causes));
     err.device = -1;

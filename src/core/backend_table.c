@@ -71,7 +71,8 @@ static void kvli_ops_fill(kvl_backend_ops_t *dst, const kvl_backend_ops_t *src)
 }
 
 /* Device services the same way: a full-size copy, and all five staging
- * slots or none (a stager missing one would fail half-way). */
+ * slots or none (a stager missing one would fail half-way); the context
+ * pair likewise. */
 static void kvli_dev_fill(kvl_device_ops_t *dst, const kvl_device_ops_t *src)
 {
     memset(dst, 0, sizeof(*dst));
@@ -80,6 +81,8 @@ static void kvli_dev_fill(kvl_device_ops_t *dst, const kvl_device_ops_t *src)
         !dst->stage_copy || !dst->stage_test)
         dst->stage_check = NULL, dst->stage_host_alloc = NULL, dst->stage_host_free = NULL,
         dst->stage_copy = NULL, dst->stage_test = NULL;
+    if (!dst->ctx_enter || !dst->ctx_leave)
+        dst->ctx_enter = NULL, dst->ctx_leave = NULL;
 }
 
 static void kvli_builtin_init(void)

@@ -89,3 +89,21 @@ int kvli_ctx_stage_test(kvl_bk_ctx_t *ctx, void *ticket, int wait, kvl_error_t *
     }
     return ops->stage_test(ticket, wait, err);
 }
+
+kvl_status_t kvli_ctx_stage_enter(kvl_bk_ctx_t *ctx, int32_t dev, kvl_error_t *err);
+kvl_status_t kvli_ctx_stage_enter(kvl_bk_ctx_t *ctx, int32_t dev, kvl_error_t *err)
+{
+    const kvl_device_ops_t *ops = kvli_stager();
+    if (ops == NULL || ops->ctx_enter == NULL)
+        return kvli_stage_none(ctx, err);
+    return ops->ctx_enter(dev, err);
+}
+
+void kvli_ctx_stage_leave(kvl_bk_ctx_t *ctx);
+void kvli_ctx_stage_leave(kvl_bk_ctx_t *ctx)
+{
+    const kvl_device_ops_t *ops = kvli_stager();
+    (void)ctx;
+    if (ops != NULL && ops->ctx_leave != NULL)
+        ops->ctx_leave();
+}

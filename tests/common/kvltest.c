@@ -793,3 +793,32 @@ void kt_need_ucx(void)
         KT_SKIP("ucx backend not available: %s", reason);
     printf("ucx: %s\n", reason);
 }
+
+kvl_status_t kt_file_move(kvl_agent_t *a, kvl_xfer_op_t op, kvl_mem_kind_t kind, int32_t dev,
+                          uint64_t base, const uint64_t *loff, const uint64_t *foff, size_t n,
+                          uint64_t len, int fd, char *path, size_t cap)
+{
+    kvl_dlist_t *l, *r;
+    kvl_xfer_t *x;
+    KT_OK(kvl_dlist_create(kind, n, &l));
+    KT_OK(kvl_dlist_create(KVL_MEM_FILE, n, &r));
+    for (size_t i = 0; i < n; i++) {
+        KT_OK(kvl_dlist_add(l, base + loff[i], len, dev));
+        KT_OK(kvl_dlist_add(r, foff[i], len, fd));
+    }
+    if (cap > 0)
+        path[0] = '\0';
+    kvl_status_t st = kvl_xfer_create(a, op, l, kvl_agent_name(a), r, NULL, &x);
+    if (st == KVL_OK) {
+        st = kvl_xfer_post(x);
+        if (st == KVL_OK || st == KVL_IN_PROGRESS)
+            st = kvl_xfer_wait(x, 120000);
+        kvl_xfer_stats_t s;
+        if (st == KVL_OK && cap > 0 && kvl_xfer_get_stats(x, &s) == KVL_OK)
+            snprintf(path, cap, "%s", s.path);
+        kvl_xfer_release(x);
+    }
+    kvl_dlist_destroy(l);
+    kvl_dlist_destroy(r);
+    return st;
+}

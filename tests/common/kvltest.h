@@ -103,6 +103,13 @@ void kt_need_ucx(void);
 
 /* Deterministic pattern for checking bytes. */
 void kt_fill(void *p, size_t len, uint64_t seed);
+/* One transfer of n blocks of len between memory of kind on device dev (block
+ * i at base + loff[i]) and agent a's own file fd (at offset foff[i]), waited
+ * for (at most 120 s); the path it took into path (cap bytes, "" unless it
+ * completed). Its status. */
+kvl_status_t kt_file_move(kvl_agent_t *a, kvl_xfer_op_t op, kvl_mem_kind_t kind, int32_t dev,
+                          uint64_t base, const uint64_t *loff, const uint64_t *foff, size_t n,
+                          uint64_t len, int fd, char *path, size_t cap);
 /* Offset of the first byte that differs from kt_fill(seed), or -1. */
 long kt_verify(const void *p, size_t len, uint64_t seed);
 

@@ -11,7 +11,7 @@ bld=${1:-$src/build-gpu}
 out=${OUT:-$src/gpu-out}
 mkdir -p "$out"
 nvidia-smi --query-gpu=name,pci.bus_id,driver_version,memory.total --format=csv 2>&1 | tee "$out/gpu.txt"
-targets="test_cuda_nodriver test_cuda_gpu test_cuda_multigpu test_tcp_vram test_ucx_vram test_posix_vram test_contract bench_cuda_bench"
+targets="test_cuda_nodriver test_cuda_gpu test_cuda_multigpu test_tcp_vram test_ucx_vram test_posix_vram test_posix_gds test_contract bench_cuda_bench"
 build() {
     cmake -S "$src" -B "$bld" -DKVL_CUDA_ARCHS=90 -DKVL_SANITIZER_TESTS=OFF -DKVL_FUZZ=OFF \
         >"$out/configure.log" 2>&1 || return 1
@@ -38,6 +38,16 @@ echo "== test_tcp_vram"; (cd "$bld" && timeout 300 ./tests/test_tcp_vram) >"$out
 echo "rc=$?"; cut -c1-300 "$out/tcp_vram.log" | tail -60
 echo "== test_posix_vram"; (cd "$bld" && timeout 300 ./tests/test_posix_vram) >"$out/posix_vram.log" 2>&1
 echo "rc=$?"; cut -c1-300 "$out/posix_vram.log" | tail -40
+# GPUDirect Storage (cuFile): KVL_GDS_DIR picks the file system (default TMPDIR or /tmp);
+# libcufile from the loader's path, else pip's nvidia-cufile wheel or a CUDA install
+if [ -z "${KVL_CUFILE:-}" ] && ! ldconfig -p 2>/dev/null | grep -q 'libcufile\.so'; then
+    sp=$(python3 -c 'import site; print(" ".join(site.getsitepackages()))' 2>/dev/null)
+    cf=$(find $sp /usr/local/cuda*/ -name 'libcufile.so.0' 2>/dev/null | head -1)
+    [ -n "$cf" ] && export KVL_CUFILE=$cf
+fi
+echo "KVL_CUFILE=${KVL_CUFILE:-(unset: libcufile.so.0 from the loader path)}"
+echo "== test_posix_gds"; (cd "$bld" && timeout 300 ./tests/test_posix_gds) >"$out/posix_gds.log" 2>&1
+echo "rc=$?"; cut -c1-600 "$out/posix_gds.log" | tail -40
 echo "== test_ucx_vram"; (cd "$bld" && timeout 300 ./tests/test_ucx_vram) >"$out/ucx_vram.log" 2>&1
 echo "rc=$?"; cut -c1-300 "$out/ucx_vram.log" | tail -60
 echo "== test_contract (the cuda row runs here)"; (cd "$bld" && timeout 300 ./tests/test_contract) >"$out/contract.log" 2>&1

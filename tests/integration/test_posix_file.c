@@ -13,8 +13,12 @@
  * the transfer's path say so) and bytes move through it; with
  * fixed_buffers_mib=0, or a RLIMIT_MEMLOCK too low to pin it (a child without
  * CAP_IPC_LOCK), the region still registers and moves, and the report says
- * why it is not a fixed buffer.
+ * why it is not a fixed buffer. GPUDirect Storage: the parameter gds (auto,
+ * on, off; KVL_POSIX_GDS its default) checked at open, and what a FILE
+ * registration's report says VRAM transfers with it use (here, with no GPU:
+ * staged, and why: gds off, or libcufile.so not found).
  */
+#include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
@@ -540,6 +544,69 @@ static void fixed_buffers(void)
     KT_CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
 }
 
+/* A posix backend with prm (and KVL_POSIX_GDS=env unless NULL): its
+ * creation's status; when it opens, a FILE registration's detail in det. */
+static kvl_status_t gds_case(const char *env, const kvl_param_t *prm, size_t np, char *det,
+                             size_t cap)
+{
+    kvl_agent_t *a;
+    kvl_agent_config_t cfg = {.field_mask = KVL_AGENT_CFG_BACKENDS, .create_backends = ""};
+    KT_OK(kvl_agent_create("posix-gds", &cfg, &a));
+    if (env != NULL)
+        KT_CHECK(setenv("KVL_POSIX_GDS", env, 1) == 0);
+    kvl_status_t st = kvl_backend_create(a, "posix", prm, np, NULL);
+    unsetenv("KVL_POSIX_GDS");
+    det[0] = '\0';
+    if (st == KVL_OK) {
+        int fd = open_in("gds.bin", O_RDWR | O_TRUNC);
+        KT_CHECK(fd >= 0);
+        kvl_mem_desc_t d = {0, 4096, fd};
+        kvl_reg_params_t rp = {.field_mask = KVL_REG_PARAM_KIND, .kind = KVL_MEM_FILE};
+        kvl_reg_report_t *rep = NULL;
+        KT_OK(kvl_mem_register(a, &d, 1, &rp, &rep));
+        snprintf(det, cap, "%s", rep->entries[0].outcomes[0].detail);
+        kvl_reg_report_free(rep);
+        KT_OK(kvl_mem_deregister(a, &d, 1));
+        close(fd);
+    }
+    kvl_agent_destroy(a);
+    return st;
+}
+
+static void gds_param(void)
+{
+    char det[2100];
+    kvl_param_t bad[] = {{"gds", "maybe"}}, off[] = {{"gds", "off"}}, on[] = {{"gds", "on"}},
+                autop[] = {{"gds", "auto"}};
+    KT_STATUS(gds_case(NULL, bad, 1, det, sizeof(det)), KVL_ERR_INVALID_ARG);
+    KT_ERROR_HAS("parameter gds='maybe' is not auto, on or off");
+    KT_STATUS(gds_case("sometimes", NULL, 0, det, sizeof(det)), KVL_ERR_INVALID_ARG);
+    KT_ERROR_HAS("KVL_POSIX_GDS='sometimes' is not auto, on or off");
+
+    KT_OK(gds_case(NULL, off, 1, det, sizeof(det)));
+    printf("gds=off: %s\n", det);
+    KT_CHECK(strstr(det, "VRAM with it: staged, GPUDirect Storage not used: parameter gds=off"));
+    KT_OK(gds_case("0", NULL, 0, det, sizeof(det)));
+    printf("KVL_POSIX_GDS=0: %s\n", det);
+    KT_CHECK(strstr(det, "VRAM with it: staged, GPUDirect Storage not used: KVL_POSIX_GDS=0"));
+
+    /* on opens (it refuses VRAM <-> FILE only, where GPUDirect is not there) */
+    KT_OK(gds_case(NULL, on, 1, det, sizeof(det)));
+    KT_OK(gds_case("0", autop, 1, det, sizeof(det))); /* the parameter wins */
+    printf("KVL_POSIX_GDS=0, gds=auto: %s\n", det);
+    KT_CHECK(strstr(det, "KVL_POSIX_GDS=0") == NULL && strstr(det, "VRAM with it: "));
+    void *h = dlopen("libcufile.so.0", RTLD_NOW | RTLD_LOCAL);
+    if (h == NULL)
+        h = dlopen("libcufile.so", RTLD_NOW | RTLD_LOCAL);
+    if (h != NULL) {
+        printf("libcufile.so is here: the 'not found' report is not checked\n");
+        dlclose(h);
+        return;
+    }
+    KT_CHECK(strstr(det, "VRAM with it: staged, GPUDirect Storage not used: libcufile.so not "
+                         "found ("));
+}
+
 int main(void)
 {
     const char *t = getenv("TMPDIR");
@@ -553,6 +620,7 @@ int main(void)
     cancel_big();
     seccomp_fallback();
     fixed_buffers();
+    gds_param();
     char cmd[300];
     snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
     if (system(cmd) != 0)

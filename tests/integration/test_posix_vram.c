@@ -4,7 +4,8 @@
  * VRAM with every byte checked, scattered blocks in shuffled file order,
  * pieces larger than the staging chunk, O_DIRECT when the file system takes
  * it, a short file, and the registration report naming the staged path and
- * why GPUDirect Storage is not used.
+ * why GPUDirect Storage is not used (gds=off here: test_posix_gds drives
+ * cuFile).
  * KVL_TEST_LABELS: gpu
  */
 #include <errno.h>
@@ -23,27 +24,12 @@ static char dir[256];
 static kvl_status_t move(kvl_agent_t *a, kvl_xfer_op_t op, kt_cu_ptr d, const uint64_t *doff,
                          const uint64_t *foff, size_t n, uint64_t len, int fd)
 {
-    kvl_dlist_t *l, *r;
-    kvl_xfer_t *x;
-    KT_OK(kvl_dlist_create(KVL_MEM_VRAM, n, &l));
-    KT_OK(kvl_dlist_create(KVL_MEM_FILE, n, &r));
-    for (size_t i = 0; i < n; i++) {
-        KT_OK(kvl_dlist_add(l, d + doff[i], len, 0));
-        KT_OK(kvl_dlist_add(r, foff[i], len, fd));
-    }
-    kvl_status_t st = kvl_xfer_create(a, op, l, kvl_agent_name(a), r, NULL, &x);
-    if (st == KVL_OK) {
-        st = kvl_xfer_post(x);
-        if (st == KVL_OK || st == KVL_IN_PROGRESS)
-            st = kvl_xfer_wait(x, 120000);
-        kvl_xfer_stats_t s;
-        if (kvl_xfer_get_stats(x, &s) == KVL_OK && st == KVL_OK)
-            printf("  %s %zu x %llu bytes: path %s\n", op == KVL_WRITE ? "WRITE" : "READ", n,
-                   (unsigned long long)len, s.path);
-        kvl_xfer_release(x);
-    }
-    kvl_dlist_destroy(l);
-    kvl_dlist_destroy(r);
+    char path[80];
+    kvl_status_t st = kt_file_move(a, op, KVL_MEM_VRAM, 0, d, doff, foff, n, len, fd, path,
+                                   sizeof(path));
+    if (st == KVL_OK)
+        printf("  %s %zu x %llu bytes: path %s\n", op == KVL_WRITE ? "WRITE" : "READ", n,
+               (unsigned long long)len, path);
     return st;
 }
 
@@ -61,8 +47,8 @@ static void run(int direct)
     kvl_agent_t *a;
     kvl_agent_config_t cfg = {.field_mask = KVL_AGENT_CFG_BACKENDS, .create_backends = ""};
     KT_OK(kvl_agent_create(direct ? "posix-vram-d" : "posix-vram", &cfg, &a));
-    kvl_param_t prm[] = {{"stage_chunk_kib", "1024"}, {NULL, NULL}};
-    KT_OK(kvl_backend_create(a, "posix", prm, 1, NULL));
+    kvl_param_t prm[] = {{"stage_chunk_kib", "1024"}, {"gds", "off"}, {NULL, NULL}};
+    KT_OK(kvl_backend_create(a, "posix", prm, 2, NULL));
     kt_cu_ptr d;
     KT_CHECK(cu.MemAlloc(&d, LEN) == 0);
     kt_cuda_fill(&cu, d, LEN, 11);
@@ -75,7 +61,7 @@ static void run(int direct)
     kvl_reg_report_render(rep, text, sizeof(text));
     printf("%s", text);
     KT_CHECK(strstr(text, "staged through pinned host buffers") != NULL);
-    KT_CHECK(strstr(text, "GPUDirect Storage not used") != NULL);
+    KT_CHECK(strstr(text, "GPUDirect Storage not used: parameter gds=off") != NULL);
     kvl_reg_report_free(rep);
     KT_OK(kvl_mem_register(a, &df, 1, &pf, NULL));
 

@@ -542,6 +542,10 @@ kvl_status_t kvli_cuda_stage_copy(int to_host, const kvl_stage_piece_t *p, size_
                                   void (*notify)(void *arg), void *arg, void **ticket_p,
                                   kvl_error_t *err);
 int kvli_cuda_stage_test(void *ticket, int wait, kvl_error_t *err);
+/* Device dev's primary context current on this thread (pushed), for a
+ * host-only backend calling a CUDA library (cuFile); leave pops it. */
+kvl_status_t kvli_cuda_stage_enter(int32_t dev, kvl_error_t *err);
+void kvli_cuda_stage_leave(void);
 
 /* ---- cuda_iface.c ---- */
 

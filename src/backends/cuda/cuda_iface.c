@@ -263,6 +263,8 @@ static const kvl_device_ops_t kvli_cuda_device_ops = {
     .stage_host_free = kvli_cuda_stage_host_free,
     .stage_copy = kvli_cuda_stage_copy,
     .stage_test = kvli_cuda_stage_test,
+    .ctx_enter = kvli_cuda_stage_enter,
+    .ctx_leave = kvli_cuda_stage_leave,
 };
 
 const kvl_backend_ops_t kvli_cuda_ops = {

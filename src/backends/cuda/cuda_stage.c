@@ -259,3 +259,25 @@ int kvli_cuda_stage_test(void *ticket, int wait, kvl_error_t *err)
                       "failed (check nvidia-smi and dmesg for Xid errors)");
     return -1;
 }
+
+kvl_status_t kvli_cuda_stage_enter(int32_t dev, kvl_error_t *err)
+{
+    char eb[160];
+    kvl_status_t st = kvli_cuda_stage_check(KVL_MEM_VRAM, dev, err);
+    if (st != KVL_OK)
+        return st;
+    CUresult r = kvli_cuda_drv_push(dev);
+    if (r != KVLI_CUDA_SUCCESS) {
+        kvl_bk_error_set(err, KVL_ERR_SYSTEM, 0, KVLI_CUDA_NAME, dev,
+                         "making device %d's primary context current failed: %.150s", (int)dev,
+                         kvli_cuda_drv_errstr(r, eb, sizeof(eb)));
+        kvl_bk_error_hint(err, "check the GPU (nvidia-smi) and dmesg for Xid errors");
+        return KVL_ERR_SYSTEM;
+    }
+    return KVL_OK;
+}
+
+void kvli_cuda_stage_leave(void)
+{
+    kvli_cuda_drv_pop();
+}

@@ -29,6 +29,7 @@
 #include <stdbool.h>
 #include <kvlane/backend.h>
 #include "common/progress.h"
+#include "posix_cufile.h"
 #ifdef KVL_HAVE_LIBURING
 #include <liburing.h>
 #endif
@@ -44,6 +45,16 @@
 #define KVLI_POSIX_FIXED_MIB_DEFAULT 4096u /* pinned for fixed buffers, at most */
 
 enum { KVLI_POSIX_URING = 1, KVLI_POSIX_POOL = 2 };
+/* parameter gds */
+enum { KVLI_POSIX_GDS_AUTO = 0, KVLI_POSIX_GDS_ON = 1, KVLI_POSIX_GDS_OFF = 2 };
+/* iface->gds_state: staged only (why in gds_why), libcufile loaded and the
+ * driver not opened yet, driver open with nvidia-fs, or in compatibility mode */
+enum {
+    KVLI_POSIX_GDS_NONE = 0,
+    KVLI_POSIX_GDS_LOADED = 1,
+    KVLI_POSIX_GDS_UP = 2,
+    KVLI_POSIX_GDS_COMPAT = 3
+};
 
 typedef struct kvli_posix_mh {
     kvl_mem_kind_t kind;
@@ -55,6 +66,11 @@ typedef struct kvli_posix_mh {
     uint32_t dio_mem, dio_off;       /* O_DIRECT: alignment of memory and of offset/len */
     char path[256];                  /* for messages: /proc/self/fd/N resolved */
     int buf_index;                   /* DRAM: its io_uring fixed buffer, -1 none */
+    /* GPUDirect Storage (posix_gds.c), under iface->gds_lock */
+    bool gds_buf;                    /* VRAM: cuFileBufRegister'ed */
+    int gds_st;                      /* FILE: cuFile handle 0 not tried, 1 registered, -1 failed */
+    kvli_cufile_handle_t gds_fh;
+    char gds_why[320];               /* FILE: the path VRAM transfers with it take, and why */
 } kvli_posix_mh_t;
 
 typedef struct kvli_posix_op {
@@ -63,8 +79,10 @@ typedef struct kvli_posix_op {
     uint64_t off;                    /* file offset */
     char *buf;                       /* staged: a device address */
     bool staged;                     /* VRAM: through a pinned buffer (posix_stage.c) */
+    bool gds;                        /* VRAM: through cuFile instead (posix_gds.c) */
     int32_t dev;
     const kvli_posix_mh_t *fmh;      /* the file range, for messages */
+    const kvli_posix_mh_t *vmh;      /* VRAM: the device range */
     int buf_index;                   /* io_uring fixed buffer holding buf, -1 none */
     struct kvli_posix_xpriv *xp;
     struct kvli_posix_op *retry;     /* short transfer: resubmitted from done */
@@ -118,7 +136,13 @@ typedef struct kvli_posix_iface {
     unsigned nstage_started;
     bool stage_up;
     bool stage_quit;                 /* under lock: the stagers leave */
-    char gds_why[256];               /* why GPUDirect Storage is not used */
+    /* GPUDirect Storage (posix_gds.c) */
+    int gds_mode;                    /* parameter gds: KVLI_POSIX_GDS_AUTO/ON/OFF */
+    pthread_mutex_t gds_lock;        /* gds_state, gds_why, the regions' gds_* */
+    int gds_state;                   /* KVLI_POSIX_GDS_NONE ... */
+    bool gds_drv;                    /* holds the process's cuFile driver session */
+    const kvli_cufile_api_t *cf;     /* libcufile's entry points, when loaded */
+    char gds_why[384];               /* what VRAM <-> FILE uses, or why it is staged */
 } kvli_posix_iface_t;
 
 /* posix_engine.c */
@@ -149,19 +173,50 @@ kvli_posix_op_t *kvli_posix_op_next(kvli_posix_iface_t *iface, bool staged);
 long long kvli_posix_rw(int fd, char *buf, size_t len, uint64_t off, int write);
 
 /* posix_stage.c */
-/* Register VRAM: can the core's staging service copy it? */
+/* Register VRAM: can the core's staging service copy it? GPUDirect Storage? */
 kvl_status_t kvli_posix_stage_reg(kvli_posix_iface_t *iface, const kvl_region_info_t *r,
-                                  char *detail, size_t detail_len, kvl_error_t *err);
+                                  kvli_posix_mh_t *mh, char *detail, size_t detail_len,
+                                  kvl_error_t *err);
 /* Start the staging threads and their pinned buffers once. */
 kvl_status_t kvli_posix_stage_start(kvli_posix_iface_t *iface, kvl_error_t *err);
 void kvli_posix_stage_stop(kvli_posix_iface_t *iface);
-/* Why GPUDirect Storage is not used (libcufile looked for), into iface->gds_why. */
-void kvli_posix_gds_probe(kvli_posix_iface_t *iface);
 /* Called without the lock for a finished transfer: xfer_done, then marks
  * it not running (a cancel or release waits for that). */
 void kvli_posix_xfer_finish(kvli_posix_iface_t *iface, kvli_posix_xpriv_t *xp);
 /* Under the lock: true when xp has nothing in flight and nothing left to
  * start (done, failed or canceled); removes it from the queue. */
 bool kvli_posix_xfer_check_end(kvli_posix_iface_t *iface, kvli_posix_xpriv_t *xp);
+
+/* posix_gds.c */
+/* Parameter gds (what names it in the error: "parameter gds", "KVL_POSIX_GDS"). */
+kvl_status_t kvli_posix_gds_mode(const char *what, const char *v, int *mode_p, kvl_error_t *err);
+/* At open: load libcufile unless gds is off (off_by: what turned it off). */
+void kvli_posix_gds_probe(kvli_posix_iface_t *iface, const char *off_by);
+/* kvlane doctor, VRAM: libcufile and nvidia-fs (the driver is not opened). */
+void kvli_posix_gds_doctor(void (*report)(void *arg, const char *check, int status,
+                                          const char *observed, const char *hint),
+                           void *arg);
+/* Release the cuFile driver session at close. */
+void kvli_posix_gds_close(kvli_posix_iface_t *iface);
+/* A VRAM registration: open the driver (first time), register the buffer;
+ * what gets the path and why, *gds_p whether cuFile serves it. An error only
+ * with gds=on. */
+kvl_status_t kvli_posix_gds_vram(kvli_posix_iface_t *iface, kvli_posix_mh_t *mh, char *what,
+                                 size_t cap, bool *gds_p, kvl_error_t *err);
+/* A FILE registration: its cuFile handle when the driver is open; appends
+ * what VRAM transfers with it will use to detail. */
+void kvli_posix_gds_file(kvli_posix_iface_t *iface, kvli_posix_mh_t *mh, char *detail,
+                         size_t cap);
+/* A VRAM <-> FILE transfer's first posting: cuFile for f or not (*gds_p);
+ * an error only with gds=on. */
+kvl_status_t kvli_posix_gds_use(kvli_posix_iface_t *iface, kvli_posix_mh_t *f,
+                                const kvli_posix_mh_t *v, bool write, bool *gds_p,
+                                kvl_error_t *err);
+/* Deregistration: the handle or the buffer back to cuFile. */
+void kvli_posix_gds_dereg(kvli_posix_iface_t *iface, kvli_posix_mh_t *mh);
+/* One piece through cuFileRead/cuFileWrite (staging thread): its bytes, or
+ * -1 with e filled. */
+long long kvli_posix_gds_piece(kvli_posix_iface_t *iface, const kvli_posix_op_t *op, int write,
+                               kvl_error_t *e);
 
 #endif

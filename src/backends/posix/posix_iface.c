@@ -23,6 +23,7 @@ static const kvl_param_t kvli_posix_params[] = {
     {"stage_threads", "4"},      /* VRAM: staging threads, one pinned buffer each */
     {"stage_chunk_kib", "4096"}, /* VRAM: bytes per staged piece */
     {"fixed_buffers_mib", "4096"}, /* DRAM pinned as io_uring fixed buffers, at most (0: off) */
+    {"gds", "auto"},             /* VRAM <-> FILE: auto | on | off (GPUDirect Storage, cuFile) */
     {NULL, NULL}
 };
 
@@ -56,6 +57,8 @@ static void kvli_posix_close(void *bk)
     if (iface == NULL)
         return;
     kvli_posix_engine_close(iface);
+    kvli_posix_gds_close(iface);
+    pthread_mutex_destroy(&iface->gds_lock);
     pthread_mutex_destroy(&iface->lock);
     pthread_mutex_destroy(&iface->stage_lock);
     pthread_cond_destroy(&iface->cond);
@@ -69,6 +72,11 @@ static kvl_status_t kvli_posix_open(kvl_bk_ctx_t *ctx, const kvl_param_t *params
     uint64_t qd = KVLI_POSIX_QD_DEFAULT, th = KVLI_POSIX_THREADS_DEFAULT;
     uint64_t sth = KVLI_POSIX_STAGERS_DEFAULT, sch = KVLI_POSIX_STAGE_CHUNK >> 10;
     uint64_t fmib = KVLI_POSIX_FIXED_MIB_DEFAULT;
+    int gds = KVLI_POSIX_GDS_AUTO;
+    const char *genv = getenv("KVL_POSIX_GDS"), *gds_by = "KVL_POSIX_GDS=0";
+    if (genv != NULL && genv[0] != '\0' &&
+        kvli_posix_gds_mode("KVL_POSIX_GDS", genv, &gds, err) != KVL_OK)
+        return KVL_ERR_INVALID_ARG;
     for (size_t i = 0; i < n && params != NULL && params[i].key != NULL; i++) {
         const char *k = params[i].key, *v = params[i].value ? params[i].value : "";
         kvl_status_t st = KVL_OK;
@@ -89,11 +97,15 @@ static kvl_status_t kvli_posix_open(kvl_bk_ctx_t *ctx, const kvl_param_t *params
             st = kvli_posix_num(k, v, 4, 1u << 20, &sch, err);
         } else if (strcmp(k, "fixed_buffers_mib") == 0) {
             st = kvli_posix_num(k, v, 0, 1u << 30, &fmib, err);
+        } else if (strcmp(k, "gds") == 0) {
+            st = kvli_posix_gds_mode("parameter gds", v, &gds, err);
+            gds_by = "parameter gds=off";
         } else {
             kvl_bk_error_set(err, KVL_ERR_INVALID_ARG, 0, KVLI_POSIX_NAME, -1,
                              "unknown parameter '%s' for backend posix", k);
             kvl_bk_error_hint(err, "known: engine (auto|io_uring|threads), queue_depth, threads, "
-                                   "stage_threads, stage_chunk_kib, fixed_buffers_mib");
+                                   "stage_threads, stage_chunk_kib, fixed_buffers_mib, gds "
+                                   "(auto|on|off)");
             return KVL_ERR_INVALID_ARG;
         }
         if (st != KVL_OK)
@@ -110,9 +122,11 @@ static kvl_status_t kvli_posix_open(kvl_bk_ctx_t *ctx, const kvl_param_t *params
     iface->nstagers = (unsigned)sth;
     iface->stage_chunk = (size_t)(sch << 10);
     iface->fixed_max = fmib << 20;
+    iface->gds_mode = gds;
     pthread_mutex_init(&iface->lock, NULL);
     pthread_mutex_init(&iface->stage_lock, NULL);
-    kvli_posix_gds_probe(iface);
+    pthread_mutex_init(&iface->gds_lock, NULL);
+    kvli_posix_gds_probe(iface, gds_by);
     pthread_cond_init(&iface->cond, NULL);
     kvl_status_t st = kvli_posix_engine_open(iface, engine, err);
     if (st != KVL_OK) {
@@ -168,11 +182,6 @@ static kvl_status_t kvli_posix_mem_reg(void *bk, const kvl_region_info_t *r, voi
         kvl_bk_error_hint(err, "stage VRAM through a DRAM buffer");
         return KVL_ERR_UNSUPPORTED;
     }
-    if (r->kind == KVL_MEM_VRAM) {
-        kvl_status_t st = kvli_posix_stage_reg(iface, r, detail, detail_len, err);
-        if (st != KVL_OK)
-            return st;
-    }
     kvli_posix_mh_t *mh = calloc(1, sizeof(*mh));
     if (mh == NULL) {
         kvl_bk_error_set(err, KVL_ERR_NO_MEMORY, ENOMEM, KVLI_POSIX_NAME, -1, "out of memory");
@@ -185,8 +194,12 @@ static kvl_status_t kvli_posix_mem_reg(void *bk, const kvl_region_info_t *r, voi
     mh->dev = r->dev;
     mh->buf_index = -1;
     if (r->kind == KVL_MEM_VRAM) {
-        *mh_p = mh;
-        return KVL_OK;
+        kvl_status_t st = kvli_posix_stage_reg(iface, r, mh, detail, detail_len, err);
+        if (st != KVL_OK)
+            free(mh);
+        else
+            *mh_p = mh;
+        return st;
     }
     if (r->kind == KVL_MEM_DRAM) {
         char why[320];
@@ -243,6 +256,7 @@ static kvl_status_t kvli_posix_mem_reg(void *bk, const kvl_region_info_t *r, voi
         snprintf(detail, detail_len, "%s, %s, page cache", mh->path,
                  mh->can_read && mh->can_write ? "read-write" : mh->can_read ? "read-only"
                                                                              : "write-only");
+    kvli_posix_gds_file(iface, mh, detail, detail_len);
     *mh_p = mh;
     return KVL_OK;
 }
@@ -252,6 +266,8 @@ static void kvli_posix_mem_dereg(void *bk, void *mhv)
     kvli_posix_mh_t *mh = mhv;
     if (mh != NULL && mh->buf_index >= 0)
         kvli_posix_fixed_del(bk, mh->buf_index, mh->len);
+    if (mh != NULL)
+        kvli_posix_gds_dereg(bk, mh);
     free(mh);
 }
 
@@ -337,13 +353,14 @@ static void kvli_posix_peer_describe(void *bk, void *peer, char *buf, size_t len
                  iface->engine_why);
 }
 
-/* Doctor: io_uring and the locked-memory limit (registered buffers). */
+/* Doctor: io_uring and the locked-memory limit (registered buffers); with
+ * VRAM, GPUDirect Storage. */
 static void kvli_posix_probe(void (*report)(void *arg, const char *check, int status,
                                             const char *observed, const char *hint),
                              void *arg, kvl_mem_kind_t mem, int32_t dev, uint64_t planned_bytes)
 {
     char obs[512];
-    (void)mem, (void)dev, (void)planned_bytes;
+    (void)dev, (void)planned_bytes;
 #ifdef KVL_HAVE_LIBURING
     struct io_uring ring;
     int r = io_uring_queue_init(8, &ring, 0);
@@ -361,6 +378,8 @@ static void kvli_posix_probe(void (*report)(void *arg, const char *check, int st
     report(arg, "posix io_uring", 1, "this build has no liburing",
            "install liburing-dev and rebuild kvlane; posix uses pread/pwrite threads");
 #endif
+    if (mem == KVL_MEM_VRAM)
+        kvli_posix_gds_doctor(report, arg);
     FILE *f = fopen("/proc/sys/kernel/io_uring_disabled", "r");
     if (f != NULL) {
         int v = 0;

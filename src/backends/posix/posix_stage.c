@@ -11,11 +11,10 @@
  * pipeline as deep as the number of stagers. The buffers are page-aligned,
  * so O_DIRECT files take them.
  *
- * GPUDirect Storage (cuFile) is not driven by this version: at open the
- * backend looks for libcufile and says in every VRAM registration's detail
- * why the staged path is used.
+ * A piece whose file has a cuFile handle (posix_gds.c) goes through
+ * cuFileRead/cuFileWrite on the same threads instead, device memory to file
+ * directly: a piece at a time, so progress and cancel work alike.
  */
-#include <dlfcn.h>
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -30,24 +29,9 @@ static bool kvli_posix_can_stage(const kvl_bk_ctx_t *ctx)
            ctx->stage_host_free != NULL && ctx->stage_copy != NULL && ctx->stage_test != NULL;
 }
 
-void kvli_posix_gds_probe(kvli_posix_iface_t *iface)
-{
-    void *h = dlopen("libcufile.so.0", RTLD_NOW | RTLD_LOCAL);
-    if (h == NULL)
-        h = dlopen("libcufile.so", RTLD_NOW | RTLD_LOCAL);
-    if (h == NULL) {
-        snprintf(iface->gds_why, sizeof(iface->gds_why),
-                 "GPUDirect Storage not used: libcufile.so not found");
-        return;
-    }
-    dlclose(h);
-    snprintf(iface->gds_why, sizeof(iface->gds_why),
-             "GPUDirect Storage not used: libcufile.so is present, but this kvlane version "
-             "stages through host memory");
-}
-
 kvl_status_t kvli_posix_stage_reg(kvli_posix_iface_t *iface, const kvl_region_info_t *r,
-                                  char *detail, size_t detail_len, kvl_error_t *err)
+                                  kvli_posix_mh_t *mh, char *detail, size_t detail_len,
+                                  kvl_error_t *err)
 {
     kvl_bk_ctx_t *ctx = iface->ctx;
     if (!kvli_posix_can_stage(ctx)) {
@@ -69,8 +53,18 @@ kvl_status_t kvli_posix_stage_reg(kvli_posix_iface_t *iface, const kvl_region_in
                                                      : "stage VRAM through a DRAM buffer");
         return st;
     }
-    snprintf(detail, detail_len, "VRAM on GPU %d, staged through pinned host buffers (%u x %zu "
-             "KiB); %s", (int)r->dev, iface->nstagers, iface->stage_chunk >> 10, iface->gds_why);
+    char gds[768];
+    bool cufile = false;
+    st = kvli_posix_gds_vram(iface, mh, gds, sizeof(gds), &cufile, err);
+    if (st != KVL_OK)
+        return st;
+    if (cufile)
+        snprintf(detail, detail_len, "VRAM on GPU %d: %s; with a file cuFile does not take, "
+                 "staged through pinned host buffers (%u x %zu KiB)", (int)r->dev, gds,
+                 iface->nstagers, iface->stage_chunk >> 10);
+    else
+        snprintf(detail, detail_len, "VRAM on GPU %d, staged through pinned host buffers (%u x "
+                 "%zu KiB); %s", (int)r->dev, iface->nstagers, iface->stage_chunk >> 10, gds);
     return KVL_OK;
 }
 
@@ -178,6 +172,56 @@ static kvl_status_t kvli_posix_stage_copy(kvli_posix_iface_t *iface, int to_host
     return KVL_OK;
 }
 
+/* One piece of op (the rest of it, after a short READ): staged through buf,
+ * or through cuFile. The bytes moved or -errno (as kvli_posix_rw); a copy
+ * or cuFile failure is *cst with e filled. */
+static long long kvli_posix_stage_piece(kvli_posix_iface_t *iface, kvli_posix_op_t *op,
+                                        char *buf, int write, kvl_status_t *cst, kvl_error_t *e)
+{
+    size_t len = op->len - op->done;
+    long long res = (long long)len;
+    *cst = KVL_OK;
+    if (op->gds) {
+        res = kvli_posix_gds_piece(iface, op, write, e);
+        if (res < 0)
+            *cst = e->code;
+        return res < 0 ? (long long)len : res;
+    }
+    if (write) {
+        *cst = kvli_posix_stage_copy(iface, 1, op, buf, op->len, e);
+        if (*cst == KVL_OK)
+            res = kvli_posix_rw(op->fd, buf + op->done, len, op->off + op->done, 1);
+    } else {
+        res = kvli_posix_rw(op->fd, buf + op->done, len, op->off + op->done, 0);
+        if (res == (long long)len)
+            *cst = kvli_posix_stage_copy(iface, 0, op, buf, op->len, e);
+    }
+    return res;
+}
+
+/* Under the lock: the first failure of xp, from a piece that failed with
+ * cst (e: its error). cuFile's errors are whole; a copy's is wrapped. */
+static void kvli_posix_stage_fail(kvli_posix_xpriv_t *xp, const kvli_posix_op_t *op, int write,
+                                  kvl_status_t cst, const kvl_error_t *e)
+{
+    if (xp->failed || xp->canceled)
+        return;
+    xp->failed = true;
+    if (op->gds) {
+        memcpy(&xp->err, e, offsetof(kvl_error_t, causes));
+        xp->err.n_causes = 0;
+        return;
+    }
+    kvl_bk_error_set(&xp->err, cst, e->sys_errno, KVLI_POSIX_NAME, op->dev,
+                     "staging %u bytes %s GPU %d (device address 0x%llx) for %s of %s "
+                     "failed: %.600s", op->len, write ? "from" : "to", (int)op->dev,
+                     (unsigned long long)(uintptr_t)op->buf, write ? "WRITE" : "READ",
+                     op->fmh->path, e->what);
+    kvl_bk_error_hint(&xp->err, "%.500s", e->hint[0] ? e->hint
+                      : "check the GPU (nvidia-smi) and that the memory is still "
+                        "allocated");
+}
+
 static void *kvli_posix_stager_main(void *arg)
 {
     kvli_posix_stager_arg_t *a = arg;
@@ -194,35 +238,15 @@ static void *kvli_posix_stager_main(void *arg)
         kvli_posix_xpriv_t *xp = op->xp;
         int write = xp->x->op == KVL_WRITE;
         pthread_mutex_unlock(&iface->lock);
-        /* a short READ is continued: only the rest of the piece moves */
-        size_t len = op->len - op->done;
         kvl_error_t e;
         memset(&e, 0, offsetof(kvl_error_t, causes));
         e.device = op->dev;
-        kvl_status_t cst = KVL_OK;
-        long long res;
-        if (write) {
-            cst = kvli_posix_stage_copy(iface, 1, op, buf, op->len, &e);
-            res = cst == KVL_OK ? kvli_posix_rw(op->fd, buf + op->done, len,
-                                                op->off + op->done, 1) : (long long)len;
-        } else {
-            res = kvli_posix_rw(op->fd, buf + op->done, len, op->off + op->done, 0);
-            if (res == (long long)len)
-                cst = kvli_posix_stage_copy(iface, 0, op, buf, op->len, &e);
-        }
+        kvl_status_t cst;
+        long long res = kvli_posix_stage_piece(iface, op, buf, write, &cst, &e);
         pthread_mutex_lock(&iface->lock);
-        if (cst != KVL_OK && !xp->failed && !xp->canceled) {
-            xp->failed = true;
-            kvl_bk_error_set(&xp->err, cst, e.sys_errno, KVLI_POSIX_NAME, op->dev,
-                             "staging %u bytes %s GPU %d (device address 0x%llx) for %s of %s "
-                             "failed: %.600s", op->len, write ? "from" : "to", (int)op->dev,
-                             (unsigned long long)(uintptr_t)op->buf, write ? "WRITE" : "READ",
-                             op->fmh->path, e.what);
-            kvl_bk_error_hint(&xp->err, "%.500s", e.hint[0] ? e.hint
-                              : "check the GPU (nvidia-smi) and that the memory is still "
-                                "allocated");
-        }
-        if (kvli_posix_op_done(iface, op, cst != KVL_OK ? (long long)len : res)) {
+        if (cst != KVL_OK)
+            kvli_posix_stage_fail(xp, op, write, cst, &e);
+        if (kvli_posix_op_done(iface, op, cst != KVL_OK ? (long long)(op->len - op->done) : res)) {
             pthread_mutex_unlock(&iface->lock);
             kvli_posix_xfer_finish(iface, xp);
             pthread_mutex_lock(&iface->lock);

@@ -79,10 +79,12 @@ static void kvli_posix_io_error(kvl_error_t *err, const kvli_posix_op_t *op, int
     }
 }
 
-/* Build the ops of x once: every block of every segment, cut at 1 GiB. */
-static kvl_status_t kvli_posix_build(kvli_posix_xpriv_t *xp, kvl_bk_xfer_t *x, uint64_t xp_chunk,
-                                     kvl_error_t *err)
+/* Build the ops of x once: every block of every segment, cut at 1 GiB
+ * (VRAM: at the staging chunk, through cuFile where the file takes it). */
+static kvl_status_t kvli_posix_build(kvli_posix_iface_t *iface, kvli_posix_xpriv_t *xp,
+                                     kvl_bk_xfer_t *x, kvl_error_t *err)
 {
+    uint64_t xp_chunk = iface->stage_chunk;
     size_t n = 0;
     for (size_t s = 0; s < x->nsegs; s++) {
         const kvl_seg_t *g = &x->segs[s];
@@ -100,7 +102,8 @@ static kvl_status_t kvli_posix_build(kvli_posix_xpriv_t *xp, kvl_bk_xfer_t *x, u
     uint64_t block = 0;
     for (size_t s = 0; s < x->nsegs; s++) {
         const kvl_seg_t *g = &x->segs[s];
-        const kvli_posix_mh_t *l = x->lmh[g->lreg], *f = x->rmh[g->rreg];
+        const kvli_posix_mh_t *l = x->lmh[g->lreg];
+        kvli_posix_mh_t *f = x->rmh[g->rreg];
         if (l == NULL || f == NULL || (l->kind != KVL_MEM_DRAM && l->kind != KVL_MEM_VRAM) ||
             f->kind != KVL_MEM_FILE) {
             kvl_bk_error_set(err, KVL_ERR_INVALID_ARG, 0, KVLI_POSIX_NAME, -1,
@@ -119,6 +122,10 @@ static kvl_status_t kvli_posix_build(kvli_posix_xpriv_t *xp, kvl_bk_xfer_t *x, u
                               write ? "WRONLY" : "RDONLY", write ? "write" : "read");
             return KVL_ERR_INVALID_ARG;
         }
+        bool gds = false;
+        kvl_status_t gst = staged ? kvli_posix_gds_use(iface, f, l, write, &gds, err) : KVL_OK;
+        if (gst != KVL_OK)
+            return gst;
         for (uint64_t j = 0; j < g->count; j++, block++) {
             uint64_t la = g->laddr + j * g->lstride, ra = g->raddr + j * g->rstride;
             uint64_t off = f->off + (ra - f->addr);
@@ -143,6 +150,8 @@ static kvl_status_t kvli_posix_build(kvli_posix_xpriv_t *xp, kvl_bk_xfer_t *x, u
                 uint64_t len = g->len - p < piece ? g->len - p : piece;
                 kvli_posix_op_t *op = &xp->ops[xp->nops++];
                 op->staged = staged;
+                op->gds = gds;
+                op->vmh = staged ? l : NULL;
                 op->dev = l->dev;
                 op->fd = f->fd;
                 op->off = off + p;
@@ -208,7 +217,7 @@ kvl_status_t kvli_posix_xfer_post(void *bk, kvl_bk_xfer_t *x, kvl_error_t *err)
             return KVL_ERR_NO_MEMORY;
         }
         xp->x = x;
-        kvl_status_t st = kvli_posix_build(xp, x, iface->stage_chunk, err);
+        kvl_status_t st = kvli_posix_build(iface, xp, x, err);
         if (st != KVL_OK) {
             free(xp->ops);
             free(xp);
@@ -226,8 +235,11 @@ kvl_status_t kvli_posix_xfer_post(void *bk, kvl_bk_xfer_t *x, kvl_error_t *err)
         if (st != KVL_OK)
             return st;
     }
+    bool gds = xp->nops > 0 && xp->ops[0].gds;
     snprintf(x->path, sizeof(x->path), "%s%s",
-             xp->staged ? "staged (pinned host buffers), pread/pwrite"
+             gds && iface->gds_state == KVLI_POSIX_GDS_COMPAT ? "cuFile (compatibility mode)"
+             : gds ? "cuFile (GPUDirect Storage)"
+             : xp->staged ? "staged (pinned host buffers), pread/pwrite"
              : iface->engine != KVLI_POSIX_URING ? "pread/pwrite threads"
              : xp->nops > 0 && xp->ops[0].buf_index >= 0 ? "io_uring, fixed buffers"
                                                           : "io_uring",
