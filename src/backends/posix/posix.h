@@ -27,6 +27,7 @@
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdbool.h>
+#include <sys/types.h>
 #include <kvlane/backend.h>
 #include "common/progress.h"
 #include "posix_cufile.h"
@@ -43,6 +44,7 @@
 #define KVLI_POSIX_FIXED_SLOTS 1024u     /* io_uring fixed buffers (registered DRAM regions) */
 #define KVLI_POSIX_FIXED_LEN (1ull << 30) /* the kernel's bound per fixed buffer */
 #define KVLI_POSIX_FIXED_MIB_DEFAULT 4096u /* pinned for fixed buffers, at most */
+#define KVLI_POSIX_FILE_SLOTS 1024u      /* io_uring registered files (FILE regions' files) */
 
 enum { KVLI_POSIX_URING = 1, KVLI_POSIX_POOL = 2 };
 /* parameter gds */
@@ -66,6 +68,7 @@ typedef struct kvli_posix_mh {
     uint32_t dio_mem, dio_off;       /* O_DIRECT: alignment of memory and of offset/len */
     char path[256];                  /* for messages: /proc/self/fd/N resolved */
     int buf_index;                   /* DRAM: its io_uring fixed buffer, -1 none */
+    int file_index;                  /* FILE: its io_uring registered file, -1 none */
     /* GPUDirect Storage (posix_gds.c), under iface->gds_lock */
     bool gds_buf;                    /* VRAM: cuFileBufRegister'ed */
     int gds_st;                      /* FILE: cuFile handle 0 not tried, 1 registered, -1 failed */
@@ -84,6 +87,7 @@ typedef struct kvli_posix_op {
     const kvli_posix_mh_t *fmh;      /* the file range, for messages */
     const kvli_posix_mh_t *vmh;      /* VRAM: the device range */
     int buf_index;                   /* io_uring fixed buffer holding buf, -1 none */
+    int file_index;                  /* io_uring registered file of fd, -1 none */
     struct kvli_posix_xpriv *xp;
     struct kvli_posix_op *retry;     /* short transfer: resubmitted from done */
 } kvli_posix_op_t;
@@ -121,7 +125,18 @@ typedef struct kvli_posix_iface {
     bool fixed_up;
     uint8_t fixed_used[KVLI_POSIX_FIXED_SLOTS];
     uint64_t fixed_bytes;
+    /* Registered files: the files of FILE regions in the ring's file table
+     * (no reference taken and dropped per operation). One slot per open
+     * file, shared by its regions; under lock. */
+    bool files_up;
+    struct {
+        int fd;
+        dev_t dev;
+        ino_t ino;
+        unsigned refs;                 /* 0: free */
+    } files[KVLI_POSIX_FILE_SLOTS];
 #endif
+    char files_why[160];             /* why FILE regions are not registered files */
     uint64_t fixed_max;              /* parameter fixed_buffers_mib, in bytes (0: off) */
     char fixed_why[256];             /* why regions are not fixed buffers, "" when they are */
     kvli_progress_t pg;
@@ -146,6 +161,11 @@ typedef struct kvli_posix_iface {
 } kvli_posix_iface_t;
 
 /* posix_engine.c */
+/* The file of a FILE region in the ring's file table: its slot (shared by
+ * the regions of one open file), or -1 with why. */
+int kvli_posix_file_add(kvli_posix_iface_t *iface, int fd, char *why, size_t cap);
+void kvli_posix_file_del(kvli_posix_iface_t *iface, int slot);
+
 /* A DRAM region as an io_uring fixed buffer: its slot, or -1 with why
  * (the region still works, through ordinary reads and writes). */
 int kvli_posix_fixed_add(kvli_posix_iface_t *iface, uint64_t addr, uint64_t len, char *why,

@@ -17,6 +17,7 @@
 #include <strings.h>
 #include <unistd.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <sys/uio.h>
 #include "posix.h"
 
@@ -117,18 +118,21 @@ static int64_t kvli_posix_uring_prepare(void *arg, kvli_pollset_t *ps)
         if (op == NULL)
             break;
         struct io_uring_sqe *sqe = io_uring_get_sqe(&iface->ring); /* room checked */
+        int fd = op->file_index >= 0 ? op->file_index : op->fd;
         if (op->buf_index >= 0 && op->xp->x->op == KVL_WRITE)
-            io_uring_prep_write_fixed(sqe, op->fd, op->buf + op->done, op->len - op->done,
+            io_uring_prep_write_fixed(sqe, fd, op->buf + op->done, op->len - op->done,
                                       op->off + op->done, op->buf_index);
         else if (op->buf_index >= 0)
-            io_uring_prep_read_fixed(sqe, op->fd, op->buf + op->done, op->len - op->done,
+            io_uring_prep_read_fixed(sqe, fd, op->buf + op->done, op->len - op->done,
                                      op->off + op->done, op->buf_index);
         else if (op->xp->x->op == KVL_WRITE)
-            io_uring_prep_write(sqe, op->fd, op->buf + op->done, op->len - op->done,
+            io_uring_prep_write(sqe, fd, op->buf + op->done, op->len - op->done,
                                 op->off + op->done);
         else
-            io_uring_prep_read(sqe, op->fd, op->buf + op->done, op->len - op->done,
+            io_uring_prep_read(sqe, fd, op->buf + op->done, op->len - op->done,
                                op->off + op->done);
+        if (op->file_index >= 0)
+            io_uring_sqe_set_flags(sqe, IOSQE_FIXED_FILE);
         io_uring_sqe_set_data(sqe, op);
         iface->ring_inflight++;
         queued++;
@@ -237,12 +241,92 @@ static kvl_status_t kvli_posix_uring_open(kvli_posix_iface_t *iface, kvl_error_t
                      "io_uring_register_buffers_sparse(%u) = %s (Linux 5.19+)",
                      KVLI_POSIX_FIXED_SLOTS, strerror(-r));
     }
+    /* and of empty file slots, filled as FILE ranges are registered */
+    r = io_uring_register_files_sparse(&iface->ring, KVLI_POSIX_FILE_SLOTS);
+    if (r == 0)
+        iface->files_up = true;
+    else
+        snprintf(iface->files_why, sizeof(iface->files_why),
+                 "io_uring_register_files_sparse(%u) = %s (Linux 5.19+)", KVLI_POSIX_FILE_SLOTS,
+                 strerror(-r));
     kvl_status_t st = kvli_progress_open(&iface->pg, err);
     if (st == KVL_OK)
         st = kvli_progress_start(&iface->pg, &kvli_posix_uring_ops, iface, err);
     return st;
 }
 #endif
+
+int kvli_posix_file_add(kvli_posix_iface_t *iface, int fd, char *why, size_t cap)
+{
+#ifdef KVL_HAVE_LIBURING
+    struct stat st;
+    int slot = -1, free_slot = -1;
+    if (iface->engine != KVLI_POSIX_URING || !iface->files_up) {
+        snprintf(why, cap, "%s", iface->engine != KVLI_POSIX_URING
+                                     ? "the engine is pread/pwrite threads" : iface->files_why);
+        return -1;
+    }
+    if (fstat(fd, &st) != 0) {
+        snprintf(why, cap, "fstat: %s", strerror(errno));
+        return -1;
+    }
+    pthread_mutex_lock(&iface->lock);
+    /* a slot holds the file the descriptor named when it was registered:
+     * the same number naming another file now gets a slot of its own */
+    for (unsigned i = 0; i < KVLI_POSIX_FILE_SLOTS && slot < 0; i++) {
+        if (iface->files[i].refs > 0 && iface->files[i].fd == fd &&
+            iface->files[i].dev == st.st_dev && iface->files[i].ino == st.st_ino)
+            slot = (int)i;
+        else if (iface->files[i].refs == 0 && free_slot < 0)
+            free_slot = (int)i;
+    }
+    if (slot >= 0) {
+        iface->files[slot].refs++;
+        pthread_mutex_unlock(&iface->lock);
+        return slot;
+    }
+    if (free_slot < 0) {
+        pthread_mutex_unlock(&iface->lock);
+        snprintf(why, cap, "all %u registered-file slots are taken", KVLI_POSIX_FILE_SLOTS);
+        return -1;
+    }
+    iface->files[free_slot].fd = fd;
+    iface->files[free_slot].dev = st.st_dev;
+    iface->files[free_slot].ino = st.st_ino;
+    iface->files[free_slot].refs = 1;
+    /* under the lock: a slot in the kernel's table matches ours */
+    int r = io_uring_register_files_update(&iface->ring, (unsigned)free_slot, &fd, 1);
+    if (r != 1) {
+        iface->files[free_slot].refs = 0;
+        pthread_mutex_unlock(&iface->lock);
+        snprintf(why, cap, "io_uring_register_files_update = %s", strerror(r < 0 ? -r : EIO));
+        return -1;
+    }
+    pthread_mutex_unlock(&iface->lock);
+    return free_slot;
+#else
+    (void)iface, (void)fd;
+    snprintf(why, cap, "this kvlane was built without liburing");
+    return -1;
+#endif
+}
+
+void kvli_posix_file_del(kvli_posix_iface_t *iface, int slot)
+{
+#ifdef KVL_HAVE_LIBURING
+    if (slot < 0 || !iface->ring_up)
+        return;
+    pthread_mutex_lock(&iface->lock);
+    /* no operation uses it: the core refuses to deregister memory in flight */
+    if (iface->files[slot].refs > 0 && --iface->files[slot].refs == 0) {
+        int none = -1;
+        (void)io_uring_register_files_update(&iface->ring, (unsigned)slot, &none, 1);
+    }
+    pthread_mutex_unlock(&iface->lock);
+#else
+    (void)iface, (void)slot;
+#endif
+}
 
 int kvli_posix_fixed_add(kvli_posix_iface_t *iface, uint64_t addr, uint64_t len, char *why,
                          size_t cap)

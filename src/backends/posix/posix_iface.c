@@ -193,6 +193,7 @@ static kvl_status_t kvli_posix_mem_reg(void *bk, const kvl_region_info_t *r, voi
     mh->fd = -1;
     mh->dev = r->dev;
     mh->buf_index = -1;
+    mh->file_index = -1;
     if (r->kind == KVL_MEM_VRAM) {
         kvl_status_t st = kvli_posix_stage_reg(iface, r, mh, detail, detail_len, err);
         if (st != KVL_OK)
@@ -256,6 +257,13 @@ static kvl_status_t kvli_posix_mem_reg(void *bk, const kvl_region_info_t *r, voi
         snprintf(detail, detail_len, "%s, %s, page cache", mh->path,
                  mh->can_read && mh->can_write ? "read-write" : mh->can_read ? "read-only"
                                                                              : "write-only");
+    char why[200];
+    size_t dl = strlen(detail);
+    mh->file_index = kvli_posix_file_add(iface, mh->fd, why, sizeof(why));
+    if (mh->file_index >= 0)
+        snprintf(detail + dl, detail_len - dl, ", io_uring registered file %d", mh->file_index);
+    else
+        snprintf(detail + dl, detail_len - dl, " (not an io_uring registered file: %s)", why);
     kvli_posix_gds_file(iface, mh, detail, detail_len);
     *mh_p = mh;
     return KVL_OK;
@@ -266,6 +274,8 @@ static void kvli_posix_mem_dereg(void *bk, void *mhv)
     kvli_posix_mh_t *mh = mhv;
     if (mh != NULL && mh->buf_index >= 0)
         kvli_posix_fixed_del(bk, mh->buf_index, mh->len);
+    if (mh != NULL && mh->file_index >= 0)
+        kvli_posix_file_del(bk, mh->file_index);
     if (mh != NULL)
         kvli_posix_gds_dereg(bk, mh);
     free(mh);

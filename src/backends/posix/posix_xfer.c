@@ -158,6 +158,7 @@ static kvl_status_t kvli_posix_build(kvli_posix_iface_t *iface, kvli_posix_xpriv
                 op->len = (uint32_t)len;
                 op->buf = (char *)(uintptr_t)(la + p);
                 op->buf_index = staged ? -1 : l->buf_index;
+                op->file_index = staged || gds ? -1 : f->file_index;
                 op->fmh = f;
                 op->xp = xp;
             }
@@ -241,8 +242,11 @@ kvl_status_t kvli_posix_xfer_post(void *bk, kvl_bk_xfer_t *x, kvl_error_t *err)
              : gds ? "cuFile (GPUDirect Storage)"
              : xp->staged ? "staged (pinned host buffers), pread/pwrite"
              : iface->engine != KVLI_POSIX_URING ? "pread/pwrite threads"
+             : xp->nops > 0 && xp->ops[0].buf_index >= 0 && xp->ops[0].file_index >= 0
+                 ? "io_uring, fixed buffers, registered files"
              : xp->nops > 0 && xp->ops[0].buf_index >= 0 ? "io_uring, fixed buffers"
-                                                          : "io_uring",
+             : xp->nops > 0 && xp->ops[0].file_index >= 0 ? "io_uring, registered files"
+                                                           : "io_uring",
              xp->nops > 0 && xp->ops[0].fmh->direct ? ", O_DIRECT" : ", page cache");
     kvli_posix_engine_queue(iface, xp);
     return KVL_OK;
