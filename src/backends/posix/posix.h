@@ -133,6 +133,7 @@ typedef struct kvli_posix_iface {
         int fd;
         dev_t dev;
         ino_t ino;
+        int flags;                     /* the open file's status flags (F_GETFL) */
         unsigned refs;                 /* 0: free */
     } files[KVLI_POSIX_FILE_SLOTS];
 #endif

@@ -11,6 +11,7 @@
  * ops from the queue and run pread/pwrite. Same counting, same completion.
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -266,16 +267,19 @@ int kvli_posix_file_add(kvli_posix_iface_t *iface, int fd, char *why, size_t cap
                                      ? "the engine is pread/pwrite threads" : iface->files_why);
         return -1;
     }
-    if (fstat(fd, &st) != 0) {
+    int fl = fcntl(fd, F_GETFL);
+    if (fstat(fd, &st) != 0 || fl < 0) {
         snprintf(why, cap, "fstat: %s", strerror(errno));
         return -1;
     }
     pthread_mutex_lock(&iface->lock);
-    /* a slot holds the file the descriptor named when it was registered:
-     * the same number naming another file now gets a slot of its own */
+    /* a slot holds the open file the descriptor named when it was
+     * registered: the same number naming another file (or the same file
+     * opened with other flags, O_DIRECT) gets a slot of its own */
     for (unsigned i = 0; i < KVLI_POSIX_FILE_SLOTS && slot < 0; i++) {
         if (iface->files[i].refs > 0 && iface->files[i].fd == fd &&
-            iface->files[i].dev == st.st_dev && iface->files[i].ino == st.st_ino)
+            iface->files[i].dev == st.st_dev && iface->files[i].ino == st.st_ino &&
+            iface->files[i].flags == fl)
             slot = (int)i;
         else if (iface->files[i].refs == 0 && free_slot < 0)
             free_slot = (int)i;
@@ -293,6 +297,7 @@ int kvli_posix_file_add(kvli_posix_iface_t *iface, int fd, char *why, size_t cap
     iface->files[free_slot].fd = fd;
     iface->files[free_slot].dev = st.st_dev;
     iface->files[free_slot].ino = st.st_ino;
+    iface->files[free_slot].flags = fl;
     iface->files[free_slot].refs = 1;
     /* under the lock: a slot in the kernel's table matches ours */
     int r = io_uring_register_files_update(&iface->ring, (unsigned)free_slot, &fd, 1);
