@@ -1218,15 +1218,24 @@ kvl_status_t kvl_etcd_attach(kvl_agent_t *a, const kvl_etcd_config_t *cfg)
     if (st == KVL_OK)
         st = kvli_etcd_grant(s, s->call_h, &lease, &rev, &err);
     if (st == KVL_OK) {
-        /* Leases need no permission: reading the namespace checks auth. */
-        char from[KVLI_ETCD_PREFIX_MAX + 2], to[KVLI_ETCD_PREFIX_MAX + 2];
-        json_object *b = json_object_new_object(), *out = NULL;
-        snprintf(from, sizeof(from), "%s/", s->prefix);
-        snprintf(to, sizeof(to), "%s0", s->prefix);
-        kvli_etcd_put_key(b, "key", from);
-        kvli_etcd_put_key(b, "range_end", to);
-        json_object_object_add(b, "count_only", json_object_new_boolean(1));
-        st = kvli_etcd_call(&s->cl, s->call_h, "/v3/kv/range", b, &out, NULL, 0, &err);
+        /* Leases need no permission: reading this agent's two keys (the
+         * metadata under <prefix>/, the presence key under <prefix>.inc/)
+         * checks auth on both, in one read-only transaction of two single
+         * keys (a count over the namespace grew with the agents). */
+        char k1[KVLI_ETCD_PREFIX_MAX + KVL_NAME_MAX + KVLI_ETCD_LABEL_MAX + 4];
+        char k2[KVLI_ETCD_PREFIX_MAX + KVL_NAME_MAX + 8];
+        json_object *b = json_object_new_object(), *out = NULL, *ops = json_object_new_array();
+        kvli_etcd_key(s, a->name, KVL_ETCD_DEFAULT_LABEL, k1, sizeof(k1));
+        kvli_etcd_pkey(s, a->name, k2, sizeof(k2));
+        for (int i = 0; i < 2; i++) {
+            json_object *op = json_object_new_object(), *rr = json_object_new_object();
+            kvli_etcd_put_key(rr, "key", i == 0 ? k1 : k2);
+            json_object_object_add(rr, "keys_only", json_object_new_boolean(1));
+            json_object_object_add(op, "request_range", rr);
+            json_object_array_add(ops, op);
+        }
+        json_object_object_add(b, "success", ops);
+        st = kvli_etcd_call(&s->cl, s->call_h, "/v3/kv/txn", b, &out, NULL, 0, &err);
         json_object_put(b);
         if (out != NULL)
             json_object_put(out);

@@ -391,9 +391,10 @@ kvl_status_t kvli_etcd_call(kvli_etcd_client_t *c, CURL *h, const char *path, js
             st = KVL_ERR_PERMISSION;
             kvli_err(err, st, 0, "etcd at %s refused %s: %s (gRPC code %d)", c->eps[i], path,
                      msg, code);
-            kvli_hint(err, c->user[0] ? "the user lacks a role with read/write on the prefix: "
+            kvli_hint(err, c->user[0] ? "the user lacks a role with read/write on the prefix "
+                                        "(its keys are under <prefix>/ and <prefix>.inc/): "
                                         "etcdctl role grant-permission <role> --prefix readwrite "
-                                        "<prefix>/"
+                                        "<prefix>"
                                       : "etcd has authentication on: give a user and password "
                                         "(KVL_ETCD_USER and KVL_ETCD_PASSWORD, or "
                                         "kvl_etcd_config_t)");

@@ -307,6 +307,23 @@ static void auth(void)
     kvl_agent_destroy(b);
     KT_CHECK(wait_check(a, "authed2", KVL_ERR_NOT_FOUND, 30));
     kvl_agent_destroy(a);
+    /* a role on "<prefix>/" only misses the presence keys under
+     * "<prefix>.inc/": refused at attach, with the grant that works */
+    KT_CHECK(kt_etcdctl(&etcd, "--user root:rootpw user add half:halfpw --interactive=false") == 0);
+    KT_CHECK(kt_etcdctl(&etcd, "--user root:rootpw role add half") == 0);
+    KT_CHECK(kt_etcdctl(&etcd, "--user root:rootpw role grant-permission half --prefix "
+                               "readwrite /kt/auth/") == 0);
+    KT_CHECK(kt_etcdctl(&etcd, "--user root:rootpw user grant-role half half") == 0);
+    kvl_agent_t *h = agent("halfway");
+    kvl_etcd_config_t hc = {.endpoints = etcd.url, .prefix = "/kt/auth", .user = "half",
+                            .password = "halfpw"};
+    KT_STATUS(kvl_etcd_attach(h, &hc), KVL_ERR_PERMISSION);
+    KT_ERROR_HAS("--prefix readwrite <prefix>");
+    KT_CHECK(kt_etcdctl(&etcd, "--user root:rootpw role grant-permission half --prefix "
+                               "readwrite /kt/auth") == 0);
+    KT_OK(kvl_etcd_attach(h, &hc));
+    KT_OK(kvl_etcd_publish(h, NULL));
+    kvl_agent_destroy(h);
     probe(NULL, NULL);
     KT_CHECK(strstr(probe_out, "2 1.auth: etcd at") != NULL &&
              strstr(probe_out, "authentication on") != NULL);
@@ -315,8 +332,8 @@ static void auth(void)
              strstr(probe_out, "refused user 'root'") != NULL);
     probe("root", "rootpw");
     KT_CHECK(strstr(probe_out, "0 1.auth: ") != NULL);
-    printf("auth: no user and a wrong password refused by name (also by the doctor's "
-           "checks); the right one works\n");
+    printf("auth: no user, a wrong password and a role missing the presence keys refused by "
+           "name (the first two also by the doctor's checks); the right ones work\n");
 }
 
 int main(void)

@@ -208,16 +208,27 @@ const kvli_cuda_drv_t *kvli_cuda_drv_get(void)
     return kvli_cuda_drv_ok ? &kvli_cuda_drv : NULL;
 }
 
+/* dl_iterate_phdr callback: whether an object named like the driver is
+ * loaded (its file name, the directory left out). */
+static int kvli_cuda_drv_seen(struct dl_phdr_info *info, size_t size, void *arg)
+{
+    const char *want = arg, *name = info->dlpi_name ? info->dlpi_name : "";
+    const char *base = strrchr(name, '/');
+    (void)size;
+    base = base ? base + 1 : name;
+    return strncmp(base, want, strlen(want)) == 0;
+}
+
 bool kvli_cuda_drv_in_process(void)
 {
     if (atomic_load(&kvli_cuda_drv_tried))
         return kvli_cuda_drv_get() != NULL;
-    const char *env = getenv("KVL_CUDA_DRIVER");
-    void *h = dlopen(env && env[0] ? env : "libcuda.so.1", RTLD_LAZY | RTLD_LOCAL | RTLD_NOLOAD);
-    if (h == NULL)
-        return false;
-    dlclose(h);
-    return true;
+    /* the loaded objects, in memory (a dlopen with RTLD_NOLOAD searches the
+     * library path first): libcuda.so*, or the file KVL_CUDA_DRIVER names */
+    const char *env = getenv("KVL_CUDA_DRIVER"), *want = "libcuda.so";
+    if (env && env[0])
+        want = strrchr(env, '/') ? strrchr(env, '/') + 1 : env;
+    return dl_iterate_phdr(kvli_cuda_drv_seen, (void *)want) != 0;
 }
 
 const char *kvli_cuda_drv_reason(void)
