@@ -311,7 +311,8 @@ typedef struct kvl_backend_ops {
     /* Called after every peer, region and transfer was released. */
     void (*close)(void *bk);
 
-    /* Register a local range; detail gets the path, e.g. "cma + mmap". */
+    /* Register a local range; detail gets the path, e.g. "cma + mmap"
+     * (detail_len 0: the caller asked for no report; format nothing). */
     kvl_status_t (*mem_reg)(void *bk, const kvl_region_info_t *r, void **mh_p,
                             char *detail, size_t detail_len, kvl_error_t *err);
     void (*mem_dereg)(void *bk, void *mh);

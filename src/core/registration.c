@@ -504,7 +504,9 @@ static kvl_status_t kvli_register_one(kvl_agent_t *a, kvli_hostchk_t *hc, size_t
             kvli_reg_refused(&all, kind, d, &berr);
             continue;
         }
-        st = bk->ops->mem_reg(bk->bk, &info, &r->mh[b], detail, sizeof(detail), &berr);
+        /* no report asked for: the backend formats no detail (detail_len 0) */
+        st = bk->ops->mem_reg(bk->bk, &info, &r->mh[b], detail, e != NULL ? sizeof(detail) : 0,
+                              &berr);
         if (st == KVL_OK) {
             r->bk_mask |= 1u << b;
             ok++;
