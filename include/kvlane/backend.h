@@ -402,6 +402,21 @@ typedef struct kvl_backend_ops {
      * an error that says how many may. Without it, destroy uses xfer_cancel.
      */
     void (*xfer_abort)(void *bk, kvl_bk_xfer_t *x);
+
+    /*
+     * Optional (KVL_BK_CAP_INDEXED backends): a uniform list was prepared
+     * (kvl_prep_local / kvl_prep_remote) whose regions all have a handle on
+     * this backend. Derive what its indexed transfers need now (the cuda
+     * backend uploads the list's addresses to the GPU), so that the first
+     * transfer after registration pays for none of it. mh holds the handle of
+     * each of the t->nregs regions (local region handles, or remote ones when
+     * remote is 1). Store the result in *cache_p (NULL on entry; the list is
+     * not shared yet, no lock needed; ptab_release frees it), or leave it
+     * NULL: nothing here is an error, transfers then derive it at their
+     * first posting.
+     */
+    void (*ptab_prepare)(void *bk, const kvl_bk_ptab_t *t, void *const *mh, int remote,
+                         void **cache_p);
 } kvl_backend_ops_t;
 
 /* ---- helpers for backends to fill errors (header-only, no symbols) ---- */

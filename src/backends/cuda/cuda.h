@@ -423,7 +423,9 @@ typedef struct kvli_cuda_tab {
 #define KVLI_CUDA_TABS_KEPT 16       /* free tables kept per device */
 
 /* A prepared list's addresses on one GPU (remote ones translated to their
- * mappings here), kept in the list's backend slot until ptab_release. */
+ * mappings here), kept in the list's backend slot until ptab_release: made
+ * when the list is prepared (ptab_prepare), else at its first indexed
+ * transfer. */
 typedef struct kvli_cuda_ptab {
     int dev;
     size_t n;
@@ -526,6 +528,8 @@ unsigned kvli_cuda_xfer_progress(kvli_cuda_iface_t *iface);
 void kvli_cuda_xfer_cancel_peer(kvli_cuda_iface_t *iface, kvli_cuda_peer_t *peer);
 void kvli_cuda_xfer_warm(kvli_cuda_iface_t *iface, int dev);
 void kvli_cuda_ptab_release(void *bk, void *cache);
+void kvli_cuda_ptab_prepare(void *bk, const kvl_bk_ptab_t *t, void *const *mh, int remote,
+                            void **cache_p);
 void kvli_cuda_xfer_devres_fini(kvli_cuda_iface_t *iface);
 
 /* ---- cuda_stage.c: staging for host-only backends (no backend handle) ---- */

@@ -294,5 +294,6 @@ const kvl_backend_ops_t kvli_cuda_ops = {
     .device = &kvli_cuda_device_ops,
     .probe = kvli_cuda_probe,
     .xfer_release = kvli_cuda_xfer_release,
-    .ptab_release = kvli_cuda_ptab_release
+    .ptab_release = kvli_cuda_ptab_release,
+    .ptab_prepare = kvli_cuda_ptab_prepare
 };

@@ -516,28 +516,22 @@ static int kvli_cuda_xc_build(kvli_cuda_iface_t *iface, kvli_cuda_xpriv_t *xp,
 }
 
 /*
- * A prepared list's address table on the GPU, made at its first indexed
- * transfer on this backend and kept in its slot (context pushed; the upload
- * is finished before the table is published, so transfers on other streams
- * may use it at once). NULL with text.
+ * A prepared list's address table on device dev (context pushed): the
+ * entries' addresses, remote ones translated to their mappings here
+ * (handles[t->regs[i]]: local mh or remote rh), uploaded on stream and
+ * finished before it returns, so transfers on any stream may use it at once.
+ * Once per list: pageable memory and a synchronous upload (pinning staging
+ * memory would cost more than the copy). NULL with text.
  */
-static kvli_cuda_ptab_t *kvli_cuda_ptab_get(kvli_cuda_iface_t *iface, kvli_cuda_xpriv_t *xp,
-                                            const kvl_bk_ptab_t *t, void **slot, int remote,
-                                            char *text, size_t cap)
+static kvli_cuda_ptab_t *kvli_cuda_ptab_make(kvli_cuda_iface_t *iface, int dev, CUstream stream,
+                                             const kvl_bk_ptab_t *t, void *const *handles,
+                                             int remote, char *text, size_t cap)
 {
     const kvli_cuda_drv_t *d = iface->drv;
-    const kvl_bk_xfer_t *x = xp->x;
     kvli_cuda_ptab_t *pt;
     CUresult cr;
     char eb[160];
 
-    pthread_mutex_lock(&iface->lock);
-    pt = *slot;
-    pthread_mutex_unlock(&iface->lock);
-    if (pt != NULL)
-        return pt->dev == xp->dev ? pt : NULL;
-    /* Once per list: pageable memory and a synchronous upload (pinning
-     * staging memory would cost more than the copy). */
     pt = calloc(1, sizeof(*pt));
     uint64_t *h = malloc(t->n * sizeof(uint64_t));
     if (pt == NULL || h == NULL) {
@@ -548,28 +542,54 @@ static kvli_cuda_ptab_t *kvli_cuda_ptab_get(kvli_cuda_iface_t *iface, kvli_cuda_
     }
     for (size_t i = 0; i < t->n; i++) {
         if (remote) {
-            const kvli_cuda_rh_t *rh = x->rmh[t->regs[i]];
+            const kvli_cuda_rh_t *rh = handles[t->regs[i]];
             h[i] = (uint64_t)(uintptr_t)rh->local + (t->addrs[i] - rh->addr);
         } else {
             h[i] = t->addrs[i];
         }
     }
-    pt->dev = xp->dev;
+    pt->dev = dev;
     pt->n = t->n;
     cr = d->cuMemAlloc(&pt->addrs, t->n * sizeof(uint64_t));
     if (cr == KVLI_CUDA_SUCCESS)
-        cr = d->cuMemcpyHtoDAsync(pt->addrs, h, t->n * sizeof(uint64_t), xp->stream);
+        cr = d->cuMemcpyHtoDAsync(pt->addrs, h, t->n * sizeof(uint64_t), stream);
     if (cr == KVLI_CUDA_SUCCESS)
-        cr = d->cuStreamSynchronize(xp->stream);
+        cr = d->cuStreamSynchronize(stream);
     free(h);
     if (cr != KVLI_CUDA_SUCCESS) {
         snprintf(text, cap, "uploading the %zu-entry address table of a prepared list on device "
-                 "%d = %.150s", t->n, xp->dev, kvli_cuda_drv_errstr(cr, eb, sizeof(eb)));
+                 "%d = %.150s", t->n, dev, kvli_cuda_drv_errstr(cr, eb, sizeof(eb)));
         if (pt->addrs != 0)
             d->cuMemFree(pt->addrs);
         free(pt);
         return NULL;
     }
+    return pt;
+}
+
+/*
+ * A prepared list's address table for xp's device: the one ptab_prepare
+ * made when the list was prepared, else made now (at the list's first
+ * indexed transfer) and kept in its slot (context pushed). NULL with text,
+ * or NULL with no text: the table lives on another device.
+ */
+static kvli_cuda_ptab_t *kvli_cuda_ptab_get(kvli_cuda_iface_t *iface, kvli_cuda_xpriv_t *xp,
+                                            const kvl_bk_ptab_t *t, void **slot, int remote,
+                                            char *text, size_t cap)
+{
+    const kvl_bk_xfer_t *x = xp->x;
+    kvli_cuda_ptab_t *pt;
+
+    pthread_mutex_lock(&iface->lock);
+    pt = *slot;
+    pthread_mutex_unlock(&iface->lock);
+    if (pt != NULL)
+        return pt->dev == xp->dev ? pt : NULL;
+    /* For an indexed transfer lmh / rmh are the lists' regions in order. */
+    pt = kvli_cuda_ptab_make(iface, xp->dev, xp->stream, t, remote ? x->rmh : x->lmh, remote,
+                             text, cap);
+    if (pt == NULL)
+        return NULL;
     pthread_mutex_lock(&iface->lock);
     if (*slot == NULL) {
         *slot = pt;
@@ -578,10 +598,66 @@ static kvli_cuda_ptab_t *kvli_cuda_ptab_get(kvli_cuda_iface_t *iface, kvli_cuda_
     kvli_cuda_ptab_t *won = *slot;
     pthread_mutex_unlock(&iface->lock);
     if (pt != NULL) { /* another thread published one first */
-        d->cuMemFree(pt->addrs);
+        iface->drv->cuMemFree(pt->addrs);
         free(pt);
     }
     return won->dev == xp->dev ? won : NULL;
+}
+
+/*
+ * ptab_prepare: a list of equal blocks was prepared. When its regions are
+ * all GPU memory on one device (reachable here, for a remote list) and the
+ * indexed kernel runs there, its address table goes to that GPU now, as the
+ * staging pools are warmed at registration: the first transfer after
+ * registration then uploads only its indices. Otherwise, or on a failure
+ * (logged), the first transfer makes it as before.
+ */
+void kvli_cuda_ptab_prepare(void *bk, const kvl_bk_ptab_t *t, void *const *mh, int remote,
+                            void **cache_p)
+{
+    kvli_cuda_iface_t *iface = bk;
+    kvli_cuda_devres_t *dr;
+    kvli_cuda_ptab_t *pt;
+    kvl_error_t e;
+    char text[300] = "";
+    int dev = -1;
+
+    if (t->n == 0 || t->len == 0 || t->len > KVLI_CUDA_PIECE || iface->kernel_off)
+        return;
+    for (size_t i = 0; i < t->nregs; i++) {
+        int rdev;
+        if (remote) {
+            const kvli_cuda_rh_t *rh = mh[i];
+            if (rh->kind == KVLI_CUDA_MEM_HOST || rh->local == NULL)
+                return;
+            rdev = rh->dev;
+        } else {
+            const kvli_cuda_mh_t *lh = mh[i];
+            if (lh->kind == KVLI_CUDA_MEM_HOST)
+                return;
+            rdev = lh->dev;
+        }
+        if (rdev < 0 || (dev >= 0 && rdev != dev))
+            return;
+        dev = rdev;
+    }
+    if (dev < 0 || dev >= iface->drv->ndev || (dr = kvli_cuda_devres_get(iface, dev, &e)) == NULL ||
+        dr->fn_idx == NULL)
+        return;
+    if (kvli_cuda_drv_push(dev) != KVLI_CUDA_SUCCESS)
+        return;
+    pthread_mutex_lock(&iface->lock);
+    CUstream stream = dr->streams[dr->next_stream++ % KVLI_CUDA_STREAMS];
+    pthread_mutex_unlock(&iface->lock);
+    pt = kvli_cuda_ptab_make(iface, dev, stream, t, mh, remote, text, sizeof(text));
+    kvli_cuda_drv_pop();
+    if (pt == NULL) {
+        iface->ctx->log(iface->ctx, KVL_LOG_DEBUG, "no address table for a prepared list of %zu "
+                        "entries at preparation (%.250s); its first transfer makes it", t->n,
+                        text);
+        return;
+    }
+    *cache_p = pt;
 }
 
 void kvli_cuda_ptab_release(void *bk, void *cache)
