@@ -140,6 +140,9 @@ struct kvl_bk_xfer {
     const uint32_t *lidx, *ridx;
     size_t nidx;
     void **ltab_cache, **rtab_cache;
+    /* lidx lies in memory this backend lent (idx_alloc): its cookie; NULL
+     * when the core's. */
+    void *idx_cookie;
 };
 
 typedef struct kvl_bk_ctx kvl_bk_ctx_t;
@@ -417,6 +420,21 @@ typedef struct kvl_backend_ops {
      */
     void (*ptab_prepare)(void *bk, const kvl_bk_ptab_t *t, void *const *mh, int remote,
                          void **cache_p);
+
+    /*
+     * Optional (KVL_BK_CAP_INDEXED backends, both or neither): memory for an
+     * indexed transfer's index arrays, which the core fills when it creates
+     * the transfer (checked, 2 * nidx uint32_t: lidx, then ridx) and the
+     * backend reads when it posts it. The cuda backend lends pinned host
+     * memory it uploads to the GPU from without another copy. lmh are the
+     * transfer's nlmh local region handles (where its local blocks lie, so a
+     * device backend lends memory for the device that will run it). Returns
+     * at least bytes, *cookie_p for idx_free; NULL: the core uses its own
+     * memory (kvl_bk_xfer_t.idx_cookie is then NULL). idx_free gives it back
+     * when the transfer is freed, after xfer_release: nothing reads it.
+     */
+    void *(*idx_alloc)(void *bk, void *const *lmh, size_t nlmh, size_t bytes, void **cookie_p);
+    void (*idx_free)(void *bk, void *ptr, void *cookie);
 } kvl_backend_ops_t;
 
 /* ---- helpers for backends to fill errors (header-only, no symbols) ---- */

@@ -720,6 +720,45 @@ static void test_prepare_tabs(void)
     kvl_agent_destroy(a);
 }
 
+/* Index memory a backend lends (idx_alloc): the core checks and writes the
+ * indices straight into it and gives it back when the transfer is freed,
+ * also when the check refuses them. */
+static void test_lent_idx(void)
+{
+    kt_stub_t s;
+    kvl_agent_t *a = setup("lentidx", &s, KVL_BK_CAP_INDEXED);
+    kvl_prep_t *lp, *rp;
+    kvl_xfer_t *x;
+    int64_t li[256], ri[256];
+    preps(a, 300, 64, &lp, &rp);
+    for (size_t i = 0; i < 256; i++) {
+        li[i] = (int64_t)i;
+        ri[i] = (int64_t)(299 - i);
+    }
+    s.lend_idx = 1;
+    KT_OK(kvl_xfer_create_prepped(a, KVL_WRITE, lp, li, rp, ri, 256, NULL, &x));
+    KT_CHECK(s.idx_allocs == 1 && s.idx_bytes == 2 * 256 * sizeof(uint32_t));
+    KT_CHECK((void *)x->bx.lidx == s.idx_buf && x->bx.idx_cookie == &s);
+    KT_CHECK(x->bx.ridx == x->bx.lidx + 256 && x->bx.lidx[9] == 9 && x->bx.ridx[9] == 290);
+    kvl_xfer_release(x);
+    KT_CHECK(s.idx_frees == 1);
+    ri[100] = 300; /* out of range: refused, the memory goes back */
+    KT_STATUS(kvl_xfer_create_prepped(a, KVL_WRITE, lp, li, rp, ri, 256, NULL, &x),
+              KVL_ERR_INVALID_ARG);
+    KT_ERROR_HAS("remote index 100 is 300");
+    KT_CHECK(s.idx_allocs == 2 && s.idx_frees == 2);
+    /* nothing lent: the core's own memory */
+    s.lend_idx = 0;
+    ri[100] = 0;
+    KT_OK(kvl_xfer_create_prepped(a, KVL_WRITE, lp, li, rp, ri, 256, NULL, &x));
+    KT_CHECK(x->bx.idx_cookie == NULL && x->bx.lidx != NULL && x->bx.ridx[100] == 0);
+    kvl_xfer_release(x);
+    KT_CHECK(s.idx_allocs == 2 && s.idx_frees == 2);
+    kvl_prep_release(lp);
+    kvl_prep_release(rp);
+    kvl_agent_destroy(a);
+}
+
 int main(void)
 {
     uint8_t *m = mmap(NULL, 1 << 20, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
@@ -732,6 +771,7 @@ int main(void)
     test_prepped();
     test_indexed();
     test_prepare_tabs();
+    test_lent_idx();
     test_life();
     test_stale();
     munmap(m, 1 << 20);

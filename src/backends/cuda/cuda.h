@@ -418,6 +418,7 @@ typedef struct kvli_cuda_tab {
     kvli_cuda_blk_t *host;           /* pinned */
     CUdeviceptr dev;
     size_t cap;                      /* bytes, a power of two */
+    int ordinal;                     /* the device dev lies on */
 } kvli_cuda_tab_t;
 
 #define KVLI_CUDA_TABS_KEPT 16       /* free tables kept per device */
@@ -467,6 +468,8 @@ typedef struct kvli_cuda_xcache {
      * the address tables are the lists' (kvli_cuda_ptab_t); units count pairs. */
     int indexed;
     uint32_t up_units;               /* units whose indices are on the GPU */
+    int tab_lent;                    /* tab is the transfer's index memory (idx_alloc):
+                                        the core gives it back (idx_free), not xc_free */
     CUdeviceptr stab, dtab;          /* source / destination address tables */
     kvli_cuda_tab_t *tab;            /* npieces descriptors, host and device */
     uint64_t npieces;
@@ -528,6 +531,8 @@ unsigned kvli_cuda_xfer_progress(kvli_cuda_iface_t *iface);
 void kvli_cuda_xfer_cancel_peer(kvli_cuda_iface_t *iface, kvli_cuda_peer_t *peer);
 void kvli_cuda_xfer_warm(kvli_cuda_iface_t *iface, int dev);
 void kvli_cuda_ptab_release(void *bk, void *cache);
+void *kvli_cuda_idx_alloc(void *bk, void *const *lmh, size_t nlmh, size_t bytes, void **cookie_p);
+void kvli_cuda_idx_free(void *bk, void *ptr, void *cookie);
 void kvli_cuda_ptab_prepare(void *bk, const kvl_bk_ptab_t *t, void *const *mh, int remote,
                             void **cache_p);
 void kvli_cuda_xfer_devres_fini(kvli_cuda_iface_t *iface);

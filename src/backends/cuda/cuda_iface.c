@@ -295,5 +295,7 @@ const kvl_backend_ops_t kvli_cuda_ops = {
     .probe = kvli_cuda_probe,
     .xfer_release = kvli_cuda_xfer_release,
     .ptab_release = kvli_cuda_ptab_release,
-    .ptab_prepare = kvli_cuda_ptab_prepare
+    .ptab_prepare = kvli_cuda_ptab_prepare,
+    .idx_alloc = kvli_cuda_idx_alloc,
+    .idx_free = kvli_cuda_idx_free
 };

@@ -188,6 +188,7 @@ static kvli_cuda_tab_t *kvli_cuda_tab_get(kvli_cuda_iface_t *iface, int dev, siz
         snprintf(text, cap, "out of memory");
         return NULL;
     }
+    t->ordinal = dev;
     t->cap = 64u << 10;
     while (t->cap < bytes)
         t->cap <<= 1;
@@ -374,14 +375,22 @@ static int kvli_cuda_unit_launch(kvli_cuda_iface_t *iface, kvli_cuda_xpriv_t *xp
     if (s == NULL)
         return -1;
     if (xc->indexed && u >= xc->up_units) {
-        /* This unit's indices (local, then remote: ridx follows lidx). */
+        /* This unit's indices (local, then remote: ridx follows lidx). Lent
+         * memory already holds them where the upload reads (the core wrote
+         * them there at creation); a unit of every pair is one upload. */
         uint32_t *h = (uint32_t *)(void *)xc->tab->host;
         size_t bytes = (size_t)nb * sizeof(uint32_t);
-        memcpy(h + first, xp->x->lidx + first, bytes);
-        memcpy(h + xc->npieces + first, xp->x->ridx + first, bytes);
-        cr = d->cuMemcpyHtoDAsync(lidx, h + first, bytes, xp->stream);
-        if (cr == KVLI_CUDA_SUCCESS)
-            cr = d->cuMemcpyHtoDAsync(ridx, h + xc->npieces + first, bytes, xp->stream);
+        if (!xc->tab_lent) {
+            memcpy(h + first, xp->x->lidx + first, bytes);
+            memcpy(h + xc->npieces + first, xp->x->ridx + first, bytes);
+        }
+        if (xc->tab_lent && first == 0 && nb == xc->npieces) {
+            cr = d->cuMemcpyHtoDAsync(lidx, h, 2 * bytes, xp->stream);
+        } else {
+            cr = d->cuMemcpyHtoDAsync(lidx, h + first, bytes, xp->stream);
+            if (cr == KVLI_CUDA_SUCCESS)
+                cr = d->cuMemcpyHtoDAsync(ridx, h + xc->npieces + first, bytes, xp->stream);
+        }
         if (cr != KVLI_CUDA_SUCCESS) {
             snprintf(text, cap, "uploading the indices of unit %u of %u (%llu pairs) on device "
                      "%d = %.150s", u + 1, xc->nunits, nb, xp->dev,
@@ -423,7 +432,7 @@ static int kvli_cuda_unit_launch(kvli_cuda_iface_t *iface, kvli_cuda_xpriv_t *xp
  * that reads it may be pending. */
 static void kvli_cuda_xc_free(kvli_cuda_iface_t *iface, kvli_cuda_xcache_t *xc)
 {
-    if (xc->tab != NULL)
+    if (xc->tab != NULL && !xc->tab_lent)
         kvli_cuda_tab_put(iface, xc->dev, xc->tab);
     free(xc->unit_end);
     free(xc->unit_bytes);
@@ -660,6 +669,53 @@ void kvli_cuda_ptab_prepare(void *bk, const kvl_bk_ptab_t *t, void *const *mh, i
     *cache_p = pt;
 }
 
+/*
+ * idx_alloc: an indexed transfer's index arrays in one of the device's
+ * descriptor tables (pinned host memory with its device twin), so the core
+ * writes the checked indices where the upload reads them: no copy at
+ * posting. The device is the one of the transfer's first local GPU region
+ * (the one its posting runs on); none (host memory only), or no indexed
+ * kernel there: NULL, the core keeps them.
+ */
+void *kvli_cuda_idx_alloc(void *bk, void *const *lmh, size_t nlmh, size_t bytes, void **cookie_p)
+{
+    kvli_cuda_iface_t *iface = bk;
+    kvli_cuda_devres_t *dr;
+    kvli_cuda_tab_t *t;
+    kvl_error_t e;
+    char text[256] = "";
+    int dev = -1;
+
+    for (size_t i = 0; i < nlmh && dev < 0; i++) {
+        const kvli_cuda_mh_t *mh = lmh[i];
+        if (mh != NULL && mh->kind != KVLI_CUDA_MEM_HOST)
+            dev = mh->dev;
+    }
+    if (dev < 0 || dev >= iface->drv->ndev || iface->kernel_off ||
+        (dr = kvli_cuda_devres_get(iface, dev, &e)) == NULL || dr->fn_idx == NULL)
+        return NULL;
+    if (kvli_cuda_drv_push(dev) != KVLI_CUDA_SUCCESS)
+        return NULL;
+    t = kvli_cuda_tab_get(iface, dev, bytes, text, sizeof(text));
+    kvli_cuda_drv_pop();
+    if (t == NULL) {
+        iface->ctx->log(iface->ctx, KVL_LOG_DEBUG, "no pinned memory for the indices of a "
+                        "transfer (%.200s): they are copied at its posting", text);
+        return NULL;
+    }
+    *cookie_p = t;
+    return t->host;
+}
+
+/* idx_free: the transfer is freed; nothing reads its indices any more
+ * (xfer_release ran, every unit's event had completed). */
+void kvli_cuda_idx_free(void *bk, void *ptr, void *cookie)
+{
+    kvli_cuda_tab_t *t = cookie;
+    (void)ptr;
+    kvli_cuda_tab_put(bk, t->ordinal, t);
+}
+
 void kvli_cuda_ptab_release(void *bk, void *cache)
 {
     kvli_cuda_iface_t *iface = bk;
@@ -673,10 +729,12 @@ void kvli_cuda_ptab_release(void *bk, void *cache)
 
 /*
  * First posting of an indexed transfer (context pushed): the lists' address
- * tables (made once per list), this transfer's index arrays (local, then
- * remote) uploaded behind them on the posting's stream, units of at most
- * KVLI_CUDA_IDX_UNIT_BYTES. 0; 1: not here (a list lives on another device:
- * expand); -1 with text.
+ * tables (made when the lists were prepared, else now), units of at most
+ * KVLI_CUDA_IDX_UNIT_BYTES, and the index arrays (local, then remote),
+ * uploaded at each unit's first launch from the pinned memory the core wrote
+ * them into (lent by kvli_cuda_idx_alloc), or copied into a table first when
+ * the core used its own memory. 0; 1: not here (a list lives on another
+ * device: expand); -1 with text.
  */
 static int kvli_cuda_xc_build_indexed(kvli_cuda_iface_t *iface, kvli_cuda_xpriv_t *xp,
                                       kvli_cuda_xcache_t *xc, char *text, size_t cap)
@@ -708,9 +766,18 @@ static int kvli_cuda_xc_build_indexed(kvli_cuda_iface_t *iface, kvli_cuda_xpriv_
         xc->unit_end[xc->nunits] = e;
         xc->unit_bytes[xc->nunits++] = (e - k) * len;
     }
-    xc->tab = kvli_cuda_tab_get(iface, xp->dev, 2 * n * sizeof(uint32_t), text, cap);
-    if (xc->tab == NULL)
-        return -1;
+    /* The index memory the transfer was made with, when this backend lent
+     * it for this device (kvli_cuda_idx_alloc): the upload reads it there. */
+    kvli_cuda_tab_t *lent = x->idx_cookie;
+    if (lent != NULL && lent->ordinal == xp->dev && (void *)lent->host == (void *)x->lidx &&
+        lent->cap >= 2 * n * sizeof(uint32_t)) {
+        xc->tab = lent;
+        xc->tab_lent = 1;
+    } else {
+        xc->tab = kvli_cuda_tab_get(iface, xp->dev, 2 * n * sizeof(uint32_t), text, cap);
+        if (xc->tab == NULL)
+            return -1;
+    }
     /* The indices go up unit by unit, each just before its launch
      * (kvli_cuda_unit_launch); a re-post uploads none. */
     xc->npieces = n;
