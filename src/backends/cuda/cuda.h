@@ -46,6 +46,10 @@
 #define KVLI_CUDA_WARP_MAX_LEN (64u << 10) /* pairs up to this use a warp each, */
 #define KVLI_CUDA_WARP_MIN_PAIRS 4096u     /* in requests of at least this many */
 #define KVLI_CUDA_UNIT_BLOCKS 8192u        /* blocks per batch / uncached kernel launch at most */
+/* Small requests carry their table in the launch (kernels.cu, same sizes):
+ * up to this many descriptors, or index pairs of an indexed transfer. */
+#define KVLI_CUDA_INLINE_BLOCKS 128u
+#define KVLI_CUDA_INLINE_PAIRS 384u
 #define KVLI_CUDA_WINDOW 4                 /* units in flight per transfer */
 #define KVLI_CUDA_PIECE (1ull << 20)       /* kernel splits blocks above this */
 #define KVLI_CUDA_DEFAULT_TIMEOUT_MS 5000u
@@ -399,6 +403,22 @@ typedef struct kvli_cuda_blk {
     uint64_t src, dst, len;
 } kvli_cuda_blk_t;
 
+/* Kernel parameters of kvl_gather_inline / kvl_gather_idx_inline (layouts
+ * shared with kernels.cu). */
+typedef struct kvli_cuda_inline_tab {
+    uint64_t n;
+    kvli_cuda_blk_t b[KVLI_CUDA_INLINE_BLOCKS];
+} kvli_cuda_inline_tab_t;
+
+typedef struct kvli_cuda_inline_idx {
+    uint32_t s[KVLI_CUDA_INLINE_PAIRS];  /* source entries */
+    uint32_t d[KVLI_CUDA_INLINE_PAIRS];  /* destination entries */
+} kvli_cuda_inline_idx_t;
+
+_Static_assert(sizeof(kvli_cuda_inline_tab_t) == 8 + 24 * KVLI_CUDA_INLINE_BLOCKS &&
+               sizeof(kvli_cuda_inline_idx_t) == 8 * KVLI_CUDA_INLINE_PAIRS,
+               "inline kernel parameters: the layouts of kernels.cu");
+
 typedef struct kvli_cuda_slot {
     struct kvli_cuda_slot *next;
     kvli_cuda_blk_t *host;           /* pinned */
@@ -443,6 +463,8 @@ typedef struct kvli_cuda_devres {
     CUfunction fn;                   /* NULL: batched copies */
     CUfunction fn_idx;               /* kvl_gather_idx; NULL: indexed transfers expand */
     CUfunction fn_idx_warp;          /* kvl_gather_idx_warp; NULL: fn_idx for all */
+    CUfunction fn_inline;            /* kvl_gather_inline; NULL: small tables uploaded */
+    CUfunction fn_idx_inline;        /* kvl_gather_idx_inline; NULL: indices uploaded */
     kvli_cuda_slot_t *free_slots;    /* under iface->lock */
     kvli_cuda_tab_t *free_tabs;      /* under iface->lock */
     unsigned n_free_tabs;
@@ -472,6 +494,10 @@ typedef struct kvli_cuda_xcache {
                                         the core gives it back (idx_free), not xc_free */
     CUdeviceptr stab, dtab;          /* source / destination address tables */
     kvli_cuda_tab_t *tab;            /* npieces descriptors, host and device */
+    /* Small: no tab; the launch carries the table: inl (the descriptors), or
+     * for an indexed transfer the indices, from x->lidx / x->ridx. */
+    kvli_cuda_inline_tab_t *inl;
+    int idx_inline;
     uint64_t npieces;
     uint64_t *unit_end;              /* unit u covers pieces [end[u-1], end[u]) */
     uint64_t *unit_bytes;

@@ -18,6 +18,13 @@
  *                         they fit the window (2 GiB: 4 launches);
  *   many blocks, else     cuMemcpyBatchAsync, or one cuMemcpyAsync per block
  *                         when the driver has no batch call.
+ * Small requests (up to KVLI_CUDA_INLINE_BLOCKS descriptors, or
+ * KVLI_CUDA_INLINE_PAIRS pairs of an indexed transfer) pass their table as
+ * the launch's parameter: one operation on the stream, nothing uploaded.
+ * Indexed transfers read the prepared lists' address tables (uploaded when
+ * the lists are prepared) and their own indices, which the core writes at
+ * creation into pinned memory this backend lends (kvli_cuda_idx_alloc): the
+ * posting uploads them from there with one copy call, no copy on the host.
  *
  * Cancel tells the truth: no unit is enqueued after a cancel; once the units
  * already enqueued are complete the transfer ends CANCELED, or DONE (with its
@@ -80,6 +87,14 @@ static kvli_cuda_devres_t *kvli_cuda_devres_get(kvli_cuda_iface_t *iface, int de
             d->cuModuleGetFunction(&r->fn_idx_warp, r->mod, "kvl_gather_idx_warp") !=
                 KVLI_CUDA_SUCCESS)
             r->fn_idx_warp = NULL;
+        if (cr == KVLI_CUDA_SUCCESS &&
+            d->cuModuleGetFunction(&r->fn_inline, r->mod, "kvl_gather_inline") !=
+                KVLI_CUDA_SUCCESS)
+            r->fn_inline = NULL;
+        if (cr == KVLI_CUDA_SUCCESS &&
+            d->cuModuleGetFunction(&r->fn_idx_inline, r->mod, "kvl_gather_idx_inline") !=
+                KVLI_CUDA_SUCCESS)
+            r->fn_idx_inline = NULL;
         if (cr != KVLI_CUDA_SUCCESS) {
             r->fn = NULL;
             iface->ctx->log(iface->ctx, KVL_LOG_WARN,
@@ -253,24 +268,74 @@ static void kvli_cuda_slot_put(kvli_cuda_iface_t *iface, int dev, kvli_cuda_slot
 }
 
 /*
- * At VRAM registration: make the device's streams and kernel and one free
- * descriptor table now, so that the first transfer on it pays for none of
- * them. Failures are left for the first transfer to report.
+ * Each gather kernel launched once with nothing to move, and the launches
+ * waited for (context pushed): whatever the driver does at a function's
+ * first launch is done at registration, not in the first transfer.
+ */
+static void kvli_cuda_kernels_warm(kvli_cuda_iface_t *iface, kvli_cuda_devres_t *r)
+{
+    const kvli_cuda_drv_t *d = iface->drv;
+    static kvli_cuda_inline_tab_t none_tab;   /* n = 0 */
+    static kvli_cuda_inline_idx_t none_idx;
+    CUdeviceptr z = 0;
+    unsigned long long n0 = 0, len0 = 0;
+    void *args[2] = {&z, &n0};
+    void *iargs[6] = {&z, &z, &z, &z, &n0, &len0};
+    void *targs[1] = {&none_tab};
+    void *pargs[5] = {&z, &z, &n0, &len0, &none_idx};
+    CUstream st = r->streams[0];
+    CUresult cr = KVLI_CUDA_SUCCESS;
+    char eb[160];
+
+    if (r->fn != NULL)
+        cr = d->cuLaunchKernel(r->fn, 1, 1, 1, 256, 1, 1, 0, st, args, NULL);
+    if (cr == KVLI_CUDA_SUCCESS && r->fn_idx != NULL)
+        cr = d->cuLaunchKernel(r->fn_idx, 1, 1, 1, KVLI_CUDA_IDX_THREADS, 1, 1, 0, st, iargs,
+                               NULL);
+    if (cr == KVLI_CUDA_SUCCESS && r->fn_idx_warp != NULL)
+        cr = d->cuLaunchKernel(r->fn_idx_warp, 1, 1, 1, KVLI_CUDA_WARP_THREADS, 1, 1, 0, st,
+                               iargs, NULL);
+    if (cr == KVLI_CUDA_SUCCESS && r->fn_inline != NULL)
+        cr = d->cuLaunchKernel(r->fn_inline, 1, 1, 1, 256, 1, 1, 0, st, targs, NULL);
+    if (cr == KVLI_CUDA_SUCCESS && r->fn_idx_inline != NULL)
+        cr = d->cuLaunchKernel(r->fn_idx_inline, 1, 1, 1, KVLI_CUDA_IDX_THREADS, 1, 1, 0, st,
+                               pargs, NULL);
+    if (cr == KVLI_CUDA_SUCCESS)
+        cr = d->cuStreamSynchronize(st);
+    if (cr != KVLI_CUDA_SUCCESS)
+        iface->ctx->log(iface->ctx, KVL_LOG_DEBUG, "warming the gather kernels up = %.150s; the "
+                        "first transfer launches them cold",
+                        kvli_cuda_drv_errstr(cr, eb, sizeof(eb)));
+}
+
+/*
+ * At VRAM registration: make the device's streams and kernels, one free
+ * descriptor table and a window's worth of unit slots (events) now, and
+ * launch each kernel once, so that the first transfer on it pays for none
+ * of them. Failures are left for the first transfer to report.
  */
 void kvli_cuda_xfer_warm(kvli_cuda_iface_t *iface, int dev)
 {
     kvl_error_t e;
     char text[256];
     kvli_cuda_tab_t *t;
+    kvli_cuda_slot_t *slots[KVLI_CUDA_WINDOW];
+    kvli_cuda_devres_t *r;
 
-    if (dev < 0 || dev >= iface->drv->ndev || kvli_cuda_devres_get(iface, dev, &e) == NULL)
+    if (dev < 0 || dev >= iface->drv->ndev || (r = kvli_cuda_devres_get(iface, dev, &e)) == NULL)
         return;
     pthread_mutex_lock(&iface->lock);
-    int have = iface->dres[dev].free_tabs != NULL || iface->dres[dev].fn == NULL;
+    int have = r->free_tabs != NULL || r->fn == NULL;
     pthread_mutex_unlock(&iface->lock);
     if (have || kvli_cuda_drv_push(dev) != KVLI_CUDA_SUCCESS)
         return;
     t = kvli_cuda_tab_get(iface, dev, KVLI_CUDA_TAB_WARM, text, sizeof(text));
+    for (unsigned i = 0; i < KVLI_CUDA_WINDOW; i++)
+        slots[i] = kvli_cuda_slot_get(iface, dev, 0, 0, text, sizeof(text));
+    for (unsigned i = 0; i < KVLI_CUDA_WINDOW; i++)
+        if (slots[i] != NULL)
+            kvli_cuda_slot_put(iface, dev, slots[i]);
+    kvli_cuda_kernels_warm(iface, r);
     kvli_cuda_drv_pop();
     if (t != NULL)
         kvli_cuda_tab_put(iface, dev, t);
@@ -357,10 +422,11 @@ static int kvli_cuda_unit_launch(kvli_cuda_iface_t *iface, kvli_cuda_xpriv_t *xp
     uint32_t u = xp->unit;
     uint64_t first = u > 0 ? xc->unit_end[u - 1] : 0;
     unsigned long long nb = xc->unit_end[u] - first;
-    CUdeviceptr tab = xc->tab->dev + first * sizeof(kvli_cuda_blk_t);
+    CUdeviceptr tdev = xc->tab != NULL ? xc->tab->dev : 0; /* none: inline */
+    CUdeviceptr tab = tdev + first * sizeof(kvli_cuda_blk_t);
     /* Indexed: the tab holds the source indices, then the destination ones. */
-    CUdeviceptr lidx = xc->tab->dev + first * sizeof(uint32_t);
-    CUdeviceptr ridx = xc->tab->dev + (xc->npieces + first) * sizeof(uint32_t);
+    CUdeviceptr lidx = tdev + first * sizeof(uint32_t);
+    CUdeviceptr ridx = tdev + (xc->npieces + first) * sizeof(uint32_t);
     CUdeviceptr sidx = xp->x->op == KVL_WRITE ? lidx : ridx;
     CUdeviceptr didx = xp->x->op == KVL_WRITE ? ridx : lidx;
     unsigned long long len = xp->x->ltab != NULL ? xp->x->ltab->len : 0;
@@ -374,6 +440,26 @@ static int kvli_cuda_unit_launch(kvli_cuda_iface_t *iface, kvli_cuda_xpriv_t *xp
     s = kvli_cuda_slot_get(iface, xp->dev, 0, 0, text, cap);
     if (s == NULL)
         return -1;
+    const kvli_cuda_devres_t *dr = &iface->dres[xp->dev];
+    if (xc->inl != NULL || xc->idx_inline) {
+        /* A small request: its table is the launch's parameter (copied by
+         * the driver at the call), nothing to upload first. */
+        if (xc->inl != NULL) {
+            void *targs[1] = {xc->inl};
+            cr = d->cuLaunchKernel(dr->fn_inline, grid, 1, 1, 256, 1, 1, 0, xp->stream, targs,
+                                   NULL);
+        } else {
+            kvli_cuda_inline_idx_t p;
+            const uint32_t *si = xp->x->op == KVL_WRITE ? xp->x->lidx : xp->x->ridx;
+            const uint32_t *di = xp->x->op == KVL_WRITE ? xp->x->ridx : xp->x->lidx;
+            void *pargs[5] = {(void *)&xc->stab, (void *)&xc->dtab, &nb, &len, &p};
+            memcpy(p.s, si + first, (size_t)nb * sizeof(uint32_t));
+            memcpy(p.d, di + first, (size_t)nb * sizeof(uint32_t));
+            cr = d->cuLaunchKernel(dr->fn_idx_inline, grid, 1, 1, KVLI_CUDA_IDX_THREADS, 1, 1, 0,
+                                   xp->stream, pargs, NULL);
+        }
+        goto launched;
+    }
     if (xc->indexed && u >= xc->up_units) {
         /* This unit's indices (local, then remote: ridx follows lidx). Lent
          * memory already holds them where the upload reads (the core wrote
@@ -399,7 +485,6 @@ static int kvli_cuda_unit_launch(kvli_cuda_iface_t *iface, kvli_cuda_xpriv_t *xp
         }
         xc->up_units = u + 1;
     }
-    const kvli_cuda_devres_t *dr = &iface->dres[xp->dev];
     if (xc->indexed && dr->fn_idx_warp != NULL && len <= KVLI_CUDA_WARP_MAX_LEN &&
         nb >= KVLI_CUDA_WARP_MIN_PAIRS) {
         /* many small pairs: a warp each (kernels.cu) */
@@ -413,6 +498,7 @@ static int kvli_cuda_unit_launch(kvli_cuda_iface_t *iface, kvli_cuda_xpriv_t *xp
     else
         cr = d->cuLaunchKernel(iface->dres[xp->dev].fn, grid, 1, 1, 256, 1, 1, 0, xp->stream,
                                args, NULL);
+launched:
     if (cr == KVLI_CUDA_SUCCESS)
         cr = d->cuEventRecord(s->ev, xp->stream);
     if (cr != KVLI_CUDA_SUCCESS) {
@@ -434,6 +520,7 @@ static void kvli_cuda_xc_free(kvli_cuda_iface_t *iface, kvli_cuda_xcache_t *xc)
 {
     if (xc->tab != NULL && !xc->tab_lent)
         kvli_cuda_tab_put(iface, xc->dev, xc->tab);
+    free(xc->inl);
     free(xc->unit_end);
     free(xc->unit_bytes);
     free(xc);
@@ -451,7 +538,7 @@ static int kvli_cuda_xc_build(kvli_cuda_iface_t *iface, kvli_cuda_xpriv_t *xp,
 {
     const kvli_cuda_drv_t *d = iface->drv;
     const kvl_bk_xfer_t *x = xp->x;
-    uint64_t np = 0, bytes = 0, ucap = 4;
+    uint64_t np = 0, bytes = 0, total = 0, ucap = 4;
     size_t tb;
     kvli_cuda_blk_t *h;
     CUresult cr;
@@ -460,6 +547,7 @@ static int kvli_cuda_xc_build(kvli_cuda_iface_t *iface, kvli_cuda_xpriv_t *xp,
     for (size_t i = 0; i < x->nsegs; i++) {
         const kvl_seg_t *g = &x->segs[i];
         np += g->count * ((g->len + KVLI_CUDA_PIECE - 1) / KVLI_CUDA_PIECE);
+        total += g->count * g->len;
     }
     if (np == 0) {
         snprintf(text, cap, "no bytes to move");
@@ -472,10 +560,18 @@ static int kvli_cuda_xc_build(kvli_cuda_iface_t *iface, kvli_cuda_xpriv_t *xp,
         snprintf(text, cap, "out of memory for the unit list");
         return -1;
     }
-    xc->tab = kvli_cuda_tab_get(iface, xp->dev, tb, text, cap);
-    if (xc->tab == NULL)
-        return -1;
-    h = xc->tab->host;
+    if (np <= KVLI_CUDA_INLINE_BLOCKS && total <= KVLI_CUDA_UNIT_BYTES &&
+        iface->dres[xp->dev].fn_inline != NULL &&
+        (xc->inl = malloc(sizeof(*xc->inl))) != NULL) {
+        /* Few blocks, one unit: the table travels in the launch. */
+        xc->inl->n = np;
+        h = xc->inl->b;
+    } else {
+        xc->tab = kvli_cuda_tab_get(iface, xp->dev, tb, text, cap);
+        if (xc->tab == NULL)
+            return -1;
+        h = xc->tab->host;
+    }
     xc->npieces = np;
     np = 0;
     for (size_t i = 0; i < x->nsegs; i++) {
@@ -513,6 +609,10 @@ static int kvli_cuda_xc_build(kvli_cuda_iface_t *iface, kvli_cuda_xpriv_t *xp,
     }
     xc->unit_end[xc->nunits] = np;
     xc->unit_bytes[xc->nunits++] = bytes;
+    if (xc->inl != NULL) {
+        xc->ready = 1;
+        return 0;
+    }
     cr = d->cuMemcpyHtoDAsync(xc->tab->dev, h, tb, xp->stream);
     if (cr != KVLI_CUDA_SUCCESS) {
         snprintf(text, cap, "uploading the descriptor table on device %d = %.150s", xp->dev,
@@ -694,6 +794,8 @@ void *kvli_cuda_idx_alloc(void *bk, void *const *lmh, size_t nlmh, size_t bytes,
     if (dev < 0 || dev >= iface->drv->ndev || iface->kernel_off ||
         (dr = kvli_cuda_devres_get(iface, dev, &e)) == NULL || dr->fn_idx == NULL)
         return NULL;
+    if (bytes <= 2 * KVLI_CUDA_INLINE_PAIRS * sizeof(uint32_t) && dr->fn_idx_inline != NULL)
+        return NULL; /* few pairs: the launch carries them, nothing is uploaded */
     if (kvli_cuda_drv_push(dev) != KVLI_CUDA_SUCCESS)
         return NULL;
     t = kvli_cuda_tab_get(iface, dev, bytes, text, sizeof(text));
@@ -730,7 +832,8 @@ void kvli_cuda_ptab_release(void *bk, void *cache)
 /*
  * First posting of an indexed transfer (context pushed): the lists' address
  * tables (made when the lists were prepared, else now), units of at most
- * KVLI_CUDA_IDX_UNIT_BYTES, and the index arrays (local, then remote),
+ * KVLI_CUDA_IDX_UNIT_BYTES, and where the index arrays (local, then remote)
+ * come from: the launch itself for few pairs (KVLI_CUDA_INLINE_PAIRS), else
  * uploaded at each unit's first launch from the pinned memory the core wrote
  * them into (lent by kvli_cuda_idx_alloc), or copied into a table first when
  * the core used its own memory. 0; 1: not here (a list lives on another
@@ -765,6 +868,16 @@ static int kvli_cuda_xc_build_indexed(kvli_cuda_iface_t *iface, kvli_cuda_xpriv_
         size_t e = n - k < per ? n : k + per;
         xc->unit_end[xc->nunits] = e;
         xc->unit_bytes[xc->nunits++] = (e - k) * len;
+    }
+    if (n <= KVLI_CUDA_INLINE_PAIRS && xc->nunits == 1 &&
+        iface->dres[xp->dev].fn_idx_inline != NULL) {
+        /* Few pairs: the indices travel in the launch, read from x->lidx /
+         * x->ridx at each posting (kvli_cuda_unit_launch). */
+        xc->npieces = n;
+        xc->indexed = 1;
+        xc->idx_inline = 1;
+        xc->ready = 1;
+        return 0;
     }
     /* The index memory the transfer was made with, when this backend lent
      * it for this device (kvli_cuda_idx_alloc): the upload reads it there. */
