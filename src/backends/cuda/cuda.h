@@ -53,6 +53,10 @@
 #define KVLI_CUDA_WINDOW 4                 /* units in flight per transfer */
 #define KVLI_CUDA_PIECE (1ull << 20)       /* kernel splits blocks above this */
 #define KVLI_CUDA_DEFAULT_TIMEOUT_MS 5000u
+/* For this long after a posting the progress thread polls its events
+ * without sleeping (a small request completes within it), then every
+ * KVLI_CUDA_POLL_NS (cuda_iface.c). */
+#define KVLI_CUDA_SPIN_NS 50000ull
 #define KVLI_CUDA_TEXT_MAX 256
 #define KVLI_CUDA_MAX_CHUNKS 65536u        /* VMM chunks per region */
 
@@ -519,6 +523,7 @@ typedef struct kvli_cuda_xpriv {
     unsigned inflight;
     kvli_cuda_unit_t units[KVLI_CUDA_WINDOW];
     unsigned u_head, u_count;
+    uint64_t t_post;                 /* kvli_clock_ns() at posting */
     atomic_int cancel;
     int failed;
     kvl_status_t fail_status;
@@ -552,8 +557,9 @@ struct kvli_cuda_iface {
 kvl_status_t kvli_cuda_xfer_post(void *bk, kvl_bk_xfer_t *x, kvl_error_t *err);
 void kvli_cuda_xfer_cancel(void *bk, kvl_bk_xfer_t *x);
 void kvli_cuda_xfer_release(void *bk, kvl_bk_xfer_t *x);
-/* Progress thread: advance transfers; returns how many are in flight. */
-unsigned kvli_cuda_xfer_progress(kvli_cuda_iface_t *iface);
+/* Progress thread: advance transfers; returns how many are in flight,
+ * *young_p whether one of them was posted less than KVLI_CUDA_SPIN_NS ago. */
+unsigned kvli_cuda_xfer_progress(kvli_cuda_iface_t *iface, int *young_p);
 void kvli_cuda_xfer_cancel_peer(kvli_cuda_iface_t *iface, kvli_cuda_peer_t *peer);
 void kvli_cuda_xfer_warm(kvli_cuda_iface_t *iface, int dev);
 void kvli_cuda_ptab_release(void *bk, void *cache);

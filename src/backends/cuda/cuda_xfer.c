@@ -1121,6 +1121,7 @@ kvl_status_t kvli_cuda_xfer_post(void *bk, kvl_bk_xfer_t *x, kvl_error_t *err)
     xp->peer = peer;
     xp->dev = dev;
     xp->use_kernel = kernel_ok;
+    xp->t_post = kvli_clock_ns();
     pthread_mutex_lock(&iface->lock);
     xp->stream = dr->streams[dr->next_stream++ % KVLI_CUDA_STREAMS];
     pthread_mutex_unlock(&iface->lock);
@@ -1266,7 +1267,7 @@ static void kvli_cuda_xp_finish(kvli_cuda_iface_t *iface, kvli_cuda_xpriv_t *xp)
     pthread_mutex_unlock(&iface->lock);
 }
 
-unsigned kvli_cuda_xfer_progress(kvli_cuda_iface_t *iface)
+unsigned kvli_cuda_xfer_progress(kvli_cuda_iface_t *iface, int *young_p)
 {
     const kvli_cuda_drv_t *d = iface->drv;
     kvli_cuda_xpriv_t *fin[64];
@@ -1309,6 +1310,8 @@ unsigned kvli_cuda_xfer_progress(kvli_cuda_iface_t *iface)
         if (xp->u_count == 0 && nfin < 64 &&
             (xp->failed || atomic_load(&xp->cancel) || !kvli_cuda_xp_more(xp)))
             fin[nfin++] = xp;
+        else if (!*young_p && kvli_clock_ns() - xp->t_post < KVLI_CUDA_SPIN_NS)
+            *young_p = 1;
     }
     for (unsigned i = 0; i < nfin; i++)
         kvli_cuda_xp_finish(iface, fin[i]);
