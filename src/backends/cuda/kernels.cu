@@ -146,6 +146,10 @@ struct kvl_inline_idx {
     unsigned d[KVL_INLINE_PAIRS]; /* destination entries */
 };
 
+static_assert(sizeof(kvl_inline_tab) == 8 + 24 * KVL_INLINE_BLOCKS &&
+                  sizeof(kvl_inline_idx) == 8 * KVL_INLINE_PAIRS,
+              "the layouts of kvli_cuda_inline_tab_t / kvli_cuda_inline_idx_t (cuda.h)");
+
 extern "C" __global__ void __launch_bounds__(256) kvl_gather_inline(const kvl_inline_tab t)
 {
     for (unsigned long long b = blockIdx.x; b < t.n; b += gridDim.x)
