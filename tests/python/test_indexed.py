@@ -172,6 +172,7 @@ def test_indexed_vram(uniq, op):
             assert torch.equal(d2[torch.as_tensor(di, device="cuda")],
                                s2[torch.as_tensor(si, device="cuda")])
             dst.zero_()
+            torch.cuda.synchronize()   # before the next request writes on kvlane's streams
         lp.release()
         rp.release()
     finally:
