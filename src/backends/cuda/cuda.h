@@ -469,6 +469,7 @@ typedef struct kvli_cuda_devres {
     CUfunction fn_idx_warp;          /* kvl_gather_idx_warp; NULL: fn_idx for all */
     CUfunction fn_inline;            /* kvl_gather_inline; NULL: small tables uploaded */
     CUfunction fn_idx_inline;        /* kvl_gather_idx_inline; NULL: indices uploaded */
+    int kernels_warm;                /* launched once at registration (under iface->lock) */
     kvli_cuda_slot_t *free_slots;    /* under iface->lock */
     kvli_cuda_tab_t *free_tabs;      /* under iface->lock */
     unsigned n_free_tabs;

@@ -326,6 +326,11 @@ void kvli_cuda_xfer_warm(kvli_cuda_iface_t *iface, int dev)
         return;
     pthread_mutex_lock(&iface->lock);
     int have = r->free_tabs != NULL || r->fn == NULL;
+    /* The kernels once per device: their launch waits for stream 0, which a
+     * later registration must not do behind a transfer in flight. */
+    int launch = !have && !r->kernels_warm;
+    if (launch)
+        r->kernels_warm = 1;
     pthread_mutex_unlock(&iface->lock);
     if (have || kvli_cuda_drv_push(dev) != KVLI_CUDA_SUCCESS)
         return;
@@ -335,7 +340,8 @@ void kvli_cuda_xfer_warm(kvli_cuda_iface_t *iface, int dev)
     for (unsigned i = 0; i < KVLI_CUDA_WINDOW; i++)
         if (slots[i] != NULL)
             kvli_cuda_slot_put(iface, dev, slots[i]);
-    kvli_cuda_kernels_warm(iface, r);
+    if (launch)
+        kvli_cuda_kernels_warm(iface, r);
     kvli_cuda_drv_pop();
     if (t != NULL)
         kvli_cuda_tab_put(iface, dev, t);
