@@ -140,6 +140,9 @@ struct kvl_bk_xfer {
     const uint32_t *lidx, *ridx;
     size_t nidx;
     void **ltab_cache, **rtab_cache;
+    /* lidx lies in memory this backend lent (idx_alloc): its cookie; NULL
+     * when the core's. */
+    void *idx_cookie;
 };
 
 typedef struct kvl_bk_ctx kvl_bk_ctx_t;
@@ -414,6 +417,36 @@ typedef struct kvl_backend_ops {
      * an error that says how many may. Without it, destroy uses xfer_cancel.
      */
     void (*xfer_abort)(void *bk, kvl_bk_xfer_t *x);
+
+    /*
+     * Optional (KVL_BK_CAP_INDEXED backends): a uniform list was prepared
+     * (kvl_prep_local / kvl_prep_remote) whose regions all have a handle on
+     * this backend. Derive what its indexed transfers need now (the cuda
+     * backend uploads the list's addresses to the GPU), so that the first
+     * transfer after registration pays for none of it. mh holds the handle of
+     * each of the t->nregs regions (local region handles, or remote ones when
+     * remote is 1). Store the result in *cache_p (NULL on entry; the list is
+     * not shared yet, no lock needed; ptab_release frees it), or leave it
+     * NULL: nothing here is an error, transfers then derive it at their
+     * first posting.
+     */
+    void (*ptab_prepare)(void *bk, const kvl_bk_ptab_t *t, void *const *mh, int remote,
+                         void **cache_p);
+
+    /*
+     * Optional (KVL_BK_CAP_INDEXED backends, both or neither): memory for an
+     * indexed transfer's index arrays, which the core fills when it creates
+     * the transfer (checked, 2 * nidx uint32_t: lidx, then ridx) and the
+     * backend reads when it posts it. The cuda backend lends pinned host
+     * memory it uploads to the GPU from without another copy. lmh are the
+     * transfer's nlmh local region handles (where its local blocks lie, so a
+     * device backend lends memory for the device that will run it). Returns
+     * at least bytes, *cookie_p for idx_free; NULL: the core uses its own
+     * memory (kvl_bk_xfer_t.idx_cookie is then NULL). idx_free gives it back
+     * when the transfer is freed, after xfer_release: nothing reads it.
+     */
+    void *(*idx_alloc)(void *bk, void *const *lmh, size_t nlmh, size_t bytes, void **cookie_p);
+    void (*idx_free)(void *bk, void *ptr, void *cookie);
 } kvl_backend_ops_t;
 
 /* ---- helpers for backends to fill errors (header-only, no symbols) ---- */

@@ -237,6 +237,7 @@ struct kvl_xfer {
      * indices; segs stays NULL until a backend asks for xfer_expand. */
     kvl_prep_t *lprep, *rprep;
     uint32_t *lidx, *ridx;
+    void *idx_cookie;                 /* lidx lent by the backend (idx_alloc) */
     char path[64];
     struct kvl_xfer *prev, *next;     /* agent's list */
 };

@@ -385,6 +385,41 @@ void kvli_prep_free(kvl_prep_t *p)
     free(p);
 }
 
+/*
+ * A new uniform list: the backends that move indexed transfers derive their
+ * tables from it now (ptab_prepare), each with the list's region handles on
+ * it, instead of at the first transfer. Nothing here fails the preparation.
+ */
+static void kvli_prep_warm(kvl_agent_t *a, kvl_prep_t *p)
+{
+    void **mh;
+    if (!p->uniform || p->self_files || p->kind == KVL_MEM_FILE || p->n == 0 ||
+        p->n > UINT32_MAX || (mh = malloc((p->nregs + 1) * sizeof(*mh))) == NULL)
+        return;
+    for (unsigned b = 0; b < KVLI_MAX_BACKENDS; b++) {
+        struct kvl_backend *bk = NULL;
+        bool all = true;
+        /* The list holds its regions (and its remote) referenced: the
+         * handles stay valid while it lives; read them as pick_backend does. */
+        pthread_mutex_lock(&a->lock);
+        if (b < a->nbks)
+            bk = a->bks[b];
+        if (bk == NULL || !KVLI_OPS_HAS(bk->ops, ptab_prepare) ||
+            !(bk->ops->caps & KVL_BK_CAP_INDEXED) || p->bk_cache[b] != NULL)
+            all = false;
+        for (size_t i = 0; all && i < p->nregs; i++) {
+            mh[i] = p->remote ? ((const kvli_rregion_t *)p->regs[i])->rh[b]
+                              : ((kvli_region_t *)p->regs[i])->mh[b];
+            all = mh[i] != NULL;
+        }
+        pthread_mutex_unlock(&a->lock);
+        const kvl_bk_ptab_t *t = all ? kvli_prep_tab(p) : NULL;
+        if (t != NULL)
+            bk->ops->ptab_prepare(bk->bk, t, mh, p->remote ? 1 : 0, &p->bk_cache[b]);
+    }
+    free(mh);
+}
+
 static kvl_status_t kvli_prep_api(kvl_agent_t *a, const char *remote, const kvl_dlist_t *dl,
                                   kvl_prep_t **prep_p)
 {
@@ -401,6 +436,7 @@ static kvl_status_t kvli_prep_api(kvl_agent_t *a, const char *remote, const kvl_
         kvli_remote_put(a, rem);
     if (st != KVL_OK)
         return kvli_fail(a, &err);
+    kvli_prep_warm(a, *prep_p);
     pthread_mutex_lock(&a->lock);
     (*prep_p)->next = a->preps;
     if (a->preps)

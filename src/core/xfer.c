@@ -188,6 +188,7 @@ static kvl_status_t kvli_xfer_finish(kvl_agent_t *a, kvl_xfer_t *x, kvl_xfer_op_
         x->bx.nidx = x->blocks;
         x->bx.ltab_cache = &x->lprep->bk_cache[b];
         x->bx.rtab_cache = &x->rprep->bk_cache[b];
+        x->bx.idx_cookie = x->idx_cookie;
     }
     atomic_init(&x->state, KVL_XFER_IDLE);
     pthread_mutex_lock(&a->lock);
@@ -340,10 +341,19 @@ static kvl_status_t kvli_xfer_build_indexed(kvl_agent_t *a, kvl_xfer_op_t op, kv
     free(rused);
     lused = rused = NULL;
     *done_p = true;
-    /* From the buffer cache: a request's arrays reuse the last one's pages
-     * (x->blocks sizes them for kvli_xfer_free). */
+    /* Where the backend reads them from when it lends memory (pinned, for
+     * an upload without a copy), else from the buffer cache: a request's
+     * arrays reuse the last one's pages (x->blocks sizes them for
+     * kvli_xfer_free). One pass checks and writes them. */
     x->blocks = n;
-    x->lidx = kvli_buf_alloc(2 * n * sizeof(*x->lidx)); /* ridx follows lidx */
+    const kvl_backend_ops_t *ops = x->bk->ops;
+    if (KVLI_OPS_HAS(ops, idx_alloc) && KVLI_OPS_HAS(ops, idx_free))
+        x->lidx = ops->idx_alloc(x->bk->bk, x->lmh, lp->nregs, 2 * n * sizeof(*x->lidx),
+                                 &x->idx_cookie);
+    if (x->lidx == NULL) {
+        x->idx_cookie = NULL;
+        x->lidx = kvli_buf_alloc(2 * n * sizeof(*x->lidx)); /* ridx follows lidx */
+    }
     x->ridx = x->lidx != NULL ? x->lidx + n : NULL;
     if (x->lidx == NULL || kvli_prep_tab(lp) == NULL || kvli_prep_tab(rp) == NULL)
         goto oom;
@@ -638,7 +648,10 @@ void kvli_xfer_free(kvl_xfer_t *x)
     free(x->lmh);
     free(x->rmh);
     kvli_buf_free(x->segs, x->segs_cap * sizeof(*x->segs));
-    kvli_buf_free(x->lidx, 2 * x->blocks * sizeof(*x->lidx));
+    if (x->idx_cookie != NULL)
+        x->bk->ops->idx_free(x->bk->bk, x->lidx, x->idx_cookie);
+    else
+        kvli_buf_free(x->lidx, 2 * x->blocks * sizeof(*x->lidx));
     kvli_prep_unref(x->lprep);
     kvli_prep_unref(x->rprep);
     free(x->notif);

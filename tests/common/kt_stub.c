@@ -184,6 +184,43 @@ static void kt_stub_ptab_release(void *bk, void *cache)
     s->ptab_releases++;
 }
 
+static void kt_stub_ptab_prepare(void *bk, const kvl_bk_ptab_t *t, void *const *mh, int remote,
+                                 void **cache_p)
+{
+    kt_stub_t *s = bk;
+    KT_CHECK(*cache_p == NULL && t->nregs > 0);
+    s->ptab_prepares++;
+    s->prep_n = t->n;
+    s->prep_mh0 = mh[0];
+    s->prep_remote = remote;
+    if (s->prepare_tabs)
+        *cache_p = s;
+}
+
+static void *kt_stub_idx_alloc(void *bk, void *const *lmh, size_t nlmh, size_t bytes,
+                               void **cookie_p)
+{
+    kt_stub_t *s = bk;
+    KT_CHECK(nlmh > 0 && lmh[0] != NULL);
+    if (!s->lend_idx)
+        return NULL;
+    s->idx_buf = malloc(bytes);
+    KT_CHECK(s->idx_buf != NULL);
+    s->idx_bytes = bytes;
+    s->idx_allocs++;
+    *cookie_p = s;
+    return s->idx_buf;
+}
+
+static void kt_stub_idx_free(void *bk, void *ptr, void *cookie)
+{
+    kt_stub_t *s = bk;
+    KT_CHECK(cookie == s && ptr == s->idx_buf);
+    free(ptr);
+    s->idx_buf = NULL;
+    s->idx_frees++;
+}
+
 kvl_backend_t *kt_stub_attach(kvl_agent_t *a, kt_stub_t *s, const char *name, uint32_t mem_local,
                               uint32_t mem_remote, uint32_t caps)
 {
@@ -214,6 +251,9 @@ kvl_backend_t *kt_stub_attach(kvl_agent_t *a, kt_stub_t *s, const char *name, ui
         .peer_describe = kt_stub_describe,
         .xfer_release = kt_stub_xfer_release,
         .ptab_release = kt_stub_ptab_release,
+        .ptab_prepare = kt_stub_ptab_prepare,
+        .idx_alloc = kt_stub_idx_alloc,
+        .idx_free = kt_stub_idx_free,
     };
     pthread_mutex_lock(&a->lock);
     KT_CHECK(a->nbks < KVLI_MAX_BACKENDS);

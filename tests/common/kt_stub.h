@@ -35,10 +35,19 @@ typedef struct kt_stub {
     kvl_status_t notif_status;    /* notif_send */
     const char *describe;         /* peer_describe text; NULL: slot absent */
     int cache_tabs;               /* indexed posts set the list caches */
+    int prepare_tabs;             /* ptab_prepare sets the list's cache */
+    int lend_idx;                 /* idx_alloc lends memory (else NULL: the core's) */
     /* what the core asked */
     unsigned regs, deregs, peers, unpeers, rloads, runloads;
     unsigned posts, cancels, releases, notifs, closes, ptab_releases;
     unsigned deregs_at_close, unpeers_at_close, runloads_at_close; /* counts when closed */
+    unsigned ptab_prepares;       /* ptab_prepare calls, with the last one's arguments: */
+    size_t prep_n;                /* entries of the list */
+    void *prep_mh0;               /* handle of its first region */
+    int prep_remote;
+    unsigned idx_allocs, idx_frees; /* idx_alloc calls that lent, idx_free calls */
+    void *idx_buf;                /* the last memory lent */
+    size_t idx_bytes;
     kvl_bk_xfer_t *last;          /* last posted */
     kvl_bk_xfer_t *pending;       /* posted, not completed */
     size_t notif_len;             /* last notification sent */

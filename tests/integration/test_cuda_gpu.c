@@ -7,6 +7,10 @@
  * wrong declared device, a range crossing its allocation, freed memory (at
  * registration and at post), pinned host memory classified as DRAM,
  * registration and a transfer with no current context on the thread.
+ * Requests as engines make them: prepared lists of 16 KiB blocks, the first
+ * indexed transfer right after preparation, then many new transfers of
+ * random tables (16 to 4096 pairs, READ and WRITE), every byte checked
+ * against a host mirror of both sides.
  *
  * CUDA is not fork-safe: the parent never touches it; each role runs in a
  * child that loads the driver itself (tests/gpu/kvl_cuda_test.h).
@@ -24,11 +28,12 @@
 
 #define MB (1ull << 20)
 
-enum { S_LEGACY, S_VMM, S_DRAM_REMOTE, S_DRAM_LOCAL, S_SCATTER, S_CANCEL, S_N };
+enum { S_LEGACY, S_VMM, S_DRAM_REMOTE, S_DRAM_LOCAL, S_SCATTER, S_CANCEL, S_REQUESTS, S_N };
 static const char *const scn_name[S_N] = {
     "VRAM->VRAM, legacy IPC (cuMemAlloc)", "VRAM->VRAM, VMM fd handles (cuMemCreate x2)",
     "VRAM<->remote DRAM (kvl_mem_alloc)", "local DRAM (pinned by cuda) <-> remote VRAM",
-    "scattered 16 KiB blocks", "cancel truth (4 GiB)"};
+    "scattered 16 KiB blocks", "cancel truth (4 GiB)",
+    "requests: a new indexed transfer each, from prepared lists (first right after prep)"};
 
 static kt_cuda_t cu;
 static int g_scn;
@@ -189,6 +194,116 @@ static void expect_ok(int fd, const char *notif, int ms)
     free(res);
 }
 
+/* Distinct random picks: the first n of a shuffle of 0..m-1. */
+static void pick(int64_t *out, size_t n, size_t m, int64_t *scratch)
+{
+    for (size_t i = 0; i < m; i++)
+        scratch[i] = (int64_t)i;
+    for (size_t i = 0; i < n; i++) {
+        size_t j = i + (size_t)rand() % (m - i);
+        int64_t t = scratch[i];
+        scratch[i] = scratch[j];
+        scratch[j] = t;
+        out[i] = scratch[i];
+    }
+}
+
+/*
+ * S_REQUESTS: lists of nb blocks of bs bytes over our source d (seed 2),
+ * our destination d2 and the target's region; mirrors of the target's
+ * region and of d2 on the host follow every request; d2 is compared whole
+ * after every READ, the target's region through a READ of all of it at the
+ * end.
+ */
+static void requests(kvl_agent_t *a, kt_cu_ptr d, kt_cu_ptr d2, uint64_t raddr, uint64_t len)
+{
+    const size_t bs = 16384, nb = len / bs;
+    static const size_t sizes[] = {4096, 256, 16, 300, 1, 1000, 255, 257, 4096, 17, 64, 2048,
+                                   16, 256, 4095, 100, 16, 256, 3000, 33, 512, 16, 256, 4096};
+    unsigned char *rmir = malloc(len), *lsrc = malloc(len), *dmir = calloc(1, len),
+                  *got = malloc(len);
+    int64_t *li = malloc(nb * 8), *ri = malloc(nb * 8), *scr = malloc(nb * 8);
+    kvl_dlist_t *ls, *ld, *rl;
+    kvl_prep_t *ps, *pd, *pr;
+    char why[512];
+    int kernel;
+    KT_CHECK(rmir && lsrc && dmir && got && li && ri && scr);
+    kt_fill(rmir, len, 1); /* the target's region */
+    kt_fill(lsrc, len, 2); /* d */
+    KT_CHECK(cu.MemsetD8(d2, 0, len) == 0);
+    KT_CHECK(cu.CtxSynchronize() == 0);
+    kvl_backend_available("cuda", why, sizeof(why));
+    kernel = strstr(why, "embedded") != NULL;
+    KT_OK(kvl_dlist_create(KVL_MEM_VRAM, nb, &ls));
+    KT_OK(kvl_dlist_create(KVL_MEM_VRAM, nb, &ld));
+    KT_OK(kvl_dlist_create(KVL_MEM_VRAM, nb, &rl));
+    for (size_t i = 0; i < nb; i++) {
+        KT_OK(kvl_dlist_add(ls, d + i * bs, bs, KVL_DEV_ANY));
+        KT_OK(kvl_dlist_add(ld, d2 + i * bs, bs, KVL_DEV_ANY));
+        KT_OK(kvl_dlist_add(rl, raddr + i * bs, bs, KVL_DEV_ANY));
+    }
+    KT_OK(kvl_prep_local(a, ls, &ps));
+    KT_OK(kvl_prep_local(a, ld, &pd));
+    KT_OK(kvl_prep_remote(a, "tgt", rl, &pr));
+    srand(11);
+    for (size_t r = 0; r < sizeof(sizes) / sizeof(sizes[0]); r++) {
+        size_t n = sizes[r];
+        /* the first request (right after preparation) reads */
+        kvl_xfer_op_t op = r % 3 == 1 ? KVL_WRITE : KVL_READ;
+        kvl_xfer_t *x;
+        kvl_xfer_stats_t st;
+        pick(li, n, nb, scr);
+        pick(ri, n, nb, scr);
+        KT_OK(kvl_xfer_create_prepped(a, op, op == KVL_WRITE ? ps : pd, li, pr, ri, n, NULL, &x));
+        kvl_status_t pst = kvl_xfer_post(x);
+        KT_CHECK(pst == KVL_OK || pst == KVL_IN_PROGRESS);
+        KT_OK(kvl_xfer_wait(x, 20000));
+        KT_OK(kvl_xfer_get_stats(x, &st));
+        printf("  request %2zu: %-5s %4zu x 16 KiB  path '%s'\n", r,
+               op == KVL_WRITE ? "WRITE" : "READ", n, st.path);
+        if (kernel && n >= 256)
+            KT_CHECK(strstr(st.path, "indexed") != NULL);
+        kvl_xfer_release(x);
+        for (size_t k = 0; k < n; k++) {
+            if (op == KVL_WRITE)
+                memcpy(rmir + ri[k] * bs, lsrc + li[k] * bs, bs);
+            else
+                memcpy(dmir + li[k] * bs, rmir + ri[k] * bs, bs);
+        }
+        if (op == KVL_READ) {
+            KT_CHECK(cu.MemcpyDtoH(got, d2, len) == 0);
+            for (size_t b = 0; b < nb; b++)
+                if (memcmp(got + b * bs, dmir + b * bs, bs) != 0) {
+                    fprintf(stderr, "request %zu (%zu pairs): block %zu of the destination "
+                            "differs from what the requests put there\n", r, n, b);
+                    KT_CHECK(!"every byte of every request");
+                }
+        }
+    }
+    /* the target's region, whole: every WRITE landed where it should */
+    for (size_t i = 0; i < nb; i++)
+        li[i] = ri[i] = (int64_t)i;
+    kvl_xfer_t *x;
+    KT_OK(kvl_xfer_create_prepped(a, KVL_READ, pd, li, pr, ri, nb, NULL, &x));
+    run_x(x, "READ the target's region");
+    kvl_xfer_release(x);
+    KT_CHECK(cu.MemcpyDtoH(got, d2, len) == 0);
+    KT_CHECK(memcmp(got, rmir, len) == 0);
+    kvl_prep_release(ps);
+    kvl_prep_release(pd);
+    kvl_prep_release(pr);
+    kvl_dlist_destroy(ls);
+    kvl_dlist_destroy(ld);
+    kvl_dlist_destroy(rl);
+    free(rmir);
+    free(lsrc);
+    free(dmir);
+    free(got);
+    free(li);
+    free(ri);
+    free(scr);
+}
+
 /* ---- initiator ---- */
 static void initiator(int fd)
 {
@@ -233,7 +348,9 @@ static void initiator(int fd)
     KT_OK(kvl_dlist_create(rk, 1, &r));
     KT_OK(kvl_dlist_create(lk, 1, &l2));
 
-    if (g_scn == S_SCATTER) {
+    if (g_scn == S_REQUESTS) {
+        requests(a, d, d2, rr[0].addr, len);
+    } else if (g_scn == S_SCATTER) {
         /* block i of ours -> block perm[i] of theirs, then read back */
         size_t bs = 16384, nb = len / bs;
         uint64_t *perm = malloc(nb * 8);

@@ -154,8 +154,10 @@ def test_indexed_vram(uniq, op):
         lp = a.prep(table(local))
         rp = a.prep(table(remote), name)
         rng = np.random.default_rng(5)
-        for rnd in range(3):      # a new table per request, as engines do
-            n = 1000 + rnd
+        # a new table per request, as engines do; the first right after the
+        # lists were prepared; 256 and 384 pairs travel in the launch, 385
+        # and more are uploaded from the pinned memory they were written to
+        for n in (1000, 256, 384, 385, 1001, 2048):
             li = rng.choice(n_blk, n, replace=False)
             ri = rng.choice(n_blk, n, replace=False)
             x = a.xfer_prepped(op, lp, li, rp, ri)
@@ -170,6 +172,7 @@ def test_indexed_vram(uniq, op):
             assert torch.equal(d2[torch.as_tensor(di, device="cuda")],
                                s2[torch.as_tensor(si, device="cuda")])
             dst.zero_()
+            torch.cuda.synchronize()   # before the next request writes on kvlane's streams
         lp.release()
         rp.release()
     finally:

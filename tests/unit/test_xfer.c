@@ -673,6 +673,92 @@ static void test_stale(void)
     kvl_agent_destroy(a);
 }
 
+/* Tables derived when a list is prepared (ptab_prepare), not at its first
+ * transfer: uniform lists only, on backends that take indexed transfers,
+ * with the lists' region handles; the list's release hands them back. */
+static void test_prepare_tabs(void)
+{
+    kt_stub_t s;
+    kvl_agent_t *a = setup("preptabs", &s, KVL_BK_CAP_INDEXED);
+    kvl_prep_t *lp, *rp;
+    s.prepare_tabs = 1;
+    preps(a, 300, 64, &lp, &rp);
+    KT_CHECK(s.ptab_prepares == 2 && s.prep_n == 300 && s.prep_remote == 1);
+    KT_CHECK(s.prep_mh0 == (void *)(uintptr_t)0x100000); /* the remote region's handle */
+    KT_CHECK(lp->bk_cache[0] == &s && rp->bk_cache[0] == &s);
+    KT_CHECK(lp->tab.n == 300 && rp->tab.n == 300 && lp->tab.len == 64);
+    /* a transfer of them finds the tables there */
+    int64_t idx[256];
+    for (size_t i = 0; i < 256; i++)
+        idx[i] = (int64_t)(255 - i);
+    kvl_xfer_t *x;
+    KT_OK(kvl_xfer_create_prepped(a, KVL_WRITE, lp, idx, rp, idx, 256, NULL, &x));
+    KT_CHECK(*x->bx.ltab_cache == &s && *x->bx.rtab_cache == &s);
+    kvl_xfer_release(x);
+    kvl_prep_release(lp);
+    kvl_prep_release(rp);
+    KT_CHECK(s.ptab_releases == 2);
+    /* a local list: its region's handle */
+    kvl_dlist_t *l = list();
+    KT_OK(kvl_dlist_add(l, B + 64, 64, KVL_DEV_ANY));
+    KT_OK(kvl_prep_local(a, l, &lp));
+    KT_CHECK(s.ptab_prepares == 3 && s.prep_remote == 0 && s.prep_mh0 == (void *)(uintptr_t)B);
+    kvl_prep_release(lp);
+    /* entries of two lengths: not uniform, nothing derived */
+    KT_OK(kvl_dlist_add(l, B + 256, 128, KVL_DEV_ANY));
+    KT_OK(kvl_prep_local(a, l, &lp));
+    KT_CHECK(s.ptab_prepares == 3 && lp->bk_cache[0] == NULL);
+    kvl_prep_release(lp);
+    kvl_dlist_destroy(l);
+    kvl_agent_destroy(a);
+    /* a backend that does not take indexed transfers is not asked */
+    a = setup("preptabs0", &s, 0);
+    preps(a, 300, 64, &lp, &rp);
+    KT_CHECK(s.ptab_prepares == 0 && lp->bk_cache[0] == NULL);
+    kvl_prep_release(lp);
+    kvl_prep_release(rp);
+    kvl_agent_destroy(a);
+}
+
+/* Index memory a backend lends (idx_alloc): the core checks and writes the
+ * indices straight into it and gives it back when the transfer is freed,
+ * also when the check refuses them. */
+static void test_lent_idx(void)
+{
+    kt_stub_t s;
+    kvl_agent_t *a = setup("lentidx", &s, KVL_BK_CAP_INDEXED);
+    kvl_prep_t *lp, *rp;
+    kvl_xfer_t *x;
+    int64_t li[256], ri[256];
+    preps(a, 300, 64, &lp, &rp);
+    for (size_t i = 0; i < 256; i++) {
+        li[i] = (int64_t)i;
+        ri[i] = (int64_t)(299 - i);
+    }
+    s.lend_idx = 1;
+    KT_OK(kvl_xfer_create_prepped(a, KVL_WRITE, lp, li, rp, ri, 256, NULL, &x));
+    KT_CHECK(s.idx_allocs == 1 && s.idx_bytes == 2 * 256 * sizeof(uint32_t));
+    KT_CHECK((void *)x->bx.lidx == s.idx_buf && x->bx.idx_cookie == &s);
+    KT_CHECK(x->bx.ridx == x->bx.lidx + 256 && x->bx.lidx[9] == 9 && x->bx.ridx[9] == 290);
+    kvl_xfer_release(x);
+    KT_CHECK(s.idx_frees == 1);
+    ri[100] = 300; /* out of range: refused, the memory goes back */
+    KT_STATUS(kvl_xfer_create_prepped(a, KVL_WRITE, lp, li, rp, ri, 256, NULL, &x),
+              KVL_ERR_INVALID_ARG);
+    KT_ERROR_HAS("remote index 100 is 300");
+    KT_CHECK(s.idx_allocs == 2 && s.idx_frees == 2);
+    /* nothing lent: the core's own memory */
+    s.lend_idx = 0;
+    ri[100] = 0;
+    KT_OK(kvl_xfer_create_prepped(a, KVL_WRITE, lp, li, rp, ri, 256, NULL, &x));
+    KT_CHECK(x->bx.idx_cookie == NULL && x->bx.lidx != NULL && x->bx.ridx[100] == 0);
+    kvl_xfer_release(x);
+    KT_CHECK(s.idx_allocs == 2 && s.idx_frees == 2);
+    kvl_prep_release(lp);
+    kvl_prep_release(rp);
+    kvl_agent_destroy(a);
+}
+
 int main(void)
 {
     uint8_t *m = mmap(NULL, 1 << 20, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
@@ -684,6 +770,8 @@ int main(void)
     test_backend_choice();
     test_prepped();
     test_indexed();
+    test_prepare_tabs();
+    test_lent_idx();
     test_life();
     test_stale();
     munmap(m, 1 << 20);

@@ -47,9 +47,17 @@
 #define KVLI_CUDA_WARP_MAX_LEN (64u << 10) /* pairs up to this use a warp each, */
 #define KVLI_CUDA_WARP_MIN_PAIRS 4096u     /* in requests of at least this many */
 #define KVLI_CUDA_UNIT_BLOCKS 8192u        /* blocks per batch / uncached kernel launch at most */
+/* Small requests carry their table in the launch (kernels.cu, same sizes):
+ * up to this many descriptors, or index pairs of an indexed transfer. */
+#define KVLI_CUDA_INLINE_BLOCKS 128u
+#define KVLI_CUDA_INLINE_PAIRS 384u
 #define KVLI_CUDA_WINDOW 4                 /* units in flight per transfer */
 #define KVLI_CUDA_PIECE (1ull << 20)       /* kernel splits blocks above this */
 #define KVLI_CUDA_DEFAULT_TIMEOUT_MS 5000u
+/* For this long after a posting the progress thread polls its events
+ * without sleeping (a small request completes within it), then every
+ * KVLI_CUDA_POLL_NS (cuda_iface.c). */
+#define KVLI_CUDA_SPIN_NS 50000ull
 #define KVLI_CUDA_TEXT_MAX 256
 #define KVLI_CUDA_MAX_CHUNKS 65536u        /* VMM chunks per region */
 
@@ -405,6 +413,22 @@ typedef struct kvli_cuda_blk {
     uint64_t src, dst, len;
 } kvli_cuda_blk_t;
 
+/* Kernel parameters of kvl_gather_inline / kvl_gather_idx_inline (layouts
+ * shared with kernels.cu). */
+typedef struct kvli_cuda_inline_tab {
+    uint64_t n;
+    kvli_cuda_blk_t b[KVLI_CUDA_INLINE_BLOCKS];
+} kvli_cuda_inline_tab_t;
+
+typedef struct kvli_cuda_inline_idx {
+    uint32_t s[KVLI_CUDA_INLINE_PAIRS];  /* source entries */
+    uint32_t d[KVLI_CUDA_INLINE_PAIRS];  /* destination entries */
+} kvli_cuda_inline_idx_t;
+
+_Static_assert(sizeof(kvli_cuda_inline_tab_t) == 8 + 24 * KVLI_CUDA_INLINE_BLOCKS &&
+               sizeof(kvli_cuda_inline_idx_t) == 8 * KVLI_CUDA_INLINE_PAIRS,
+               "inline kernel parameters: the layouts of kernels.cu");
+
 typedef struct kvli_cuda_slot {
     struct kvli_cuda_slot *next;
     kvli_cuda_blk_t *host;           /* pinned */
@@ -424,12 +448,15 @@ typedef struct kvli_cuda_tab {
     kvli_cuda_blk_t *host;           /* pinned */
     CUdeviceptr dev;
     size_t cap;                      /* bytes, a power of two */
+    int ordinal;                     /* the device dev lies on */
 } kvli_cuda_tab_t;
 
 #define KVLI_CUDA_TABS_KEPT 16       /* free tables kept per device */
 
 /* A prepared list's addresses on one GPU (remote ones translated to their
- * mappings here), kept in the list's backend slot until ptab_release. */
+ * mappings here), kept in the list's backend slot until ptab_release: made
+ * when the list is prepared (ptab_prepare), else at its first indexed
+ * transfer. */
 typedef struct kvli_cuda_ptab {
     int dev;
     size_t n;
@@ -446,6 +473,9 @@ typedef struct kvli_cuda_devres {
     CUfunction fn;                   /* NULL: batched copies */
     CUfunction fn_idx;               /* kvl_gather_idx; NULL: indexed transfers expand */
     CUfunction fn_idx_warp;          /* kvl_gather_idx_warp; NULL: fn_idx for all */
+    CUfunction fn_inline;            /* kvl_gather_inline; NULL: small tables uploaded */
+    CUfunction fn_idx_inline;        /* kvl_gather_idx_inline; NULL: indices uploaded */
+    int kernels_warm;                /* launched once at registration (under iface->lock) */
     kvli_cuda_slot_t *free_slots;    /* under iface->lock */
     kvli_cuda_tab_t *free_tabs;      /* under iface->lock */
     unsigned n_free_tabs;
@@ -471,8 +501,14 @@ typedef struct kvli_cuda_xcache {
      * the address tables are the lists' (kvli_cuda_ptab_t); units count pairs. */
     int indexed;
     uint32_t up_units;               /* units whose indices are on the GPU */
+    int tab_lent;                    /* tab is the transfer's index memory (idx_alloc):
+                                        the core gives it back (idx_free), not xc_free */
     CUdeviceptr stab, dtab;          /* source / destination address tables */
     kvli_cuda_tab_t *tab;            /* npieces descriptors, host and device */
+    /* Small: no tab; the launch carries the table: inl (the descriptors), or
+     * for an indexed transfer the indices, from x->lidx / x->ridx. */
+    kvli_cuda_inline_tab_t *inl;
+    int idx_inline;
     uint64_t npieces;
     uint64_t *unit_end;              /* unit u covers pieces [end[u-1], end[u]) */
     uint64_t *unit_bytes;
@@ -494,6 +530,7 @@ typedef struct kvli_cuda_xpriv {
     unsigned inflight;
     kvli_cuda_unit_t units[KVLI_CUDA_WINDOW];
     unsigned u_head, u_count;
+    uint64_t t_post;                 /* kvli_clock_ns() at posting */
     atomic_int cancel;
     int failed;
     kvl_status_t fail_status;
@@ -527,11 +564,16 @@ struct kvli_cuda_iface {
 kvl_status_t kvli_cuda_xfer_post(void *bk, kvl_bk_xfer_t *x, kvl_error_t *err);
 void kvli_cuda_xfer_cancel(void *bk, kvl_bk_xfer_t *x);
 void kvli_cuda_xfer_release(void *bk, kvl_bk_xfer_t *x);
-/* Progress thread: advance transfers; returns how many are in flight. */
-unsigned kvli_cuda_xfer_progress(kvli_cuda_iface_t *iface);
+/* Progress thread: advance transfers; returns how many are in flight,
+ * *young_p whether one of them was posted less than KVLI_CUDA_SPIN_NS ago. */
+unsigned kvli_cuda_xfer_progress(kvli_cuda_iface_t *iface, int *young_p);
 void kvli_cuda_xfer_cancel_peer(kvli_cuda_iface_t *iface, kvli_cuda_peer_t *peer);
 void kvli_cuda_xfer_warm(kvli_cuda_iface_t *iface, int dev);
 void kvli_cuda_ptab_release(void *bk, void *cache);
+void *kvli_cuda_idx_alloc(void *bk, void *const *lmh, size_t nlmh, size_t bytes, void **cookie_p);
+void kvli_cuda_idx_free(void *bk, void *ptr, void *cookie);
+void kvli_cuda_ptab_prepare(void *bk, const kvl_bk_ptab_t *t, void *const *mh, int remote,
+                            void **cache_p);
 void kvli_cuda_xfer_devres_fini(kvli_cuda_iface_t *iface);
 
 /* ---- cuda_stage.c: staging for host-only backends (no backend handle) ---- */

@@ -40,8 +40,13 @@ static int64_t kvli_cuda_progress_prepare(void *arg, kvli_pollset_t *ps)
     kvli_pollset_add(ps, iface->listen_fd, POLLIN, NULL);
     for (kvli_cuda_conn_t *c = iface->conns; c != NULL; c = c->next)
         kvli_pollset_add(ps, c->fd, POLLIN, c);
-    /* Poll events every few microseconds while copies run, not 50 us late. */
-    return kvli_cuda_xfer_progress(iface) ? KVLI_CUDA_POLL_NS : KVLI_PROGRESS_FOREVER;
+    /* Poll events every few microseconds while copies run, not 50 us late;
+     * right after a posting without sleeping at all (a zero wait still polls
+     * the sockets, so the target side is served meanwhile). */
+    int young = 0;
+    if (kvli_cuda_xfer_progress(iface, &young) == 0)
+        return KVLI_PROGRESS_FOREVER;
+    return young ? 0 : KVLI_CUDA_POLL_NS;
 }
 
 static void kvli_cuda_progress_dispatch(void *arg, kvli_pollset_t *ps)
@@ -296,5 +301,8 @@ const kvl_backend_ops_t kvli_cuda_ops = {
     .device = &kvli_cuda_device_ops,
     .probe = kvli_cuda_probe,
     .xfer_release = kvli_cuda_xfer_release,
-    .ptab_release = kvli_cuda_ptab_release
+    .ptab_release = kvli_cuda_ptab_release,
+    .ptab_prepare = kvli_cuda_ptab_prepare,
+    .idx_alloc = kvli_cuda_idx_alloc,
+    .idx_free = kvli_cuda_idx_free
 };

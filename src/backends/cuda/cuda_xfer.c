@@ -18,6 +18,13 @@
  *                         they fit the window (2 GiB: 4 launches);
  *   many blocks, else     cuMemcpyBatchAsync, or one cuMemcpyAsync per block
  *                         when the driver has no batch call.
+ * Small requests (up to KVLI_CUDA_INLINE_BLOCKS descriptors, or
+ * KVLI_CUDA_INLINE_PAIRS pairs of an indexed transfer) pass their table as
+ * the launch's parameter: one operation on the stream, nothing uploaded.
+ * Indexed transfers read the prepared lists' address tables (uploaded when
+ * the lists are prepared) and their own indices, which the core writes at
+ * creation into pinned memory this backend lends (kvli_cuda_idx_alloc): the
+ * posting uploads them from there with one copy call, no copy on the host.
  *
  * Cancel tells the truth: no unit is enqueued after a cancel; once the units
  * already enqueued are complete the transfer ends CANCELED, or DONE (with its
@@ -80,6 +87,14 @@ static kvli_cuda_devres_t *kvli_cuda_devres_get(kvli_cuda_iface_t *iface, int de
             d->cuModuleGetFunction(&r->fn_idx_warp, r->mod, "kvl_gather_idx_warp") !=
                 KVLI_CUDA_SUCCESS)
             r->fn_idx_warp = NULL;
+        if (cr == KVLI_CUDA_SUCCESS &&
+            d->cuModuleGetFunction(&r->fn_inline, r->mod, "kvl_gather_inline") !=
+                KVLI_CUDA_SUCCESS)
+            r->fn_inline = NULL;
+        if (cr == KVLI_CUDA_SUCCESS &&
+            d->cuModuleGetFunction(&r->fn_idx_inline, r->mod, "kvl_gather_idx_inline") !=
+                KVLI_CUDA_SUCCESS)
+            r->fn_idx_inline = NULL;
         if (cr != KVLI_CUDA_SUCCESS) {
             r->fn = NULL;
             iface->ctx->log(iface->ctx, KVL_LOG_WARN,
@@ -188,6 +203,7 @@ static kvli_cuda_tab_t *kvli_cuda_tab_get(kvli_cuda_iface_t *iface, int dev, siz
         snprintf(text, cap, "out of memory");
         return NULL;
     }
+    t->ordinal = dev;
     t->cap = 64u << 10;
     while (t->cap < bytes)
         t->cap <<= 1;
@@ -252,24 +268,80 @@ static void kvli_cuda_slot_put(kvli_cuda_iface_t *iface, int dev, kvli_cuda_slot
 }
 
 /*
- * At VRAM registration: make the device's streams and kernel and one free
- * descriptor table now, so that the first transfer on it pays for none of
- * them. Failures are left for the first transfer to report.
+ * Each gather kernel launched once with nothing to move, and the launches
+ * waited for (context pushed): whatever the driver does at a function's
+ * first launch is done at registration, not in the first transfer.
+ */
+static void kvli_cuda_kernels_warm(kvli_cuda_iface_t *iface, kvli_cuda_devres_t *r)
+{
+    const kvli_cuda_drv_t *d = iface->drv;
+    static kvli_cuda_inline_tab_t none_tab;   /* n = 0 */
+    static kvli_cuda_inline_idx_t none_idx;
+    CUdeviceptr z = 0;
+    unsigned long long n0 = 0, len0 = 0;
+    void *args[2] = {&z, &n0};
+    void *iargs[6] = {&z, &z, &z, &z, &n0, &len0};
+    void *targs[1] = {&none_tab};
+    void *pargs[5] = {&z, &z, &n0, &len0, &none_idx};
+    CUstream st = r->streams[0];
+    CUresult cr = KVLI_CUDA_SUCCESS;
+    char eb[160];
+
+    if (r->fn != NULL)
+        cr = d->cuLaunchKernel(r->fn, 1, 1, 1, 256, 1, 1, 0, st, args, NULL);
+    if (cr == KVLI_CUDA_SUCCESS && r->fn_idx != NULL)
+        cr = d->cuLaunchKernel(r->fn_idx, 1, 1, 1, KVLI_CUDA_IDX_THREADS, 1, 1, 0, st, iargs,
+                               NULL);
+    if (cr == KVLI_CUDA_SUCCESS && r->fn_idx_warp != NULL)
+        cr = d->cuLaunchKernel(r->fn_idx_warp, 1, 1, 1, KVLI_CUDA_WARP_THREADS, 1, 1, 0, st,
+                               iargs, NULL);
+    if (cr == KVLI_CUDA_SUCCESS && r->fn_inline != NULL)
+        cr = d->cuLaunchKernel(r->fn_inline, 1, 1, 1, 256, 1, 1, 0, st, targs, NULL);
+    if (cr == KVLI_CUDA_SUCCESS && r->fn_idx_inline != NULL)
+        cr = d->cuLaunchKernel(r->fn_idx_inline, 1, 1, 1, KVLI_CUDA_IDX_THREADS, 1, 1, 0, st,
+                               pargs, NULL);
+    if (cr == KVLI_CUDA_SUCCESS)
+        cr = d->cuStreamSynchronize(st);
+    if (cr != KVLI_CUDA_SUCCESS)
+        iface->ctx->log(iface->ctx, KVL_LOG_DEBUG, "warming the gather kernels up = %.150s; the "
+                        "first transfer launches them cold",
+                        kvli_cuda_drv_errstr(cr, eb, sizeof(eb)));
+}
+
+/*
+ * At VRAM registration: make the device's streams and kernels, one free
+ * descriptor table and a window's worth of unit slots (events) now, and
+ * launch each kernel once, so that the first transfer on it pays for none
+ * of them. Failures are left for the first transfer to report.
  */
 void kvli_cuda_xfer_warm(kvli_cuda_iface_t *iface, int dev)
 {
     kvl_error_t e;
     char text[256];
     kvli_cuda_tab_t *t;
+    kvli_cuda_slot_t *slots[KVLI_CUDA_WINDOW];
+    kvli_cuda_devres_t *r;
 
-    if (dev < 0 || dev >= iface->drv->ndev || kvli_cuda_devres_get(iface, dev, &e) == NULL)
+    if (dev < 0 || dev >= iface->drv->ndev || (r = kvli_cuda_devres_get(iface, dev, &e)) == NULL)
         return;
     pthread_mutex_lock(&iface->lock);
-    int have = iface->dres[dev].free_tabs != NULL || iface->dres[dev].fn == NULL;
+    int have = r->free_tabs != NULL || r->fn == NULL;
+    /* The kernels once per device: their launch waits for stream 0, which a
+     * later registration must not do behind a transfer in flight. */
+    int launch = !have && !r->kernels_warm;
+    if (launch)
+        r->kernels_warm = 1;
     pthread_mutex_unlock(&iface->lock);
     if (have || kvli_cuda_drv_push(dev) != KVLI_CUDA_SUCCESS)
         return;
     t = kvli_cuda_tab_get(iface, dev, KVLI_CUDA_TAB_WARM, text, sizeof(text));
+    for (unsigned i = 0; i < KVLI_CUDA_WINDOW; i++)
+        slots[i] = kvli_cuda_slot_get(iface, dev, 0, 0, text, sizeof(text));
+    for (unsigned i = 0; i < KVLI_CUDA_WINDOW; i++)
+        if (slots[i] != NULL)
+            kvli_cuda_slot_put(iface, dev, slots[i]);
+    if (launch)
+        kvli_cuda_kernels_warm(iface, r);
     kvli_cuda_drv_pop();
     if (t != NULL)
         kvli_cuda_tab_put(iface, dev, t);
@@ -356,10 +428,11 @@ static int kvli_cuda_unit_launch(kvli_cuda_iface_t *iface, kvli_cuda_xpriv_t *xp
     uint32_t u = xp->unit;
     uint64_t first = u > 0 ? xc->unit_end[u - 1] : 0;
     unsigned long long nb = xc->unit_end[u] - first;
-    CUdeviceptr tab = xc->tab->dev + first * sizeof(kvli_cuda_blk_t);
+    CUdeviceptr tdev = xc->tab != NULL ? xc->tab->dev : 0; /* none: inline */
+    CUdeviceptr tab = tdev + first * sizeof(kvli_cuda_blk_t);
     /* Indexed: the tab holds the source indices, then the destination ones. */
-    CUdeviceptr lidx = xc->tab->dev + first * sizeof(uint32_t);
-    CUdeviceptr ridx = xc->tab->dev + (xc->npieces + first) * sizeof(uint32_t);
+    CUdeviceptr lidx = tdev + first * sizeof(uint32_t);
+    CUdeviceptr ridx = tdev + (xc->npieces + first) * sizeof(uint32_t);
     CUdeviceptr sidx = xp->x->op == KVL_WRITE ? lidx : ridx;
     CUdeviceptr didx = xp->x->op == KVL_WRITE ? ridx : lidx;
     unsigned long long len = xp->x->ltab != NULL ? xp->x->ltab->len : 0;
@@ -373,15 +446,43 @@ static int kvli_cuda_unit_launch(kvli_cuda_iface_t *iface, kvli_cuda_xpriv_t *xp
     s = kvli_cuda_slot_get(iface, xp->dev, 0, 0, text, cap);
     if (s == NULL)
         return -1;
+    const kvli_cuda_devres_t *dr = &iface->dres[xp->dev];
+    if (xc->inl != NULL || xc->idx_inline) {
+        /* A small request: its table is the launch's parameter (copied by
+         * the driver at the call), nothing to upload first. */
+        if (xc->inl != NULL) {
+            void *targs[1] = {xc->inl};
+            cr = d->cuLaunchKernel(dr->fn_inline, grid, 1, 1, 256, 1, 1, 0, xp->stream, targs,
+                                   NULL);
+        } else {
+            kvli_cuda_inline_idx_t p;
+            const uint32_t *si = xp->x->op == KVL_WRITE ? xp->x->lidx : xp->x->ridx;
+            const uint32_t *di = xp->x->op == KVL_WRITE ? xp->x->ridx : xp->x->lidx;
+            void *pargs[5] = {(void *)&xc->stab, (void *)&xc->dtab, &nb, &len, &p};
+            memcpy(p.s, si + first, (size_t)nb * sizeof(uint32_t));
+            memcpy(p.d, di + first, (size_t)nb * sizeof(uint32_t));
+            cr = d->cuLaunchKernel(dr->fn_idx_inline, grid, 1, 1, KVLI_CUDA_IDX_THREADS, 1, 1, 0,
+                                   xp->stream, pargs, NULL);
+        }
+        goto launched;
+    }
     if (xc->indexed && u >= xc->up_units) {
-        /* This unit's indices (local, then remote: ridx follows lidx). */
+        /* This unit's indices (local, then remote: ridx follows lidx). Lent
+         * memory already holds them where the upload reads (the core wrote
+         * them there at creation); a unit of every pair is one upload. */
         uint32_t *h = (uint32_t *)(void *)xc->tab->host;
         size_t bytes = (size_t)nb * sizeof(uint32_t);
-        memcpy(h + first, xp->x->lidx + first, bytes);
-        memcpy(h + xc->npieces + first, xp->x->ridx + first, bytes);
-        cr = d->cuMemcpyHtoDAsync(lidx, h + first, bytes, xp->stream);
-        if (cr == KVLI_CUDA_SUCCESS)
-            cr = d->cuMemcpyHtoDAsync(ridx, h + xc->npieces + first, bytes, xp->stream);
+        if (!xc->tab_lent) {
+            memcpy(h + first, xp->x->lidx + first, bytes);
+            memcpy(h + xc->npieces + first, xp->x->ridx + first, bytes);
+        }
+        if (xc->tab_lent && first == 0 && nb == xc->npieces) {
+            cr = d->cuMemcpyHtoDAsync(lidx, h, 2 * bytes, xp->stream);
+        } else {
+            cr = d->cuMemcpyHtoDAsync(lidx, h + first, bytes, xp->stream);
+            if (cr == KVLI_CUDA_SUCCESS)
+                cr = d->cuMemcpyHtoDAsync(ridx, h + xc->npieces + first, bytes, xp->stream);
+        }
         if (cr != KVLI_CUDA_SUCCESS) {
             snprintf(text, cap, "uploading the indices of unit %u of %u (%llu pairs) on device "
                      "%d = %.150s", u + 1, xc->nunits, nb, xp->dev,
@@ -390,7 +491,6 @@ static int kvli_cuda_unit_launch(kvli_cuda_iface_t *iface, kvli_cuda_xpriv_t *xp
         }
         xc->up_units = u + 1;
     }
-    const kvli_cuda_devres_t *dr = &iface->dres[xp->dev];
     if (xc->indexed && dr->fn_idx_warp != NULL && len <= KVLI_CUDA_WARP_MAX_LEN &&
         nb >= KVLI_CUDA_WARP_MIN_PAIRS) {
         /* many small pairs: a warp each (kernels.cu) */
@@ -404,6 +504,7 @@ static int kvli_cuda_unit_launch(kvli_cuda_iface_t *iface, kvli_cuda_xpriv_t *xp
     else
         cr = d->cuLaunchKernel(iface->dres[xp->dev].fn, grid, 1, 1, 256, 1, 1, 0, xp->stream,
                                args, NULL);
+launched:
     if (cr == KVLI_CUDA_SUCCESS)
         cr = d->cuEventRecord(s->ev, xp->stream);
     if (cr != KVLI_CUDA_SUCCESS) {
@@ -423,8 +524,9 @@ static int kvli_cuda_unit_launch(kvli_cuda_iface_t *iface, kvli_cuda_xpriv_t *xp
  * that reads it may be pending. */
 static void kvli_cuda_xc_free(kvli_cuda_iface_t *iface, kvli_cuda_xcache_t *xc)
 {
-    if (xc->tab != NULL)
+    if (xc->tab != NULL && !xc->tab_lent)
         kvli_cuda_tab_put(iface, xc->dev, xc->tab);
+    free(xc->inl);
     free(xc->unit_end);
     free(xc->unit_bytes);
     free(xc);
@@ -442,7 +544,7 @@ static int kvli_cuda_xc_build(kvli_cuda_iface_t *iface, kvli_cuda_xpriv_t *xp,
 {
     const kvli_cuda_drv_t *d = iface->drv;
     const kvl_bk_xfer_t *x = xp->x;
-    uint64_t np = 0, bytes = 0, ucap = 4;
+    uint64_t np = 0, bytes = 0, total = 0, ucap = 4;
     size_t tb;
     kvli_cuda_blk_t *h;
     CUresult cr;
@@ -451,6 +553,7 @@ static int kvli_cuda_xc_build(kvli_cuda_iface_t *iface, kvli_cuda_xpriv_t *xp,
     for (size_t i = 0; i < x->nsegs; i++) {
         const kvl_seg_t *g = &x->segs[i];
         np += g->count * ((g->len + KVLI_CUDA_PIECE - 1) / KVLI_CUDA_PIECE);
+        total += g->count * g->len;
     }
     if (np == 0) {
         snprintf(text, cap, "no bytes to move");
@@ -463,10 +566,18 @@ static int kvli_cuda_xc_build(kvli_cuda_iface_t *iface, kvli_cuda_xpriv_t *xp,
         snprintf(text, cap, "out of memory for the unit list");
         return -1;
     }
-    xc->tab = kvli_cuda_tab_get(iface, xp->dev, tb, text, cap);
-    if (xc->tab == NULL)
-        return -1;
-    h = xc->tab->host;
+    if (np <= KVLI_CUDA_INLINE_BLOCKS && total <= KVLI_CUDA_UNIT_BYTES &&
+        iface->dres[xp->dev].fn_inline != NULL &&
+        (xc->inl = malloc(sizeof(*xc->inl))) != NULL) {
+        /* Few blocks, one unit: the table travels in the launch. */
+        xc->inl->n = np;
+        h = xc->inl->b;
+    } else {
+        xc->tab = kvli_cuda_tab_get(iface, xp->dev, tb, text, cap);
+        if (xc->tab == NULL)
+            return -1;
+        h = xc->tab->host;
+    }
     xc->npieces = np;
     np = 0;
     for (size_t i = 0; i < x->nsegs; i++) {
@@ -504,6 +615,10 @@ static int kvli_cuda_xc_build(kvli_cuda_iface_t *iface, kvli_cuda_xpriv_t *xp,
     }
     xc->unit_end[xc->nunits] = np;
     xc->unit_bytes[xc->nunits++] = bytes;
+    if (xc->inl != NULL) {
+        xc->ready = 1;
+        return 0;
+    }
     cr = d->cuMemcpyHtoDAsync(xc->tab->dev, h, tb, xp->stream);
     if (cr != KVLI_CUDA_SUCCESS) {
         snprintf(text, cap, "uploading the descriptor table on device %d = %.150s", xp->dev,
@@ -516,28 +631,22 @@ static int kvli_cuda_xc_build(kvli_cuda_iface_t *iface, kvli_cuda_xpriv_t *xp,
 }
 
 /*
- * A prepared list's address table on the GPU, made at its first indexed
- * transfer on this backend and kept in its slot (context pushed; the upload
- * is finished before the table is published, so transfers on other streams
- * may use it at once). NULL with text.
+ * A prepared list's address table on device dev (context pushed): the
+ * entries' addresses, remote ones translated to their mappings here
+ * (handles[t->regs[i]]: local mh or remote rh), uploaded on stream and
+ * finished before it returns, so transfers on any stream may use it at once.
+ * Once per list: pageable memory and a synchronous upload (pinning staging
+ * memory would cost more than the copy). NULL with text.
  */
-static kvli_cuda_ptab_t *kvli_cuda_ptab_get(kvli_cuda_iface_t *iface, kvli_cuda_xpriv_t *xp,
-                                            const kvl_bk_ptab_t *t, void **slot, int remote,
-                                            char *text, size_t cap)
+static kvli_cuda_ptab_t *kvli_cuda_ptab_make(kvli_cuda_iface_t *iface, int dev, CUstream stream,
+                                             const kvl_bk_ptab_t *t, void *const *handles,
+                                             int remote, char *text, size_t cap)
 {
     const kvli_cuda_drv_t *d = iface->drv;
-    const kvl_bk_xfer_t *x = xp->x;
     kvli_cuda_ptab_t *pt;
     CUresult cr;
     char eb[160];
 
-    pthread_mutex_lock(&iface->lock);
-    pt = *slot;
-    pthread_mutex_unlock(&iface->lock);
-    if (pt != NULL)
-        return pt->dev == xp->dev ? pt : NULL;
-    /* Once per list: pageable memory and a synchronous upload (pinning
-     * staging memory would cost more than the copy). */
     pt = calloc(1, sizeof(*pt));
     uint64_t *h = malloc(t->n * sizeof(uint64_t));
     if (pt == NULL || h == NULL) {
@@ -548,28 +657,54 @@ static kvli_cuda_ptab_t *kvli_cuda_ptab_get(kvli_cuda_iface_t *iface, kvli_cuda_
     }
     for (size_t i = 0; i < t->n; i++) {
         if (remote) {
-            const kvli_cuda_rh_t *rh = x->rmh[t->regs[i]];
+            const kvli_cuda_rh_t *rh = handles[t->regs[i]];
             h[i] = (uint64_t)(uintptr_t)rh->local + (t->addrs[i] - rh->addr);
         } else {
             h[i] = t->addrs[i];
         }
     }
-    pt->dev = xp->dev;
+    pt->dev = dev;
     pt->n = t->n;
     cr = d->cuMemAlloc(&pt->addrs, t->n * sizeof(uint64_t));
     if (cr == KVLI_CUDA_SUCCESS)
-        cr = d->cuMemcpyHtoDAsync(pt->addrs, h, t->n * sizeof(uint64_t), xp->stream);
+        cr = d->cuMemcpyHtoDAsync(pt->addrs, h, t->n * sizeof(uint64_t), stream);
     if (cr == KVLI_CUDA_SUCCESS)
-        cr = d->cuStreamSynchronize(xp->stream);
+        cr = d->cuStreamSynchronize(stream);
     free(h);
     if (cr != KVLI_CUDA_SUCCESS) {
         snprintf(text, cap, "uploading the %zu-entry address table of a prepared list on device "
-                 "%d = %.150s", t->n, xp->dev, kvli_cuda_drv_errstr(cr, eb, sizeof(eb)));
+                 "%d = %.150s", t->n, dev, kvli_cuda_drv_errstr(cr, eb, sizeof(eb)));
         if (pt->addrs != 0)
             d->cuMemFree(pt->addrs);
         free(pt);
         return NULL;
     }
+    return pt;
+}
+
+/*
+ * A prepared list's address table for xp's device: the one ptab_prepare
+ * made when the list was prepared, else made now (at the list's first
+ * indexed transfer) and kept in its slot (context pushed). NULL with text,
+ * or NULL with no text: the table lives on another device.
+ */
+static kvli_cuda_ptab_t *kvli_cuda_ptab_get(kvli_cuda_iface_t *iface, kvli_cuda_xpriv_t *xp,
+                                            const kvl_bk_ptab_t *t, void **slot, int remote,
+                                            char *text, size_t cap)
+{
+    const kvl_bk_xfer_t *x = xp->x;
+    kvli_cuda_ptab_t *pt;
+
+    pthread_mutex_lock(&iface->lock);
+    pt = *slot;
+    pthread_mutex_unlock(&iface->lock);
+    if (pt != NULL)
+        return pt->dev == xp->dev ? pt : NULL;
+    /* For an indexed transfer lmh / rmh are the lists' regions in order. */
+    pt = kvli_cuda_ptab_make(iface, xp->dev, xp->stream, t, remote ? x->rmh : x->lmh, remote,
+                             text, cap);
+    if (pt == NULL)
+        return NULL;
     pthread_mutex_lock(&iface->lock);
     if (*slot == NULL) {
         *slot = pt;
@@ -578,10 +713,115 @@ static kvli_cuda_ptab_t *kvli_cuda_ptab_get(kvli_cuda_iface_t *iface, kvli_cuda_
     kvli_cuda_ptab_t *won = *slot;
     pthread_mutex_unlock(&iface->lock);
     if (pt != NULL) { /* another thread published one first */
-        d->cuMemFree(pt->addrs);
+        iface->drv->cuMemFree(pt->addrs);
         free(pt);
     }
     return won->dev == xp->dev ? won : NULL;
+}
+
+/*
+ * ptab_prepare: a list of equal blocks was prepared. When its regions are
+ * all GPU memory on one device (reachable here, for a remote list) and the
+ * indexed kernel runs there, its address table goes to that GPU now, as the
+ * staging pools are warmed at registration: the first transfer after
+ * registration then uploads only its indices. Otherwise, or on a failure
+ * (logged), the first transfer makes it as before.
+ */
+void kvli_cuda_ptab_prepare(void *bk, const kvl_bk_ptab_t *t, void *const *mh, int remote,
+                            void **cache_p)
+{
+    kvli_cuda_iface_t *iface = bk;
+    kvli_cuda_devres_t *dr;
+    kvli_cuda_ptab_t *pt;
+    kvl_error_t e;
+    char text[300] = "";
+    int dev = -1;
+
+    if (t->n == 0 || t->len == 0 || t->len > KVLI_CUDA_PIECE || iface->kernel_off)
+        return;
+    for (size_t i = 0; i < t->nregs; i++) {
+        int rdev;
+        if (remote) {
+            const kvli_cuda_rh_t *rh = mh[i];
+            if (rh->kind == KVLI_CUDA_MEM_HOST || rh->local == NULL)
+                return;
+            rdev = rh->dev;
+        } else {
+            const kvli_cuda_mh_t *lh = mh[i];
+            if (lh->kind == KVLI_CUDA_MEM_HOST)
+                return;
+            rdev = lh->dev;
+        }
+        if (rdev < 0 || (dev >= 0 && rdev != dev))
+            return;
+        dev = rdev;
+    }
+    if (dev < 0 || dev >= iface->drv->ndev || (dr = kvli_cuda_devres_get(iface, dev, &e)) == NULL ||
+        dr->fn_idx == NULL)
+        return;
+    if (kvli_cuda_drv_push(dev) != KVLI_CUDA_SUCCESS)
+        return;
+    pthread_mutex_lock(&iface->lock);
+    CUstream stream = dr->streams[dr->next_stream++ % KVLI_CUDA_STREAMS];
+    pthread_mutex_unlock(&iface->lock);
+    pt = kvli_cuda_ptab_make(iface, dev, stream, t, mh, remote, text, sizeof(text));
+    kvli_cuda_drv_pop();
+    if (pt == NULL) {
+        iface->ctx->log(iface->ctx, KVL_LOG_DEBUG, "no address table for a prepared list of %zu "
+                        "entries at preparation (%.250s); its first transfer makes it", t->n,
+                        text);
+        return;
+    }
+    *cache_p = pt;
+}
+
+/*
+ * idx_alloc: an indexed transfer's index arrays in one of the device's
+ * descriptor tables (pinned host memory with its device twin), so the core
+ * writes the checked indices where the upload reads them: no copy at
+ * posting. The device is the one of the transfer's first local GPU region
+ * (the one its posting runs on); none (host memory only), or no indexed
+ * kernel there: NULL, the core keeps them.
+ */
+void *kvli_cuda_idx_alloc(void *bk, void *const *lmh, size_t nlmh, size_t bytes, void **cookie_p)
+{
+    kvli_cuda_iface_t *iface = bk;
+    kvli_cuda_devres_t *dr;
+    kvli_cuda_tab_t *t;
+    kvl_error_t e;
+    char text[256] = "";
+    int dev = -1;
+
+    for (size_t i = 0; i < nlmh && dev < 0; i++) {
+        const kvli_cuda_mh_t *mh = lmh[i];
+        if (mh != NULL && mh->kind != KVLI_CUDA_MEM_HOST)
+            dev = mh->dev;
+    }
+    if (dev < 0 || dev >= iface->drv->ndev || iface->kernel_off ||
+        (dr = kvli_cuda_devres_get(iface, dev, &e)) == NULL || dr->fn_idx == NULL)
+        return NULL;
+    if (bytes <= 2 * KVLI_CUDA_INLINE_PAIRS * sizeof(uint32_t) && dr->fn_idx_inline != NULL)
+        return NULL; /* few pairs: the launch carries them, nothing is uploaded */
+    if (kvli_cuda_drv_push(dev) != KVLI_CUDA_SUCCESS)
+        return NULL;
+    t = kvli_cuda_tab_get(iface, dev, bytes, text, sizeof(text));
+    kvli_cuda_drv_pop();
+    if (t == NULL) {
+        iface->ctx->log(iface->ctx, KVL_LOG_DEBUG, "no pinned memory for the indices of a "
+                        "transfer (%.200s): they are copied at its posting", text);
+        return NULL;
+    }
+    *cookie_p = t;
+    return t->host;
+}
+
+/* idx_free: the transfer is freed; nothing reads its indices any more
+ * (xfer_release ran, every unit's event had completed). */
+void kvli_cuda_idx_free(void *bk, void *ptr, void *cookie)
+{
+    kvli_cuda_tab_t *t = cookie;
+    (void)ptr;
+    kvli_cuda_tab_put(bk, t->ordinal, t);
 }
 
 void kvli_cuda_ptab_release(void *bk, void *cache)
@@ -597,10 +837,13 @@ void kvli_cuda_ptab_release(void *bk, void *cache)
 
 /*
  * First posting of an indexed transfer (context pushed): the lists' address
- * tables (made once per list), this transfer's index arrays (local, then
- * remote) uploaded behind them on the posting's stream, units of at most
- * KVLI_CUDA_IDX_UNIT_BYTES. 0; 1: not here (a list lives on another device:
- * expand); -1 with text.
+ * tables (made when the lists were prepared, else now), units of at most
+ * KVLI_CUDA_IDX_UNIT_BYTES, and where the index arrays (local, then remote)
+ * come from: the launch itself for few pairs (KVLI_CUDA_INLINE_PAIRS), else
+ * uploaded at each unit's first launch from the pinned memory the core wrote
+ * them into (lent by kvli_cuda_idx_alloc), or copied into a table first when
+ * the core used its own memory. 0; 1: not here (a list lives on another
+ * device: expand); -1 with text.
  */
 static int kvli_cuda_xc_build_indexed(kvli_cuda_iface_t *iface, kvli_cuda_xpriv_t *xp,
                                       kvli_cuda_xcache_t *xc, char *text, size_t cap)
@@ -632,9 +875,28 @@ static int kvli_cuda_xc_build_indexed(kvli_cuda_iface_t *iface, kvli_cuda_xpriv_
         xc->unit_end[xc->nunits] = e;
         xc->unit_bytes[xc->nunits++] = (e - k) * len;
     }
-    xc->tab = kvli_cuda_tab_get(iface, xp->dev, 2 * n * sizeof(uint32_t), text, cap);
-    if (xc->tab == NULL)
-        return -1;
+    if (n <= KVLI_CUDA_INLINE_PAIRS && xc->nunits == 1 &&
+        iface->dres[xp->dev].fn_idx_inline != NULL) {
+        /* Few pairs: the indices travel in the launch, read from x->lidx /
+         * x->ridx at each posting (kvli_cuda_unit_launch). */
+        xc->npieces = n;
+        xc->indexed = 1;
+        xc->idx_inline = 1;
+        xc->ready = 1;
+        return 0;
+    }
+    /* The index memory the transfer was made with, when this backend lent
+     * it for this device (kvli_cuda_idx_alloc): the upload reads it there. */
+    kvli_cuda_tab_t *lent = x->idx_cookie;
+    if (lent != NULL && lent->ordinal == xp->dev && (void *)lent->host == (void *)x->lidx &&
+        lent->cap >= 2 * n * sizeof(uint32_t)) {
+        xc->tab = lent;
+        xc->tab_lent = 1;
+    } else {
+        xc->tab = kvli_cuda_tab_get(iface, xp->dev, 2 * n * sizeof(uint32_t), text, cap);
+        if (xc->tab == NULL)
+            return -1;
+    }
     /* The indices go up unit by unit, each just before its launch
      * (kvli_cuda_unit_launch); a re-post uploads none. */
     xc->npieces = n;
@@ -865,6 +1127,7 @@ kvl_status_t kvli_cuda_xfer_post(void *bk, kvl_bk_xfer_t *x, kvl_error_t *err)
     xp->peer = peer;
     xp->dev = dev;
     xp->use_kernel = kernel_ok;
+    xp->t_post = kvli_clock_ns();
     pthread_mutex_lock(&iface->lock);
     xp->stream = dr->streams[dr->next_stream++ % KVLI_CUDA_STREAMS];
     pthread_mutex_unlock(&iface->lock);
@@ -1010,7 +1273,7 @@ static void kvli_cuda_xp_finish(kvli_cuda_iface_t *iface, kvli_cuda_xpriv_t *xp)
     pthread_mutex_unlock(&iface->lock);
 }
 
-unsigned kvli_cuda_xfer_progress(kvli_cuda_iface_t *iface)
+unsigned kvli_cuda_xfer_progress(kvli_cuda_iface_t *iface, int *young_p)
 {
     const kvli_cuda_drv_t *d = iface->drv;
     kvli_cuda_xpriv_t *fin[64];
@@ -1053,6 +1316,8 @@ unsigned kvli_cuda_xfer_progress(kvli_cuda_iface_t *iface)
         if (xp->u_count == 0 && nfin < 64 &&
             (xp->failed || atomic_load(&xp->cancel) || !kvli_cuda_xp_more(xp)))
             fin[nfin++] = xp;
+        else if (!*young_p && kvli_clock_ns() - xp->t_post < KVLI_CUDA_SPIN_NS)
+            *young_p = 1;
     }
     for (unsigned i = 0; i < nfin; i++)
         kvli_cuda_xp_finish(iface, fin[i]);

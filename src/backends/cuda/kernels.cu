@@ -122,3 +122,45 @@ kvl_gather_idx_warp(const unsigned long long *__restrict__ stab,
             t[i] = s[i];
     }
 }
+
+/*
+ * Small requests with their table in the launch itself: the descriptors (or
+ * the index pairs) travel as a kernel parameter, so the request needs no
+ * upload ahead of its launch: one operation on the stream instead of a copy
+ * and a launch (the parameter layout, as PyTorch's multi_tensor_apply passes
+ * its address lists). The sizes match KVLI_CUDA_INLINE_BLOCKS and
+ * KVLI_CUDA_INLINE_PAIRS (cuda.h): 8 + 128 * 24 = 3080 and 3072 + 32 = 3104
+ * bytes, under the 4 KiB every driver and GPU takes. Blocks index the
+ * arrays with blockIdx only (uniform per block: constant-bank loads).
+ */
+#define KVL_INLINE_BLOCKS 128
+#define KVL_INLINE_PAIRS 384
+
+struct kvl_inline_tab {
+    unsigned long long n;
+    kvl_blk b[KVL_INLINE_BLOCKS];
+};
+
+struct kvl_inline_idx {
+    unsigned s[KVL_INLINE_PAIRS]; /* source entries */
+    unsigned d[KVL_INLINE_PAIRS]; /* destination entries */
+};
+
+static_assert(sizeof(kvl_inline_tab) == 8 + 24 * KVL_INLINE_BLOCKS &&
+                  sizeof(kvl_inline_idx) == 8 * KVL_INLINE_PAIRS,
+              "the layouts of kvli_cuda_inline_tab_t / kvli_cuda_inline_idx_t (cuda.h)");
+
+extern "C" __global__ void __launch_bounds__(256) kvl_gather_inline(const kvl_inline_tab t)
+{
+    for (unsigned long long b = blockIdx.x; b < t.n; b += gridDim.x)
+        kvl_copy_block<KVL_UNROLL>(t.b[b].src, t.b[b].dst, t.b[b].len);
+}
+
+extern "C" __global__ void __launch_bounds__(512)
+kvl_gather_idx_inline(const unsigned long long *__restrict__ stab,
+                      const unsigned long long *__restrict__ dtab, unsigned long long n,
+                      unsigned long long len, const kvl_inline_idx p)
+{
+    for (unsigned long long b = blockIdx.x; b < n; b += gridDim.x)
+        kvl_copy_block<4>(__ldg(&stab[p.s[b]]), __ldg(&dtab[p.d[b]]), len);
+}
