@@ -282,6 +282,7 @@ struct kvl_agent {
     unsigned nbks;
 
     kvli_region_t **regs;             /* sorted by (addr, len) */
+    uint64_t *reg_reach;              /* [i]: the furthest end of regs[0..i] */
     size_t nregs, capregs;
     uint64_t max_len;
     kvli_region_t *last_hit;          /* lookup cache (under lock) */

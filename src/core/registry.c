@@ -40,18 +40,25 @@ static size_t kvli_registry_lower(const kvl_agent_t *a, uint64_t addr, uint64_t 
     return lo;
 }
 
+/* reg_reach from index i on, after regs changed there. */
+static void kvli_registry_reach(kvl_agent_t *a, size_t i)
+{
+    for (; i < a->nregs; i++) {
+        uint64_t end = a->regs[i]->addr + a->regs[i]->len;
+        a->reg_reach[i] = i > 0 && a->reg_reach[i - 1] > end ? a->reg_reach[i - 1] : end;
+    }
+}
+
 kvli_region_t *kvli_registry_find(kvl_agent_t *a, uint64_t addr, uint64_t len)
 {
     kvli_region_t *r = a->last_hit;
     if (r != NULL && addr >= r->addr && addr - r->addr <= r->len && len <= r->len - (addr - r->addr))
         return r;
-    /* Regions may overlap: walk back from the last start <= addr while a
-     * region that long could still reach addr. */
+    /* Regions may overlap: walk back from the last start <= addr while some
+     * region at or before the index still reaches past addr. */
     size_t i = kvli_registry_lower(a, addr, UINT64_MAX);
-    while (i > 0) {
+    while (i > 0 && a->reg_reach[i - 1] > addr) {
         r = a->regs[--i];
-        if (addr - r->addr > a->max_len)
-            break;
         if (addr - r->addr <= r->len && len <= r->len - (addr - r->addr)) {
             a->last_hit = r;
             return r;
@@ -62,13 +69,18 @@ kvli_region_t *kvli_registry_find(kvl_agent_t *a, uint64_t addr, uint64_t len)
 
 kvli_region_t *kvli_registry_overlap(kvl_agent_t *a, uint64_t addr, uint64_t len)
 {
-    /* candidates start before addr+len and no earlier than max_len before addr */
-    size_t i = kvli_registry_lower(a, addr > a->max_len ? addr - a->max_len : 0, 0);
-    for (; i < a->nregs && a->regs[i]->addr < addr + len; i++) {
-        kvli_region_t *r = a->regs[i];
-        if (r->addr == addr && r->len == len)
-            continue;
-        if (r->addr + r->len > addr)
+    /* one that starts inside [addr, addr+len) */
+    size_t i = kvli_registry_lower(a, addr, 0);
+    for (size_t k = i; k < a->nregs && a->regs[k]->addr < addr + len; k++) {
+        kvli_region_t *r = a->regs[k];
+        if (!(r->addr == addr && r->len == len) && r->len > 0)
+            return r;
+    }
+    /* or one that starts before and reaches past addr: reg_reach says
+     * whether there is one, the walk back stops at it */
+    while (i > 0 && a->reg_reach[i - 1] > addr) {
+        kvli_region_t *r = a->regs[--i];
+        if (r->addr + r->len > addr && !(r->addr == addr && r->len == len))
             return r;
     }
     return NULL;
@@ -109,17 +121,21 @@ kvl_status_t kvli_registry_insert(kvl_agent_t *a, kvli_region_t *r, kvl_error_t 
     if (a->nregs == a->capregs) {
         size_t cap = a->capregs ? a->capregs * 2 : 64;
         kvli_region_t **n = realloc(a->regs, cap * sizeof(*n));
-        if (n == NULL) {
+        if (n != NULL)
+            a->regs = n;
+        uint64_t *m = n != NULL ? realloc(a->reg_reach, cap * sizeof(*m)) : NULL;
+        if (m == NULL) {
             kvli_err(err, KVL_ERR_NO_MEMORY, ENOMEM, "registry: cannot grow to %zu regions", cap);
             return KVL_ERR_NO_MEMORY;
         }
-        a->regs = n;
+        a->reg_reach = m;
         a->capregs = cap;
     }
     size_t i = kvli_registry_lower(a, r->addr, r->len);
     memmove(&a->regs[i + 1], &a->regs[i], (a->nregs - i) * sizeof(*a->regs));
     a->regs[i] = r;
     a->nregs++;
+    kvli_registry_reach(a, i); /* appended in address order (the usual): one entry */
     if (r->len > a->max_len)
         a->max_len = r->len;
     return KVL_OK;
@@ -134,17 +150,23 @@ void kvli_registry_remove(kvl_agent_t *a, kvli_region_t *r)
         return;
     memmove(&a->regs[i], &a->regs[i + 1], (a->nregs - i - 1) * sizeof(*a->regs));
     a->nregs--;
+    kvli_registry_reach(a, i);
     if (a->last_hit == r)
         a->last_hit = NULL;
 }
 
 void kvli_registry_remove_invalid(kvl_agent_t *a)
 {
-    size_t k = 0;
-    for (size_t i = 0; i < a->nregs; i++)
+    size_t k = 0, first = SIZE_MAX;
+    for (size_t i = 0; i < a->nregs; i++) {
         if (atomic_load(&a->regs[i]->valid))
             a->regs[k++] = a->regs[i];
+        else if (first == SIZE_MAX)
+            first = i;
+    }
     a->nregs = k;
+    if (first != SIZE_MAX)
+        kvli_registry_reach(a, first);
     if (a->last_hit != NULL && !atomic_load(&a->last_hit->valid))
         a->last_hit = NULL;
 }
@@ -200,7 +222,9 @@ void kvli_registry_destroy(kvl_agent_t *a)
         kvli_region_put(r);
     }
     free(a->regs);
+    free(a->reg_reach);
     a->regs = NULL;
+    a->reg_reach = NULL;
     a->nregs = a->capregs = 0;
     a->last_hit = NULL;
 }

@@ -36,6 +36,12 @@ static int contains(const kvli_region_t *r, uint64_t addr, uint64_t len)
     return addr >= r->addr && addr - r->addr <= r->len && len <= r->len - (addr - r->addr);
 }
 
+static int overlaps(const kvli_region_t *r, uint64_t addr, uint64_t len)
+{
+    return r->len > 0 && r->addr < addr + len && r->addr + r->len > addr &&
+           !(r->addr == addr && r->len == len);
+}
+
 static uint64_t dist(const kvli_region_t *r, uint64_t addr)
 {
     if (addr < r->addr)
@@ -67,6 +73,16 @@ static void sweep(kvl_agent_t *a, uint64_t lo, uint64_t hi, int queries)
         if ((f == NULL) != (any == NULL) || (f && !contains(f, addr, len))) {
             fprintf(stderr, "find(0x%llx, %llu) = %p, brute force %p\n", (unsigned long long)addr,
                     (unsigned long long)len, (void *)f, (void *)any);
+            KT_CHECK(0);
+        }
+        /* overlap: any region sharing a byte, other than the same (addr, len) */
+        int ov_any = 0;
+        for (size_t i = 0; i < a->nregs && !ov_any; i++)
+            ov_any = overlaps(a->regs[i], addr, len);
+        kvli_region_t *o = kvli_registry_overlap(a, addr, len);
+        if ((o != NULL) != ov_any || (o && !overlaps(o, addr, len))) {
+            fprintf(stderr, "overlap(0x%llx, %llu) = %p, brute force %d\n",
+                    (unsigned long long)addr, (unsigned long long)len, (void *)o, ov_any);
             KT_CHECK(0);
         }
         kvli_region_t *n = kvli_registry_nearest(a, addr);
@@ -155,6 +171,31 @@ static void test_remove(void)
     KT_CHECK(atomic_load(&stray->objref) == 2);
     kvli_region_put(stray);
     kvli_region_put(stray); /* the last: freed */
+
+    /* removals keep the lookups right: one big region far before many small
+     * ones (a walk bounded by the longest region would pass them all), then
+     * the big one removed, then every other small one marked invalid */
+    for (int i = 0; i < 300; i++)
+        KT_OK(kvli_registry_insert(a, mk(0x100000 + (uint64_t)i * 0x1000, 0x800), &err));
+    kvli_region_t *huge = mk(0x80000, 0x400000);
+    KT_OK(kvli_registry_insert(a, huge, &err));
+    sweep(a, 0x8000, 0x500000, 5000);
+    kvli_registry_remove(a, huge);
+    kvli_region_put(huge);
+    sweep(a, 0x8000, 0x500000, 5000);
+    for (size_t i = 0; i < a->nregs; i += 2)
+        if (a->regs[i] != big)
+            atomic_store(&a->regs[i]->valid, false);
+    kvli_region_t **gone = calloc(a->nregs, sizeof(*gone));
+    size_t ngone = 0;
+    for (size_t i = 0; i < a->nregs; i++)
+        if (!atomic_load(&a->regs[i]->valid))
+            gone[ngone++] = a->regs[i];
+    kvli_registry_remove_invalid(a);
+    for (size_t i = 0; i < ngone; i++)
+        kvli_region_put(gone[i]);
+    free(gone);
+    sweep(a, 0x8000, 0x500000, 5000);
     pthread_mutex_unlock(&a->lock);
     kvl_agent_destroy(a);
 }
