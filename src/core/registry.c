@@ -29,6 +29,13 @@ void kvli_region_put(kvli_region_t *r)
 static size_t kvli_registry_lower(const kvl_agent_t *a, uint64_t addr, uint64_t len)
 {
     size_t lo = 0, hi = a->nregs;
+    /* lists are mostly registered in address order: past the last region
+     * is answered without the search (whose probes miss the cache) */
+    if (hi > 0) {
+        const kvli_region_t *last = a->regs[hi - 1];
+        if (last->addr < addr || (last->addr == addr && last->len < len))
+            return hi;
+    }
     while (lo < hi) {
         size_t mid = lo + (hi - lo) / 2;
         const kvli_region_t *r = a->regs[mid];
