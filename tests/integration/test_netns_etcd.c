@@ -43,16 +43,23 @@ static void say(int fd, const char *fmt, ...)
     kt_send_msg(fd, buf, strlen(buf));
 }
 
+/* An agent with a tcp backend on this host's address (timeout 2 s). */
+static kvl_agent_t *tcp_agent(const char *name, const char *ip)
+{
+    kvl_agent_t *a;
+    kvl_agent_config_t cfg = {.field_mask = KVL_AGENT_CFG_BACKENDS | KVL_AGENT_CFG_TIMEOUT,
+                              .create_backends = "", .timeout_ms = 2000};
+    KT_OK(kvl_agent_create(name, &cfg, &a));
+    kvl_param_t p = {"host", ip};
+    KT_OK(kvl_backend_create(a, "tcp", &p, 1, NULL));
+    return a;
+}
+
 /* Host P: the agent "part"; commands from the parent on cmd, replies on rep. */
 static void part_main(int cmd, int rep)
 {
     kt_netns_join(net.ns[1]);
-    kvl_agent_t *a;
-    kvl_agent_config_t cfg = {.field_mask = KVL_AGENT_CFG_BACKENDS | KVL_AGENT_CFG_TIMEOUT,
-                              .create_backends = "", .timeout_ms = 2000};
-    KT_OK(kvl_agent_create("part", &cfg, &a));
-    kvl_param_t p = {"host", net.ip[1]};
-    KT_OK(kvl_backend_create(a, "tcp", &p, 1, NULL));
+    kvl_agent_t *a = tcp_agent("part", net.ip[1]);
     uint8_t *buf = calloc(1, 1 << 20);
     kvl_mem_desc_t d = {(uint64_t)(uintptr_t)buf, 1 << 20, KVL_DEV_ANY};
     KT_OK(kvl_mem_register(a, &d, 1, NULL, NULL));
@@ -87,12 +94,7 @@ static void part_main(int cmd, int rep)
 /* The agent "other" on host E, published under /kt/netns. */
 static kvl_agent_t *other_start(void)
 {
-    kvl_agent_t *o;
-    kvl_agent_config_t cfg = {.field_mask = KVL_AGENT_CFG_BACKENDS | KVL_AGENT_CFG_TIMEOUT,
-                              .create_backends = "", .timeout_ms = 2000};
-    KT_OK(kvl_agent_create("other", &cfg, &o));
-    kvl_param_t p = {"host", net.ip[0]};
-    KT_OK(kvl_backend_create(o, "tcp", &p, 1, NULL));
+    kvl_agent_t *o = tcp_agent("other", net.ip[0]);
     kvl_etcd_config_t ec = {.endpoints = etcd.url, .prefix = "/kt/netns", .lease_ttl_s = 3};
     KT_OK(kvl_etcd_attach(o, &ec));
     KT_OK(kvl_etcd_publish(o, NULL));
@@ -163,12 +165,7 @@ int main(void)
     uint64_t pbuf = strtoull(m + 6, NULL, 10);
     free(m);
 
-    kvl_agent_t *a;
-    kvl_agent_config_t cfg = {.field_mask = KVL_AGENT_CFG_BACKENDS | KVL_AGENT_CFG_TIMEOUT,
-                              .create_backends = "", .timeout_ms = 2000};
-    KT_OK(kvl_agent_create("stay", &cfg, &a));
-    kvl_param_t p = {"host", net.ip[0]};
-    KT_OK(kvl_backend_create(a, "tcp", &p, 1, NULL));
+    kvl_agent_t *a = tcp_agent("stay", net.ip[0]);
     uint8_t *src = malloc(4096);
     kt_fill(src, 4096, 91);
     kvl_mem_desc_t d = {(uint64_t)(uintptr_t)src, 4096, KVL_DEV_ANY};
