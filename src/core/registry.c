@@ -76,18 +76,18 @@ kvli_region_t *kvli_registry_find(kvl_agent_t *a, uint64_t addr, uint64_t len)
 
 kvli_region_t *kvli_registry_overlap(kvl_agent_t *a, uint64_t addr, uint64_t len)
 {
-    /* one that starts inside [addr, addr+len) */
+    /* one that starts before and reaches past addr (reg_reach says whether
+     * there is one; the walk back stops at it): the one registered around
+     * it, named first; else one that starts inside [addr, addr+len) */
     size_t i = kvli_registry_lower(a, addr, 0);
+    for (size_t k = i; k > 0 && a->reg_reach[k - 1] > addr;) {
+        kvli_region_t *r = a->regs[--k];
+        if (r->addr + r->len > addr)
+            return r;
+    }
     for (size_t k = i; k < a->nregs && a->regs[k]->addr < addr + len; k++) {
         kvli_region_t *r = a->regs[k];
         if (!(r->addr == addr && r->len == len) && r->len > 0)
-            return r;
-    }
-    /* or one that starts before and reaches past addr: reg_reach says
-     * whether there is one, the walk back stops at it */
-    while (i > 0 && a->reg_reach[i - 1] > addr) {
-        kvli_region_t *r = a->regs[--i];
-        if (r->addr + r->len > addr && !(r->addr == addr && r->len == len))
             return r;
     }
     return NULL;

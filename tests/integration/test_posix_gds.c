@@ -221,7 +221,7 @@ int main(void)
            : dlerror(), dir);
     if (h != NULL)
         dlclose(h);
-    kt_cu_ptr src, dst;
+    kt_cu_ptr src = 0, dst = 0;
     KT_CHECK(cu.MemAlloc(&src, LEN) == 0 && cu.MemAlloc(&dst, LEN) == 0);
     const char *p = run_auto(src, dst);
     if (h != NULL)
