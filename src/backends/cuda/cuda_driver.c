@@ -8,6 +8,7 @@
 #include <dlfcn.h>
 #include <stdatomic.h>
 #include <stdbool.h>
+#include <stddef.h>
 #include <link.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -208,27 +209,53 @@ const kvli_cuda_drv_t *kvli_cuda_drv_get(void)
     return kvli_cuda_drv_ok ? &kvli_cuda_drv : NULL;
 }
 
-/* dl_iterate_phdr callback: whether an object named like the driver is
- * loaded (its file name, the directory left out). */
+/* The loaded objects, read in memory (a dlopen with RTLD_NOLOAD searches the
+ * library path first). glibc counts loads and unloads (dlpi_adds/_subs): an
+ * answer stays true until they change, so registering a list asks once. */
+typedef struct kvli_cuda_seen {
+    const char *want;                /* libcuda.so*, or the file KVL_CUDA_DRIVER names */
+    unsigned long long gen;          /* adds + subs when looked */
+    bool counted, found;
+} kvli_cuda_seen_t;
+
+/* the last answer: (generation << 1) | found, one word so the two agree */
+static _Atomic unsigned long long kvli_cuda_seen_last = ~0ull;
+
+/* dl_iterate_phdr callback: the generation (first object), then whether an
+ * object named like the driver is loaded (its file name, no directory). */
 static int kvli_cuda_drv_seen(struct dl_phdr_info *info, size_t size, void *arg)
 {
-    const char *want = arg, *name = info->dlpi_name ? info->dlpi_name : "";
+    kvli_cuda_seen_t *s = arg;
+    if (!s->counted) {
+        s->counted = true;
+        if (size >= offsetof(struct dl_phdr_info, dlpi_subs) + sizeof(info->dlpi_subs)) {
+            unsigned long long last = atomic_load(&kvli_cuda_seen_last);
+            s->gen = info->dlpi_adds + info->dlpi_subs;
+            if (last != ~0ull && last >> 1 == s->gen) {
+                s->found = last & 1;
+                return 1; /* nothing loaded or unloaded since: the same answer */
+            }
+        }
+    }
+    const char *name = info->dlpi_name ? info->dlpi_name : "";
     const char *base = strrchr(name, '/');
-    (void)size;
     base = base ? base + 1 : name;
-    return strncmp(base, want, strlen(want)) == 0;
+    s->found = strncmp(base, s->want, strlen(s->want)) == 0;
+    return s->found;
 }
 
 bool kvli_cuda_drv_in_process(void)
 {
     if (atomic_load(&kvli_cuda_drv_tried))
         return kvli_cuda_drv_get() != NULL;
-    /* the loaded objects, in memory (a dlopen with RTLD_NOLOAD searches the
-     * library path first): libcuda.so*, or the file KVL_CUDA_DRIVER names */
-    const char *env = getenv("KVL_CUDA_DRIVER"), *want = "libcuda.so";
+    const char *env = getenv("KVL_CUDA_DRIVER");
+    kvli_cuda_seen_t s = {.want = "libcuda.so", .gen = ~0ull};
     if (env && env[0])
-        want = strrchr(env, '/') ? strrchr(env, '/') + 1 : env;
-    return dl_iterate_phdr(kvli_cuda_drv_seen, (void *)want) != 0;
+        s.want = strrchr(env, '/') ? strrchr(env, '/') + 1 : env;
+    dl_iterate_phdr(kvli_cuda_drv_seen, &s);
+    if (s.gen != ~0ull)
+        atomic_store(&kvli_cuda_seen_last, s.gen << 1 | (s.found ? 1u : 0u));
+    return s.found;
 }
 
 const char *kvli_cuda_drv_reason(void)
