@@ -39,6 +39,12 @@ typedef struct kvli_piece {
     size_t seg;                      /* the segment it belongs to */
 } kvli_piece_t;
 
+/* The piece's regions (indices into x->lmh / x->rmh), from kvli_xchunk_peek. */
+typedef struct kvli_xpiece {
+    kvli_piece_t p;
+    uint32_t lreg, rreg;
+} kvli_xpiece_t;
+
 /* The piece at the cursor, at most max (> 0) bytes: 1, or 0 when the
  * transfer is walked. Steps the cursor over empty segments only. */
 static inline int kvli_chunk_peek(kvli_chunk_cur_t *c, const kvl_seg_t *segs, size_t nsegs,
@@ -81,6 +87,61 @@ static inline int kvli_chunk_done(const kvli_chunk_cur_t *c, const kvl_seg_t *se
     while (i < nsegs && (segs[i].len == 0 || segs[i].count == 0))
         i++;
     return i >= nsegs;
+}
+
+/*
+ * The same walk over a whole transfer, segmented or indexed: an indexed
+ * transfer (x->nidx > 0, x->nsegs == 0: KVL_BK_CAP_INDEXED backends) is
+ * walked pair by pair from its index arrays and the two lists' address
+ * tables, without pairing it into segments first (cur.seg is the pair).
+ * The piece also names its regions.
+ */
+static inline int kvli_xchunk_indexed(const kvl_bk_xfer_t *x)
+{
+    return x->nsegs == 0 && x->nidx > 0;
+}
+
+static inline int kvli_xchunk_peek(kvli_chunk_cur_t *c, const kvl_bk_xfer_t *x, uint64_t max,
+                                   kvli_xpiece_t *xp)
+{
+    if (!kvli_xchunk_indexed(x)) {
+        if (!kvli_chunk_peek(c, x->segs, x->nsegs, max, &xp->p))
+            return 0;
+        xp->lreg = x->segs[xp->p.seg].lreg;
+        xp->rreg = x->segs[xp->p.seg].rreg;
+        return 1;
+    }
+    uint64_t len = x->ltab->len;
+    if (c->seg >= x->nidx || len == 0)
+        return 0;
+    uint32_t li = x->lidx[c->seg], ri = x->ridx[c->seg];
+    xp->p.laddr = x->ltab->addrs[li] + c->off;
+    xp->p.raddr = x->rtab->addrs[ri] + c->off;
+    xp->p.len = len - c->off < max ? len - c->off : max;
+    xp->p.seg = c->seg;
+    xp->lreg = x->ltab->regs[li];
+    xp->rreg = x->rtab->regs[ri];
+    return 1;
+}
+
+static inline void kvli_xchunk_take(kvli_chunk_cur_t *c, const kvl_bk_xfer_t *x, uint64_t len)
+{
+    if (!kvli_xchunk_indexed(x)) {
+        kvli_chunk_take(c, x->segs, len);
+        return;
+    }
+    c->off += len;
+    if (c->off == x->ltab->len) {
+        c->off = 0;
+        c->seg++;
+    }
+}
+
+static inline int kvli_xchunk_done(const kvli_chunk_cur_t *c, const kvl_bk_xfer_t *x)
+{
+    if (!kvli_xchunk_indexed(x))
+        return kvli_chunk_done(c, x->segs, x->nsegs);
+    return c->seg >= x->nidx || x->ltab->len == 0;
 }
 
 #endif

@@ -1,6 +1,7 @@
 """Indexed transfers: made from two prepared lists of equal-sized blocks and
 index arrays (as engines make one per request), paired by the backend (the
-GPU on cuda, at the first posting on shm) instead of at creation."""
+GPU on cuda, at the first posting on shm, pair by pair as tcp cuts its
+requests) instead of at creation."""
 
 import numpy as np
 import pytest
@@ -10,10 +11,11 @@ import kvlane
 LAYERS, BLOCKS, BS = 4, 512, 4096
 
 
-@pytest.fixture
-def pair(uniq):
-    a = kvlane.Agent(uniq + "-a")
-    b = kvlane.Agent(uniq + "-b")
+@pytest.fixture(params=["shm", "tcp"])
+def pair(uniq, request):
+    a = kvlane.Agent(uniq + "-a", backends=(request.param,))
+    b = kvlane.Agent(uniq + "-b", backends=(request.param,))
+    a.test_backend = request.param
     yield a, b
     a.close()
     b.close()
@@ -54,8 +56,9 @@ def test_indexed_shuffled_write_and_repost(pair):
     assert x.post() in (True, False)
     x.wait(10000)
     st = x.stats()
-    assert st["bytes"] == n * BS and st["blocks"] == n and st["backend"] == "shm"
-    assert st["segments"] == n             # paired at the first posting
+    assert st["bytes"] == n * BS and st["blocks"] == n and st["backend"] == a.test_backend
+    # shm pairs at the first posting; tcp walks the index arrays themselves
+    assert st["segments"] == (n if a.test_backend == "shm" else 0)
     assert np.array_equal(_blocks(dst, ri), _blocks(src, li))
     untouched = np.setdiff1d(np.arange(LAYERS * BLOCKS), ri)
     assert not _blocks(dst, untouched).any()
@@ -103,6 +106,45 @@ def test_indexed_errors(pair):
         dst[0].ctypes.data + np.arange(BLOCKS, dtype=np.int64) * (BS // 2), len=BS // 2), name)
     with pytest.raises(kvlane.InvalidArgument, match="same length|blocks"):
         a.xfer_prepped("WRITE", lp, np.arange(BLOCKS), half, np.arange(BLOCKS))
+
+
+def test_indexed_tcp_blocks_split_across_requests(uniq):
+    """tcp cuts requests of chunk_kib: 96 KiB blocks over 64 KiB requests
+    split pairs into pieces and requests span pairs, in both directions."""
+    a = kvlane.Agent(uniq + "-a", backends=())
+    b = kvlane.Agent(uniq + "-b", backends=())
+    try:
+        a.create_backend("tcp", {"chunk_kib": "64"})
+        b.create_backend("tcp", {"chunk_kib": "64"})
+        bs, nb = 96 << 10, 300
+        src = np.random.default_rng(5).integers(0, 255, nb * bs, dtype=np.uint8)
+        dst = np.zeros(nb * bs, np.uint8)
+        a.register_memory([src])
+        b.register_memory([dst])
+        name = a.load_metadata(b.get_metadata())
+        lp = a.prep(kvlane.DList.from_arrays(src.ctypes.data + np.arange(nb) * bs, len=bs))
+        rp = a.prep(kvlane.DList.from_arrays(dst.ctypes.data + np.arange(nb) * bs, len=bs), name)
+        li = np.random.default_rng(6).permutation(nb)[:260]
+        ri = np.random.default_rng(7).permutation(nb)[:260]
+        x = a.xfer_prepped("WRITE", lp, li, rp, ri)
+        x.post()
+        x.wait(10000)
+        assert x.stats()["backend"] == "tcp" and x.stats()["segments"] == 0  # indexed
+        s2, d2 = src.reshape(nb, bs), dst.reshape(nb, bs)
+        assert np.array_equal(d2[ri], s2[li])
+        assert not d2[np.setdiff1d(np.arange(nb), ri)].any()
+        x.release()
+        back = np.zeros_like(src)
+        a.register_memory([back])
+        bp = a.prep(kvlane.DList.from_arrays(back.ctypes.data + np.arange(nb) * bs, len=bs))
+        y = a.xfer_prepped("READ", bp, li[::-1].copy(), rp, ri[::-1].copy())
+        y.post()
+        y.wait(10000)
+        assert np.array_equal(back.reshape(nb, bs)[li], s2[li])
+        y.release()
+    finally:
+        a.close()
+        b.close()
 
 
 def test_mixed_lengths_still_pair(pair):

@@ -430,7 +430,7 @@ const kvl_backend_ops_t kvli_tcp_ops = {
     /* VRAM: staged through pinned host buffers (tcp_stage.c) */
     .mem_local = KVL_MEM_BIT(KVL_MEM_DRAM) | KVL_MEM_BIT(KVL_MEM_VRAM),
     .mem_remote = KVL_MEM_BIT(KVL_MEM_DRAM) | KVL_MEM_BIT(KVL_MEM_VRAM),
-    .caps = KVL_BK_CAP_NOTIF | KVL_BK_CAP_STAGED_VRAM,
+    .caps = KVL_BK_CAP_NOTIF | KVL_BK_CAP_STAGED_VRAM | KVL_BK_CAP_INDEXED,
     .params = kvli_tcp_params,
     .available = kvli_tcp_available,
     .open = kvli_tcp_open,

@@ -54,19 +54,27 @@ static int kvli_tcp_span_ok(uint64_t base, uint64_t len, uint64_t stride, uint64
     return base >= rbase && end <= rbase + rlen;
 }
 
-static int kvli_tcp_seg_ok(kvli_tcp_xpriv_t *xp, size_t i)
+static int kvli_tcp_seg_ok(kvli_tcp_xpriv_t *xp, const kvli_xpiece_t *pc)
 {
-    const kvl_seg_t *s = &xp->x->segs[i];
-    const kvli_tcp_mh_t *lh = xp->x->lmh[s->lreg];
-    const kvli_tcp_rh_t *rh = xp->x->rmh[s->rreg];
+    const kvl_bk_xfer_t *x = xp->x;
+    uint64_t len, count, lstride, rstride, laddr = pc->p.laddr, raddr = pc->p.raddr;
+    if (kvli_xchunk_indexed(x)) {
+        len = x->ltab->len, count = 1, lstride = rstride = 0;
+    } else {
+        const kvl_seg_t *s = &x->segs[pc->p.seg];
+        len = s->len, count = s->count, lstride = s->lstride, rstride = s->rstride;
+    }
+    const kvli_tcp_mh_t *lh = x->lmh[pc->lreg];
+    const kvli_tcp_rh_t *rh = x->rmh[pc->rreg];
     if (lh == NULL || rh == NULL || rh->peer != xp->peer ||
-        !kvli_tcp_span_ok(s->laddr, s->len, s->lstride, s->count, lh->addr, lh->len) ||
-        !kvli_tcp_span_ok(s->raddr, s->len, s->rstride, s->count, rh->addr, rh->len)) {
+        !kvli_tcp_span_ok(laddr, len, lstride, count, lh->addr, lh->len) ||
+        !kvli_tcp_span_ok(raddr, len, rstride, count, rh->addr, rh->len)) {
         kvl_error_t e;
         kvl_bk_error_set(&e, KVL_ERR_OUT_OF_BOUNDS, 0, KVLI_TCP_NAME, -1,
-                         "tcp segment %zu (local 0x%" PRIx64 ", remote 0x%" PRIx64 ", %" PRIu64
-                         " x %" PRIu64 " bytes) lies outside the regions it names", i, s->laddr,
-                         s->raddr, s->count, s->len);
+                         "tcp %s %zu (local 0x%" PRIx64 ", remote 0x%" PRIx64 ", %" PRIu64
+                         " x %" PRIu64 " bytes) lies outside the regions it names",
+                         kvli_xchunk_indexed(x) ? "pair" : "segment", pc->p.seg, laddr, raddr,
+                         count, len);
         kvl_bk_error_hint(&e, "a kvlane bug: the core validates descriptors before posting");
         kvli_tcp_xfer_fail(xp, KVL_ERR_OUT_OF_BOUNDS, &e);
         return 0;
@@ -83,12 +91,13 @@ static int kvli_tcp_walk(kvli_tcp_xpriv_t *xp, uint64_t chunk, kvli_chunk_cur_t 
 {
     const kvl_bk_xfer_t *x = xp->x;
     uint64_t bytes = 0;
-    kvli_piece_t p;
+    kvli_xpiece_t pc;
     int n = 0;
     while (n < (int)KVLI_TCP_RANGES_MAX && bytes < chunk &&
-           kvli_chunk_peek(cur, x->segs, x->nsegs, chunk - bytes, &p)) {
-        const kvli_tcp_mh_t *lh = x->lmh[x->segs[p.seg].lreg];
-        if (m == NULL && cur->blk == 0 && cur->off == 0 && !kvli_tcp_seg_ok(xp, p.seg))
+           kvli_xchunk_peek(cur, x, chunk - bytes, &pc)) {
+        const kvli_piece_t p = pc.p;
+        const kvli_tcp_mh_t *lh = x->lmh[pc.lreg];
+        if (m == NULL && cur->blk == 0 && cur->off == 0 && !kvli_tcp_seg_ok(xp, &pc))
             return -1;
         if (m == NULL && lh->staged)
             *staged_p = 1;
@@ -106,7 +115,7 @@ static int kvli_tcp_walk(kvli_tcp_xpriv_t *xp, uint64_t chunk, kvli_chunk_cur_t 
         }
         n++;
         bytes += p.len;
-        kvli_chunk_take(cur, x->segs, p.len);
+        kvli_xchunk_take(cur, x, p.len);
     }
     *bytes_p = bytes;
     return n;
@@ -172,7 +181,7 @@ static int kvli_tcp_xfer_chunk(kvli_tcp_peer_t *peer, kvli_tcp_xpriv_t *xp)
     peer->win_reqs++;
     peer->win_bytes += bytes;
     kvli_tcp_peer_enqueue(peer, m);
-    if (kvli_chunk_done(&xp->cur, xp->x->segs, xp->x->nsegs))
+    if (kvli_xchunk_done(&xp->cur, xp->x))
         xp->all_queued = 1;
     return 1;
 }
