@@ -470,6 +470,20 @@ static inline void kvl_bk_error_set(kvl_error_t *err, kvl_status_t code, int sys
     va_end(ap);
 }
 
+/* err says "no error" (code KVL_OK, every text empty, no causes) without
+ * clearing its 2 KiB of text: for a hot path that fills it only on failure. */
+static inline void kvl_bk_error_none(kvl_error_t *err)
+{
+    if (err == NULL)
+        return;
+    err->code = KVL_OK;
+    err->sys_errno = 0;
+    err->device = -1;
+    err->backend[0] = err->agent[0] = err->region[0] = '\0';
+    err->what[0] = err->hint[0] = '\0';
+    err->n_causes = err->n_causes_dropped = 0;
+}
+
 static inline void kvl_bk_error_hint(kvl_error_t *err, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
 static inline void kvl_bk_error_hint(kvl_error_t *err, const char *fmt, ...)

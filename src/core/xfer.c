@@ -802,8 +802,7 @@ kvl_status_t kvl_xfer_post(kvl_xfer_t *x)
     x->status = KVL_IN_PROGRESS;
     x->path[0] = '\0';
     pthread_mutex_unlock(&x->lock);
-    memset(&err, 0, offsetof(kvl_error_t, causes));
-    err.device = -1;
+    kvl_bk_error_none(&err); /* filled whole only on failure */
     x->bx.path[0] = '\0';
     x->posted_once = true;
     kvl_status_t st = x->bk->ops->xfer_post(x->bk->bk, &x->bx, &err);

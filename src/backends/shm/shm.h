@@ -35,7 +35,10 @@
 #define KVLI_SHM_WINDOW 16                 /* socket requests in flight per worker */
 #define KVLI_SHM_DEFAULT_TIMEOUT_MS 5000u
 #define KVLI_SHM_TEXT_MAX 256              /* refusal text carried in a reply */
-#define KVLI_SHM_GUARD_SLOTS (1u << 20)    /* regions registered at once, at most */
+#define KVLI_SHM_GUARD_SLOTS (1u << 20)    /* entries of a guard table */
+#define KVLI_SHM_LIVE_SLOTS 8u             /* its last ones: the target's liveness lock */
+#define KVLI_SHM_GUARD_REGIONS (KVLI_SHM_GUARD_SLOTS - KVLI_SHM_LIVE_SLOTS) /* regions, at most */
+#define KVLI_SHM_LIVE_MAX 1024u            /* guard tables with a liveness lock at once */
 #define KVLI_SHM_HELD_MAX 64               /* regions one direct-copy batch touches */
 
 typedef struct kvli_shm_iface kvli_shm_iface_t;
@@ -62,6 +65,8 @@ struct kvli_shm_guard {
     int pidfd;
     char name[KVL_NAME_MAX];
     unsigned refs;                   /* under iface->lock */
+    int live;                        /* its liveness lock is held by `owner` */
+    pthread_t owner;
 };
 
 /* Local region handle. */
@@ -121,6 +126,8 @@ struct kvli_shm_peer {
     uint64_t incarnation;
     pid_t pid;
     uid_t uid;
+    uid_t cred_uid;                  /* who serves its socket (SO_PEERCRED) */
+    pid_t cred_pid;
     uint64_t probe_addr;
     struct sockaddr_un addr;
     socklen_t addrlen;
@@ -134,6 +141,9 @@ struct kvli_shm_peer {
     int cma_ok;
     char cma_reason[400];            /* why not, when !cma_ok */
     kvli_shm_gslot_t *guard;         /* the target's guard table for us */
+    /* The target's liveness lock in it (shm_guard.c), read instead of
+     * polling pidfd when the target runs as our uid; NULL: poll. */
+    const uint32_t *live;
     atomic_int dead;
     /* under iface->lock */
     int dead_errno;
@@ -221,6 +231,7 @@ struct kvli_shm_iface {
     /* Who may connect (allow_uids): our own uid, plus these, or anyone. */
     int uid_any;
     unsigned nuids;
+    unsigned live_held;              /* guard tables whose liveness lock we hold */
     uid_t uids[16];
     char boot_id[40];
     uint64_t netns_ino, pidns_ino;
@@ -329,6 +340,8 @@ int kvli_shm_guard_open(kvli_shm_iface_t *iface, kvli_shm_conn_t *c, char *why, 
 void kvli_shm_guard_close(kvli_shm_iface_t *iface, kvli_shm_conn_t *c);
 kvl_status_t kvli_shm_guard_attach(kvli_shm_peer_t *peer, int fd, kvl_error_t *err);
 void kvli_shm_guard_detach(kvli_shm_peer_t *peer);
+/* 1: the target's liveness lock says it is alive; -1: unknown (poll). */
+int kvli_shm_guard_alive(const kvli_shm_peer_t *peer);
 /* Around a direct copy into or out of rh: 0 when the target revoked it. */
 int kvli_shm_guard_enter(kvli_shm_peer_t *peer, const kvli_shm_rh_t *rh);
 void kvli_shm_guard_leave(kvli_shm_peer_t *peer, const kvli_shm_rh_t *rh);

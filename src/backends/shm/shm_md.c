@@ -308,7 +308,7 @@ kvl_status_t kvli_shm_md_rload(void *bk, void *peer_h, const kvl_region_info_t *
         return kvli_shm_key_bad(err, peer, r, "key version not supported", ver);
     if (kind != KVLI_SHM_KEY_CMA_ONLY && kind != KVLI_SHM_KEY_MEMFD)
         return kvli_shm_key_bad(err, peer, r, "unknown key kind", kind);
-    if (slot >= KVLI_SHM_GUARD_SLOTS || gen == 0)
+    if (slot >= KVLI_SHM_GUARD_REGIONS || gen == 0)
         return kvli_shm_key_bad(err, peer, r, "guard slot or generation out of range", slot);
     if (kind == KVLI_SHM_KEY_MEMFD && (size == 0 || off > size || r->len > size - off))
         return kvli_shm_key_bad(err, peer, r, "region exceeds its allocation at offset",

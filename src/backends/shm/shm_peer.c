@@ -795,6 +795,8 @@ static kvl_status_t kvli_shm_peer_hello_xchg(kvli_shm_peer_t *peer, int *gfd_p,
                           "the shm parameter allow_uids on both sides");
         return KVL_ERR_PERMISSION;
     }
+    peer->cred_uid = cred.uid;
+    peer->cred_pid = cred.pid;
     if (nl > KVL_NAME_MAX - 1)
         nl = KVL_NAME_MAX - 1;
     h.magic = KVLI_SHM_MSG_MAGIC;
@@ -1064,7 +1066,10 @@ void kvli_shm_peer_describe(void *bk, void *peer_h, char *buf, size_t len)
     if (dead[0])
         snprintf(buf, len, "disconnected (%s); load its metadata again once it is back", dead);
     else if (peer->cma_ok)
-        snprintf(buf, len, "%scma", mapped ? "mmap+" : "");
+        snprintf(buf, len, "%scma (target alive: %s)", mapped ? "mmap+" : "",
+                 kvli_shm_guard_alive(peer) > 0 ? "its lock, read per copy"
+                 : peer->pidfd >= 0 ? "pidfd polled per copy"
+                 : "no pidfd, only the copy's ESRCH");
     else if (iface->cma_off)
         snprintf(buf, len, "%ssocket (cma=off)", mapped ? "mmap+" : "");
     else

@@ -22,6 +22,19 @@ enum {
     KVLI_SHM_PATH_SOCK = 4
 };
 
+/* The path a transfer took, for its report: one of eight constant names. */
+static void kvli_shm_path_name(unsigned paths, char *out, size_t cap)
+{
+    static const char *const names[8] = {"", "mmap", "cma", "mmap+cma", "socket",
+                                          "mmap+socket", "cma+socket", "mmap+cma+socket"};
+    const char *n = names[paths & 7u];
+    size_t l = strlen(n);
+    if (l >= cap)
+        l = cap - 1;
+    memcpy(out, n, l);
+    out[l] = '\0';
+}
+
 /* Walks a transfer (common/chunk.h); segments are checked as it reaches them. */
 typedef struct kvli_shm_cursor {
     kvli_chunk_cur_t pos;
@@ -470,6 +483,8 @@ static kvl_status_t kvli_shm_sock_drain(kvli_shm_run_t *run, kvl_error_t *err)
 static int kvli_shm_peer_exited(kvli_shm_peer_t *peer)
 {
     struct pollfd p;
+    if (kvli_shm_guard_alive(peer) > 0)
+        return 0; /* no system call (shm_guard.c) */
     if (peer->pidfd < 0)
         return 0;
     p.fd = peer->pidfd;
@@ -487,7 +502,6 @@ static kvl_status_t kvli_shm_run(kvli_shm_worker_t *w, kvli_shm_xpriv_t *xp,
     kvl_status_t st = KVL_OK, st2;
     kvl_bk_xfer_t *x = xp->x;
     unsigned path;
-    size_t o = 0;
 
     memset(&run, 0, sizeof(run));
     memset(&cur, 0, sizeof(cur));
@@ -580,13 +594,7 @@ static kvl_status_t kvli_shm_run(kvli_shm_worker_t *w, kvli_shm_xpriv_t *xp,
                          " bytes; no more bytes will land", run.peer->name,
                          kvli_shm_moved(&run), x->total_bytes);
 
-    x->path[0] = '\0';
-    if (run.paths & KVLI_SHM_PATH_MMAP)
-        o += (size_t)snprintf(x->path + o, sizeof(x->path) - o, "mmap");
-    if (run.paths & KVLI_SHM_PATH_CMA)
-        o += (size_t)snprintf(x->path + o, sizeof(x->path) - o, "%scma", o ? "+" : "");
-    if (run.paths & KVLI_SHM_PATH_SOCK)
-        snprintf(x->path + o, sizeof(x->path) - o, "%ssocket", o ? "+" : "");
+    kvli_shm_path_name(run.paths, x->path, sizeof(x->path));
     return st;
 }
 
@@ -596,8 +604,7 @@ static kvl_status_t kvli_shm_run_held(kvli_shm_worker_t *w, kvli_shm_xpriv_t *xp
                                       kvl_error_t *err)
 {
     kvli_shm_iface_t *iface = w->iface;
-    memset(err, 0, offsetof(kvl_error_t, causes));
-    err->device = -1;
+    kvl_bk_error_none(err);
     kvl_status_t st = kvli_shm_run(w, xp, err);
     pthread_mutex_lock(&iface->lock);
     if (--xp->peer->running == 0 && atomic_load(&xp->peer->dead))
