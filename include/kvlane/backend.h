@@ -447,6 +447,17 @@ typedef struct kvl_backend_ops {
      */
     void *(*idx_alloc)(void *bk, void *const *lmh, size_t nlmh, size_t bytes, void **cookie_p);
     void (*idx_free)(void *bk, void *ptr, void *cookie);
+
+    /*
+     * Optional: advance this backend's posted transfers in the calling
+     * thread, as its progress thread does, without blocking. kvl_xfer_test
+     * and kvl_xfer_wait call it while one of its transfers is in flight, so
+     * a completion is seen (and xfer_done called) by the thread that asks,
+     * not when the progress thread next runs. It must exclude the progress
+     * thread and other callers itself (a try-lock: a caller that finds it
+     * taken returns at once).
+     */
+    void (*progress)(void *bk);
 } kvl_backend_ops_t;
 
 /* ---- helpers for backends to fill errors (header-only, no symbols) ---- */

@@ -22,6 +22,7 @@ void kvli_progress_init(kvli_progress_t *pg, kvl_bk_ctx_t *ctx, const char *bk)
     pg->bk = bk;
     pg->wake_fd = -1;
     atomic_init(&pg->stopping, 0);
+    atomic_init(&pg->asleep, 0);
 }
 
 kvl_status_t kvli_progress_open(kvli_progress_t *pg, kvl_error_t *err)
@@ -93,8 +94,17 @@ static void *kvli_progress_main(void *arg)
         if (wait >= 0) {
             ts.tv_sec = (time_t)(wait / 1000000000);
             ts.tv_nsec = (long)(wait % 1000000000);
+        } else if (pg->ops->busy != NULL) {
+            /* posters skip the wake while we do not sleep (kvli_progress_kick) */
+            atomic_store(&pg->asleep, 1);
+            if (pg->ops->busy(pg->arg)) {
+                atomic_store(&pg->asleep, 0);
+                continue;
+            }
         }
-        if (ppoll(ps->pfd, (nfds_t)ps->n, wait >= 0 ? &ts : NULL, NULL) < 0) {
+        int pr = ppoll(ps->pfd, (nfds_t)ps->n, wait >= 0 ? &ts : NULL, NULL);
+        atomic_store(&pg->asleep, 0);
+        if (pr < 0) {
             int e = errno;
             if (e == EINTR)
                 continue;
@@ -133,6 +143,13 @@ void kvli_progress_wake(const kvli_progress_t *pg)
 {
     if (pg->wake_fd >= 0)
         kvli_wake(pg->wake_fd);
+}
+
+void kvli_progress_kick(kvli_progress_t *pg)
+{
+    atomic_thread_fence(memory_order_seq_cst);
+    if (pg->ops == NULL || pg->ops->busy == NULL || atomic_load(&pg->asleep))
+        kvli_progress_wake(pg);
 }
 
 void kvli_progress_stop(kvli_progress_t *pg)

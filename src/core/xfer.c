@@ -826,17 +826,30 @@ kvl_status_t kvl_xfer_post(kvl_xfer_t *x)
     return kvli_xfer_result(x, atomic_load(&x->state));
 }
 
+/* In flight on a backend that progresses in the caller's thread: do so. */
+static int kvli_xfer_poll(kvl_xfer_t *x)
+{
+    int state = atomic_load(&x->state);
+    if (state == KVL_XFER_POSTED && KVLI_OPS_HAS(x->bk->ops, progress)) {
+        x->bk->ops->progress(x->bk->bk);
+        state = atomic_load(&x->state);
+    }
+    return state;
+}
+
 kvl_status_t kvl_xfer_test(kvl_xfer_t *x)
 {
     if (x == NULL)
         return kvli_fail_simple(NULL, KVL_ERR_INVALID_ARG, NULL, "kvl_xfer_test: xfer is NULL");
-    return kvli_xfer_result(x, atomic_load(&x->state));
+    return kvli_xfer_result(x, kvli_xfer_poll(x));
 }
 
 kvl_status_t kvl_xfer_wait(kvl_xfer_t *x, int64_t timeout_ms)
 {
     if (x == NULL)
         return kvli_fail_simple(NULL, KVL_ERR_INVALID_ARG, NULL, "kvl_xfer_wait: xfer is NULL");
+    if (kvli_xfer_poll(x) != KVL_XFER_POSTED)
+        return kvli_xfer_result(x, atomic_load(&x->state));
     struct timespec dl;
     clock_gettime(CLOCK_REALTIME, &dl);
     if (timeout_ms > 0) {

@@ -1,7 +1,9 @@
 /* The progress thread every backend runs (src/common/progress.c): fds the
  * backend adds are served, a wake makes a turn, AGAIN skips the wait, STOP
- * and kvli_progress_stop end the thread, and a failing ppoll is logged with
- * its errno and retried. Waits are bounded (10 s) and nothing is timed.
+ * and kvli_progress_stop end the thread, a failing ppoll is logged with
+ * its errno and retried, and kvli_progress_kick never loses a wake-up
+ * (work published while the thread goes to sleep is seen). Waits are
+ * bounded (10 s) and nothing is timed.
  * KVL_TEST_LABELS: tsan */
 #include <errno.h>
 #include <pthread.h>
@@ -19,6 +21,7 @@ typedef struct state {
     pthread_cond_t cond;
     int pipe_r, pipe_w;
     unsigned turns, dispatched, again_left, stop_at;
+    unsigned work, done;             /* kick: work published, work seen */
     size_t extra_slots;              /* slots of fd -1 added each turn */
     char got[64];
     size_t ngot;
@@ -85,7 +88,40 @@ static void dispatch(void *arg, kvli_pollset_t *ps)
     }
 }
 
-static const kvli_progress_ops_t ops = {prepare, dispatch};
+static const kvli_progress_ops_t ops = {.prepare = prepare, .dispatch = dispatch};
+
+/* For kick: prepare takes every published unit of work, then sleeps with no
+ * bound; busy says whether work is waiting (under the lock posters use). */
+static int64_t prepare_work(void *arg, kvli_pollset_t *ps)
+{
+    state_t *s = arg;
+    (void)ps;
+    pthread_mutex_lock(&s->lock);
+    s->turns++;
+    s->done += s->work;
+    s->work = 0;
+    pthread_cond_broadcast(&s->cond);
+    pthread_mutex_unlock(&s->lock);
+    return KVLI_PROGRESS_FOREVER;
+}
+
+static void dispatch_none(void *arg, kvli_pollset_t *ps)
+{
+    (void)arg;
+    (void)ps;
+}
+
+static int busy_work(void *arg)
+{
+    state_t *s = arg;
+    pthread_mutex_lock(&s->lock);
+    int b = s->work > 0;
+    pthread_mutex_unlock(&s->lock);
+    return b;
+}
+
+static const kvli_progress_ops_t ops_work = {
+    .prepare = prepare_work, .dispatch = dispatch_none, .busy = busy_work};
 
 /* Wait (10 s at most) until cond_fn holds; 0 on timeout. */
 static int wait_for(int (*cond_fn)(unsigned), unsigned v)
@@ -106,6 +142,7 @@ static int wait_for(int (*cond_fn)(unsigned), unsigned v)
 static int turns_at_least(unsigned v) { return st.turns >= v; }
 static int got_at_least(unsigned v) { return st.ngot >= v; }
 static int logged(unsigned v) { (void)v; return st.log[0] != '\0'; }
+static int done_at_least(unsigned v) { return st.done >= v; }
 
 static kvl_bk_ctx_t ctx = {.size = sizeof(kvl_bk_ctx_t), .log = log_fn};
 
@@ -202,6 +239,34 @@ int main(void)
     KT_CHECK(wait_for(turns_at_least, t + 1)); /* it retried */
     KT_CHECK(write(st.pipe_w, "z", 1) == 1);
     KT_CHECK(wait_for(got_at_least, 1));       /* and serves fds again */
+    finish();
+
+    /* 5. kick: 5000 units of work published one at a time, each followed by
+     * a kick and a (bounded) wait until the thread took it. The thread goes
+     * to sleep between them, so every race between its going to sleep and a
+     * publication is tried; a lost wake-up would leave a unit untaken. */
+    KT_CHECK(setrlimit(RLIMIT_NOFILE, &(struct rlimit){rl.rlim_max, rl.rlim_max}) == 0 ||
+             setrlimit(RLIMIT_NOFILE, &(struct rlimit){1024, rl.rlim_max}) == 0);
+    int fds[2];
+    kvl_error_t err;
+    KT_CHECK(pipe(fds) == 0);
+    st.pipe_r = fds[0];
+    st.pipe_w = fds[1];
+    st.work = st.done = st.turns = 0;
+    kvli_progress_init(&st.pg, &ctx, "test");
+    KT_OK(kvli_progress_open(&st.pg, &err));
+    KT_OK(kvli_progress_start(&st.pg, &ops_work, &st, &err));
+    for (unsigned i = 1; i <= 5000; i++) {
+        pthread_mutex_lock(&st.lock);
+        st.work++;
+        pthread_mutex_unlock(&st.lock);
+        kvli_progress_kick(&st.pg);
+        if (!wait_for(done_at_least, i)) {
+            printf("unit %u was never taken: a lost wake-up\n", i);
+            KT_CHECK(0);
+        }
+    }
+    printf("kick: 5000 publications, none lost (%u turns)\n", st.turns);
     finish();
     printf("ok\n");
     return 0;

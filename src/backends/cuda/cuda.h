@@ -553,6 +553,9 @@ struct kvli_cuda_iface {
     kvli_progress_t pg;              /* progress thread, wake fd, stop flag */
     pthread_mutex_t lock;
     pthread_cond_t cond;
+    /* Whoever advances posted transfers' units holds it: the progress
+     * thread, or a caller testing its transfer (kvli_cuda_xfer_poll). */
+    pthread_mutex_t prog_lock;
     kvli_cuda_peer_t *peers;
     kvli_cuda_conn_t *conns;         /* progress thread only */
     kvli_cuda_xpriv_t *xfers;        /* posted, not finished */
@@ -564,9 +567,11 @@ struct kvli_cuda_iface {
 kvl_status_t kvli_cuda_xfer_post(void *bk, kvl_bk_xfer_t *x, kvl_error_t *err);
 void kvli_cuda_xfer_cancel(void *bk, kvl_bk_xfer_t *x);
 void kvli_cuda_xfer_release(void *bk, kvl_bk_xfer_t *x);
-/* Progress thread: advance transfers; returns how many are in flight,
+/* Advance transfers (iface->prog_lock held); returns how many are in flight,
  * *young_p whether one of them was posted less than KVLI_CUDA_SPIN_NS ago. */
 unsigned kvli_cuda_xfer_progress(kvli_cuda_iface_t *iface, int *young_p);
+/* ops->progress: the same from a caller's thread, if no one else is at it. */
+void kvli_cuda_xfer_poll(void *bk);
 void kvli_cuda_xfer_cancel_peer(kvli_cuda_iface_t *iface, kvli_cuda_peer_t *peer);
 void kvli_cuda_xfer_warm(kvli_cuda_iface_t *iface, int dev);
 void kvli_cuda_ptab_release(void *bk, void *cache);

@@ -44,7 +44,10 @@ static int64_t kvli_cuda_progress_prepare(void *arg, kvli_pollset_t *ps)
      * right after a posting without sleeping at all (a zero wait still polls
      * the sockets, so the target side is served meanwhile). */
     int young = 0;
-    if (kvli_cuda_xfer_progress(iface, &young) == 0)
+    pthread_mutex_lock(&iface->prog_lock);
+    unsigned live = kvli_cuda_xfer_progress(iface, &young);
+    pthread_mutex_unlock(&iface->prog_lock);
+    if (live == 0)
         return KVLI_PROGRESS_FOREVER;
     return young ? 0 : KVLI_CUDA_POLL_NS;
 }
@@ -69,8 +72,20 @@ static void kvli_cuda_progress_dispatch(void *arg, kvli_pollset_t *ps)
     }
 }
 
+/* Posted transfers the progress thread has not finished (kvli_progress_kick). */
+static int kvli_cuda_progress_busy(void *arg)
+{
+    kvli_cuda_iface_t *iface = arg;
+    pthread_mutex_lock(&iface->lock);
+    int busy = iface->xfers != NULL;
+    pthread_mutex_unlock(&iface->lock);
+    return busy;
+}
+
 static const kvli_progress_ops_t kvli_cuda_progress_ops = {
-    kvli_cuda_progress_prepare, kvli_cuda_progress_dispatch
+    .prepare = kvli_cuda_progress_prepare,
+    .dispatch = kvli_cuda_progress_dispatch,
+    .busy = kvli_cuda_progress_busy,
 };
 
 /* ---- ops ---- */
@@ -185,6 +200,7 @@ static kvl_status_t kvli_cuda_open(kvl_bk_ctx_t *ctx, const kvl_param_t *params,
     }
     iface->ctx = ctx;
     iface->drv = d;
+    pthread_mutex_init(&iface->prog_lock, NULL);
     iface->timeout_ms = ctx->timeout_ms ? ctx->timeout_ms : KVLI_CUDA_DEFAULT_TIMEOUT_MS;
     iface->listen_fd = -1;
     kvli_progress_init(&iface->pg, ctx, KVLI_CUDA_NAME);
@@ -253,6 +269,7 @@ static void kvli_cuda_close(void *bk)
         close(iface->listen_fd);
     kvli_progress_close(&iface->pg);
     pthread_cond_destroy(&iface->cond);
+    pthread_mutex_destroy(&iface->prog_lock);
     pthread_mutex_destroy(&iface->lock);
     free(iface->scratch);
     free(iface);
@@ -296,6 +313,7 @@ const kvl_backend_ops_t kvli_cuda_ops = {
     .rregion_unload = kvli_cuda_ipc_runload,
     .xfer_post = kvli_cuda_xfer_post,
     .xfer_cancel = kvli_cuda_xfer_cancel,
+    .progress = kvli_cuda_xfer_poll,
     .notif_send = kvli_cuda_chan_notif_send,
     .peer_describe = kvli_cuda_chan_peer_describe,
     .device = &kvli_cuda_device_ops,

@@ -272,8 +272,12 @@ kvl_status_t kvli_cuda_md_check_live(const kvli_cuda_mh_t *mh, kvl_error_t *err)
     char eb[160];
     if (mh->kind == KVLI_CUDA_MEM_HOST || d == NULL)
         return KVL_OK;
+    /* One query per posting: buffer ids are never reused, and a freed
+     * pointer has none (the memory type is asked only when that fails). */
+    r = kvli_cuda_attr(d, KVLI_CU_PTR_BUFFER_ID, mh->addr, &id);
+    if (r == KVLI_CUDA_SUCCESS && id != 0 && id == mh->buffer_id)
+        return KVL_OK;
     t = kvli_cuda_memtype(d, mh->addr, &r);
-    kvli_cuda_attr(d, KVLI_CU_PTR_BUFFER_ID, mh->addr, &id);
     if (t != KVLI_CU_MEMTYPE_DEVICE || id != mh->buffer_id) {
         kvl_bk_error_set(err, KVL_ERR_STATE, 0, KVLI_CUDA_NAME, mh->dev,
                          "registered GPU region 0x%" PRIx64 "+%" PRIu64 " on device %d was freed "

@@ -1221,7 +1221,7 @@ kvl_status_t kvli_cuda_xfer_post(void *bk, kvl_bk_xfer_t *x, kvl_error_t *err)
     xp->next = iface->xfers;
     iface->xfers = xp;
     pthread_mutex_unlock(&iface->lock);
-    kvli_progress_wake(&iface->pg);
+    kvli_progress_kick(&iface->pg); /* no system call while it spins or polls */
     return KVL_OK;
 }
 
@@ -1233,8 +1233,7 @@ static void kvli_cuda_xp_finish(kvli_cuda_iface_t *iface, kvli_cuda_xpriv_t *xp)
     kvl_error_t e;
     kvli_cuda_xpriv_t **pp;
 
-    memset(&e, 0, sizeof(e));
-    e.device = -1;
+    kvl_bk_error_none(&e); /* not its 36 KiB of causes: filled only on failure */
     if (xp->failed) {
         st = xp->fail_status;
         if (xp->fail_err != NULL)
@@ -1281,8 +1280,8 @@ unsigned kvli_cuda_xfer_progress(kvli_cuda_iface_t *iface, int *young_p)
     char text[1024], eb[160];
 
     pthread_mutex_lock(&iface->lock);
-    /* Only this thread changes units after posting; the list is stable
-     * except for inserts at the head, which the next round sees. */
+    /* Only the holder of prog_lock changes units after posting; the list is
+     * stable except for inserts at the head, which the next round sees. */
     kvli_cuda_xpriv_t *head = iface->xfers;
     pthread_mutex_unlock(&iface->lock);
     for (kvli_cuda_xpriv_t *xp = head; xp != NULL; xp = xp->next) {
@@ -1322,6 +1321,16 @@ unsigned kvli_cuda_xfer_progress(kvli_cuda_iface_t *iface, int *young_p)
     for (unsigned i = 0; i < nfin; i++)
         kvli_cuda_xp_finish(iface, fin[i]);
     return live - nfin;
+}
+
+void kvli_cuda_xfer_poll(void *bk)
+{
+    kvli_cuda_iface_t *iface = bk;
+    int young = 0;
+    if (pthread_mutex_trylock(&iface->prog_lock) != 0)
+        return; /* the progress thread or another caller is at it */
+    kvli_cuda_xfer_progress(iface, &young);
+    pthread_mutex_unlock(&iface->prog_lock);
 }
 
 static void kvli_cuda_xp_wait(kvli_cuda_iface_t *iface, kvli_cuda_xpriv_t *xp)

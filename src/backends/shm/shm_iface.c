@@ -185,7 +185,8 @@ static void kvli_shm_progress_dispatch(void *arg, kvli_pollset_t *ps)
 }
 
 static const kvli_progress_ops_t kvli_shm_progress_ops = {
-    kvli_shm_progress_prepare, kvli_shm_progress_dispatch
+    .prepare = kvli_shm_progress_prepare,
+    .dispatch = kvli_shm_progress_dispatch,
 };
 
 /* ---- ops ---- */

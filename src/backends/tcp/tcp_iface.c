@@ -161,7 +161,8 @@ static void kvli_tcp_progress_dispatch(void *arg, kvli_pollset_t *ps)
 }
 
 static const kvli_progress_ops_t kvli_tcp_progress_ops = {
-    kvli_tcp_progress_prepare, kvli_tcp_progress_dispatch
+    .prepare = kvli_tcp_progress_prepare,
+    .dispatch = kvli_tcp_progress_dispatch,
 };
 
 /* ---- ops ---- */

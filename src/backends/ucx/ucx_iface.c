@@ -89,7 +89,8 @@ static void kvli_ucx_progress_dispatch(void *arg, kvli_pollset_t *ps)
 }
 
 static const kvli_progress_ops_t kvli_ucx_progress_ops = {
-    kvli_ucx_progress_prepare, kvli_ucx_progress_dispatch
+    .prepare = kvli_ucx_progress_prepare,
+    .dispatch = kvli_ucx_progress_dispatch,
 };
 
 static kvl_status_t kvli_ucx_available(char *reason, size_t len)
