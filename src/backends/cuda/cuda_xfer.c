@@ -259,6 +259,28 @@ static void kvli_cuda_tab_put(kvli_cuda_iface_t *iface, int dev, kvli_cuda_tab_t
     }
 }
 
+/* Have a free table of at least bytes on dev, made now if none is (context
+ * pushed): a list's first request then finds its index memory ready. */
+static void kvli_cuda_tab_warm(kvli_cuda_iface_t *iface, int dev, size_t bytes)
+{
+    kvli_cuda_devres_t *r = &iface->dres[dev];
+    char text[256] = "";
+    int have = 0;
+    pthread_mutex_lock(&iface->lock);
+    for (kvli_cuda_tab_t *t = r->free_tabs; t != NULL && !have; t = t->next)
+        have = t->cap >= bytes;
+    pthread_mutex_unlock(&iface->lock);
+    if (have)
+        return;
+    kvli_cuda_tab_t *t = kvli_cuda_tab_get(iface, dev, bytes, text, sizeof(text));
+    if (t == NULL) {
+        iface->ctx->log(iface->ctx, KVL_LOG_DEBUG, "no index table warmed for a prepared list "
+                        "(%.200s); its first request makes one", text);
+        return;
+    }
+    kvli_cuda_tab_put(iface, dev, t);
+}
+
 static void kvli_cuda_slot_put(kvli_cuda_iface_t *iface, int dev, kvli_cuda_slot_t *s)
 {
     pthread_mutex_lock(&iface->lock);
@@ -765,6 +787,11 @@ void kvli_cuda_ptab_prepare(void *bk, const kvl_bk_ptab_t *t, void *const *mh, i
     CUstream stream = dr->streams[dr->next_stream++ % KVLI_CUDA_STREAMS];
     pthread_mutex_unlock(&iface->lock);
     pt = kvli_cuda_ptab_make(iface, dev, stream, t, mh, remote, text, sizeof(text));
+    /* And the pinned index memory a request over the whole list needs
+     * (kvli_cuda_idx_alloc lends it), so that the first transfer after
+     * preparation allocates nothing either. */
+    if (pt != NULL && 2 * t->n * sizeof(uint32_t) > 2 * KVLI_CUDA_INLINE_PAIRS * sizeof(uint32_t))
+        kvli_cuda_tab_warm(iface, dev, 2 * t->n * sizeof(uint32_t));
     kvli_cuda_drv_pop();
     if (pt == NULL) {
         iface->ctx->log(iface->ctx, KVL_LOG_DEBUG, "no address table for a prepared list of %zu "

@@ -319,6 +319,10 @@ kvl_status_t kvli_ucx_md_reg(void *bk, const kvl_region_info_t *r, void **mh_p,
         return KVL_ERR_SYSTEM;
     }
     kvli_ucx_mh_link(iface, mh);
+    if (detail_len == 0) { /* no report asked for: format nothing */
+        *mh_p = mh;
+        return KVL_OK;
+    }
     if (mh->alloc != NULL) {
         const char *tl = iface->tls_list;
         int mm = strstr(tl, "sysv") != NULL || strstr(tl, "posix") != NULL;
