@@ -57,6 +57,20 @@ kvl_status_t kvl_etcd_attach(kvl_agent_t *agent, const kvl_etcd_config_t *config
 kvl_status_t kvl_etcd_publish(kvl_agent_t *agent, const char *label);
 
 /*
+ * Publish partial metadata of this agent (kvl_metadata_get_partial) under
+ * <prefix>/<name>/<label>, attached to its lease (NIXL's
+ * sendLocalPartialMD with a label). The default label keeps the full
+ * metadata: label NULL, "" or KVL_ETCD_DEFAULT_LABEL is refused, as is a
+ * blob that is not partial metadata of this agent (KVL_ERR_INVALID_ARG).
+ * kvl_etcd_fetch(name, label) loads it, merged into what is held (see
+ * kvl_metadata_load). The blob is published again as it is when the lease
+ * is renewed; after a deregistration of a region it names, it is withdrawn
+ * (its key deleted, a warning logged) instead.
+ */
+kvl_status_t kvl_etcd_publish_partial(kvl_agent_t *agent, const char *label, const void *blob,
+                                      size_t len);
+
+/*
  * Load the metadata agent `name` published under label (NULL: the default),
  * waiting up to wait_ms for it to appear (0: no wait), and follow it (see
  * kvl_etcd_attach). KVL_ERR_NOT_FOUND when it is not there in time.

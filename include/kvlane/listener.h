@@ -29,6 +29,15 @@ kvl_status_t kvl_metadata_fetch(kvl_agent_t *agent, const char *host_port, char 
 /* Send this agent's metadata to the listener at host_port, which loads it. */
 kvl_status_t kvl_metadata_push(kvl_agent_t *agent, const char *host_port);
 
+/* Send partial metadata of this agent (kvl_metadata_get_partial) to the
+ * listener at host_port, which loads it: merged into what it holds of us
+ * (see kvl_metadata_load). A blob that is not partial metadata of this
+ * agent is refused (KVL_ERR_INVALID_ARG). Like kvl_metadata_push, the
+ * listener is remembered: it is sent our full metadata after a
+ * deregistration, and INVALIDATE when the agent is destroyed. */
+kvl_status_t kvl_metadata_push_partial(kvl_agent_t *agent, const char *host_port,
+                                       const void *blob, size_t len);
+
 /* Ask the listener at host_port to forget this agent (it drops our metadata
  * and cancels its transfers to us). host_port NULL: every listener we pushed
  * to. Also done automatically when the agent is destroyed. */

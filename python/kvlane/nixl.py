@@ -1039,8 +1039,24 @@ class nixl_agent:
         return self.agent.get_metadata()
 
     def get_partial_agent_metadata(self, descs=None, inc_conn_info=False, backends=_EMPTY):
-        self._bk(backends, "get_partial_agent_metadata")
-        return self.agent.get_metadata()
+        """Partial metadata, as NIXL's getLocalPartialMD: no descriptors,
+        connection info only (of every backend or of ``backends``); else the
+        registered regions the descriptors lie in, with connection info only
+        when inc_conn_info. A descriptor outside registered memory is refused
+        (nixlNotFoundError), never dropped."""
+        return self._partial_md(descs, inc_conn_info, backends, "get_partial_agent_metadata")
+
+    def _partial_md(self, descs, inc_conn_info, backends, what):
+        bk = self._bk(backends, what)
+        d = None
+        if descs is not None and not (isinstance(descs, (list, tuple)) and not descs):
+            d = self.get_xfer_descs(descs, None if isinstance(
+                descs, (nixlRegDList, nixlXferDList)) else "DRAM")
+            d = d.dlist if d.descCount() else None
+        try:
+            return self.agent.get_partial_metadata(d, bool(inc_conn_info), bk)
+        except Error as e:
+            raise as_nixl(e, nixlNotFoundError) from None
 
     def add_remote_agent(self, metadata):
         return self.agent.load_metadata(metadata).encode()
@@ -1079,7 +1095,9 @@ class nixl_agent:
 
     def send_partial_agent_metadata(self, descs=None, inc_conn_info=False, backends=_EMPTY,
                                     ip_addr="", port=DEFAULT_COMM_PORT, label=""):
-        self._bk(backends, "send_partial_agent_metadata")
+        """Partial metadata (get_partial_agent_metadata) to the listener at
+        ip_addr, or into etcd under ``label`` (required there; the default
+        label keeps the full metadata). The peer merges it."""
         if not ip_addr:
             if not self._etcd:
                 raise _no_central_store()
@@ -1087,9 +1105,11 @@ class nixl_agent:
                 raise InvalidArgument("send_partial_agent_metadata: a metadata label is "
                                       "required to publish partial metadata in etcd",
                                       hint="pass label=..., as NIXL requires")
-            self.agent.etcd_publish(label)
+        blob = self._partial_md(descs, inc_conn_info, backends, "send_partial_agent_metadata")
+        if not ip_addr:
+            self.agent.etcd_publish(label, blob)
             return
-        self.send_local_metadata(ip_addr, port)
+        self.agent.push_partial_metadata(f"{ip_addr}:{port}", blob)
 
     def fetch_remote_metadata(self, remote_agent, ip_addr="", port=DEFAULT_COMM_PORT, label=""):
         if not ip_addr:

@@ -25,6 +25,7 @@
 #pragma weak kvl_agent_listen
 #pragma weak kvl_metadata_fetch
 #pragma weak kvl_metadata_push
+#pragma weak kvl_metadata_push_partial
 #pragma weak kvl_metadata_invalidate
 
 /* Cast a METH_VARARGS|METH_KEYWORDS function to PyCFunction without a

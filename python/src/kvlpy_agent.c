@@ -623,6 +623,49 @@ static PyObject *kvlpy_agent_get_metadata(kvlpy_agent_t *self, PyObject *unused)
     return b;
 }
 
+/* get_partial_metadata(dlist=None, inc_conn_info=False, backends=None) -> bytes */
+static PyObject *kvlpy_agent_get_partial_metadata(kvlpy_agent_t *self, PyObject *args,
+                                                 PyObject *kw)
+{
+    static char *kwlist[] = {"dlist", "inc_conn_info", "backends", NULL};
+    PyObject *dl_o = Py_None, *bk_o = Py_None;
+    int conn = 0;
+    const char *names[16];
+    size_t nb = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "|OpO:get_partial_metadata", kwlist, &dl_o, &conn,
+                                     &bk_o))
+        return NULL;
+    kvl_dlist_t *dl = NULL;
+    if (dl_o != Py_None) {
+        if (!PyObject_TypeCheck(dl_o, &kvlpy_dlist_type)) {
+            PyErr_SetString(PyExc_TypeError, "a kvlane.DList or None is needed");
+            return NULL;
+        }
+        if ((dl = ((kvlpy_dlist_t *)dl_o)->dl) == NULL)
+            return kvlpy_raise_msg(KVL_ERR_STATE, "DList.__init__ was not called", NULL);
+    }
+    PyObject *keep = PyList_New(0);
+    if (keep == NULL)
+        return NULL;
+    if (kvlpy_names_get(bk_o, names, 16, &nb, keep) < 0 || kvlpy_agent_enter(self) < 0) {
+        Py_DECREF(keep);
+        return NULL;
+    }
+    void *blob = NULL;
+    size_t len = 0;
+    kvl_status_t st;
+    Py_BEGIN_ALLOW_THREADS
+    st = kvl_metadata_get_partial(self->agent, dl, conn != 0, nb ? names : NULL, nb, &blob, &len);
+    Py_END_ALLOW_THREADS
+    kvlpy_agent_leave(self);
+    Py_DECREF(keep);
+    if (st != KVL_OK)
+        return kvlpy_raise(st, NULL);
+    PyObject *b = PyBytes_FromStringAndSize(blob, (Py_ssize_t)len);
+    kvl_free(blob);
+    return b;
+}
+
 static PyObject *kvlpy_agent_load_metadata(kvlpy_agent_t *self, PyObject *arg)
 {
     Py_buffer v;
@@ -973,6 +1016,34 @@ static PyObject *kvlpy_agent_push_metadata(kvlpy_agent_t *self, PyObject *arg)
     Py_RETURN_NONE;
 }
 
+/* push_partial_metadata('host:port', blob) */
+static PyObject *kvlpy_agent_push_partial_metadata(kvlpy_agent_t *self, PyObject *args)
+{
+    kvl_status_t (*fn)(kvl_agent_t *, const char *, const void *, size_t) =
+        kvl_metadata_push_partial;
+    const char *hp;
+    Py_buffer v;
+    if (!PyArg_ParseTuple(args, "sy*:push_partial_metadata", &hp, &v))
+        return NULL;
+    if (fn == NULL) {
+        PyBuffer_Release(&v);
+        return kvlpy_no_listener();
+    }
+    if (kvlpy_agent_enter(self) < 0) {
+        PyBuffer_Release(&v);
+        return NULL;
+    }
+    kvl_status_t st;
+    Py_BEGIN_ALLOW_THREADS
+    st = fn(self->agent, hp, v.buf, (size_t)v.len);
+    Py_END_ALLOW_THREADS
+    kvlpy_agent_leave(self);
+    PyBuffer_Release(&v);
+    if (st != KVL_OK)
+        return kvlpy_raise(st, NULL);
+    Py_RETURN_NONE;
+}
+
 static PyObject *kvlpy_agent_invalidate_metadata(kvlpy_agent_t *self, PyObject *args)
 {
     const char *hp = NULL;
@@ -1027,17 +1098,22 @@ static PyObject *kvlpy_agent_etcd_attach(kvlpy_agent_t *self, PyObject *args, Py
 
 static PyObject *kvlpy_agent_etcd_publish(kvlpy_agent_t *self, PyObject *args, PyObject *kw)
 {
-    static char *kwlist[] = {"label", NULL};
+    static char *kwlist[] = {"label", "blob", NULL};
     const char *label = NULL;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "|z:etcd_publish", kwlist, &label))
+    Py_buffer v = {0};
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "|zz*:etcd_publish", kwlist, &label, &v))
         return NULL;
-    if (kvlpy_agent_enter(self) < 0)
+    if (kvlpy_agent_enter(self) < 0) {
+        PyBuffer_Release(&v);
         return NULL;
+    }
     kvl_status_t st;
     Py_BEGIN_ALLOW_THREADS
-    st = kvl_etcd_publish(self->agent, label);
+    st = v.buf != NULL ? kvl_etcd_publish_partial(self->agent, label, v.buf, (size_t)v.len)
+                       : kvl_etcd_publish(self->agent, label);
     Py_END_ALLOW_THREADS
     kvlpy_agent_leave(self);
+    PyBuffer_Release(&v);
     if (st != KVL_OK)
         return kvlpy_raise(st, NULL);
     Py_RETURN_NONE;
@@ -1100,8 +1176,13 @@ static PyMethodDef kvlpy_agent_methods[] = {
      "query_range(addr, len) -> None or (kind, dev, addr, len, [backends])"},
     {"get_metadata", (PyCFunction)kvlpy_agent_get_metadata, METH_NOARGS,
      "This agent's metadata blob (bytes)."},
+    {"get_partial_metadata", KVLPY_FN(kvlpy_agent_get_partial_metadata),
+     METH_VARARGS | METH_KEYWORDS,
+     "get_partial_metadata(dlist=None, inc_conn_info=False, backends=None) -> bytes: partial "
+     "metadata (the regions the list lies in; connection info only with no list or "
+     "inc_conn_info)."},
     {"load_metadata", (PyCFunction)kvlpy_agent_load_metadata, METH_O,
-     "load_metadata(blob) -> remote agent name."},
+     "load_metadata(blob) -> remote agent name (a partial blob is merged)."},
     {"remove_remote", (PyCFunction)kvlpy_agent_remove_remote, METH_O, "Forget a remote agent."},
     {"check_remote", (PyCFunction)kvlpy_agent_check_remote, METH_O,
      "Whether a remote agent's metadata is loaded."},
@@ -1126,13 +1207,15 @@ static PyMethodDef kvlpy_agent_methods[] = {
      "fetch_metadata('host:port') -> remote agent name"},
     {"push_metadata", (PyCFunction)kvlpy_agent_push_metadata, METH_O,
      "push_metadata('host:port')"},
+    {"push_partial_metadata", (PyCFunction)kvlpy_agent_push_partial_metadata, METH_VARARGS,
+     "push_partial_metadata('host:port', blob)"},
     {"invalidate_metadata", (PyCFunction)kvlpy_agent_invalidate_metadata, METH_VARARGS,
      "invalidate_metadata(host_port=None)"},
     {"etcd_attach", KVLPY_FN(kvlpy_agent_etcd_attach), METH_VARARGS | METH_KEYWORDS,
      "etcd_attach(endpoints, prefix=None, lease_ttl_s=0, user=None, password=None, "
      "timeout_ms=0)"},
     {"etcd_publish", KVLPY_FN(kvlpy_agent_etcd_publish), METH_VARARGS | METH_KEYWORDS,
-     "etcd_publish(label=None)"},
+     "etcd_publish(label=None, blob=None): blob, partial metadata, under a label of its own"},
     {"etcd_fetch", KVLPY_FN(kvlpy_agent_etcd_fetch), METH_VARARGS | METH_KEYWORDS,
      "etcd_fetch(name, label=None, wait_ms=0)"},
     {"etcd_unpublish", (PyCFunction)kvlpy_agent_etcd_unpublish, METH_NOARGS,

@@ -150,6 +150,7 @@ typedef struct kvli_rregion {
     uint64_t addr, len;
     kvl_mem_kind_t kind;
     int32_t dev;
+    uint32_t keysum;                  /* crc32c of the keys loaded (backend, bytes) */
     void *rh[KVLI_MAX_BACKENDS];
 } kvli_rregion_t;
 
@@ -166,8 +167,19 @@ typedef struct kvli_remote {
     size_t n_regions;
     kvli_rregion_t *regions;          /* sorted by addr */
     uint64_t max_len;
+    bool partial;                     /* built from or merged with partial blobs */
+    /* Arrays and regions a partial merge replaced: preps may still point
+     * into them, so they are freed (handles unloaded) with the remote. */
+    struct kvli_rretired *retired;
     struct kvli_remote *next;
 } kvli_remote_t;
+
+typedef struct kvli_rretired {
+    struct kvli_rretired *next;
+    kvli_rregion_t *array;            /* the old regions array: free only */
+    size_t n_gone;
+    kvli_rregion_t *gone;             /* replaced regions: unload their handles */
+} kvli_rretired_t;
 
 void kvli_remote_get(kvli_remote_t *r);
 void kvli_remote_put(kvl_agent_t *a, kvli_remote_t *r);

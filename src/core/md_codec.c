@@ -1,7 +1,8 @@
 /*
  * Metadata wire format, version 1 (all integers little endian):
  *   header: "KVLM" | u16 version | u16 header length (20) | u32 total length
- *           | u32 crc32c | u32 flags (0)
+ *           | u32 crc32c | u32 flags (0: full; PARTIAL, PARTIAL|NO_CONN: see
+ *           md_codec.h; an older kvlane refuses partial blobs by their flags)
  *   body:   u8 name length | name | u64 incarnation | u64 start ns |
  *           u64 generation | u8 backends | { u8 len | name | u32 len | conn }
  *           | u32 regions | { u64 addr | u64 len | u8 kind | i32 dev | u8 keys
@@ -66,7 +67,7 @@ kvl_status_t kvli_md_encode(const kvli_md_t *md, uint8_t **blob_p, size_t *len_p
     kvli_wle(&w, KVLI_MD_HEADER_LEN, 2);
     kvli_wle(&w, 0, 4);   /* total, patched */
     kvli_wle(&w, 0, 4);   /* crc, patched */
-    kvli_wle(&w, 0, 4);   /* flags */
+    kvli_wle(&w, md->flags, 4);
     size_t nl = strlen(md->name);
     kvli_w8(&w, (uint8_t)nl);
     kvli_w(&w, md->name, nl);
@@ -222,7 +223,8 @@ kvl_status_t kvli_md_decode(const void *blob, size_t len, kvli_md_t *md, kvl_err
         kvli_hint(err, "run the same kvlane version on both sides");
         return KVL_ERR_BAD_METADATA;
     }
-    if (hlen != KVLI_MD_HEADER_LEN || flags != 0) {
+    if (hlen != KVLI_MD_HEADER_LEN || (flags & ~KVLI_MD_FLAGS_KNOWN) != 0 ||
+        flags == KVLI_MD_FLAG_NO_CONN) {
         kvli_err(err, KVL_ERR_BAD_METADATA, 0, "metadata header length %u / flags 0x%x not valid "
                  "for version 1", hlen, flags);
         goto fail_hint;
@@ -243,6 +245,7 @@ kvl_status_t kvli_md_decode(const void *blob, size_t len, kvli_md_t *md, kvl_err
             goto fail_hint;
         }
     }
+    md->flags = flags;
     if (!kvli_r_name(&r, md->name, sizeof(md->name), "agent name"))
         goto fail;
     md->incarnation = kvli_rle(&r, 8, "incarnation");
@@ -272,6 +275,11 @@ kvl_status_t kvli_md_decode(const void *blob, size_t len, kvli_md_t *md, kvl_err
         if (!r.failed && be->conn_len > KVL_BK_CONN_MAX) {
             kvli_r_bad(&r, "backend '%s' connection info of %u bytes exceeds %d", be->name,
                        be->conn_len, KVL_BK_CONN_MAX);
+            goto fail;
+        }
+        if (!r.failed && be->conn_len > 0 && (flags & KVLI_MD_FLAG_NO_CONN)) {
+            kvli_r_bad(&r, "backend '%s' has %u bytes of connection info in a blob flagged as "
+                       "carrying none", be->name, be->conn_len);
             goto fail;
         }
         be->conn = kvli_rbytes(&r, be->conn_len, "connection info");

@@ -13,17 +13,34 @@ void kvli_remote_get(kvli_remote_t *r)
     atomic_fetch_add(&r->objref, 1);
 }
 
-static void kvli_remote_free(kvl_agent_t *a, kvli_remote_t *r)
+/* Unload the region handles of n regions (the peers stay). */
+static void kvli_rregions_unload(kvl_agent_t *a, kvli_remote_t *r, kvli_rregion_t *g, size_t n)
 {
     for (unsigned b = 0; b < a->nbks; b++) {
         struct kvl_backend *bk = a->bks[b];
         if (r->peer[b] == NULL)
             continue;
-        for (size_t i = 0; i < r->n_regions; i++)
-            if (r->regions[i].rh[b] != NULL)
-                bk->ops->rregion_unload(bk->bk, r->peer[b], r->regions[i].rh[b]);
-        bk->ops->peer_unload(bk->bk, r->peer[b]);
+        for (size_t i = 0; i < n; i++)
+            if (g[i].rh[b] != NULL) {
+                bk->ops->rregion_unload(bk->bk, r->peer[b], g[i].rh[b]);
+                g[i].rh[b] = NULL;
+            }
     }
+}
+
+static void kvli_remote_free(kvl_agent_t *a, kvli_remote_t *r)
+{
+    kvli_rregions_unload(a, r, r->regions, r->n_regions);
+    for (kvli_rretired_t *t = r->retired, *next; t != NULL; t = next) {
+        next = t->next;
+        kvli_rregions_unload(a, r, t->gone, t->n_gone);
+        free(t->gone);
+        free(t->array);
+        free(t);
+    }
+    for (unsigned b = 0; b < a->nbks; b++)
+        if (r->peer[b] != NULL)
+            a->bks[b]->ops->peer_unload(a->bks[b]->bk, r->peer[b]);
     free(r->regions);
     free(r);
 }
@@ -147,6 +164,194 @@ static void kvli_remote_unlink(kvl_agent_t *a, kvli_remote_t *r)
     atomic_store(&r->valid, false);
 }
 
+/* Fold one loaded key (local backend b) into a region's key checksum: a
+ * region of a partial blob equal to a held one (address, length, kind,
+ * device, keys) is kept as held instead of replacing it. */
+static uint32_t kvli_keysum(uint32_t sum, unsigned b, const kvli_md_key_t *key)
+{
+    uint8_t bb = (uint8_t)b;
+    sum = kvli_crc32c(sum, &bb, 1);
+    return key->len ? kvli_crc32c(sum, key->data, key->len) : sum;
+}
+
+static bool kvli_rregion_same(const kvli_rregion_t *x, const kvli_rregion_t *y)
+{
+    return x->addr == y->addr && x->len == y->len && x->kind == y->kind && x->dev == y->dev &&
+           x->keysum == y->keysum;
+}
+
+/* Merge a partial blob of the held incarnation into r (referenced by the
+ * caller): load its region keys through the peers r already has, then,
+ * under the lock, add its regions, each replacing a held region at the same
+ * address. The replaced array and regions stay until r is freed: preps of
+ * transfers in flight point into them. */
+static kvl_status_t kvli_remote_merge(kvl_agent_t *a, kvli_remote_t *r, const kvli_md_t *md,
+                                      kvl_error_t *err)
+{
+    struct kvl_backend *bks[KVLI_MAX_BACKENDS];
+    pthread_mutex_lock(&a->lock);
+    unsigned nbks = a->nbks;
+    memcpy(bks, a->bks, sizeof(bks));
+    pthread_mutex_unlock(&a->lock);
+
+    size_t n = md->n_regions;
+    kvli_rregion_t *add = calloc(n + 1, sizeof(*add));
+    kvli_rretired_t *t = calloc(1, sizeof(*t));
+    if (add == NULL || t == NULL) {
+        free(add);
+        free(t);
+        kvli_err(err, KVL_ERR_NO_MEMORY, ENOMEM, "out of memory merging %zu regions of agent "
+                 "'%s'", n, md->name);
+        return KVL_ERR_NO_MEMORY;
+    }
+    for (size_t i = 0; i < n; i++)
+        add[i] = (kvli_rregion_t){.addr = md->regions[i].addr, .len = md->regions[i].len,
+                                  .kind = md->regions[i].kind, .dev = md->regions[i].dev};
+    /* r's peers never change once it is listed: no lock needed to read them */
+    for (unsigned b = 0; b < nbks; b++) {
+        struct kvl_backend *bk = bks[b];
+        int mb = -1;
+        if (r->peer[b] == NULL)
+            continue;
+        for (unsigned j = 0; j < md->n_backends; j++)
+            if (strcmp(md->backends[j].name, bk->ops->name) == 0)
+                mb = (int)j;
+        for (size_t i = 0; mb >= 0 && i < n; i++) {
+            const kvli_md_key_t *key = &md->regions[i].keys[mb];
+            kvl_error_t berr;
+            if (!key->present)
+                continue;
+            kvl_region_info_t info = {.addr = add[i].addr, .len = add[i].len,
+                                      .kind = add[i].kind, .dev = add[i].dev, .shm_fd = -1};
+            memset(&berr, 0, offsetof(kvl_error_t, causes));
+            berr.device = -1;
+            add[i].keysum = kvli_keysum(add[i].keysum, b, key);
+            if (bk->ops->rregion_load(bk->bk, r->peer[b], &info, key->data, key->len,
+                                      &add[i].rh[b], &berr) != KVL_OK) {
+                add[i].rh[b] = NULL;
+                if (!berr.backend[0])
+                    kvli_scopy(berr.backend, sizeof(berr.backend), bk->ops->name);
+                kvli_err(err, KVL_ERR_BAD_METADATA, 0,
+                         "agent '%s': region %zu (0x%llx+%llu) has a key backend %s refuses",
+                         md->name, i, (unsigned long long)info.addr, (unsigned long long)info.len,
+                         bk->ops->name);
+                kvli_err_add_cause(err, &berr);
+                kvli_scopy(err->agent, sizeof(err->agent), md->name);
+                kvli_rregions_unload(a, r, add, n);
+                free(add);
+                free(t);
+                return KVL_ERR_BAD_METADATA;
+            }
+        }
+    }
+    if (n > 1)
+        qsort(add, n, sizeof(*add), kvli_rregion_cmp);
+
+    pthread_mutex_lock(&a->lock);
+    kvli_rregion_t *merged = NULL;
+    bool current = atomic_load(&r->valid) && md->generation >= r->generation;
+    if (current) {
+        merged = calloc(r->n_regions + n + 1, sizeof(*merged));
+        t->gone = calloc(r->n_regions + 1, sizeof(*t->gone));
+    }
+    if (!current || merged == NULL || t->gone == NULL) {
+        uint64_t now = r->generation;
+        pthread_mutex_unlock(&a->lock);
+        kvli_rregions_unload(a, r, add, n);
+        free(merged);
+        free(t->gone);
+        free(t);
+        free(add);
+        if (current) {
+            kvli_err(err, KVL_ERR_NO_MEMORY, ENOMEM, "out of memory merging %zu regions of "
+                     "agent '%s'", n, md->name);
+            return KVL_ERR_NO_MEMORY;
+        }
+        kvli_err(err, KVL_ERR_STALE, 0, "partial metadata of agent '%s' (generation %llu) was "
+                 "not merged: the agent's metadata was replaced or a newer generation (%llu) "
+                 "loaded meanwhile", md->name, (unsigned long long)md->generation,
+                 (unsigned long long)now);
+        kvli_scopy(err->agent, sizeof(err->agent), md->name);
+        kvli_hint(err, "fetch the agent's current metadata; what is loaded stays in use");
+        return KVL_ERR_STALE;
+    }
+    /* A region equal to a held one keeps the held one (its new handles are
+     * unloaded): loading the same blob again retires nothing. Any other
+     * region replaces every held region at its address. */
+    size_t m = 0, kept = 0;
+    uint64_t max_len = 0;
+    bool *dup = calloc(n + 1, sizeof(*dup));
+    if (dup == NULL) {
+        pthread_mutex_unlock(&a->lock);
+        kvli_rregions_unload(a, r, add, n);
+        free(merged);
+        free(t->gone);
+        free(t);
+        free(add);
+        kvli_err(err, KVL_ERR_NO_MEMORY, ENOMEM, "out of memory merging %zu regions of agent "
+                 "'%s'", n, md->name);
+        return KVL_ERR_NO_MEMORY;
+    }
+    for (size_t i = 0; i < r->n_regions; i++) {
+        const kvli_rregion_t *g = &r->regions[i];
+        size_t lo = 0, hi = n;  /* first of add at g's address (add sorted) */
+        while (lo < hi) {
+            size_t mid = lo + (hi - lo) / 2;
+            if (add[mid].addr < g->addr)
+                lo = mid + 1;
+            else
+                hi = mid;
+        }
+        bool same_addr = lo < n && add[lo].addr == g->addr, equal = false;
+        for (size_t j = lo; j < n && add[j].addr == g->addr && !equal; j++)
+            if (!dup[j] && kvli_rregion_same(&add[j], g))
+                equal = dup[j] = true;
+        if (same_addr && !equal)
+            t->gone[t->n_gone++] = *g;
+        else
+            merged[m++] = *g;
+        kept += equal;
+    }
+    for (size_t j = 0; j < n; j++)
+        if (!dup[j])
+            merged[m++] = add[j];
+    if (m > 1)
+        qsort(merged, m, sizeof(*merged), kvli_rregion_cmp);
+    for (size_t i = 0; i < m; i++)
+        if (merged[i].len > max_len)
+            max_len = merged[i].len;
+    if (kept == n && t->n_gone == 0) {
+        free(merged); /* nothing new: the held array stays */
+        free(t->gone);
+        free(t);
+        t = NULL;
+        m = r->n_regions;
+    } else {
+        t->array = r->regions;
+        t->next = r->retired;
+        r->retired = t;
+        r->regions = merged;
+        r->n_regions = m;
+        r->max_len = max_len;
+    }
+    r->generation = md->generation;
+    r->partial = true;
+    size_t gone = t ? t->n_gone : 0;
+    pthread_mutex_unlock(&a->lock);
+    /* the duplicates' handles: unload them, keep the others (now in merged) */
+    size_t nd = 0;
+    for (size_t j = 0; j < n; j++)
+        if (dup[j])
+            add[nd++] = add[j];
+    kvli_rregions_unload(a, r, add, nd);
+    free(dup);
+    free(add);
+    kvli_log(KVL_LOG_DEBUG, "core", "agent '%s': merged %zu region(s) of remote '%s' "
+             "(generation %llu, %zu unchanged, %zu replaced; %zu held)", a->name, n, md->name,
+             (unsigned long long)md->generation, kept, gone, m);
+    return KVL_OK;
+}
+
 kvl_status_t kvl_metadata_load(kvl_agent_t *a, const void *blob, size_t len, char *name_out,
                                size_t name_cap)
 {
@@ -161,6 +366,7 @@ kvl_status_t kvl_metadata_load(kvl_agent_t *a, const void *blob, size_t len, cha
     st = kvli_md_decode(blob, len, &md, &err);
     if (st != KVL_OK)
         return kvli_fail(a, &err);
+    bool partial = (md.flags & KVLI_MD_FLAG_PARTIAL) != 0;
 
     /* Refuse what is stale before connecting to anything. */
     pthread_mutex_lock(&a->lock);
@@ -186,13 +392,41 @@ kvl_status_t kvl_metadata_load(kvl_agent_t *a, const void *blob, size_t len, cha
             kvli_md_release(&md);
             return kvli_fail(a, &err);
         }
-        if (same && md.generation == old->generation) {
+        if (same && partial) {
+            kvli_remote_get(old);
+            pthread_mutex_unlock(&a->lock);
+            st = kvli_remote_merge(a, old, &md, &err);
+            kvli_remote_put(a, old);
+            if (st == KVL_OK && name_out)
+                snprintf(name_out, name_cap, "%s", md.name);
+            kvli_md_release(&md);
+            return st == KVL_OK ? KVL_OK : kvli_fail(a, &err);
+        }
+        if (same && md.generation == old->generation && !old->partial) {
             pthread_mutex_unlock(&a->lock);
             kvli_md_release(&md);
             if (name_out)
                 snprintf(name_out, name_cap, "%s", md.name);
             return KVL_OK;
         }
+    }
+    if (md.flags & KVLI_MD_FLAG_NO_CONN) {
+        /* Regions without a way to reach the agent: nothing to merge into. */
+        if (old == NULL)
+            kvli_err(&err, KVL_ERR_NOT_FOUND, 0, "partial metadata of agent '%s' carries no "
+                     "connection info and agent '%s' is not loaded on agent '%s'", md.name,
+                     md.name, a->name);
+        else
+            kvli_err(&err, KVL_ERR_NOT_FOUND, 0, "partial metadata of agent '%s' is of a new "
+                     "incarnation %016llx (it restarted; %016llx is loaded) and carries no "
+                     "connection info", md.name, (unsigned long long)md.incarnation,
+                     (unsigned long long)old->incarnation);
+        kvli_scopy(err.agent, sizeof(err.agent), md.name);
+        kvli_hint(&err, "send its connection info first: its full metadata, or partial metadata "
+                        "of no descriptors or with connection info (NIXL: inc_conn_info=True)");
+        pthread_mutex_unlock(&a->lock);
+        kvli_md_release(&md);
+        return kvli_fail(a, &err);
     }
     unsigned nbks = a->nbks;
     struct kvl_backend *bks[KVLI_MAX_BACKENDS];
@@ -209,6 +443,7 @@ kvl_status_t kvl_metadata_load(kvl_agent_t *a, const void *blob, size_t len, cha
     r->incarnation = md.incarnation;
     r->start_ns = md.start_ns;
     r->generation = md.generation;
+    r->partial = partial;
     atomic_init(&r->objref, 1);
     atomic_init(&r->valid, true);
     r->n_regions = md.n_regions;
@@ -257,6 +492,7 @@ kvl_status_t kvl_metadata_load(kvl_agent_t *a, const void *blob, size_t len, cha
                                       .shm_fd = -1};
             st = bk->ops->rregion_load(bk->bk, r->peer[b], &info, key->data, key->len,
                                        &r->regions[i].rh[b], &berr);
+            r->regions[i].keysum = kvli_keysum(r->regions[i].keysum, b, key);
             if (st != KVL_OK) {
                 /* A bad key poisons the whole blob: refuse it entirely. */
                 if (!berr.backend[0])
@@ -297,9 +533,17 @@ kvl_status_t kvl_metadata_load(kvl_agent_t *a, const void *blob, size_t len, cha
     /* Swap in, re-checking: another thread may have loaded meanwhile. */
     pthread_mutex_lock(&a->lock);
     old = kvli_remote_find(a, r->name);
+    if (old != NULL && partial && old->incarnation == r->incarnation) {
+        /* loaded meanwhile: merge into it instead of replacing it */
+        pthread_mutex_unlock(&a->lock);
+        kvli_remote_free(a, r);
+        return kvl_metadata_load(a, blob, len, name_out, name_cap);
+    }
     if (old != NULL) {
         bool same = old->incarnation == r->incarnation;
-        if ((same && r->generation <= old->generation) || (!same && r->start_ns < old->start_ns)) {
+        if ((same && (r->generation < old->generation ||
+                      (r->generation == old->generation && !old->partial))) ||
+            (!same && r->start_ns < old->start_ns)) {
             pthread_mutex_unlock(&a->lock);
             kvli_remote_free(a, r);
             if (name_out)

@@ -63,6 +63,10 @@ typedef struct kvli_etcd_read {
 typedef struct kvli_etcd_pub {
     struct kvli_etcd_pub *next;
     char label[KVLI_ETCD_LABEL_MAX];
+    /* Partial metadata published as is (kvl_etcd_publish_partial); NULL:
+     * the full metadata, made again at each put. */
+    void *blob;
+    size_t len;
 } kvli_etcd_pub_t;
 
 typedef struct kvli_etcd {
@@ -225,14 +229,24 @@ static kvl_status_t kvli_etcd_revoke(kvli_etcd_t *s, CURL *h, int64_t lease, kvl
     return st == KVL_ERR_NOT_FOUND ? KVL_OK : st; /* already expired */
 }
 
-/* Put our metadata under label with lease. */
-static kvl_status_t kvli_etcd_put_md(kvli_etcd_t *s, CURL *h, const char *label, int64_t lease,
+/* Put our metadata (the partial blob given, else the full metadata) under
+ * label with lease. */
+static kvl_status_t kvli_etcd_put_md(kvli_etcd_t *s, CURL *h, const char *label,
+                                     const void *partial, size_t partial_len, int64_t lease,
                                      kvl_error_t *err)
 {
     void *blob = NULL;
     size_t len = 0;
     char key[KVLI_ETCD_PREFIX_MAX + KVL_NAME_MAX + KVLI_ETCD_LABEL_MAX + 4], id[32];
-    if (kvl_metadata_get(s->a, &blob, &len) != KVL_OK) {
+    if (partial != NULL) {
+        if ((blob = malloc(partial_len)) == NULL) {
+            kvli_err(err, KVL_ERR_NO_MEMORY, ENOMEM, "etcd: no memory to copy %zu bytes of "
+                     "metadata", partial_len);
+            return KVL_ERR_NO_MEMORY;
+        }
+        memcpy(blob, partial, partial_len);
+        len = partial_len;
+    } else if (kvl_metadata_get(s->a, &blob, &len) != KVL_OK) {
         *err = *kvl_last_error();
         return err->code;
     }
@@ -280,19 +294,95 @@ static kvl_status_t kvli_etcd_put_md(kvli_etcd_t *s, CURL *h, const char *label,
     return st;
 }
 
+/* Whether every region a partial blob names is still registered, as it was
+ * (same address, length and kind); the first one that is not into gone. */
+static bool kvli_etcd_partial_current(kvl_agent_t *a, const void *blob, size_t len, char *gone,
+                                      size_t cap)
+{
+    kvli_md_t md;
+    kvl_error_t err;
+    bool ok = true;
+    if (kvli_md_decode(blob, len, &md, &err) != KVL_OK) {
+        kvli_scopy(gone, cap, err.what);
+        return false;
+    }
+    pthread_mutex_lock(&a->lock);
+    for (uint32_t i = 0; i < md.n_regions && ok; i++) {
+        const kvli_md_region_t *g = &md.regions[i];
+        const kvli_region_t *r = kvli_registry_find(a, g->addr, g->len);
+        ok = r != NULL && r->addr == g->addr && r->len == g->len && r->kind == g->kind;
+        if (!ok)
+            snprintf(gone, cap, "region 0x%llx+%llu is no longer registered",
+                     (unsigned long long)g->addr, (unsigned long long)g->len);
+    }
+    pthread_mutex_unlock(&a->lock);
+    kvli_md_release(&md);
+    return ok;
+}
+
+/* Delete our key under label (a partial label that is out of date). */
+static kvl_status_t kvli_etcd_del_md(kvli_etcd_t *s, CURL *h, const char *label,
+                                     kvl_error_t *err)
+{
+    char key[1300]; /* the compiler cannot bound the label here: room for any */
+    json_object *b = json_object_new_object(), *out = NULL;
+    kvli_etcd_key(s, s->a->name, label, key, sizeof(key));
+    kvli_etcd_put_key(b, "key", key);
+    kvl_status_t st = kvli_etcd_call(&s->cl, h, "/v3/kv/deleterange", b, &out, NULL, 0, err);
+    json_object_put(b);
+    if (out != NULL)
+        json_object_put(out);
+    return st;
+}
+
+static kvl_status_t kvli_etcd_republish_labels(kvli_etcd_t *s, CURL *h,
+                                               char labels[][KVLI_ETCD_LABEL_MAX], void **blobs,
+                                               const size_t *lens, unsigned n, int64_t lease,
+                                               kvl_error_t *err);
+
 /* Every label published, again, under the current lease (granted when
- * missing). Called by the keeper; err filled on failure. */
+ * missing). A partial label whose regions are no longer all registered is
+ * not: its key is deleted and it is forgotten, so that no peer loads a
+ * deregistered region from it. Called by the keeper; err filled on failure. */
 static kvl_status_t kvli_etcd_republish(kvli_etcd_t *s, CURL *h, kvl_error_t *err)
 {
     char labels[16][KVLI_ETCD_LABEL_MAX];
+    void *blobs[16] = {NULL};
+    size_t lens[16] = {0};
     unsigned n = 0;
     int64_t lease;
+    kvl_status_t st = KVL_OK;
     pthread_mutex_lock(&s->lock);
     lease = s->lease;
-    for (kvli_etcd_pub_t *p = s->pubs; p != NULL && n < 16; p = p->next)
+    for (kvli_etcd_pub_t *p = s->pubs; p != NULL && n < 16; p = p->next) {
+        if (p->blob != NULL && (blobs[n] = malloc(p->len)) == NULL) {
+            st = KVL_ERR_NO_MEMORY;
+            break;
+        }
+        if (p->blob != NULL)
+            memcpy(blobs[n], p->blob, p->len);
+        lens[n] = p->len;
         kvli_scopy(labels[n++], KVLI_ETCD_LABEL_MAX, p->label);
-    s->dirty = false;
+    }
+    s->dirty = st != KVL_OK;
     pthread_mutex_unlock(&s->lock);
+    if (st != KVL_OK) {
+        for (unsigned i = 0; i < n; i++)
+            free(blobs[i]);
+        kvli_err(err, KVL_ERR_NO_MEMORY, ENOMEM, "etcd: no memory to publish again");
+        return st;
+    }
+    st = kvli_etcd_republish_labels(s, h, labels, blobs, lens, n, lease, err);
+    for (unsigned i = 0; i < n; i++)
+        free(blobs[i]);
+    return st;
+}
+
+static kvl_status_t kvli_etcd_republish_labels(kvli_etcd_t *s, CURL *h,
+                                               char labels[][KVLI_ETCD_LABEL_MAX], void **blobs,
+                                               const size_t *lens, unsigned n, int64_t lease,
+                                               kvl_error_t *err)
+{
     if (lease == 0) {
         kvl_status_t st = kvli_etcd_grant(s, h, &lease, NULL, err);
         if (st != KVL_OK)
@@ -304,7 +394,28 @@ static kvl_status_t kvli_etcd_republish(kvli_etcd_t *s, CURL *h, kvl_error_t *er
                  s->a->name, (uint64_t)lease, s->ttl_s);
     }
     for (unsigned i = 0; i < n; i++) {
-        kvl_status_t st = kvli_etcd_put_md(s, h, labels[i], lease, err);
+        char gone[200];
+        if (blobs[i] != NULL && !kvli_etcd_partial_current(s->a, blobs[i], lens[i], gone,
+                                                           sizeof(gone))) {
+            kvli_log(KVL_LOG_WARN, "etcd", "agent '%s': partial metadata under label '%s' is "
+                     "withdrawn from etcd (%s); publish it again with "
+                     "kvl_etcd_publish_partial", s->a->name, labels[i], gone);
+            pthread_mutex_lock(&s->lock);
+            for (kvli_etcd_pub_t **pp = &s->pubs; *pp != NULL; pp = &(*pp)->next)
+                if (strcmp((*pp)->label, labels[i]) == 0 && (*pp)->blob != NULL) {
+                    kvli_etcd_pub_t *p = *pp;
+                    *pp = p->next;
+                    free(p->blob);
+                    free(p);
+                    break;
+                }
+            pthread_mutex_unlock(&s->lock);
+            kvl_status_t st = kvli_etcd_del_md(s, h, labels[i], err);
+            if (st != KVL_OK)
+                return st;
+            continue;
+        }
+        kvl_status_t st = kvli_etcd_put_md(s, h, labels[i], blobs[i], lens[i], lease, err);
         if (st != KVL_OK) {
             pthread_mutex_lock(&s->lock);
             s->dirty = true;
@@ -1286,18 +1397,34 @@ kvl_status_t kvl_etcd_attach(kvl_agent_t *a, const kvl_etcd_config_t *cfg)
     return KVL_OK;
 }
 
-kvl_status_t kvl_etcd_publish(kvl_agent_t *a, const char *label)
+static kvl_status_t kvli_etcd_publish(kvl_agent_t *a, const char *label, const void *blob,
+                                      size_t len)
 {
     kvl_error_t err;
+    const char *call = blob ? "kvl_etcd_publish_partial" : "kvl_etcd_publish";
     if (a == NULL)
-        return kvli_fail_simple(a, KVL_ERR_INVALID_ARG, NULL, "kvl_etcd_publish: agent is NULL");
+        return kvli_fail_simple(a, KVL_ERR_INVALID_ARG, NULL, "%s: agent is NULL", call);
     kvli_err_blank(&err);
     kvli_scopy(err.backend, sizeof(err.backend), "etcd");
+    if (blob != NULL && (label == NULL || label[0] == '\0' ||
+                         strcmp(label, KVL_ETCD_DEFAULT_LABEL) == 0)) {
+        kvli_err(&err, KVL_ERR_INVALID_ARG, 0, "kvl_etcd_publish_partial: label '%s' is the "
+                 "default label, which carries the agent's full metadata", KVL_ETCD_DEFAULT_LABEL);
+        kvli_hint(&err, "publish partial metadata under a label of its own (NIXL requires one "
+                        "too), and fetch it with that label");
+        return kvli_fail(a, &err);
+    }
     if (label == NULL || label[0] == '\0')
         label = KVL_ETCD_DEFAULT_LABEL;
-    kvli_etcd_t *s = kvli_etcd_get(a, "kvl_etcd_publish", &err);
-    if (s == NULL || kvli_etcd_label_ok(label, &err) != KVL_OK)
+    kvli_etcd_t *s = kvli_etcd_get(a, call, &err);
+    if (s == NULL || kvli_etcd_label_ok(label, &err) != KVL_OK ||
+        (blob != NULL && kvli_md_check_own_partial(a, blob, len, call, &err) != KVL_OK))
         return kvli_fail(a, &err);
+    void *copy = NULL;
+    if (blob != NULL && (copy = malloc(len)) == NULL)
+        return kvli_fail_simple(a, KVL_ERR_NO_MEMORY, NULL, "%s: out of memory", call);
+    if (copy != NULL)
+        memcpy(copy, blob, len);
     pthread_mutex_lock(&s->call_lock);
     pthread_mutex_lock(&s->lock);
     int64_t lease = s->lease;
@@ -1321,7 +1448,7 @@ kvl_status_t kvl_etcd_publish(kvl_agent_t *a, const char *label)
         }
     }
     if (st == KVL_OK)
-        st = kvli_etcd_put_md(s, s->call_h, label, lease, &err);
+        st = kvli_etcd_put_md(s, s->call_h, label, blob, len, lease, &err);
     if (st == KVL_OK) {
         pthread_mutex_lock(&s->lock);
         kvli_etcd_pub_t *p = s->pubs;
@@ -1332,14 +1459,35 @@ kvl_status_t kvl_etcd_publish(kvl_agent_t *a, const char *label)
             p->next = s->pubs;
             s->pubs = p;
         }
+        if (p != NULL) {
+            free(p->blob);
+            p->blob = copy;
+            p->len = len;
+            copy = NULL;
+        }
         s->lease_wanted = true;
         pthread_mutex_unlock(&s->lock);
     }
     pthread_mutex_unlock(&s->call_lock);
+    free(copy);
     if (st != KVL_OK)
         return kvli_fail(a, &err);
     kvli_log(KVL_LOG_DEBUG, "etcd", "agent '%s': published '%s'", a->name, label);
     return KVL_OK;
+}
+
+kvl_status_t kvl_etcd_publish(kvl_agent_t *a, const char *label)
+{
+    return kvli_etcd_publish(a, label, NULL, 0);
+}
+
+kvl_status_t kvl_etcd_publish_partial(kvl_agent_t *a, const char *label, const void *blob,
+                                      size_t len)
+{
+    if (blob == NULL)
+        return kvli_fail_simple(a, KVL_ERR_INVALID_ARG, NULL,
+                                "kvl_etcd_publish_partial: blob is NULL");
+    return kvli_etcd_publish(a, label, blob, len);
 }
 
 /* The metadata in one range answer: KVL_OK with *blob_p (malloc'ed), or
@@ -1565,10 +1713,12 @@ kvl_status_t kvl_etcd_fetch(kvl_agent_t *a, const char *name, const char *label,
     }
     char got[KVL_NAME_MAX] = "";
     uint64_t gen = 0;
+    bool partial = false;
     kvli_md_t md;
     kvl_error_t derr;
     if (kvli_md_decode(blob, len, &md, &derr) == KVL_OK) {
         gen = md.generation;
+        partial = (md.flags & KVLI_MD_FLAG_PARTIAL) != 0;
         kvli_md_release(&md);
     }
     st = kvl_metadata_load(a, blob, len, got, sizeof(got));
@@ -1591,15 +1741,20 @@ kvl_status_t kvl_etcd_fetch(kvl_agent_t *a, const char *name, const char *label,
     uint64_t inc = kvl_remote_incarnation(a, name);
     pthread_mutex_lock(&s->lock);
     kvli_etcd_follow_t *f = kvli_etcd_follow_find(s, name);
+    bool fresh = f == NULL;
     if (f == NULL && (f = calloc(1, sizeof(*f))) != NULL) {
         kvli_scopy(f->name, sizeof(f->name), name);
         f->next = s->follows;
         s->follows = f;
     }
     if (f != NULL) {
-        kvli_scopy(f->label, sizeof(f->label), label);
+        /* A partial label does not replace the label followed (a new
+         * generation is reloaded from the full metadata when that is it). */
+        if (fresh || !partial || f->incarnation != inc)
+            kvli_scopy(f->label, sizeof(f->label), label);
+        if (fresh || f->incarnation != inc || f->generation < gen)
+            f->generation = gen;
         f->incarnation = inc;
-        f->generation = gen;
         f->rev = last_rev + 1;
     }
     kvli_etcd_unwait(s, &wt);
@@ -1627,6 +1782,7 @@ kvl_status_t kvl_etcd_unpublish(kvl_agent_t *a)
     while (s->pubs != NULL) {
         kvli_etcd_pub_t *p = s->pubs;
         s->pubs = p->next;
+        free(p->blob);
         free(p);
     }
     pthread_mutex_unlock(&s->lock);
@@ -1679,6 +1835,7 @@ static void kvli_etcd_destroy(kvl_agent_t *a, void *state)
     while (s->pubs != NULL) {
         kvli_etcd_pub_t *p = s->pubs;
         s->pubs = p->next;
+        free(p->blob);
         free(p);
     }
     while (s->follows != NULL) {

@@ -12,6 +12,7 @@
 #include "common/errname.h"
 #include "common/auth.h"
 #include "common/inet.h"
+#include "core/md_codec.h"
 #include "listener.h"
 #include "listener_proto.h"
 
@@ -136,23 +137,32 @@ static kvl_status_t kvli_listener_refused(const char *hp, uint32_t type, int32_t
     return code;
 }
 
-kvl_status_t kvli_listener_push_one(kvl_agent_t *a, const char *hp, kvl_error_t *err)
+/* Push the blob given (partial metadata) or, blob NULL, our full metadata. */
+static kvl_status_t kvli_listener_push_blob(kvl_agent_t *a, const char *hp, const void *given,
+                                            size_t given_len, kvl_error_t *err)
 {
     char text[KVLI_LSN_TEXT_MAX + 1];
     void *blob = NULL;
     size_t len = 0;
     int32_t status = 0;
-    kvl_status_t st = kvl_metadata_get(a, &blob, &len);
+    kvl_status_t st = KVL_OK;
+    if (given == NULL)
+        st = kvl_metadata_get(a, &blob, &len);
     if (st != KVL_OK) {
         *err = *kvl_last_error();
         return st;
     }
-    st = kvli_listener_call(a, hp, KVLI_LSN_PUSH, blob, len, &status, text, sizeof(text), NULL,
-                            NULL, err);
+    st = kvli_listener_call(a, hp, KVLI_LSN_PUSH, given ? given : blob, given ? given_len : len,
+                            &status, text, sizeof(text), NULL, NULL, err);
     kvl_free(blob);
     if (st == KVL_OK && status != 0)
         st = kvli_listener_refused(hp, KVLI_LSN_PUSH, status, text, err);
     return st;
+}
+
+kvl_status_t kvli_listener_push_one(kvl_agent_t *a, const char *hp, kvl_error_t *err)
+{
+    return kvli_listener_push_blob(a, hp, NULL, 0, err);
 }
 
 kvl_status_t kvli_listener_invalidate_one(kvl_agent_t *a, const char *hp, kvl_error_t *err)
@@ -196,7 +206,8 @@ kvl_status_t kvl_metadata_fetch(kvl_agent_t *a, const char *hp, char *name_out, 
     return st;
 }
 
-kvl_status_t kvl_metadata_push(kvl_agent_t *a, const char *hp)
+static kvl_status_t kvli_metadata_push(kvl_agent_t *a, const char *hp, const void *blob,
+                                       size_t len)
 {
     kvl_error_t err;
     kvli_listener_t *l;
@@ -209,7 +220,10 @@ kvl_status_t kvl_metadata_push(kvl_agent_t *a, const char *hp)
                                 "listener address of %zu characters is too long", strlen(hp));
     memset(&err, 0, offsetof(kvl_error_t, causes));
     err.device = -1;
-    st = kvli_listener_push_one(a, hp, &err);
+    if (blob != NULL && kvli_md_check_own_partial(a, blob, len, "kvl_metadata_push_partial",
+                                                  &err) != KVL_OK)
+        return kvli_fail(a, &err);
+    st = kvli_listener_push_blob(a, hp, blob, len, &err);
     if (st != KVL_OK) {
         if (!err.backend[0])
             kvli_scopy(err.backend, sizeof(err.backend), "listener");
@@ -229,6 +243,20 @@ kvl_status_t kvl_metadata_push(kvl_agent_t *a, const char *hp)
     }
     pthread_mutex_unlock(&l->lock);
     return KVL_OK;
+}
+
+kvl_status_t kvl_metadata_push(kvl_agent_t *a, const char *hp)
+{
+    return kvli_metadata_push(a, hp, NULL, 0);
+}
+
+kvl_status_t kvl_metadata_push_partial(kvl_agent_t *a, const char *hp, const void *blob,
+                                       size_t len)
+{
+    if (blob == NULL)
+        return kvli_fail_simple(a, KVL_ERR_INVALID_ARG, NULL,
+                                "kvl_metadata_push_partial: blob is NULL");
+    return kvli_metadata_push(a, hp, blob, len);
 }
 
 kvl_status_t kvl_metadata_invalidate(kvl_agent_t *a, const char *hp)

@@ -32,6 +32,15 @@ kvl_status_t kvl_etcd_publish(kvl_agent_t *agent, const char *label)
     return kvli_no_etcd(agent, "kvl_etcd_publish");
 }
 
+kvl_status_t kvl_etcd_publish_partial(kvl_agent_t *agent, const char *label, const void *blob,
+                                      size_t len)
+{
+    (void)label;
+    (void)blob;
+    (void)len;
+    return kvli_no_etcd(agent, "kvl_etcd_publish_partial");
+}
+
 kvl_status_t kvl_etcd_fetch(kvl_agent_t *agent, const char *name, const char *label,
                             uint64_t wait_ms)
 {

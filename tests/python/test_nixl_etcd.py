@@ -156,6 +156,52 @@ def test_partial_metadata_label(env, uniq):
         a.close()
 
 
+def test_partial_metadata_steps(env, uniq):
+    """NIXL's EtcdSendLocalPartialAndFetchRemote: connection info under one
+    label, regions under others, each fetch merged; the default label keeps
+    the full metadata."""
+    a = nixl_agent(uniq + "-a", nixl_agent_config(backends=["UCX"]))
+    b = nixl_agent(uniq + "-b", nixl_agent_config(backends=["UCX"]))
+    c = nixl_agent(uniq + "-c", nixl_agent_config(backends=["UCX"]))
+    name = uniq + "-a"
+    try:
+        r1, r2 = np.zeros(8192, np.uint8), np.zeros(8192, np.uint8)
+        src = (np.arange(8192) % 251).astype(np.uint8)
+        a.register_memory([(r1.ctypes.data, 8192, 0, ""), (r2.ctypes.data, 8192, 0, "")], "DRAM")
+        b.register_memory([(src.ctypes.data, 8192, 0, "")], "DRAM")
+        x1 = b.get_xfer_descs([(r1.ctypes.data, 8192, 0)], "DRAM")
+        x2 = b.get_xfer_descs([(r2.ctypes.data, 8192, 0)], "DRAM")
+        a.send_partial_agent_metadata([], label="conn_info")
+        b.fetch_remote_metadata(name, label="conn_info")
+        assert _until(lambda: b.check_remote_metadata(name))
+        assert not b.check_remote_metadata(name, x1)
+        a.send_partial_agent_metadata([(r1.ctypes.data, 8192, 0)], label="first_partial")
+        b.fetch_remote_metadata(name, label="first_partial")
+        assert _until(lambda: b.check_remote_metadata(name, x1))
+        assert not b.check_remote_metadata(name, x2)
+        h = b.initialize_xfer("WRITE", b.get_xfer_descs([(src.ctypes.data, 8192, 0)], "DRAM"),
+                              x1, name)
+        assert b.transfer(h) in ("DONE", "PROC")
+        assert _xfer_done(b, h)
+        assert np.array_equal(r1, src)
+        b.release_xfer_handle(h)
+        a.send_partial_agent_metadata([(r2.ctypes.data, 8192, 0)], label="second_partial")
+        b.fetch_remote_metadata(name, label="second_partial")
+        assert _until(lambda: b.check_remote_metadata(name, x2))
+        assert b.check_remote_metadata(name, x1)
+        # the default label is not a partial one, and it keeps the full metadata
+        with pytest.raises(kvlane.InvalidArgument, match="is the default label"):
+            a.agent.etcd_publish(None, a.get_partial_agent_metadata([]))
+        a.send_local_metadata()
+        c.fetch_remote_metadata(name)
+        assert _until(lambda: c.check_remote_metadata(name, x1) and
+                      c.check_remote_metadata(name, x2))
+    finally:
+        c.close()
+        b.close()
+        a.close()
+
+
 def test_departure_and_restart_seen(env, uniq, caplog):
     name = uniq + "-peer"
     watcher = nixl_agent(uniq + "-w", nixl_agent_config(backends=["UCX"]))
@@ -225,6 +271,42 @@ def test_core_agent_api(env, uniq):
         assert b.check_remote(uniq + "-ca")
         a.etcd_unpublish()
         assert _until(lambda: not b.check_remote(uniq + "-ca"))
+    finally:
+        b.close()
+        a.close()
+
+
+def test_core_partial_withdrawn(env, uniq):
+    """A partial label whose region is deregistered is withdrawn from etcd
+    (never republished with a region that is gone); the default label stays."""
+    a = kvlane.Agent(uniq + "-pa", backends=("tcp",))
+    b = kvlane.Agent(uniq + "-pb", backends=("tcp",))
+    try:
+        a.etcd_attach(env, prefix=f"/kvltest/{uniq}-core", lease_ttl_s=10)
+        b.etcd_attach(env, prefix=f"/kvltest/{uniq}-core", lease_ttl_s=10)
+        buf, keep = np.zeros(8192, np.uint8), np.zeros(8192, np.uint8)
+        a.register_memory([(buf.ctypes.data, 8192, -1), (keep.ctypes.data, 8192, -1)], "DRAM")
+        a.etcd_publish()
+        part = a.get_partial_metadata(kvlane.DList.from_descs([(buf.ctypes.data, 64, -1)]))
+        with pytest.raises(kvlane.InvalidArgument, match="not partial metadata of this agent"):
+            a.etcd_publish("p", b.get_partial_metadata())
+        a.etcd_publish("p", part)
+        with pytest.raises(kvlane.NotFound, match="carries no connection info"):
+            b.etcd_fetch(uniq + "-pa", "p", wait_ms=30000)
+        b.etcd_fetch(uniq + "-pa", wait_ms=30000)
+        b.etcd_fetch(uniq + "-pa", "p", wait_ms=30000)       # merged: nothing new
+        a.deregister_memory([(buf.ctypes.data, 8192, -1)])
+
+        def withdrawn():
+            try:
+                b.etcd_fetch(uniq + "-pa", "p")
+            except kvlane.NotFound:
+                return True
+            except kvlane.Stale:    # still there, older than what b follows
+                return False
+            return False
+        assert _until(withdrawn)
+        b.etcd_fetch(uniq + "-pa", wait_ms=30000)            # the default label stays
     finally:
         b.close()
         a.close()

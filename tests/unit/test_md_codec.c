@@ -369,6 +369,54 @@ static void test_encode_limit(void)
     free(regs);
 }
 
+/* Partial blobs (kvl_metadata_get_partial): the flags round trip; NO_CONN
+ * alone, unknown flags, and connection bytes in a NO_CONN blob are refused. */
+static void test_partial_flags(void)
+{
+    kvli_md_t md, out;
+    kvli_md_region_t regs[2];
+    kvl_error_t err;
+    uint8_t *blob;
+    size_t len;
+    build(&md, regs, 2);
+    md.flags = KVLI_MD_FLAG_PARTIAL;
+    KT_CHECK(kvli_md_encode(&md, &blob, &len, &err) == KVL_OK);
+    KT_CHECK(kvli_md_decode(blob, len, &out, &err) == KVL_OK);
+    KT_CHECK(out.flags == KVLI_MD_FLAG_PARTIAL && out.n_regions == 2);
+    kvli_md_release(&out);
+    free(blob);
+    md.flags = KVLI_MD_FLAG_PARTIAL | KVLI_MD_FLAG_NO_CONN;
+    md.backends[0].conn_len = md.backends[1].conn_len = 0;
+    KT_CHECK(kvli_md_encode(&md, &blob, &len, &err) == KVL_OK);
+    KT_CHECK(kvli_md_decode(blob, len, &out, &err) == KVL_OK);
+    KT_CHECK(out.flags == (KVLI_MD_FLAG_PARTIAL | KVLI_MD_FLAG_NO_CONN));
+    KT_CHECK(out.n_backends == 2 && out.backends[0].conn_len == 0 && out.n_regions == 2);
+    kvli_md_release(&out);
+    const char *seed = getenv("KVL_WRITE_PARTIAL_SEED");
+    if (seed) {
+        FILE *f = fopen(seed, "wb");
+        if (f) {
+            fwrite(blob, 1, len, f);
+            fclose(f);
+        }
+    }
+    free(blob);
+
+    wb_t w = header(20, KVLI_MD_FLAG_NO_CONN);
+    agent_part(&w, 7, 0);
+    put(&w, 0, 4);
+    expect_refused(&w, "flags 0x2 not valid");
+    w = header(20, 0x4);
+    agent_part(&w, 7, 0);
+    put(&w, 0, 4);
+    expect_refused(&w, "flags 0x4 not valid");
+    w = header(20, KVLI_MD_FLAG_PARTIAL | KVLI_MD_FLAG_NO_CONN);
+    agent_part(&w, 7, 1); /* b0 with one byte of connection info */
+    put(&w, 0, 4);
+    expect_refused(&w, "backend 'b0' has 1 bytes of connection info in a blob flagged as "
+                       "carrying none");
+}
+
 int main(void)
 {
     kvli_md_t md, out;
@@ -449,6 +497,7 @@ int main(void)
     test_structure_refused();
     test_limits_round_trip();
     test_encode_limit();
+    test_partial_flags();
     printf("md codec: %u corruptions refused, %zu truncations refused\n", refused, len);
     return 0;
 }
