@@ -25,6 +25,7 @@ PKGS=(
     gnuplot-nox         # benchmark plots
     etcd-server         # etcd metadata store tests
     etcd-client         # etcdctl: auth set-up in the etcd tests, kvlane doctor's hints
+    openssl             # openssl CLI: throwaway CA and certificates in test_etcd_tls
     libcurl4-openssl-dev # etcd store: HTTP to etcd's JSON gateway
     libjson-c-dev       # etcd store: JSON
     liburing-dev        # posix backend (FILE memory) on io_uring

@@ -16,7 +16,8 @@ extern "C" {
 
 typedef struct kvl_etcd_config {
     /* etcd client URLs, comma-separated: "http://10.0.0.5:2379,10.0.0.6:2379"
-     * (host:port gets http://). The format of NIXL_ETCD_ENDPOINTS. */
+     * (host:port gets http://, or https:// when TLS files are given: see
+     * kvl_etcd_tls_t). The format of NIXL_ETCD_ENDPOINTS. */
     const char *endpoints;
     /* Namespace of the keys: <prefix>/<agent name>/<label>. NULL or "":
      * KVL_ETCD_DEFAULT_PREFIX (NIXL's NIXL_ETCD_NAMESPACE default). */
@@ -29,6 +30,45 @@ typedef struct kvl_etcd_config {
     /* Bound of one request to one endpoint in ms (0: the agent's timeout). */
     uint64_t timeout_ms;
 } kvl_etcd_config_t;
+
+/*
+ * TLS to etcd (etcd's --cert-file, --trusted-ca-file, --client-cert-auth).
+ *
+ * Why a struct of its own: kvl_etcd_config_t was published without a
+ * field_mask, so a field appended to it would be read past the end of the
+ * struct of a program built against the older header. This one carries a
+ * field_mask (as kvl_agent_config_t does) and is passed to
+ * kvl_etcd_attach_tls()/kvl_etcd_probe_tls(); kvl_etcd_attach() and
+ * kvl_etcd_probe() stay as they were (no TLS files: the system's CAs for
+ * https:// endpoints). Set field_mask to the fields you filled in; later
+ * fields (a CRL, a minimum TLS version) are added behind new bits.
+ *
+ * With any file given, every endpoint is https: "host:port" gets https://
+ * and an http:// endpoint is refused (certificates are never sent, nor
+ * dropped, over plain http). The files are read at attach, before any
+ * connection: missing, unreadable, not PEM, a key that is not the
+ * certificate's, are refused naming the file.
+ */
+#define KVL_ETCD_TLS_CA_FILE     (1ull << 0)
+#define KVL_ETCD_TLS_CERT_FILE   (1ull << 1)
+#define KVL_ETCD_TLS_KEY_FILE    (1ull << 2)
+#define KVL_ETCD_TLS_VERIFY_NAME (1ull << 3)
+
+typedef struct kvl_etcd_tls {
+    uint64_t field_mask;
+    /* PEM bundle of the CA(s) that signed etcd's server certificates
+     * (etcdctl --cacert). NULL: the system's CA store. */
+    const char *ca_file;
+    /* PEM client certificate that etcd checks against its
+     * --trusted-ca-file (etcdctl --cert). NULL: none. */
+    const char *cert_file;
+    /* Its private key, PEM, not encrypted (etcdctl --key). NULL: the key is
+     * in cert_file. Requires cert_file. */
+    const char *key_file;
+    /* 0: do not check that the server's certificate names the host of the
+     * endpoint (it is still checked against the CA). Default (bit unset): 1. */
+    int verify_name;
+} kvl_etcd_tls_t;
 
 /*
  * Attach the agent to etcd: check that an endpoint answers (authenticating
@@ -51,6 +91,11 @@ typedef struct kvl_etcd_config {
  * for metadata.
  */
 kvl_status_t kvl_etcd_attach(kvl_agent_t *agent, const kvl_etcd_config_t *config);
+
+/* kvl_etcd_attach() over TLS: tls NULL is kvl_etcd_attach(). Every
+ * connection to etcd (calls, keepalives, watches) uses these files. */
+kvl_status_t kvl_etcd_attach_tls(kvl_agent_t *agent, const kvl_etcd_config_t *config,
+                                 const kvl_etcd_tls_t *tls);
 
 /* Publish this agent's metadata under <prefix>/<name>/<label> (label NULL
  * or "": KVL_ETCD_DEFAULT_LABEL), attached to its lease. */
@@ -90,6 +135,12 @@ kvl_status_t kvl_etcd_unpublish(kvl_agent_t *agent);
  * KVL_ERR_REMOTE_DISCONNECT when no endpoint answers.
  */
 kvl_status_t kvl_etcd_probe(const kvl_etcd_config_t *config, kvl_probe_cb_t cb, void *arg);
+
+/* kvl_etcd_probe() over TLS (tls NULL: kvl_etcd_probe). Adds the check
+ * "tls" (the files, the client certificate's subject) and, per https
+ * endpoint, "<i>.tls": the TLS version and who verified the server. */
+kvl_status_t kvl_etcd_probe_tls(const kvl_etcd_config_t *config, const kvl_etcd_tls_t *tls,
+                                kvl_probe_cb_t cb, void *arg);
 
 #ifdef __cplusplus
 }

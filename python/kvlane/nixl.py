@@ -717,7 +717,8 @@ class nixl_agent:
                 self.agent.etcd_attach(eps, prefix=os.environ.get("NIXL_ETCD_NAMESPACE") or None,
                                        lease_ttl_s=_env_int("KVL_ETCD_LEASE_TTL"),
                                        user=os.environ.get("KVL_ETCD_USER") or None,
-                                       password=os.environ.get("KVL_ETCD_PASSWORD"))
+                                       password=os.environ.get("KVL_ETCD_PASSWORD"),
+                                       **_etcd_tls_env())
                 self._etcd = eps
         except BaseException:
             self.agent.close()
@@ -1411,6 +1412,25 @@ def _env_int(var):
     if not v.isdigit():
         raise InvalidArgument(f"{var}={v!r} is not a number of seconds")
     return int(v)
+
+
+def _etcd_tls_env():
+    """etcd TLS files from the environment (NIXL defines no variables for
+    them): KVL_ETCD_CACERT, KVL_ETCD_CERT, KVL_ETCD_KEY, else etcdctl's
+    ETCDCTL_CACERT, ETCDCTL_CERT, ETCDCTL_KEY; KVL_ETCD_TLS_VERIFY_NAME=0
+    skips the host name check. See docs/etcd.md."""
+    def pick(ours, etcdctl):
+        return (os.environ.get(ours, "").strip() or os.environ.get(etcdctl, "").strip()
+                or None)
+    out = {"cacert": pick("KVL_ETCD_CACERT", "ETCDCTL_CACERT"),
+           "cert": pick("KVL_ETCD_CERT", "ETCDCTL_CERT"),
+           "key": pick("KVL_ETCD_KEY", "ETCDCTL_KEY")}
+    v = os.environ.get("KVL_ETCD_TLS_VERIFY_NAME", "").strip().lower()
+    if v:
+        if v not in ("0", "1", "false", "true", "no", "yes"):
+            raise InvalidArgument(f"KVL_ETCD_TLS_VERIFY_NAME={v!r} is not 0 or 1")
+        out["verify_name"] = v in ("1", "true", "yes")
+    return out
 
 
 def _no_central_store():

@@ -1069,12 +1069,16 @@ static PyObject *kvlpy_agent_invalidate_metadata(kvlpy_agent_t *self, PyObject *
 static PyObject *kvlpy_agent_etcd_attach(kvlpy_agent_t *self, PyObject *args, PyObject *kw)
 {
     static char *kwlist[] = {"endpoints", "prefix", "lease_ttl_s", "user", "password",
-                             "timeout_ms", NULL};
+                             "timeout_ms", "cacert", "cert", "key", "verify_name", NULL};
     kvl_etcd_config_t c = {0};
+    kvl_etcd_tls_t t = {.field_mask = KVL_ETCD_TLS_CA_FILE | KVL_ETCD_TLS_CERT_FILE |
+                                      KVL_ETCD_TLS_KEY_FILE | KVL_ETCD_TLS_VERIFY_NAME,
+                        .verify_name = 1};
     unsigned long long tmo = 0;
     int ttl = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "s|zizzK:etcd_attach", kwlist, &c.endpoints,
-                                     &c.prefix, &ttl, &c.user, &c.password, &tmo))
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "s|zizzKzzzp:etcd_attach", kwlist, &c.endpoints,
+                                     &c.prefix, &ttl, &c.user, &c.password, &tmo, &t.ca_file,
+                                     &t.cert_file, &t.key_file, &t.verify_name))
         return NULL;
     if (ttl < 0) {
         PyErr_Format(PyExc_ValueError, "lease_ttl_s %d is negative", ttl);
@@ -1088,7 +1092,7 @@ static PyObject *kvlpy_agent_etcd_attach(kvlpy_agent_t *self, PyObject *args, Py
         return NULL;
     kvl_status_t st;
     Py_BEGIN_ALLOW_THREADS
-    st = kvl_etcd_attach(self->agent, &c);
+    st = kvl_etcd_attach_tls(self->agent, &c, &t);
     Py_END_ALLOW_THREADS
     kvlpy_agent_leave(self);
     if (st != KVL_OK)
@@ -1213,7 +1217,8 @@ static PyMethodDef kvlpy_agent_methods[] = {
      "invalidate_metadata(host_port=None)"},
     {"etcd_attach", KVLPY_FN(kvlpy_agent_etcd_attach), METH_VARARGS | METH_KEYWORDS,
      "etcd_attach(endpoints, prefix=None, lease_ttl_s=0, user=None, password=None, "
-     "timeout_ms=0)"},
+     "timeout_ms=0, cacert=None, cert=None, key=None, verify_name=True): TLS files as "
+     "etcdctl's --cacert/--cert/--key (docs/etcd.md)"},
     {"etcd_publish", KVLPY_FN(kvlpy_agent_etcd_publish), METH_VARARGS | METH_KEYWORDS,
      "etcd_publish(label=None, blob=None): blob, partial metadata, under a label of its own"},
     {"etcd_fetch", KVLPY_FN(kvlpy_agent_etcd_fetch), METH_VARARGS | METH_KEYWORDS,

@@ -887,13 +887,28 @@ static void kvl_doctor_usage(FILE *f)
             "  --peer HOST:PORT   check that a peer's agent listener is reachable\n"
             "  --etcd URLS        check etcd endpoints (default: $NIXL_ETCD_ENDPOINTS when set;\n"
             "                     namespace $NIXL_ETCD_NAMESPACE, credentials $KVL_ETCD_USER and\n"
-            "                     $KVL_ETCD_PASSWORD)\n"
+            "                     $KVL_ETCD_PASSWORD; TLS files $KVL_ETCD_CACERT, $KVL_ETCD_CERT,\n"
+            "                     $KVL_ETCD_KEY, else etcdctl's $ETCDCTL_CACERT, $ETCDCTL_CERT,\n"
+            "                     $ETCDCTL_KEY)\n"
+            "  --etcd-cacert FILE, --etcd-cert FILE, --etcd-key FILE\n"
+            "                     TLS to etcd: the CA of its server certificates, a client\n"
+            "                     certificate and its key (etcd --client-cert-auth);\n"
+            "                     KVL_ETCD_TLS_VERIFY_NAME=0: do not check the server's name\n"
             "  --backend NAME     smoke-test only this backend\n"
             "  --dir DIR          where the engine offloads KV files (default $TMPDIR or /tmp):\n"
             "                     writable, free space, O_DIRECT, a posix write/read smoke test\n"
             "  --no-smoke         skip the register/transfer smoke tests\n"
             "exit code: 0 all ok, 1 warnings only, 2 a failure that breaks registration or "
             "transfers\n");
+}
+
+/* The first of two environment variables that is set and not empty. */
+static const char *kvl_doctor_env2(const char *a, const char *b)
+{
+    const char *v = getenv(a);
+    if (v == NULL || v[0] == '\0')
+        v = getenv(b);
+    return v != NULL && v[0] != '\0' ? v : NULL;
 }
 
 int kvl_cli_doctor(int argc, char **argv)
@@ -904,12 +919,18 @@ int kvl_cli_doctor(int argc, char **argv)
         {"peer", required_argument, 0, 'p'}, {"backend", required_argument, 0, 'b'},
         {"no-smoke", no_argument, 0, 'n'},  {"help", no_argument, 0, 'h'},
         {"etcd", required_argument, 0, 'e'},
+        {"etcd-cacert", required_argument, 0, 'A'},
+        {"etcd-cert", required_argument, 0, 'C'},
+        {"etcd-key", required_argument, 0, 'K'},
         {"dir", required_argument, 0, 'D'},
         {0, 0, 0, 0}};
     kvl_mem_kind_t mem = KVL_MEM_DRAM;
     int32_t dev = KVL_DEV_ANY;
     uint64_t size = 0;
     const char *peer = NULL, *only = NULL, *fdir = NULL, *etcd = getenv("NIXL_ETCD_ENDPOINTS");
+    const char *tls_files[3] = {kvl_doctor_env2("KVL_ETCD_CACERT", "ETCDCTL_CACERT"),
+                                kvl_doctor_env2("KVL_ETCD_CERT", "ETCDCTL_CERT"),
+                                kvl_doctor_env2("KVL_ETCD_KEY", "ETCDCTL_KEY")};
     int smoke = 1, o, li = 0;
     optind = 1;
     while ((o = getopt_long(argc, argv, "h", opts, &li)) != -1) {
@@ -931,6 +952,9 @@ int kvl_cli_doctor(int argc, char **argv)
             break;
         case 'p': peer = optarg; break;
         case 'e': etcd = optarg; break;
+        case 'A': tls_files[0] = optarg; break;
+        case 'C': tls_files[1] = optarg; break;
+        case 'K': tls_files[2] = optarg; break;
         case 'b': only = optarg; break;
         case 'n': smoke = 0; break;
         case 'D': fdir = optarg; break;
@@ -950,7 +974,13 @@ int kvl_cli_doctor(int argc, char **argv)
         kvl_etcd_config_t ec = {.endpoints = etcd, .prefix = getenv("NIXL_ETCD_NAMESPACE"),
                                 .user = getenv("KVL_ETCD_USER"),
                                 .password = getenv("KVL_ETCD_PASSWORD")};
-        (void)kvl_etcd_probe(&ec, kvl_probe_cb, (void *)"etcd");
+        const char *vn = getenv("KVL_ETCD_TLS_VERIFY_NAME");
+        kvl_etcd_tls_t tls = {.field_mask = KVL_ETCD_TLS_CA_FILE | KVL_ETCD_TLS_CERT_FILE |
+                                            KVL_ETCD_TLS_KEY_FILE | KVL_ETCD_TLS_VERIFY_NAME,
+                              .ca_file = tls_files[0], .cert_file = tls_files[1],
+                              .key_file = tls_files[2],
+                              .verify_name = !(vn != NULL && strcmp(vn, "0") == 0)};
+        (void)kvl_etcd_probe_tls(&ec, &tls, kvl_probe_cb, (void *)"etcd");
     }
     kvl_check_container(mem == KVL_MEM_VRAM);
     kvl_check_rdma();

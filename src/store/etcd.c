@@ -756,7 +756,7 @@ static void kvli_etcd_stream_start(kvli_etcd_t *s, CURLM *m, kvli_etcd_stream_t 
     if (w->h == NULL)
         w->h = curl_easy_init();
     curl_easy_reset(w->h);
-    kvli_etcd_curl_setup(w->h, s->cl.timeout_ms);
+    kvli_etcd_curl_setup(&s->cl, w->h, s->cl.timeout_ms);
     curl_easy_setopt(w->h, CURLOPT_TIMEOUT_MS, 0L); /* a stream: no total bound */
     curl_easy_setopt(w->h, CURLOPT_URL, url);
     curl_easy_setopt(w->h, CURLOPT_POSTFIELDS, w->body);
@@ -1161,7 +1161,7 @@ static int kvli_etcd_ws_connect(kvli_etcd_wsw_t *c)
     if (kvli_clock_ms() < c->retry_ms)
         return 0;
     const char *ep = s->cl.eps[atomic_load(&s->cl.cur) % s->cl.n_eps];
-    int r = kvli_etcd_ws_open(&c->ws, ep, "/v3/watch", s->cl.timeout_ms, why, sizeof(why));
+    int r = kvli_etcd_ws_open(&c->ws, &s->cl, ep, "/v3/watch", s->cl.timeout_ms, why, sizeof(why));
     if (r == -2) {
         kvli_log(KVL_LOG_INFO, "etcd", "agent '%s': etcd at %s: %s; watching each agent on a "
                  "plain HTTP stream of its own instead", s->a->name, ep, why);
@@ -1271,6 +1271,12 @@ static void *kvli_etcd_watcher_main(void *arg)
 
 kvl_status_t kvl_etcd_attach(kvl_agent_t *a, const kvl_etcd_config_t *cfg)
 {
+    return kvl_etcd_attach_tls(a, cfg, NULL);
+}
+
+kvl_status_t kvl_etcd_attach_tls(kvl_agent_t *a, const kvl_etcd_config_t *cfg,
+                                 const kvl_etcd_tls_t *tls)
+{
     kvl_error_t err;
     if (a == NULL || cfg == NULL)
         return kvli_fail_simple(a, KVL_ERR_INVALID_ARG, NULL,
@@ -1317,7 +1323,7 @@ kvl_status_t kvl_etcd_attach(kvl_agent_t *a, const kvl_etcd_config_t *cfg)
     }
     kvl_status_t st = kvli_etcd_client_init(&s->cl, cfg->endpoints, cfg->user, cfg->password,
                                             cfg->timeout_ms ? cfg->timeout_ms : a->timeout_ms,
-                                            &err);
+                                            tls, &err);
     memcpy(s->prefix, prefix, pl);
     s->prefix[pl] = '\0';
     s->ttl_s = cfg->lease_ttl_s ? cfg->lease_ttl_s : 10;

@@ -25,11 +25,15 @@ void kvli_etcd_global_init(void)
 
 kvl_status_t kvli_etcd_client_init(kvli_etcd_client_t *c, const char *endpoints,
                                    const char *user, const char *password, uint64_t timeout_ms,
-                                   kvl_error_t *err)
+                                   const kvl_etcd_tls_t *tls, kvl_error_t *err)
 {
     memset(c, 0, sizeof(*c));
     pthread_mutex_init(&c->tok_lock, NULL);
     c->timeout_ms = timeout_ms ? timeout_ms : 5000;
+    /* The files first: with TLS, host:port means https:// (never plain http). */
+    kvl_status_t tst = kvli_etcd_tls_init(c, tls, err);
+    if (tst != KVL_OK)
+        return tst;
     if (endpoints == NULL || endpoints[0] == '\0') {
         kvli_err(err, KVL_ERR_INVALID_ARG, 0, "etcd: no endpoint given");
         kvli_hint(err, "set NIXL_ETCD_ENDPOINTS (or kvl_etcd_config_t.endpoints) to etcd's "
@@ -61,8 +65,15 @@ kvl_status_t kvli_etcd_client_init(kvli_etcd_client_t *c, const char *endpoints,
                 kvli_hint(err, "write each endpoint as http://host:port or host:port");
                 return KVL_ERR_INVALID_ARG;
             }
+            if (scheme && c->tls && strncmp(p, "http://", 7) == 0) {
+                kvli_err(err, KVL_ERR_INVALID_ARG, 0, "etcd endpoint '%.*s' is plain http, but "
+                         "TLS files were given", (int)(n > 200 ? 200 : n), p);
+                kvli_hint(err, "write https://host:port (etcd's --listen-client-urls with "
+                               "--cert-file), or give no TLS files for a plain-http etcd");
+                return KVL_ERR_INVALID_ARG;
+            }
             int w = snprintf(c->eps[c->n_eps], KVLI_ETCD_EP_LEN, "%s%.*s",
-                             scheme ? "" : "http://", (int)n, p);
+                             scheme ? "" : c->tls ? "https://" : "http://", (int)n, p);
             if (w < 0 || (size_t)w >= KVLI_ETCD_EP_LEN) {
                 kvli_err(err, KVL_ERR_INVALID_ARG, 0, "etcd endpoint '%.200s...' is longer than "
                          "%u characters", p, KVLI_ETCD_EP_LEN - 1);
@@ -155,8 +166,9 @@ int64_t kvli_etcd_i64(json_object *o, const char *field)
     return json_object_get_int64(f);
 }
 
-void kvli_etcd_curl_setup(CURL *h, uint64_t timeout_ms)
+void kvli_etcd_curl_setup(const kvli_etcd_client_t *c, CURL *h, uint64_t timeout_ms)
 {
+    kvli_etcd_tls_setup(c, h);
     curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
     curl_easy_setopt(h, CURLOPT_CONNECTTIMEOUT_MS, (long)(timeout_ms < 2000 ? timeout_ms : 2000));
     curl_easy_setopt(h, CURLOPT_TIMEOUT_MS, (long)timeout_ms);
@@ -201,11 +213,14 @@ static size_t kvli_etcd_sink(char *data, size_t sz, size_t nm, void *arg)
 }
 
 /* One POST to one endpoint. Returns 0 with *out parsed (etcd answered,
- * maybe with an error object), or -1 with why filled (not reached). */
+ * maybe with an error object), -1 with why filled (not reached), -2 (an
+ * answer that is not etcd's), or -3: TLS failed (why says how, *fix_p what
+ * to do). */
 static int kvli_etcd_post(kvli_etcd_client_t *c, CURL *h, const char *ep, const char *path,
                           const char *body, bool with_token, json_object **out, long *http_p,
-                          char *why, size_t why_cap)
+                          char *why, size_t why_cap, const char **fix_p)
 {
+    *fix_p = NULL;
     char url[KVLI_ETCD_EP_LEN + 64], auth[600], errbuf[CURL_ERROR_SIZE] = "";
     kvli_etcd_buf_t b = {0};
     struct curl_slist *hd = NULL;
@@ -218,7 +233,7 @@ static int kvli_etcd_post(kvli_etcd_client_t *c, CURL *h, const char *ep, const 
     }
     curl_easy_reset(h);
     snprintf(url, sizeof(url), "%s%s", ep, path);
-    kvli_etcd_curl_setup(h, c->timeout_ms);
+    kvli_etcd_curl_setup(c, h, c->timeout_ms);
     curl_easy_setopt(h, CURLOPT_URL, url);
     curl_easy_setopt(h, CURLOPT_POSTFIELDS, body);
     curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, kvli_etcd_sink);
@@ -241,6 +256,10 @@ static int kvli_etcd_post(kvli_etcd_client_t *c, CURL *h, const char *ep, const 
         snprintf(why, why_cap, "%s%s%s", curl_easy_strerror(cc), errbuf[0] ? ": " : "", errbuf);
         if (b.over)
             snprintf(why, why_cap, "an answer of more than %u MiB", KVLI_ETCD_REPLY_MAX >> 20);
+        else if ((*fix_p = kvli_etcd_tls_explain(c, h, ep, (int)cc, errbuf, why, why_cap)) != NULL)
+            rc = -3;
+    } else if ((*fix_p = kvli_etcd_tls_explain(c, h, ep, CURLE_OK, b.p, why, why_cap)) != NULL) {
+        rc = -3;
     } else {
         enum json_tokener_error je = json_tokener_success;
         *out = b.p ? json_tokener_parse_verbose(b.p, &je) : NULL;
@@ -280,14 +299,20 @@ static kvl_status_t kvli_etcd_auth_on(kvli_etcd_client_t *c, CURL *h, const char
 {
     json_object *body = json_object_new_object(), *out = NULL, *tok;
     char why[512];
+    const char *fix;
     long http = 0;
     int code;
     json_object_object_add(body, "name", json_object_new_string(c->user));
     json_object_object_add(body, "password", json_object_new_string(c->password));
     int rc = kvli_etcd_post(c, h, ep, "/v3/auth/authenticate",
                             json_object_to_json_string_ext(body, JSON_C_TO_STRING_PLAIN), false,
-                            &out, &http, why, sizeof(why));
+                            &out, &http, why, sizeof(why), &fix);
     json_object_put(body);
+    if (rc == -3) {
+        kvli_err(err, KVL_ERR_PERMISSION, 0, "%s", why);
+        kvli_hint(err, "%s", fix);
+        return KVL_ERR_REMOTE_DISCONNECT; /* another endpoint may do; the text stays */
+    }
     if (rc != 0) {
         kvli_err(err, KVL_ERR_REMOTE_DISCONNECT, 0, "etcd at %s: authenticate as '%s': %s", ep,
                  c->user, why);
@@ -325,14 +350,15 @@ kvl_status_t kvli_etcd_authenticate(kvli_etcd_client_t *c, CURL *h, kvl_error_t 
             return st;
         }
     }
-    return st;
+    return err->code != KVL_OK ? err->code : st; /* a TLS refusal: KVL_ERR_PERMISSION */
 }
 
 kvl_status_t kvli_etcd_call(kvli_etcd_client_t *c, CURL *h, const char *path, json_object *body,
                             json_object **out, char *ep_out, size_t ep_cap, kvl_error_t *err)
 {
     const char *text = json_object_to_json_string_ext(body, JSON_C_TO_STRING_PLAIN);
-    char whys[KVLI_ETCD_EPS_MAX][200];
+    char whys[KVLI_ETCD_EPS_MAX][400], tls_why[400] = "";
+    const char *tls_fix = NULL, *fix = NULL;
     unsigned first = atomic_load(&c->cur), tried = 0;
     bool reauthed = false, all_timeouts = true;
 
@@ -353,8 +379,12 @@ kvl_status_t kvli_etcd_call(kvli_etcd_client_t *c, CURL *h, const char *path, js
         long http = 0;
         int code;
         int rc = kvli_etcd_post(c, h, c->eps[i], path, text, true, &o, &http, whys[tried],
-                                sizeof(whys[0]));
-        if (rc == -1) {
+                                sizeof(whys[0]), &fix);
+        if (rc == -3 && tls_fix == NULL) {
+            kvli_scopy(tls_why, sizeof(tls_why), whys[tried]);
+            tls_fix = fix;
+        }
+        if (rc == -1 || rc == -3) {
             if (strstr(whys[tried], "imeout") == NULL && strstr(whys[tried], "timed out") == NULL)
                 all_timeouts = false;
             tried++;
@@ -382,7 +412,7 @@ kvl_status_t kvli_etcd_call(kvli_etcd_client_t *c, CURL *h, const char *path, js
             reauthed = true;
             kvl_status_t st = kvli_etcd_auth_on(c, h, c->eps[i], err);
             if (st != KVL_OK)
-                return st;
+                return err->code != KVL_OK ? err->code : st; /* TLS: KVL_ERR_PERMISSION */
             k--;
             continue;
         }
@@ -425,6 +455,16 @@ kvl_status_t kvli_etcd_call(kvli_etcd_client_t *c, CURL *h, const char *path, js
         if (n < 0)
             break;
         w += (size_t)n;
+    }
+    if (tls_fix != NULL) {
+        /* A TLS refusal says more than "not reached": it leads. */
+        if (tried > 1)
+            kvli_err(err, KVL_ERR_PERMISSION, 0, "%s; no etcd endpoint answered %s (%.900s)",
+                     tls_why, path, list);
+        else
+            kvli_err(err, KVL_ERR_PERMISSION, 0, "%s", tls_why);
+        kvli_hint(err, "%s", tls_fix);
+        return KVL_ERR_PERMISSION;
     }
     kvl_status_t st = all_timeouts ? KVL_ERR_TIMEOUT : KVL_ERR_REMOTE_DISCONNECT;
     kvli_err(err, st, 0, "no etcd endpoint answered %s within %" PRIu64 " ms each (%.900s)",

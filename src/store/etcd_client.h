@@ -15,11 +15,13 @@
 #include <json-c/json.h>
 #include <pthread.h>
 #include <stdatomic.h>
+#include <kvlane/etcd.h>
 #include "core/internal.h"
 
 #define KVLI_ETCD_EPS_MAX 16u
 #define KVLI_ETCD_EP_LEN 256u
 #define KVLI_ETCD_REPLY_MAX (64u << 20) /* bytes of one answer */
+#define KVLI_ETCD_PATH_MAX 512u         /* a TLS file's path */
 
 typedef struct kvli_etcd_client {
     char eps[KVLI_ETCD_EPS_MAX][KVLI_ETCD_EP_LEN]; /* "http://host:port", no trailing / */
@@ -29,12 +31,32 @@ typedef struct kvli_etcd_client {
     uint64_t timeout_ms;
     pthread_mutex_t tok_lock;
     char token[512];                               /* "" until authenticated */
+    /* TLS (etcd_tls.c): "" when not given. tls: any file given, so every
+     * endpoint is https. subject: the client certificate's. */
+    char cacert[KVLI_ETCD_PATH_MAX], cert[KVLI_ETCD_PATH_MAX], key[KVLI_ETCD_PATH_MAX];
+    char subject[256];
+    bool tls, verify_name;
 } kvli_etcd_client_t;
 
-/* Parse "url[,url...]" ("host:port" gets http://). err filled on failure. */
+/* Parse "url[,url...]" ("host:port" gets http://, https:// with TLS files;
+ * http:// with TLS files is refused) and check the TLS files (tls may be
+ * NULL). err filled on failure. */
 kvl_status_t kvli_etcd_client_init(kvli_etcd_client_t *c, const char *endpoints,
                                    const char *user, const char *password, uint64_t timeout_ms,
-                                   kvl_error_t *err);
+                                   const kvl_etcd_tls_t *tls, kvl_error_t *err);
+
+/* etcd_tls.c: copy and check the files of tls (NULL: none), before any
+ * connection: readable, PEM, the key the certificate's. */
+kvl_status_t kvli_etcd_tls_init(kvli_etcd_client_t *c, const kvl_etcd_tls_t *tls,
+                                kvl_error_t *err);
+/* The TLS options of c on h (CA, client certificate and key, name check). */
+void kvli_etcd_tls_setup(const kvli_etcd_client_t *c, CURL *h);
+/* When a failure talking to ep is about TLS (curl's code cc and its text
+ * detail, or, with cc CURLE_OK, the answer's body; h the handle that
+ * failed, or NULL): what went wrong in why and what to do returned; NULL
+ * when it is not a TLS matter. */
+const char *kvli_etcd_tls_explain(const kvli_etcd_client_t *c, CURL *h, const char *ep, int cc,
+                                  const char *detail, char *why, size_t cap);
 void kvli_etcd_client_fini(kvli_etcd_client_t *c);
 
 /* curl_global_init, once per process. */
@@ -63,8 +85,9 @@ void *kvli_etcd_unb64(const char *s, size_t *len_p);
 /* A JSON int64 field that the gateway writes as a string ("revision":"12"); 0 when absent. */
 int64_t kvli_etcd_i64(json_object *o, const char *field);
 
-/* Common curl options: timeouts, no signals, TCP keepalive. */
-void kvli_etcd_curl_setup(CURL *h, uint64_t timeout_ms);
+/* Common curl options: timeouts, no signals, TCP keepalive, and c's TLS
+ * files (c NULL: none). Every handle that talks to etcd goes through it. */
+void kvli_etcd_curl_setup(const kvli_etcd_client_t *c, CURL *h, uint64_t timeout_ms);
 /* Append n bytes to the NUL-terminated buffer *p (length *len, room *cap),
  * growing it: 0; -1 past KVLI_ETCD_REPLY_MAX; -2 out of memory. */
 int kvli_etcd_append(char **p, size_t *len, size_t *cap, const char *data, size_t n);
@@ -80,11 +103,12 @@ typedef struct kvli_etcd_ws {
 
 typedef void (*kvli_etcd_ws_msg_fn)(void *arg, const char *text, size_t len);
 
-/* Connect to ep and upgrade path ("/v3/watch") to a WebSocket, bounded by
- * timeout_ms: 0; -1 not reached (why); -2 reached, but it answered no
- * upgrade (a gateway or proxy without WebSockets: why quotes it). */
-int kvli_etcd_ws_open(kvli_etcd_ws_t *w, const char *ep, const char *path, uint64_t timeout_ms,
-                      char *why, size_t why_cap);
+/* Connect to ep (with c's TLS files) and upgrade path ("/v3/watch") to a
+ * WebSocket, bounded by timeout_ms: 0; -1 not reached (why); -2 reached,
+ * but it answered no upgrade (a gateway or proxy without WebSockets: why
+ * quotes it). */
+int kvli_etcd_ws_open(kvli_etcd_ws_t *w, const kvli_etcd_client_t *c, const char *ep,
+                      const char *path, uint64_t timeout_ms, char *why, size_t why_cap);
 /* One text message: 0, or -1 with why (then close it). */
 int kvli_etcd_ws_send(kvli_etcd_ws_t *w, const char *text, uint64_t timeout_ms, char *why,
                       size_t why_cap);

@@ -22,30 +22,60 @@ static size_t kvli_probe_sink(char *d, size_t sz, size_t nm, void *arg)
     return sz * nm;
 }
 
-/* GET <ep>/version: 0 with the server and cluster versions, -1 with why. */
-static int kvli_probe_version(const char *ep, uint64_t tmo, char *server, char *cluster,
-                              size_t cap, double *ms, char *why, size_t why_cap)
+/* curl's verbose lines of the TLS handshake: "SSL connection using
+ * TLSv1.3 / ...", "SSL certificate verify ok." (a debug callback, so that
+ * no TLS library is linked for it). */
+static int kvli_probe_debug(CURL *h, curl_infotype type, char *data, size_t n, void *arg)
+{
+    char *tls = arg;
+    (void)h;
+    if (type != CURLINFO_TEXT)
+        return 0;
+    if (n > 21 && strncmp(data, "SSL connection using ", 21) == 0) {
+        size_t l = n - 21;
+        while (l > 0 && (data[21 + l - 1] == '\n' || data[21 + l - 1] == '\r'))
+            l--;
+        snprintf(tls, 128, "%.*s", (int)(l > 100 ? 100 : l), data + 21);
+    }
+    return 0;
+}
+
+/* GET <ep>/version: 0 with the server and cluster versions (and, over
+ * https, the TLS version and cipher in tls[128]), -1 with why (and fix_p
+ * set when it is a TLS matter), -2 not etcd's answer. */
+static int kvli_probe_version(const kvli_etcd_client_t *c, const char *ep, uint64_t tmo,
+                              char *server, char *cluster, size_t cap, double *ms, char *tls,
+                              char *why, size_t why_cap, const char **fix_p)
 {
     char url[KVLI_ETCD_EP_LEN + 16], body[512] = "", eb[CURL_ERROR_SIZE] = "";
+    *fix_p = NULL;
+    tls[0] = '\0';
     CURL *h = curl_easy_init();
     if (h == NULL) {
         snprintf(why, why_cap, "curl_easy_init failed");
         return -1;
     }
     snprintf(url, sizeof(url), "%s/version", ep);
-    kvli_etcd_curl_setup(h, tmo);
+    kvli_etcd_curl_setup(c, h, tmo);
     curl_easy_setopt(h, CURLOPT_URL, url);
     curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, kvli_probe_sink);
     curl_easy_setopt(h, CURLOPT_WRITEDATA, (void *)body);
     curl_easy_setopt(h, CURLOPT_ERRORBUFFER, eb);
+    curl_easy_setopt(h, CURLOPT_DEBUGFUNCTION, kvli_probe_debug);
+    curl_easy_setopt(h, CURLOPT_DEBUGDATA, (void *)tls);
+    curl_easy_setopt(h, CURLOPT_VERBOSE, 1L);
     uint64_t t0 = kvli_clock_ns();
     CURLcode cc = curl_easy_perform(h);
     *ms = (double)(kvli_clock_ns() - t0) / 1e6;
-    curl_easy_cleanup(h);
     if (cc != CURLE_OK) {
         snprintf(why, why_cap, "%s%s%s", curl_easy_strerror(cc), eb[0] ? ": " : "", eb);
+        *fix_p = kvli_etcd_tls_explain(c, h, ep, (int)cc, eb, why, why_cap);
+        curl_easy_cleanup(h);
         return -1;
     }
+    curl_easy_cleanup(h);
+    if ((*fix_p = kvli_etcd_tls_explain(c, NULL, ep, CURLE_OK, body, why, why_cap)) != NULL)
+        return -1;
     json_object *o = json_tokener_parse(body), *sv = NULL, *cv = NULL;
     if (o == NULL || !json_object_object_get_ex(o, "etcdserver", &sv)) {
         snprintf(why, why_cap, "GET /version answered something that is not etcd's (%.80s)",
@@ -63,6 +93,12 @@ static int kvli_probe_version(const char *ep, uint64_t tmo, char *server, char *
 
 kvl_status_t kvl_etcd_probe(const kvl_etcd_config_t *cfg, kvl_probe_cb_t cb, void *arg)
 {
+    return kvl_etcd_probe_tls(cfg, NULL, cb, arg);
+}
+
+kvl_status_t kvl_etcd_probe_tls(const kvl_etcd_config_t *cfg, const kvl_etcd_tls_t *tls,
+                                kvl_probe_cb_t cb, void *arg)
+{
     kvli_etcd_client_t all;
     kvl_error_t err;
     char obs[1400], check[48];
@@ -71,11 +107,22 @@ kvl_status_t kvl_etcd_probe(const kvl_etcd_config_t *cfg, kvl_probe_cb_t cb, voi
     kvli_etcd_global_init();
     kvli_err_blank(&err);
     uint64_t tmo = cfg->timeout_ms ? cfg->timeout_ms : 3000;
-    if (kvli_etcd_client_init(&all, cfg->endpoints, cfg->user, cfg->password, tmo, &err) !=
-        KVL_OK) {
-        cb(arg, "endpoints", 2, err.what, err.hint);
+    if (kvli_etcd_client_init(&all, cfg->endpoints, cfg->user, cfg->password, tmo, tls,
+                              &err) != KVL_OK) {
+        cb(arg, strstr(err.what, "etcd TLS") != NULL ? "tls" : "endpoints", 2, err.what,
+           err.hint);
         kvli_etcd_client_fini(&all);
         return err.code;
+    }
+    if (all.tls) {
+        char ca[KVLI_ETCD_PATH_MAX + 32];
+        snprintf(ca, sizeof(ca), "CA file %s", all.cacert);
+        snprintf(obs, sizeof(obs), "servers verified by %s%s; client certificate %s%s%s%s",
+                 all.cacert[0] ? ca : "the system's CA store",
+                 all.verify_name ? "" : " (host names not checked)",
+                 all.cert[0] ? all.cert : "none", all.subject[0] ? " (subject " : "",
+                 all.subject, all.subject[0] ? ")" : "");
+        cb(arg, "tls", 0, obs, NULL);
     }
     const char *prefix = cfg->prefix && cfg->prefix[0] ? cfg->prefix : KVL_ETCD_DEFAULT_PREFIX;
     char from[256], to[256];
@@ -87,10 +134,17 @@ kvl_status_t kvl_etcd_probe(const kvl_etcd_config_t *cfg, kvl_probe_cb_t cb, voi
     unsigned up = 0;
     for (unsigned i = 0; i < all.n_eps; i++) {
         const char *ep = all.eps[i];
-        char sv[64], cv[64], why[600];
+        char sv[64], cv[64], why[600], tv[128];
+        const char *fix = NULL;
         double ms = 0;
         snprintf(check, sizeof(check), "%u.reach", i);
-        int rc = kvli_probe_version(ep, tmo, sv, cv, sizeof(sv), &ms, why, sizeof(why));
+        int rc = kvli_probe_version(&all, ep, tmo, sv, cv, sizeof(sv), &ms, tv, why, sizeof(why),
+                                    &fix);
+        if (fix != NULL) {
+            snprintf(check, sizeof(check), "%u.tls", i);
+            cb(arg, check, 2, why, fix);
+            continue;
+        }
         if (rc != 0) {
             snprintf(obs, sizeof(obs), "%s: %s", ep, why);
             cb(arg, check, 1, obs, rc == -1 ? "start etcd there or remove it from the list "
@@ -107,13 +161,25 @@ kvl_status_t kvl_etcd_probe(const kvl_etcd_config_t *cfg, kvl_probe_cb_t cb, voi
                                                "gateway is /v3/)" : NULL);
         if (old)
             continue;
+        if (strncmp(ep, "https://", 8) == 0) {
+            char ca[KVLI_ETCD_PATH_MAX + 32];
+            snprintf(ca, sizeof(ca), "CA file %s", all.cacert);
+            snprintf(obs, sizeof(obs), "%s: %s, server verified by %s%s%s%s", ep,
+                     tv[0] ? tv : "TLS", all.cacert[0] ? ca : "the system's CA store",
+                     all.verify_name ? "" : " (host name not checked)",
+                     all.cert[0] ? "; client certificate " : "; no client certificate",
+                     all.subject);
+            snprintf(check, sizeof(check), "%u.tls", i);
+            cb(arg, check, 0, obs, NULL);
+        }
         up++;
 
         /* One endpoint at a time: the failover must not hide a bad member. */
         kvli_etcd_client_t one;
         char one_ep[KVLI_ETCD_EP_LEN];
         kvli_scopy(one_ep, sizeof(one_ep), ep);
-        if (kvli_etcd_client_init(&one, one_ep, cfg->user, cfg->password, tmo, &err) != KVL_OK) {
+        if (kvli_etcd_client_init(&one, one_ep, cfg->user, cfg->password, tmo, tls, &err) !=
+            KVL_OK) {
             kvli_etcd_client_fini(&one);
             continue;
         }

@@ -116,12 +116,13 @@ static bool kvli_ws_header(const char *head, const char *name, char *val, size_t
     return false;
 }
 
-int kvli_etcd_ws_open(kvli_etcd_ws_t *w, const char *ep, const char *path, uint64_t timeout_ms,
-                      char *why, size_t why_cap)
+int kvli_etcd_ws_open(kvli_etcd_ws_t *w, const kvli_etcd_client_t *c, const char *ep,
+                      const char *path, uint64_t timeout_ms, char *why, size_t why_cap)
 {
     char url[KVLI_ETCD_EP_LEN + 64], req[KVLI_ETCD_EP_LEN + 512], key[32], want[64], got[64];
     uint64_t deadline = kvli_clock_ms() + timeout_ms, rnd[2] = {kvli_random64(), kvli_random64()};
     curl_socket_t fd = CURL_SOCKET_BAD;
+    char eb[CURL_ERROR_SIZE] = "";
     memset(w, 0, sizeof(*w));
     w->fd = -1;
     if ((w->h = curl_easy_init()) == NULL) {
@@ -129,14 +130,25 @@ int kvli_etcd_ws_open(kvli_etcd_ws_t *w, const char *ep, const char *path, uint6
         return -1;
     }
     snprintf(url, sizeof(url), "%s%s", ep, path);
-    kvli_etcd_curl_setup(w->h, timeout_ms);
+    kvli_etcd_curl_setup(c, w->h, timeout_ms);
+    curl_easy_setopt(w->h, CURLOPT_ERRORBUFFER, eb);
     curl_easy_setopt(w->h, CURLOPT_URL, url);
     curl_easy_setopt(w->h, CURLOPT_CONNECT_ONLY, 1L);
+    /* Over https, ALPN would pick HTTP/2 and curl_easy_send/recv would
+     * then go through curl's HTTP/2 layer: the upgrade is HTTP/1.1 bytes. */
+    curl_easy_setopt(w->h, CURLOPT_HTTP_VERSION, (long)CURL_HTTP_VERSION_1_1);
+    curl_easy_setopt(w->h, CURLOPT_SSL_ENABLE_ALPN, 0L);
     CURLcode cc = curl_easy_perform(w->h);
+    curl_easy_setopt(w->h, CURLOPT_ERRORBUFFER, NULL); /* eb is this frame's */
     if (cc == CURLE_OK)
         cc = curl_easy_getinfo(w->h, CURLINFO_ACTIVESOCKET, &fd);
     if (cc != CURLE_OK || fd == CURL_SOCKET_BAD) {
-        snprintf(why, why_cap, "%s", curl_easy_strerror(cc));
+        char tls[400];
+        const char *fix = kvli_etcd_tls_explain(c, w->h, ep, (int)cc, eb, tls, sizeof(tls));
+        if (fix != NULL)
+            snprintf(why, why_cap, "%s; %s", tls, fix);
+        else
+            snprintf(why, why_cap, "%s%s%s", curl_easy_strerror(cc), eb[0] ? ": " : "", eb);
         kvli_etcd_ws_close(w);
         return -1;
     }

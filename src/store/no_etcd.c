@@ -26,6 +26,14 @@ kvl_status_t kvl_etcd_attach(kvl_agent_t *agent, const kvl_etcd_config_t *config
     return kvli_no_etcd(agent, "kvl_etcd_attach");
 }
 
+kvl_status_t kvl_etcd_attach_tls(kvl_agent_t *agent, const kvl_etcd_config_t *config,
+                                 const kvl_etcd_tls_t *tls)
+{
+    (void)config;
+    (void)tls;
+    return kvli_no_etcd(agent, "kvl_etcd_attach_tls");
+}
+
 kvl_status_t kvl_etcd_publish(kvl_agent_t *agent, const char *label)
 {
     (void)label;
@@ -61,6 +69,13 @@ kvl_status_t kvl_etcd_probe(const kvl_etcd_config_t *config, kvl_probe_cb_t cb, 
     if (cb != NULL)
         cb(arg, "build", 2, KVLI_NO_ETCD_WHY, KVLI_NO_ETCD_FIX);
     return kvli_no_etcd(NULL, "kvl_etcd_probe");
+}
+
+kvl_status_t kvl_etcd_probe_tls(const kvl_etcd_config_t *config, const kvl_etcd_tls_t *tls,
+                                kvl_probe_cb_t cb, void *arg)
+{
+    (void)tls;
+    return kvl_etcd_probe(config, cb, arg);
 }
 #else
 typedef int kvli_no_etcd_unused; /* the etcd store is built: nothing here */

@@ -33,9 +33,30 @@ unsigned kt_free_port(void)
     return ntohs(sa.sin_port);
 }
 
+int kt_tls_certs(const char *dir)
+{
+    const char *src = getenv("KVL_SRC") ? getenv("KVL_SRC") : ".";
+    return kt_sh("bash '%s/tests/common/kt_tls_certs.sh' '%s'", src, dir);
+}
+
+/* etcdctl's TLS flags for e ("" without TLS). */
+static void kt_etcd_tls_flags(const kt_etcd_t *e, char *buf, size_t cap)
+{
+    buf[0] = '\0';
+    if (e->tls_dir != NULL)
+        snprintf(buf, cap, "--cacert=%s/ca.crt --cert=%s/client.crt --key=%s/client.key",
+                 e->tls_dir, e->tls_dir, e->tls_dir);
+}
+
 /* GET /health answers {"health":"true"...}. */
 static int kt_etcd_healthy(const kt_etcd_t *e)
 {
+    if (e->tls_dir != NULL) {
+        char fl[600];
+        kt_etcd_tls_flags(e, fl, sizeof(fl));
+        return kt_sh("ETCDCTL_API=3 etcdctl --endpoints=%s %s --dial-timeout=1s "
+                     "--command-timeout=2s endpoint health >/dev/null 2>&1", e->url, fl) == 0;
+    }
     int fd = socket(AF_INET, SOCK_STREAM, 0);
     struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)e->client_port)};
     inet_pton(AF_INET, e->host ? e->host : "127.0.0.1", &sa.sin_addr);
@@ -63,7 +84,8 @@ static void kt_etcd_spawn(kt_etcd_t *e)
 {
     char curl[64], purl[64], cluster[128], log[200];
     const char *host = e->host ? e->host : "127.0.0.1";
-    snprintf(curl, sizeof(curl), "http://%s:%u", host, e->client_port);
+    snprintf(curl, sizeof(curl), "%s://%s:%u", e->tls_dir ? "https" : "http", host,
+             e->client_port);
     snprintf(purl, sizeof(purl), "http://%s:%u", host, e->peer_port);
     snprintf(cluster, sizeof(cluster), "kt=%s", purl);
     snprintf(log, sizeof(log), "%s/etcd.log", e->dir);
@@ -76,6 +98,19 @@ static void kt_etcd_spawn(kt_etcd_t *e)
         dup2(2, 1);
         char data[160];
         snprintf(data, sizeof(data), "%s/data", e->dir);
+        if (e->tls_dir != NULL) {
+            char crt[200], key[200], ca[200];
+            snprintf(crt, sizeof(crt), "%s/server.crt", e->tls_dir);
+            snprintf(key, sizeof(key), "%s/server.key", e->tls_dir);
+            snprintf(ca, sizeof(ca), "%s/ca.crt", e->tls_dir);
+            execl(kt_etcd_binary(), "etcd", "--name", "kt", "--data-dir", data,
+                  "--listen-client-urls", curl, "--advertise-client-urls", curl,
+                  "--listen-peer-urls", purl, "--initial-advertise-peer-urls", purl,
+                  "--initial-cluster", cluster, "--log-level", "warn", "--cert-file", crt,
+                  "--key-file", key, "--trusted-ca-file", ca, "--client-cert-auth",
+                  (char *)NULL);
+            _exit(127);
+        }
         execl(kt_etcd_binary(), "etcd", "--name", "kt", "--data-dir", data,
               "--listen-client-urls", curl, "--advertise-client-urls", curl,
               "--listen-peer-urls", purl, "--initial-advertise-peer-urls", purl,
@@ -161,9 +196,10 @@ void kt_etcd_stop(kt_etcd_t *e)
 
 int kt_etcdctl(const kt_etcd_t *e, const char *args)
 {
-    char cmd[1024];
-    snprintf(cmd, sizeof(cmd), "ETCDCTL_API=3 etcdctl --endpoints=%s --dial-timeout=5s "
-             "--command-timeout=10s %s >>'%s/etcdctl.log' 2>&1", e->url, args, e->dir);
+    char cmd[1600], fl[600];
+    kt_etcd_tls_flags(e, fl, sizeof(fl));
+    snprintf(cmd, sizeof(cmd), "ETCDCTL_API=3 etcdctl --endpoints=%s %s --dial-timeout=5s "
+             "--command-timeout=10s %s >>'%s/etcdctl.log' 2>&1", e->url, fl, args, e->dir);
     int st = system(cmd);
     return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
 }

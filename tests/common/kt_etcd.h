@@ -10,7 +10,15 @@ typedef struct kt_etcd {
     unsigned client_port, peer_port;
     char url[64];             /* http://127.0.0.1:<client_port> */
     const char *host;         /* listen address, "127.0.0.1" unless set */
+    /* Set before kt_etcd_start: serve https with the files kt_tls_certs made
+     * there (server.crt/.key), requiring client certificates signed by its
+     * ca.crt; url is then https://..., health is asked with etcdctl. */
+    const char *tls_dir;
 } kt_etcd_t;
+
+/* Make throwaway TLS files in dir (tests/common/kt_tls_certs.sh: ca, server
+ * with SAN IP 127.0.0.1 only, client, otherca, stranger): 0 when made. */
+int kt_tls_certs(const char *dir);
 
 /* The etcd binary, or NULL (tests skip with the reason). */
 const char *kt_etcd_binary(void);
@@ -26,7 +34,7 @@ void kt_etcd_kill(kt_etcd_t *e);
 void kt_etcd_pause(kt_etcd_t *e, int paused);
 /* Kill and remove the data dir. */
 void kt_etcd_stop(kt_etcd_t *e);
-/* Run etcdctl against it with args (space-separated); returns the exit status. */
+/* Run etcdctl against it (with the client certificate when tls_dir) with args (space-separated); returns the exit status. */
 int kt_etcdctl(const kt_etcd_t *e, const char *args);
 /* Compact etcd's history up to its current revision: 0 when done. */
 int kt_etcd_compact(const kt_etcd_t *e);
