@@ -1,14 +1,16 @@
 /*
  * kvlane bench --backend posix: DRAM to a file and back through the posix
  * backend (FILE memory), as an engine offloading KV cache does. One agent,
- * one file in --dir (made, laid out once, removed at the end); per block
+ * one file in --dir (made, laid out once, removed at the end; or --file, an
+ * existing one used as is, e.g. the file fio laid out); per block
  * size, --iters transfers of --size bytes each way; the median bandwidth.
  *
  *   contiguous  the file is written / read from offset 0 in block order
  *               (memory blocks in reverse order, so that each block is one
  *               I/O of the block size: adjacent blocks would coalesce)
- *   random      --count blocks at shuffled, non-adjacent offsets of the file
- *               (scattered KV blocks), a new order per block size
+ *   random      --count blocks at shuffled offsets of a file of twice as many
+ *               blocks (scattered KV blocks; fio's random write covers the
+ *               same span), a new order per block size
  *
  * bench/file_compare.sh runs it side by side with fio on the same file, block
  * size and queue depth.
@@ -22,12 +24,14 @@
 #include <string.h>
 #include <strings.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 #include <kvlane/kvlane.h>
 #include "cli.h"
 
 typedef struct {
     const char *dir, *engine, *csv;
+    const char *file;                 /* --file: an existing file, used as is */
     const char *pattern;
     uint64_t sizes[16];
     int nsizes;
@@ -76,6 +80,8 @@ static void kvl_fbench_usage(FILE *f)
     fprintf(f,
             "usage: kvlane bench --backend posix [options]\n"
             "  --dir DIR          where the test file goes (default $TMPDIR or /tmp)\n"
+            "  --file PATH        use this existing file as is (not laid out, not removed;\n"
+            "                     large enough for the rows), e.g. the one fio laid out\n"
             "  --block-size LIST  block sizes, e.g. 256K,1M,4M (default 256K,1M,4M)\n"
             "  --size BYTES       bytes per transfer, contiguous pattern (default 256M)\n"
             "  --pattern P        contiguous (default) or random (scattered blocks)\n"
@@ -91,6 +97,55 @@ static void kvl_fbench_usage(FILE *f)
             "  --quiet            rows only\n");
 }
 
+/* A new file of fsize bytes in c->dir, laid out with data as fio does (with
+ * O_DIRECT when the rows use it, so none of it sits in the page cache and
+ * every block is written): reads then read written blocks, not unwritten
+ * extents, and writes overwrite. 0, or 2 with the reason printed. */
+static int kvl_fbench_make_file(const kvl_fbench_t *c, uint64_t fsize, char *path, size_t cap,
+                                int *fd_p)
+{
+    size_t lay = 4u << 20;
+    char *z = NULL;
+    snprintf(path, cap, "%s/kvlane-bench-XXXXXX", c->dir);
+    int fd0 = mkstemp(path);
+    if (fd0 < 0) {
+        fprintf(stderr, "kvlane bench: cannot create a file in %s: %s\n", c->dir, strerror(errno));
+        return 2;
+    }
+    int lfd = c->direct ? open(path, O_RDWR | O_DIRECT) : -1;
+    if (lfd < 0)
+        lfd = fd0; /* no O_DIRECT here: the transfers' open says so */
+    if ((posix_fallocate(fd0, 0, (off_t)fsize) != 0 && ftruncate(fd0, (off_t)fsize) != 0) ||
+        posix_memalign((void **)&z, 4096, lay) != 0) {
+        fprintf(stderr, "kvlane bench: cannot size %s to %llu bytes: %s\n", path,
+                (unsigned long long)fsize, strerror(errno));
+        goto fail;
+    }
+    memset(z, 0xa5, lay);
+    for (uint64_t at = 0; at < fsize; at += lay) {
+        size_t k = fsize - at < lay ? (size_t)(fsize - at) : lay;
+        if (pwrite(lfd, z, k, (off_t)at) != (ssize_t)k) {
+            fprintf(stderr, "kvlane bench: cannot lay out %s (%llu bytes): %s\n", path,
+                    (unsigned long long)fsize, strerror(errno));
+            goto fail;
+        }
+    }
+    free(z);
+    if (lfd != fd0)
+        close(lfd);
+    fsync(fd0);
+    posix_fadvise(fd0, 0, (off_t)fsize, POSIX_FADV_DONTNEED);
+    *fd_p = fd0;
+    return 0;
+fail:
+    free(z);
+    if (lfd != fd0)
+        close(lfd);
+    close(fd0);
+    unlink(path);
+    return 2;
+}
+
 int kvl_cli_bench_file(int argc, char **argv);
 int kvl_cli_bench_file(int argc, char **argv)
 {
@@ -102,7 +157,7 @@ int kvl_cli_bench_file(int argc, char **argv)
         {"size", 1, 0, 'S'}, {"pattern", 1, 0, 'p'}, {"count", 1, 0, 'n'}, {"op", 1, 0, 'o'},
         {"queue-depth", 1, 0, 'Q'}, {"engine", 1, 0, 'e'}, {"buffered", 0, 0, 'u'},
         {"iters", 1, 0, 'i'}, {"csv", 1, 0, 'c'}, {"quiet", 0, 0, 'q'}, {"help", 0, 0, 'h'},
-        {"mem", 1, 0, 'm'}, {"device", 1, 0, 'D'},
+        {"mem", 1, 0, 'm'}, {"device", 1, 0, 'D'}, {"file", 1, 0, 'F'},
         {0, 0, 0, 0}};
     int o, li = 0;
     optind = 1;
@@ -120,6 +175,7 @@ int kvl_cli_bench_file(int argc, char **argv)
             }
             break;
         case 'd': c.dir = optarg; break;
+        case 'F': c.file = optarg; break;
         case 's': {
             char buf[256], *save = NULL;
             snprintf(buf, sizeof(buf), "%s", optarg);
@@ -190,55 +246,30 @@ int kvl_cli_bench_file(int argc, char **argv)
             need = n;
     }
     char path[4200];
-    snprintf(path, sizeof(path), "%s/kvlane-bench-XXXXXX", c.dir);
-    int fd0 = mkstemp(path);
-    if (fd0 < 0) {
-        fprintf(stderr, "kvlane bench: cannot create a file in %s: %s\n", c.dir, strerror(errno));
-        return 2;
-    }
-    uint64_t fsize = random ? 2 * need : need; /* random: holes between the blocks */
-    if (posix_fallocate(fd0, 0, (off_t)fsize) != 0 && ftruncate(fd0, (off_t)fsize) != 0) {
-        fprintf(stderr, "kvlane bench: cannot size %s to %llu bytes: %s\n", path,
-                (unsigned long long)fsize, strerror(errno));
-        close(fd0);
-        unlink(path);
-        return 2;
-    }
-    /* Lay the file out with data, as fio does: reads then read written
-     * blocks (not unwritten extents, which cost nothing) and writes
-     * overwrite. */
-    {
-        size_t lay = 4u << 20;
-        char *z = malloc(lay);
-        if (z == NULL) {
-            close(fd0);
-            unlink(path);
+    uint64_t fsize = random ? 2 * need : need; /* random: twice the blocks in slots */
+    int own = c.file == NULL, fd0;
+    if (!own) {
+        struct stat stf;
+        snprintf(path, sizeof(path), "%s", c.file);
+        fd0 = open(path, O_RDWR);
+        if (fd0 < 0 || fstat(fd0, &stf) != 0 || (uint64_t)stf.st_size < fsize) {
+            fprintf(stderr, "kvlane bench: --file %s: %s; these rows need a file of %llu bytes\n",
+                    path, fd0 < 0 ? strerror(errno) : "too small",
+                    (unsigned long long)fsize);
+            if (fd0 >= 0)
+                close(fd0);
             return 2;
         }
-        memset(z, 0xa5, lay);
-        for (uint64_t at = 0; at < fsize; at += lay) {
-            size_t k = fsize - at < lay ? (size_t)(fsize - at) : lay;
-            if (pwrite(fd0, z, k, (off_t)at) != (ssize_t)k) {
-                fprintf(stderr, "kvlane bench: cannot size %s to %llu bytes: %s\n", path,
-                        (unsigned long long)fsize, strerror(errno));
-                free(z);
-                close(fd0);
-                unlink(path);
-                return 2;
-            }
-        }
-        free(z);
-        fsync(fd0);
-        /* and out of the page cache (as fio lays out with O_DIRECT): cached
-         * pages would make every O_DIRECT write invalidate them */
-        posix_fadvise(fd0, 0, (off_t)fsize, POSIX_FADV_DONTNEED);
+    } else if (kvl_fbench_make_file(&c, fsize, path, sizeof(path), &fd0) != 0) {
+        return 2;
     }
     int fd = c.direct ? open(path, O_RDWR | O_DIRECT) : fd0;
     if (fd < 0) {
         fprintf(stderr, "kvlane bench: %s refuses O_DIRECT (%s); use --buffered\n", c.dir,
                 strerror(errno));
         close(fd0);
-        unlink(path);
+        if (own)
+            unlink(path);
         return 2;
     }
     unsigned char *buf = NULL;
@@ -250,7 +281,8 @@ int kvl_cli_bench_file(int argc, char **argv)
             if (fd != fd0)
                 close(fd);
             close(fd0);
-            unlink(path);
+            if (own)
+                unlink(path);
             return 2;
         }
         buf = (unsigned char *)(uintptr_t)gp;
@@ -260,7 +292,8 @@ int kvl_cli_bench_file(int argc, char **argv)
             fprintf(stderr, "kvlane bench: mmap(%llu) failed: %s\n", (unsigned long long)need,
                     strerror(errno));
             close(fd0);
-            unlink(path);
+            if (own)
+                unlink(path);
             return 2;
         }
         memset(buf, 0x5a, need);
@@ -305,7 +338,10 @@ int kvl_cli_bench_file(int argc, char **argv)
         uint64_t n = random ? c.count : c.total / bs;
         if (n == 0)
             continue;
-        uint64_t *perm = malloc(n * sizeof(*perm));
+        /* random: n of the file's 2n block slots, drawn without replacement
+         * (a shuffle of all 2n, the first n kept), in that shuffled order */
+        uint64_t slots = random ? 2 * n : n;
+        uint64_t *perm = malloc(slots * sizeof(*perm));
         kvl_dlist_t *l = NULL, *r = NULL;
         if (perm == NULL || kvl_dlist_create(c.vram ? KVL_MEM_VRAM : KVL_MEM_DRAM, n, &l) != KVL_OK ||
             kvl_dlist_create(KVL_MEM_FILE, n, &r) != KVL_OK) {
@@ -313,10 +349,10 @@ int kvl_cli_bench_file(int argc, char **argv)
             kvl_dlist_destroy(l);
             goto out;
         }
-        for (uint64_t i = 0; i < n; i++)
+        for (uint64_t i = 0; i < slots; i++)
             perm[i] = i;
         if (random)
-            for (uint64_t i = n - 1; i > 0; i--) {
+            for (uint64_t i = slots - 1; i > 0; i--) {
                 uint64_t j = ((uint64_t)rand() << 16 ^ (uint64_t)rand()) % (i + 1);
                 uint64_t tmp = perm[i];
                 perm[i] = perm[j];
@@ -324,11 +360,11 @@ int kvl_cli_bench_file(int argc, char **argv)
             }
         for (uint64_t i = 0; i < n; i++) {
             /* memory blocks in reverse order: no two neighbours are adjacent on
-             * both sides, so every block is one I/O of the block size (the core
-             * would merge adjacent ones into one large I/O) */
+             * both sides in the same direction, so every block is one I/O of
+             * the block size (the core would merge adjacent ones) */
             kvl_dlist_add(l, (uint64_t)(uintptr_t)(buf + (n - 1 - i) * bs), bs,
                           c.vram ? c.dev : KVL_DEV_ANY);
-            kvl_dlist_add(r, random ? perm[i] * 2 * bs : i * bs, bs, fd);
+            kvl_dlist_add(r, perm[i] * bs, bs, fd);
         }
         free(perm);
         for (int w = 0; w < 2; w++) {
@@ -365,6 +401,7 @@ out:
     if (fd != fd0)
         close(fd);
     close(fd0);
-    unlink(path);
+    if (own)
+        unlink(path);
     return rc;
 }
