@@ -136,6 +136,19 @@ def main():
         return ident, (ident if args.identity else rng.permutation(NBLK))
 
     first_gbs, first_t = run_requests(agent, ls, rs, 1, shuffled, NBLK * BLK)
+    # Its physical reference: the GPU's first copy of the same bytes between
+    # buffers written once, after a pause (clocks as cold as for the request).
+    ca = torch.ones(NBLK * BLK, dtype=torch.uint8, device="cuda:0")
+    cb = torch.zeros(NBLK * BLK, dtype=torch.uint8, device="cuda:0")
+    torch.cuda.synchronize()
+    time.sleep(0.5)
+    s0, e0 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    s0.record()
+    cb.copy_(ca)
+    e0.record()
+    e0.synchronize()
+    first_copy_gbs = NBLK * BLK / (s0.elapsed_time(e0) / 1e3) / 1e9
+    del ca, cb
     bulk_gbs, _ = run_requests(agent, lb, rb, args.reps, lambda: ([0], [0]), BULK)
     scat_gbs, scat_t = run_requests(agent, ls, rs, args.reps, shuffled, NBLK * BLK, "scat")
     re_gbs, re_t = repost(agent, ls, rs, args.reps, *shuffled(), NBLK * BLK)
@@ -175,6 +188,8 @@ def main():
           f"{ms / ref_scat:>8.3f}")
     print(f"{'  first request after reg.':<34}{first_gbs[0]:>12.1f}{ref_scat:>15.1f}"
           f"{first_gbs[0] / ref_scat:>8.3f}   ({first_t[0] * 1e3:.2f} ms)")
+    print(f"{'  first copy after a 0.5 s pause':<34}{'':>12}{first_copy_gbs:>15.1f}"
+          f"{first_copy_gbs / ref_scat:>8.3f}   (the GPU's own first-use cost)")
     print(f"{'  p50 request time (ms)':<34}{statistics.median(scat_t) * 1e3:>12.3f}")
     ph = PHASES["scat"]
     print(f"{'  make / transfer() / to DONE (ms)':<34}" +
