@@ -249,16 +249,19 @@ static kvl_status_t kvli_remote_merge(kvl_agent_t *a, kvli_remote_t *r, const kv
 
     pthread_mutex_lock(&a->lock);
     kvli_rregion_t *merged = NULL;
+    bool *dup = NULL;
     bool current = atomic_load(&r->valid) && md->generation >= r->generation;
     if (current) {
         merged = calloc(r->n_regions + n + 1, sizeof(*merged));
         t->gone = calloc(r->n_regions + 1, sizeof(*t->gone));
+        dup = calloc(n + 1, sizeof(*dup));
     }
-    if (!current || merged == NULL || t->gone == NULL) {
+    if (!current || merged == NULL || t->gone == NULL || dup == NULL) {
         uint64_t now = r->generation;
         pthread_mutex_unlock(&a->lock);
         kvli_rregions_unload(a, r, add, n);
         free(merged);
+        free(dup);
         free(t->gone);
         free(t);
         free(add);
@@ -280,18 +283,6 @@ static kvl_status_t kvli_remote_merge(kvl_agent_t *a, kvli_remote_t *r, const kv
      * region replaces every held region at its address. */
     size_t m = 0, kept = 0;
     uint64_t max_len = 0;
-    bool *dup = calloc(n + 1, sizeof(*dup));
-    if (dup == NULL) {
-        pthread_mutex_unlock(&a->lock);
-        kvli_rregions_unload(a, r, add, n);
-        free(merged);
-        free(t->gone);
-        free(t);
-        free(add);
-        kvli_err(err, KVL_ERR_NO_MEMORY, ENOMEM, "out of memory merging %zu regions of agent "
-                 "'%s'", n, md->name);
-        return KVL_ERR_NO_MEMORY;
-    }
     for (size_t i = 0; i < r->n_regions; i++) {
         const kvli_rregion_t *g = &r->regions[i];
         size_t lo = 0, hi = n;  /* first of add at g's address (add sorted) */
