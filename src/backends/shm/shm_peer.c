@@ -1062,14 +1062,16 @@ void kvli_shm_peer_describe(void *bk, void *peer_h, char *buf, size_t len)
     mapped = peer->maps != NULL;
     if (atomic_load(&peer->dead))
         snprintf(dead, sizeof(dead), "%s", peer->dead_what);
+    /* under the lock: a dead peer's guard table is unmapped under it */
+    const char *alive = peer->released ? "" : kvli_shm_guard_alive(peer) > 0
+                        ? "its lock, read per copy"
+                        : peer->pidfd >= 0 ? "pidfd polled per copy"
+                                           : "no pidfd, only the copy's ESRCH";
     pthread_mutex_unlock(&iface->lock);
     if (dead[0])
         snprintf(buf, len, "disconnected (%s); load its metadata again once it is back", dead);
     else if (peer->cma_ok)
-        snprintf(buf, len, "%scma (target alive: %s)", mapped ? "mmap+" : "",
-                 kvli_shm_guard_alive(peer) > 0 ? "its lock, read per copy"
-                 : peer->pidfd >= 0 ? "pidfd polled per copy"
-                 : "no pidfd, only the copy's ESRCH");
+        snprintf(buf, len, "%scma (target alive: %s)", mapped ? "mmap+" : "", alive);
     else if (iface->cma_off)
         snprintf(buf, len, "%ssocket (cma=off)", mapped ? "mmap+" : "");
     else
