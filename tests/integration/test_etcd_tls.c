@@ -50,7 +50,8 @@ static void path(char *buf, const char *name)
 }
 
 /* Refused before any connection: the endpoint is a port nothing listens on,
- * and the answer comes at once. */
+ * so a connection tried would have failed as KVL_ERR_REMOTE_DISCONNECT, not
+ * with the file's KVL_ERR_INVALID_ARG (no timing is asserted). */
 static void files(void)
 {
     char dead[64], missing[200], other_key[200], eps[200];
@@ -58,7 +59,6 @@ static void files(void)
     path(missing, "nonexistent.key");
     path(other_key, "stranger.key");
     kvl_agent_t *a = agent("files");
-    uint64_t t0 = kt_now_ms();
     KT_STATUS(attach(a, dead, ca, cert, missing), KVL_ERR_INVALID_ARG);
     KT_ERROR_HAS("etcd TLS: the client key file '");
     KT_ERROR_HAS("nonexistent.key' cannot be read: No such file or directory");
@@ -75,7 +75,6 @@ static void files(void)
     snprintf(eps, sizeof(eps), "http://%s", dead);
     KT_STATUS(attach(a, eps, ca, cert, key), KVL_ERR_INVALID_ARG);
     KT_ERROR_HAS("is plain http, but TLS files were given");
-    KT_CHECK(kt_now_ms() - t0 < 2000); /* no connection was tried */
     kvl_agent_destroy(a);
     printf("files: missing, not PEM, mismatched key, key alone, http:// with certificates: "
            "refused before any connection, naming the file\n");
