@@ -10,6 +10,52 @@ void kvl_free(void *p)
     free(p);
 }
 
+/* Pack backend b's connection info into conn (KVL_BK_CONN_MAX bytes) for mb
+ * (a->lock held). */
+static kvl_status_t kvli_md_pack_conn(kvl_agent_t *a, unsigned b, uint8_t *conn,
+                                      kvli_md_backend_t *mb, kvl_error_t *err)
+{
+    struct kvl_backend *bk = a->bks[b];
+    size_t cl = 0;
+    kvl_status_t st = bk->ops->conn_pack(bk->bk, conn, KVL_BK_CONN_MAX, &cl);
+    if (st != KVL_OK || cl > KVL_BK_CONN_MAX) {
+        kvli_err(err, KVL_ERR_INTERNAL, 0, "backend %s could not pack its connection info (%s)",
+                 bk->ops->name, kvl_status_name(st));
+        kvli_scopy(err->backend, sizeof(err->backend), bk->ops->name);
+        return KVL_ERR_INTERNAL;
+    }
+    mb->conn = conn;
+    mb->conn_len = (uint32_t)cl;
+    return KVL_OK;
+}
+
+/* Describe region r in mr with a key for each blob backend j (agent backend
+ * map[j]) that reaches it, packed at keys + *k slots; whether any did
+ * (a->lock held). */
+static bool kvli_md_pack_region(kvl_agent_t *a, const kvli_region_t *r, const unsigned *map,
+                                unsigned nmap, uint8_t *keys, size_t *k, kvli_md_region_t *mr)
+{
+    bool any = false;
+    mr->addr = r->addr;
+    mr->len = r->len;
+    mr->kind = r->kind;
+    mr->dev = r->dev;
+    for (unsigned j = 0; j < nmap; j++) {
+        unsigned b = map[j];
+        size_t kl = 0;
+        if (!(r->bk_mask & (1u << b)))
+            continue;
+        uint8_t *kb = keys + *k * KVL_BK_KEY_MAX;
+        if (a->bks[b]->ops->region_pack(a->bks[b]->bk, r->mh[b], kb, KVL_BK_KEY_MAX, &kl) !=
+                KVL_OK || kl > KVL_BK_KEY_MAX)
+            continue; /* not remotely reachable through this backend */
+        mr->keys[j] = (kvli_md_key_t){kb, (uint16_t)kl, true};
+        (*k)++;
+        any = true;
+    }
+    return any;
+}
+
 kvl_status_t kvl_metadata_get(kvl_agent_t *a, void **blob_p, size_t *len_p)
 {
     kvl_error_t err;
@@ -39,45 +85,19 @@ kvl_status_t kvl_metadata_get(kvl_agent_t *a, void **blob_p, size_t *len_p)
         st = KVL_ERR_NO_MEMORY;
         goto out;
     }
+    unsigned map[KVLI_MAX_BACKENDS];   /* every backend, in order */
     for (unsigned b = 0; b < a->nbks; b++) {
-        struct kvl_backend *bk = a->bks[b];
-        size_t cl = 0;
-        kvli_scopy(md.backends[b].name, sizeof(md.backends[b].name), bk->ops->name);
-        st = bk->ops->conn_pack(bk->bk, conn + (size_t)b * KVL_BK_CONN_MAX, KVL_BK_CONN_MAX, &cl);
-        if (st != KVL_OK || cl > KVL_BK_CONN_MAX) {
-            kvli_err(&err, KVL_ERR_INTERNAL, 0, "backend %s could not pack its connection info (%s)",
-                     bk->ops->name, kvl_status_name(st));
-            kvli_scopy(err.backend, sizeof(err.backend), bk->ops->name);
-            st = KVL_ERR_INTERNAL;
+        kvli_scopy(md.backends[b].name, sizeof(md.backends[b].name), a->bks[b]->ops->name);
+        st = kvli_md_pack_conn(a, b, conn + (size_t)b * KVL_BK_CONN_MAX, &md.backends[b], &err);
+        if (st != KVL_OK)
             goto out;
-        }
-        md.backends[b].conn = conn + (size_t)b * KVL_BK_CONN_MAX;
-        md.backends[b].conn_len = (uint32_t)cl;
+        map[b] = b;
     }
     size_t k = 0;
-    for (size_t i = 0; i < a->nregs; i++) {
-        const kvli_region_t *r = a->regs[i];
-        kvli_md_region_t *mr = &md.regions[md.n_regions];
-        mr->addr = r->addr;
-        mr->len = r->len;
-        mr->kind = r->kind;
-        mr->dev = r->dev;
-        bool any = false;
-        for (unsigned b = 0; b < a->nbks; b++) {
-            size_t kl = 0;
-            if (!(r->bk_mask & (1u << b)))
-                continue;
-            uint8_t *kb = keys + k * KVL_BK_KEY_MAX;
-            if (a->bks[b]->ops->region_pack(a->bks[b]->bk, r->mh[b], kb, KVL_BK_KEY_MAX, &kl) != KVL_OK ||
-                kl > KVL_BK_KEY_MAX)
-                continue; /* not remotely reachable through this backend */
-            mr->keys[b] = (kvli_md_key_t){kb, (uint16_t)kl, true};
-            k++;
-            any = true;
-        }
-        if (any)
+    for (size_t i = 0; i < a->nregs; i++)
+        if (kvli_md_pack_region(a, a->regs[i], map, a->nbks, keys, &k,
+                                &md.regions[md.n_regions]))
             md.n_regions++;
-    }
     st = kvli_md_encode(&md, (uint8_t **)blob_p, len_p, &err);
 out:
     pthread_mutex_unlock(&a->lock);
@@ -229,50 +249,22 @@ kvl_status_t kvl_metadata_get_partial(kvl_agent_t *a, const kvl_dlist_t *descs,
         goto out;
     }
     for (unsigned b = 0; b < a->nbks; b++) {
-        struct kvl_backend *bk = a->bks[b];
         kvli_md_backend_t *mb = &md.backends[md.n_backends];
-        size_t cl = 0;
         if (!(sel & (1u << b)))
             continue;
-        kvli_scopy(mb->name, sizeof(mb->name), bk->ops->name);
+        kvli_scopy(mb->name, sizeof(mb->name), a->bks[b]->ops->name);
         if (with_conn) {
-            st = bk->ops->conn_pack(bk->bk, conn + (size_t)b * KVL_BK_CONN_MAX, KVL_BK_CONN_MAX,
-                                    &cl);
-            if (st != KVL_OK || cl > KVL_BK_CONN_MAX) {
-                kvli_err(&err, KVL_ERR_INTERNAL, 0, "backend %s could not pack its connection "
-                         "info (%s)", bk->ops->name, kvl_status_name(st));
-                kvli_scopy(err.backend, sizeof(err.backend), bk->ops->name);
-                st = KVL_ERR_INTERNAL;
+            st = kvli_md_pack_conn(a, b, conn + (size_t)b * KVL_BK_CONN_MAX, mb, &err);
+            if (st != KVL_OK)
                 goto out;
-            }
-            mb->conn = conn + (size_t)b * KVL_BK_CONN_MAX;
-            mb->conn_len = (uint32_t)cl;
         }
         map[md.n_backends++] = b;
     }
     size_t k = 0;
     for (size_t i = 0; i < nregs; i++) {
         const kvli_region_t *r = regs[i];
-        kvli_md_region_t *mr = &md.regions[md.n_regions];
-        mr->addr = r->addr;
-        mr->len = r->len;
-        mr->kind = r->kind;
-        mr->dev = r->dev;
-        bool any = false;
-        for (unsigned j = 0; j < md.n_backends; j++) {
-            unsigned b = map[j];
-            size_t kl = 0;
-            if (!(r->bk_mask & (1u << b)))
-                continue;
-            uint8_t *kb = keys + k * KVL_BK_KEY_MAX;
-            if (a->bks[b]->ops->region_pack(a->bks[b]->bk, r->mh[b], kb, KVL_BK_KEY_MAX, &kl) !=
-                    KVL_OK || kl > KVL_BK_KEY_MAX)
-                continue; /* not remotely reachable through this backend */
-            mr->keys[j] = (kvli_md_key_t){kb, (uint16_t)kl, true};
-            k++;
-            any = true;
-        }
-        if (!any) {
+        if (!kvli_md_pack_region(a, r, map, md.n_backends, keys, &k,
+                                 &md.regions[md.n_regions])) {
             kvli_err(&err, KVL_ERR_NO_BACKEND, 0, "partial metadata: region 0x%llx+%llu (%s) "
                      "cannot be reached by remote agents through any selected backend (%s)",
                      (unsigned long long)r->addr, (unsigned long long)r->len,
