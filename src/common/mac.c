@@ -26,6 +26,22 @@ void kvli_mac(const uint8_t *key, size_t klen, const kvli_mac_part_t *parts, siz
         memset(out, 0, KVLI_MAC_LEN);
 }
 
+/*
+ * OpenSSL frees its tables from an exit handler that it registers at its
+ * first initialisation. Our threads (progress threads answering a peer's
+ * HELLO, listener threads, etcd's keeper and watcher over TLS) may be inside
+ * libcrypto when a process calls exit() without destroying its agents, and
+ * crashed there (freed method tables, corrupted heap). Initialising it
+ * first, at load, with OPENSSL_INIT_NO_ATEXIT leaves the tables to the
+ * process's end. When the process initialised OpenSSL before loading us,
+ * its handler is registered already; it then runs after the handlers
+ * registered later, as the Python module's (which closes every agent).
+ */
+void kvli_crypto_init(void)
+{
+    (void)OPENSSL_init_crypto(OPENSSL_INIT_NO_ATEXIT, NULL);
+}
+
 int kvli_mac_equal(const uint8_t *a, const uint8_t *b, size_t n)
 {
     return CRYPTO_memcmp(a, b, n) == 0;

@@ -20,6 +20,9 @@ typedef struct kvli_mac_part {
  * (which cannot match a peer's real MAC). */
 void kvli_mac(const uint8_t *key, size_t klen, const kvli_mac_part_t *parts, size_t n,
               uint8_t out[KVLI_MAC_LEN]);
+/* Initialise libcrypto so that it registers no exit handler: run from the
+ * library's constructor (core/agent.c), see mac.c. */
+void kvli_crypto_init(void);
 /* 1 when equal, in time independent of the contents. */
 int kvli_mac_equal(const uint8_t *a, const uint8_t *b, size_t n);
 

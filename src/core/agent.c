@@ -6,6 +6,14 @@
 #include <string.h>
 #include <strings.h>
 #include "internal.h"
+#include "common/mac.h"
+
+/* At load: before any thread of ours can be inside libcrypto (mac.c). */
+static void kvli_lib_init(void) __attribute__((constructor));
+static void kvli_lib_init(void)
+{
+    kvli_crypto_init();
+}
 
 /* Live agents stay reachable from here, so a process that exits without
  * destroying them is not reported as leaking by LeakSanitizer. */

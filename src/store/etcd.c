@@ -92,8 +92,7 @@ typedef struct kvli_etcd {
     bool threads;
     pthread_mutex_t call_lock;         /* publish/unpublish/attach: call_h */
     CURL *call_h;
-    CURL *fetch_pool[2];               /* idle handles of fetches (under lock), */
-    unsigned n_fetch_pool;             /* which run in parallel */
+    CURL *read_h;                      /* the batch of reads with etcd (reading) */
     kvli_etcd_read_t *reads, **reads_tail; /* reads queued for the next batch */
     bool reading;                      /* a batch is with etcd */
     pthread_cond_t read_cond;          /* a batch came back */
@@ -535,11 +534,11 @@ static void kvli_etcd_drop(kvli_etcd_t *s, const char *name, const char *why)
 }
 
 /* Range-get one key: KVL_OK with *blob_p (malloc'ed) or KVL_ERR_NOT_FOUND. */
-static kvl_status_t kvli_etcd_get_key(kvli_etcd_t *s, CURL *h, const char *key, void **blob_p,
+static kvl_status_t kvli_etcd_get_key(kvli_etcd_t *s, const char *key, void **blob_p,
                                       size_t *len_p, int64_t *rev_p, kvl_error_t *err);
 
 /* Load the followed agent's metadata again (a new generation). */
-static void kvli_etcd_reload(kvli_etcd_t *s, CURL *h, const char *name, const char *label,
+static void kvli_etcd_reload(kvli_etcd_t *s, const char *name, const char *label,
                              uint64_t gen)
 {
     char key[KVLI_ETCD_PREFIX_MAX + KVL_NAME_MAX + KVLI_ETCD_LABEL_MAX + 4];
@@ -548,7 +547,7 @@ static void kvli_etcd_reload(kvli_etcd_t *s, CURL *h, const char *name, const ch
     kvl_error_t err;
     kvli_err_blank(&err);
     kvli_etcd_key(s, name, label, key, sizeof(key));
-    if (kvli_etcd_get_key(s, h, key, &blob, &bl, NULL, &err) != KVL_OK)
+    if (kvli_etcd_get_key(s, key, &blob, &bl, NULL, &err) != KVL_OK)
         return; /* its delete follows */
     if (kvl_metadata_load(s->a, blob, bl, NULL, 0) == KVL_OK) {
         pthread_mutex_lock(&s->lock);
@@ -563,7 +562,7 @@ static void kvli_etcd_reload(kvli_etcd_t *s, CURL *h, const char *name, const ch
 }
 
 /* One event of the watch on the presence keys. */
-static void kvli_etcd_event(kvli_etcd_t *s, CURL *h, json_object *ev)
+static void kvli_etcd_event(kvli_etcd_t *s, json_object *ev)
 {
     json_object *kv = NULL, *t = NULL, *k = NULL, *v = NULL;
     if (!json_object_object_get_ex(ev, "kv", &kv) || !json_object_object_get_ex(kv, "key", &k))
@@ -622,7 +621,7 @@ static void kvli_etcd_event(kvli_etcd_t *s, CURL *h, json_object *ev)
                  PRIx64, inc, held);
         kvli_etcd_drop(s, name, why);
     } else if (gen > held_gen) {
-        kvli_etcd_reload(s, h, name, label, gen);
+        kvli_etcd_reload(s, name, label, gen);
     }
 }
 
@@ -649,7 +648,7 @@ static void kvli_etcd_resync(kvli_etcd_t *s, CURL *h)
         if (json_object_object_get_ex(out, "kvs", &kvs) && json_object_array_length(kvs) > 0) {
             json_object *ev = json_object_new_object();
             json_object_object_add(ev, "kv", json_object_get(json_object_array_get_idx(kvs, 0)));
-            kvli_etcd_event(s, h, ev);
+            kvli_etcd_event(s, ev);
             json_object_put(ev);
         } else {
             kvli_etcd_drop(s, names[i], "its etcd key is gone (found after the watch resumed)");
@@ -714,7 +713,7 @@ static void kvli_etcd_line(kvli_etcd_stream_t *w, const char *line)
         size_t n = json_object_array_length(evs);
         for (size_t i = 0; i < n; i++) {
             json_object *ev = json_object_array_get_idx(evs, i), *kv = NULL;
-            kvli_etcd_event(s, w->rh, ev);
+            kvli_etcd_event(s, ev);
             if (json_object_object_get_ex(ev, "kv", &kv) &&
                 kvli_etcd_i64(kv, "mod_revision") >= w->rev)
                 w->rev = kvli_etcd_i64(kv, "mod_revision") + 1;
@@ -1117,7 +1116,7 @@ static void kvli_etcd_ws_msg(void *arg, const char *text, size_t len)
         size_t n = json_object_array_length(evs);
         for (size_t i = 0; i < n; i++) {
             json_object *ev = json_object_array_get_idx(evs, i), *kv = NULL;
-            kvli_etcd_event(c->s, c->rh, ev);
+            kvli_etcd_event(c->s, ev);
             if (json_object_object_get_ex(ev, "kv", &kv) &&
                 kvli_etcd_i64(kv, "mod_revision") >= w->rev)
                 w->rev = kvli_etcd_i64(kv, "mod_revision") + 1;
@@ -1569,8 +1568,9 @@ static void kvli_etcd_read_batch(kvli_etcd_t *s, CURL *h, kvli_etcd_read_t **bat
 /* Range-get one key: KVL_OK with *blob_p (malloc'ed) or KVL_ERR_NOT_FOUND.
  * Reads that threads of this agent ask for at the same time go to etcd
  * together: the caller that finds no batch in flight sends every read
- * queued so far (up to KVLI_ETCD_READ_BATCH) as one request. */
-static kvl_status_t kvli_etcd_get_key(kvli_etcd_t *s, CURL *h, const char *key, void **blob_p,
+ * queued so far (up to KVLI_ETCD_READ_BATCH) as one request, on the
+ * agent's one read connection (s->read_h: one batch at a time). */
+static kvl_status_t kvli_etcd_get_key(kvli_etcd_t *s, const char *key, void **blob_p,
                                       size_t *len_p, int64_t *rev_p, kvl_error_t *err)
 {
     kvli_etcd_read_t me = {.key = key};
@@ -1591,6 +1591,9 @@ static kvl_status_t kvli_etcd_get_key(kvli_etcd_t *s, CURL *h, const char *key, 
         }
         if (s->reads == NULL)
             s->reads_tail = &s->reads;
+        if (s->read_h == NULL)
+            s->read_h = curl_easy_init(); /* NULL: kvli_etcd_call makes one per call */
+        CURL *h = s->read_h;
         pthread_mutex_unlock(&s->lock);
         kvli_etcd_read_batch(s, h, batch, n);
         pthread_mutex_lock(&s->lock);
@@ -1659,12 +1662,9 @@ kvl_status_t kvl_etcd_fetch(kvl_agent_t *a, const char *name, const char *label,
     wt.next = s->waiters;
     s->waiters = &wt;
     pthread_mutex_unlock(&s->lock);
-    pthread_mutex_lock(&s->lock);
-    CURL *fh = s->n_fetch_pool ? s->fetch_pool[--s->n_fetch_pool] : curl_easy_init();
-    pthread_mutex_unlock(&s->lock);
     for (;;) {
         int64_t rev = 0;
-        st = kvli_etcd_get_key(s, fh, key, &blob, &len, &rev, &err);
+        st = kvli_etcd_get_key(s, key, &blob, &len, &rev, &err);
         if (st == KVL_OK)
             last_rev = rev;
         if (st != KVL_ERR_NOT_FOUND || kvli_clock_ms() >= deadline)
@@ -1693,14 +1693,6 @@ kvl_status_t kvl_etcd_fetch(kvl_agent_t *a, const char *name, const char *label,
         if (stop)
             break;
     }
-    pthread_mutex_lock(&s->lock);
-    if (s->n_fetch_pool < 2 && !s->stopping) {
-        s->fetch_pool[s->n_fetch_pool++] = fh;
-        fh = NULL;
-    }
-    pthread_mutex_unlock(&s->lock);
-    if (fh != NULL)
-        curl_easy_cleanup(fh);
     if (st == KVL_ERR_NOT_FOUND) {
         kvli_err(&err, KVL_ERR_NOT_FOUND, 0, "etcd has no metadata of agent '%s' under %s "
                  "(waited %" PRIu64 " ms)", name, key, wait_ms);
@@ -1851,8 +1843,8 @@ static void kvli_etcd_destroy(kvl_agent_t *a, void *state)
     }
     if (s->call_h != NULL)
         curl_easy_cleanup(s->call_h);
-    while (s->n_fetch_pool > 0)
-        curl_easy_cleanup(s->fetch_pool[--s->n_fetch_pool]);
+    if (s->read_h != NULL)
+        curl_easy_cleanup(s->read_h);
     pthread_cond_destroy(&s->cond);
     pthread_cond_destroy(&s->put_cond);
     pthread_cond_destroy(&s->read_cond);

@@ -11,13 +11,13 @@
  * must not be; text messages may arrive in fragments; pings are answered.
  */
 #include <errno.h>
-#include <openssl/evp.h>
 #include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
 #include "common/clock.h"
+#include "common/sha1.h"
 #include "etcd_client.h"
 
 #define KVLI_WS_GUID "258EAFA5-E914-47DA-95CA-C5AB0DC85B11"
@@ -86,13 +86,13 @@ static int kvli_ws_pull(kvli_etcd_ws_t *w, char *why, size_t why_cap)
 static void kvli_ws_accept_of(const char *key, char *out, size_t cap)
 {
     char cat[128];
-    unsigned char md[EVP_MAX_MD_SIZE];
-    unsigned mdl = 0;
+    uint8_t md[KVLI_SHA1_LEN];
     int n = snprintf(cat, sizeof(cat), "%s%s", key, KVLI_WS_GUID);
     out[0] = '\0';
-    if (n <= 0 || EVP_Digest(cat, (size_t)n, md, &mdl, EVP_sha1(), NULL) != 1)
+    if (n <= 0 || (size_t)n >= sizeof(cat))
         return;
-    char *b = kvli_etcd_b64(md, mdl);
+    kvli_sha1(cat, (size_t)n, md);
+    char *b = kvli_etcd_b64(md, sizeof(md));
     if (b != NULL)
         snprintf(out, cap, "%s", b);
     free(b);

@@ -2,13 +2,19 @@
  * Teardown safety. A child process exits without destroying its agent while
  * it has live registrations, a remote agent and transfers in flight: it must
  * exit cleanly (no abort, no crash, no sanitizer report). Then the same
- * state is destroyed explicitly, which must also be clean.
+ * state is destroyed explicitly, which must also be clean. Last, children
+ * exit while one of their threads computes the HMACs that authenticate
+ * peers (libcrypto): the crypto library must not be torn down under it.
  */
+#include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/wait.h>
 #include <unistd.h>
 #include "common/kvltest.h"
+#include "common/mac.h"
 
 #define LEN (32u << 20)
 
@@ -38,6 +44,22 @@ static kvl_agent_t *busy_agent(kt_peer_t *p, kvl_xfer_t **x)
     return a;
 }
 
+static atomic_uint g_macs;
+
+/* What a progress thread does when a peer connects, without end. */
+static void *mac_loop(void *arg)
+{
+    (void)arg;
+    static const uint8_t key[32] = {1};
+    uint8_t out[KVLI_MAC_LEN];
+    kvli_mac_part_t part = {"nonce", 5};
+    for (;;) {
+        kvli_mac(key, sizeof(key), &part, 1, out);
+        atomic_fetch_add(&g_macs, 1);
+    }
+    return NULL;
+}
+
 int main(void)
 {
     /* 1. exit() with everything live */
@@ -58,6 +80,28 @@ int main(void)
     kvl_agent_t *a = busy_agent(&p, &x);
     kvl_agent_destroy(a);
     kt_peer_stop(&p);
+
+    /* 3. exit() while a thread is inside libcrypto: OpenSSL's own exit
+     * handler would free its tables under that thread (a crash in most
+     * runs when it is registered). */
+    for (int i = 0; i < 10; i++) {
+        pid = fork();
+        if (pid == 0) {
+            kvl_agent_t *m = kt_agent("macer", "shm", NULL);
+            (void)m;
+            pthread_t t;
+            if (pthread_create(&t, NULL, mac_loop, NULL) != 0)
+                _exit(3);
+            while (atomic_load(&g_macs) < 100)
+                sched_yield();
+            exit(0);
+        }
+        waitpid(pid, &status, 0);
+        if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
+            printf("child %d: %s %d\n", i, WIFSIGNALED(status) ? "killed by signal" : "exit",
+                   WIFSIGNALED(status) ? WTERMSIG(status) : WEXITSTATUS(status));
+        KT_CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    }
     printf("exit and destroy with live state: clean\n");
     return 0;
 }

@@ -1,4 +1,4 @@
-/* Small utilities (src/core/util.c): CRC32C vectors, name rules, overflow
+/* Small utilities (src/core/util.c): CRC32C and SHA-1 vectors, name rules, overflow
  * checks, bounded copies, clocks, randomness and the scratch-buffer cache. */
 #include <errno.h>
 #include <string.h>
@@ -6,6 +6,7 @@
 #include <time.h>
 #include "common/kvltest.h"
 #include "core/internal.h"
+#include "common/sha1.h"
 
 static void test_crc32c(void)
 {
@@ -28,6 +29,41 @@ static void test_crc32c(void)
     /* in pieces as at once */
     uint32_t c = kvli_crc32c(0, "1234", 4);
     KT_CHECK(kvli_crc32c(c, "56789", 5) == 0xE3069283u);
+}
+
+static void sha1_hex(const void *p, size_t n, char hex[2 * KVLI_SHA1_LEN + 1])
+{
+    uint8_t md[KVLI_SHA1_LEN];
+    kvli_sha1(p, n, md);
+    for (unsigned i = 0; i < KVLI_SHA1_LEN; i++)
+        snprintf(hex + 2 * i, 3, "%02x", md[i]);
+}
+
+static void test_sha1(void)
+{
+    char hex[2 * KVLI_SHA1_LEN + 1];
+    /* FIPS 180 examples: one block, two blocks (56 bytes: the length goes
+     * into a second block), a million 'a' */
+    sha1_hex("abc", 3, hex);
+    KT_CHECK(strcmp(hex, "a9993e364706816aba3e25717850c26c9cd0d89d") == 0);
+    sha1_hex("", 0, hex);
+    KT_CHECK(strcmp(hex, "da39a3ee5e6b4b0d3255bfef95601890afd80709") == 0);
+    const char *two = "abcdbcdecdefdefgefghfghighijhijkijkljklmklmnlmnomnopnopq";
+    sha1_hex(two, strlen(two), hex);
+    KT_CHECK(strcmp(hex, "84983e441c3bd26ebaae4aa1f95129e5e54670f1") == 0);
+    char *m = malloc(1000000);
+    KT_CHECK(m != NULL);
+    memset(m, 'a', 1000000);
+    sha1_hex(m, 1000000, hex);
+    KT_CHECK(strcmp(hex, "34aa973cd4c4daa4f61eeb2bdbad27316534016f") == 0);
+    /* 64 bytes exactly: a whole block, then a block of padding alone */
+    sha1_hex(m, 64, hex);
+    KT_CHECK(strcmp(hex, "0098ba824b5c16427bd7a1122a5a442a25ec644d") == 0);
+    free(m);
+    /* RFC 6455 section 1.3: the key the WebSocket upgrade checks */
+    const char *ws = "dGhlIHNhbXBsZSBub25jZQ==258EAFA5-E914-47DA-95CA-C5AB0DC85B11";
+    sha1_hex(ws, strlen(ws), hex);
+    KT_CHECK(strcmp(hex, "b37a4f2cc0624f1690f64606cf385945b2bec4ea") == 0);
 }
 
 static void test_names(void)
@@ -179,6 +215,7 @@ int main(void)
 {
     test_buf_reuse_unmaps_all();
     test_crc32c();
+    test_sha1();
     test_names();
     test_overflow();
     test_scopy();
