@@ -1,15 +1,22 @@
 /*
- * etcd metadata store at scale: N agents, one process each, all joining at
- * once (attach, register one region, publish, fetch P peers), then
- * restarts (a process killed -9 and started again under the same name: a
- * new incarnation) and departures (killed -9, not restarted) watched by the
- * agents that loaded them. Prints join latency, how long the new
- * incarnation / the departure took to reach every watcher, and etcd's CPU
- * and memory per agent.
+ * etcd metadata store at scale: N agents, all joining at once (attach,
+ * register one region, publish, fetch P peers), then restarts (a process
+ * killed -9 and started again under the same names: new incarnations) and
+ * departures (killed -9, not restarted) watched by the agents that loaded
+ * them. Prints join latency, how long the new incarnation / the departure
+ * took to reach every watcher, and etcd's CPU and memory per agent.
  *
  * usage: etcd_scale --endpoints URL --etcd-pid PID [--agents 256] [--peers 8]
- *                   [--ttl 2] [--events 8] [--rate 0]
+ *                   [--ttl 2] [--events 8] [--rate 0] [--per-process 1]
  * --rate R: agents start joining at R per second (0: all at once).
+ * --per-process K: K agents in each process, one thread each (default 1:
+ *   a process per agent). Agents of one process share nothing of kvlane's:
+ *   each has its own kvl_agent_t, tcp backend (socket, progress thread),
+ *   etcd lease, connections, keeper and watcher; they share the process
+ *   (address space, libcurl's and OpenSSL's one-time set-up). The bench
+ *   checks that etcd holds N leases for N agents. A restart or departure
+ *   kills a whole process: K agents at once. Peers are taken from other
+ *   processes.
  * bench/etcd_scale.sh starts a private etcd and runs it.
  */
 #include <errno.h>
@@ -27,9 +34,16 @@
 #include <time.h>
 #include <unistd.h>
 #include <kvlane/kvlane.h>
+#if defined(__has_include)
+#if __has_include(<curl/curl.h>) && __has_include(<json-c/json.h>)
+#include <curl/curl.h>
+#include <json-c/json.h>
+#define ES_LEASE_CHECK 1
+#endif
+#endif
 
 static const char *g_eps;
-static unsigned g_n = 256, g_peers = 8, g_ttl = 2, g_events = 8, g_rate = 0;
+static unsigned g_n = 256, g_peers = 8, g_ttl = 2, g_events = 8, g_rate = 0, g_k = 1;
 static int g_go[2], g_obs[2], g_rep[2];
 
 static uint64_t rt_ns(void)
@@ -51,8 +65,8 @@ static void report(const char *fmt, ...)
         _exit(5);
 }
 
-/* When this process's agent was set up and attached (rt_ns). */
-static uint64_t g_t_setup, g_t_attach;
+/* When this thread's agent was set up and attached (rt_ns). */
+static _Thread_local uint64_t g_t_setup, g_t_attach;
 
 static kvl_agent_t *join(unsigned i, void **mem)
 {
@@ -97,8 +111,19 @@ static void *fetch_main(void *arg)
     return NULL;
 }
 
-static void child(unsigned i, bool restarted)
+/* The agents of one process wait here until all of them joined, to read
+ * the process's CPU once for all. */
+static pthread_barrier_t g_joined;
+
+typedef struct {
+    unsigned i;
+    bool restarted;
+} agent_arg_t;
+
+static void *agent_main(void *arg)
 {
+    unsigned i = ((agent_arg_t *)arg)->i;
+    bool restarted = ((agent_arg_t *)arg)->restarted;
     void *mem = NULL;
     char ch;
     if (!restarted && read(g_go[0], &ch, 1) != 1)
@@ -112,13 +137,15 @@ static void child(unsigned i, bool restarted)
         report("P %u %" PRIu64 "\n", i, t_pub);
     char peers[16][32];
     bool live[16];
-    /* As engines do (NIXL's fetch is asynchronous): every peer at once. */
+    /* As engines do (NIXL's fetch is asynchronous): every peer at once;
+     * peers live in other processes. */
     fetch_arg_t fa[16];
     pthread_t th[16];
     for (unsigned k = 0; k < g_peers; k++) {
         /* at a rate: the peers that joined before this one (the first
          * ones wait for the last: not counted) */
-        unsigned pk = g_rate ? (i + g_n - 1 - k) % g_n : (i + 1 + k) % g_n;
+        unsigned d = g_k * (1 + k);
+        unsigned pk = g_rate ? (i + g_n - d) % g_n : (i + d) % g_n;
         snprintf(peers[k], sizeof(peers[k]), "a%u", pk);
         fa[k] = (fetch_arg_t){a, peers[k], false};
         if (pthread_create(&th[k], NULL, fetch_main, &fa[k]) != 0)
@@ -129,16 +156,19 @@ static void child(unsigned i, bool restarted)
         live[k] = fa[k].ok;
     }
     uint64_t t1 = rt_ns();
-    if (!restarted && (g_rate == 0 || i >= g_peers)) {
+    if (!restarted) {
+        /* the process's CPU until all its agents joined, shared out */
+        pthread_barrier_wait(&g_joined);
         struct rusage ru;
         getrusage(RUSAGE_SELF, &ru);
         uint64_t cpu_us = (uint64_t)ru.ru_utime.tv_sec * 1000000u + (uint64_t)ru.ru_utime.tv_usec +
                           (uint64_t)ru.ru_stime.tv_sec * 1000000u + (uint64_t)ru.ru_stime.tv_usec;
-        report("J %u %" PRIu64 " %" PRIu64 " %" PRIu64 " %" PRIu64 " %" PRIu64 "\n", i, t1 - t0,
-               t_pub - t0, cpu_us, g_t_setup - t0, g_t_attach - g_t_setup);
+        if (g_rate == 0 || i >= g_peers * g_k)
+            report("J %u %" PRIu64 " %" PRIu64 " %" PRIu64 " %" PRIu64 " %" PRIu64 "\n", i,
+                   t1 - t0, t_pub - t0, cpu_us / g_k, g_t_setup - t0, g_t_attach - g_t_setup);
     }
     /* Observing starts once every agent joined: the followers' polling
-     * (a wake-up every 2 ms in each process) would otherwise take the CPU
+     * (a wake-up every 2 ms in each agent) would otherwise take the CPU
      * the joins are measured on. */
     if (!restarted && read(g_obs[0], &ch, 1) != 1)
         _exit(2);
@@ -151,6 +181,23 @@ static void child(unsigned i, bool restarted)
         }
         usleep(2000);
     }
+    return NULL;
+}
+
+/* Process p: agents p*K .. p*K+K-1, a thread each. */
+static void child(unsigned p, bool restarted)
+{
+    agent_arg_t args[64];
+    pthread_t th[64];
+    if (pthread_barrier_init(&g_joined, NULL, g_k) != 0)
+        _exit(4);
+    for (unsigned j = 0; j < g_k; j++) {
+        args[j] = (agent_arg_t){p * g_k + j, restarted};
+        if (pthread_create(&th[j], NULL, agent_main, &args[j]) != 0)
+            _exit(4);
+    }
+    for (unsigned j = 0; j < g_k; j++)
+        pthread_join(th[j], NULL);
 }
 
 static pid_t spawn(unsigned i, bool restarted)
@@ -261,6 +308,64 @@ static void on_line(const char *l)
     }
 }
 
+/* That every agent holds a lease of its own (so agents sharing a process
+ * are not sharing one): the leases of the metadata keys, read from etcd. */
+static void lease_check(void)
+{
+#ifdef ES_LEASE_CHECK
+    char url[512], body[256];
+    char *ans = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&ans, &len);
+    CURL *h = curl_easy_init();
+    const char *from = "/bench/agents/", *to = "/bench/agents0";
+    json_object *o = NULL, *kvs = NULL;
+    if (f == NULL || h == NULL)
+        goto out;
+    /* keys and values base64 in the JSON gateway: "/bench/agents/" and "/bench/agents0" */
+    snprintf(body, sizeof(body), "{\"key\":\"%s\",\"range_end\":\"%s\",\"keys_only\":true}",
+             "L2JlbmNoL2FnZW50cy8=", "L2JlbmNoL2FnZW50czA=");
+    snprintf(url, sizeof(url), "%s/v3/kv/range", g_eps);
+    curl_easy_setopt(h, CURLOPT_URL, url);
+    curl_easy_setopt(h, CURLOPT_POSTFIELDS, body);
+    curl_easy_setopt(h, CURLOPT_WRITEDATA, f);
+    curl_easy_setopt(h, CURLOPT_TIMEOUT_MS, 10000L);
+    CURLcode cc = curl_easy_perform(h);
+    fclose(f);
+    f = NULL;
+    if (cc != CURLE_OK || (o = json_tokener_parse(ans)) == NULL ||
+        !json_object_object_get_ex(o, "kvs", &kvs)) {
+        printf("leases: not checked (etcd's answer to a range of %s..%s unreadable)\n", from, to);
+        goto out;
+    }
+    size_t n = json_object_array_length(kvs), distinct = 0;
+    char **ids = calloc(n + 1, sizeof(char *));
+    for (size_t i = 0; ids != NULL && i < n; i++) {
+        json_object *l = NULL;
+        const char *id = json_object_object_get_ex(json_object_array_get_idx(kvs, i), "lease", &l)
+                         ? json_object_get_string(l) : "0";
+        size_t j = 0;
+        while (j < distinct && strcmp(ids[j], id) != 0)
+            j++;
+        if (j == distinct && strcmp(id, "0") != 0)
+            ids[distinct++] = (char *)id;
+    }
+    free(ids);
+    printf("leases: etcd holds %zu agents' metadata under %zu distinct leases (%u agents in %u "
+           "processes)\n", n, distinct, g_n, g_n / g_k);
+out:
+    if (f != NULL)
+        fclose(f);
+    if (o != NULL)
+        json_object_put(o);
+    if (h != NULL)
+        curl_easy_cleanup(h);
+    free(ans);
+#else
+    printf("leases: not checked (built without libcurl/json-c headers)\n");
+#endif
+}
+
 int main(int argc, char **argv)
 {
     pid_t etcd_pid = 0;
@@ -279,15 +384,21 @@ int main(int argc, char **argv)
             g_rate = (unsigned)atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "--events"))
             g_events = (unsigned)atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--per-process"))
+            g_k = (unsigned)atoi(argv[i + 1]);
         else {
             fprintf(stderr, "etcd_scale: unknown option %s\n", argv[i]);
             return 2;
         }
     }
+    unsigned np = g_k ? g_n / g_k : 0; /* processes */
     if (g_eps == NULL || etcd_pid <= 0 || g_n < 2 || g_n > 4000 || g_peers == 0 ||
-        g_peers > 16 || g_peers >= g_n || g_ttl == 0 || 2 * g_events * (g_peers + 1) > g_n) {
+        g_peers > 16 || g_k == 0 || g_k > 64 || g_n % g_k != 0 || g_peers >= np ||
+        g_ttl == 0 || 2 * g_events * (g_peers + 1) > np) {
         fprintf(stderr, "usage: etcd_scale --endpoints URL --etcd-pid PID [--agents 256] "
-                        "[--peers 8] [--ttl 2] [--events 8] (2*events*(peers+1) <= agents)\n");
+                        "[--peers 8] [--ttl 2] [--events 8] [--per-process 1]\n"
+                        "  (agents a multiple of per-process <= 64; with P = agents / "
+                        "per-process processes: peers < P and 2*events*(peers+1) <= P)\n");
         return 2;
     }
     signal(SIGPIPE, SIG_IGN);
@@ -300,13 +411,13 @@ int main(int argc, char **argv)
     g_attach = calloc(g_n, sizeof(uint64_t));
     g_drop_t = calloc(g_n * g_peers * 2, sizeof(uint64_t));
     g_drop_who = calloc(g_n * g_peers * 2, sizeof(unsigned));
-    pid_t *pids = calloc(g_n, sizeof(pid_t));
+    pid_t *pids = calloc(np, sizeof(pid_t));
     long hz = sysconf(_SC_CLK_TCK);
     uint64_t tk0, rss0, tk1, rss1, tk2, rss2;
 
     etcd_usage(etcd_pid, &tk0, &rss0);
-    for (unsigned i = 0; i < g_n; i++)
-        pids[i] = spawn(i, false);
+    for (unsigned p = 0; p < np; p++)
+        pids[p] = spawn(p, false);
     sleep(1); /* processes exist; the join starts for all at once */
     uint64_t tj = rt_ns();
     for (unsigned i = 0; i < g_n; i++) {
@@ -315,12 +426,14 @@ int main(int argc, char **argv)
         if (g_rate > 0)
             usleep(1000000u / g_rate);
     }
-    size_t want_j = g_rate ? g_n - g_peers : g_n;
+    size_t want_j = g_rate ? g_n - g_peers * g_k : g_n;
     while (g_nj < want_j && rt_ns() - tj < 120000000000ull)
         pump(200, on_line);
     double join_wall = (double)(rt_ns() - tj) / 1e9;
     etcd_usage(etcd_pid, &tk1, &rss1);
-    printf("agents %u, peers each %u, lease TTL %u s, etcd %s\n", g_n, g_peers, g_ttl, g_eps);
+    printf("agents %u (%u per process, %u processes), peers each %u, lease TTL %u s, etcd %s\n",
+           g_n, g_k, np, g_peers, g_ttl, g_eps);
+    lease_check();
     if (g_rate > 0)
         printf("joined: %zu of %u in %.2f s (started at %u per second)\n", g_nj, g_n, join_wall,
                g_rate);
@@ -330,7 +443,9 @@ int main(int argc, char **argv)
     stats("  of which attach+register+publish", g_pub, g_nj, 1e6, "ms");
     stats("    agent, tcp backend, register", g_setup, g_nj, 1e6, "ms");
     stats("    attach (lease grant, read check)", g_attach, g_nj, 1e6, "ms");
-    stats("CPU of one agent process until joined", g_cpu, g_nj, 1e3, "ms");
+    stats(g_k == 1 ? "CPU of one agent process until joined"
+                   : "CPU of one agent until joined (its process's / agents)", g_cpu, g_nj, 1e3,
+          "ms");
 
     /* steady state: keepalives and idle watches only */
     for (unsigned i = 0; i < g_n; i++)
@@ -348,18 +463,20 @@ int main(int argc, char **argv)
 
     /* restarts: victims spaced so that their watchers do not overlap */
     size_t nd0 = g_nd;
-    unsigned stride = g_n / (2 * g_events);
+    unsigned stride = np / (2 * g_events); /* in processes */
     uint64_t restart_lat[512], kill_lat[512];
     size_t nr = 0, nk = 0;
     for (unsigned e = 0; e < g_events; e++) {
         unsigned v = e * stride;
         kill(pids[v], SIGKILL);
         waitpid(pids[v], NULL, 0);
-        g_pub_at[v] = 0;
+        for (unsigned j = 0; j < g_k; j++)
+            g_pub_at[v * g_k + j] = 0;
         pids[v] = spawn(v, true);
         uint64_t t = rt_ns();
-        while (g_pub_at[v] == 0 && rt_ns() - t < 30000000000ull)
-            pump(50, on_line);
+        for (unsigned j = 0; j < g_k; j++)
+            while (g_pub_at[v * g_k + j] == 0 && rt_ns() - t < 30000000000ull)
+                pump(50, on_line);
         pump(1500, on_line);
     }
     pump(2000, on_line);
@@ -368,16 +485,18 @@ int main(int argc, char **argv)
         if (who < 4096 && g_pub_at[who] != 0 && nr < 512)
             restart_lat[nr++] = g_drop_t[d] > g_pub_at[who] ? g_drop_t[d] - g_pub_at[who] : 0;
     }
-    printf("restarts: %u agents killed -9 and started again (new incarnation)\n", g_events);
+    printf("restarts: %u agents killed -9 and started again (new incarnation)\n",
+           g_events * g_k);
     stats("new incarnation seen by a watcher (after publish)", restart_lat, nr, 1e6, "ms");
-    printf("  watchers that saw it: %zu of %u expected\n", nr, g_events * g_peers);
+    printf("  watchers that saw it: %zu of %u expected\n", nr, g_events * g_k * g_peers);
 
     /* departures: killed -9, not restarted */
     nd0 = g_nd;
     uint64_t killed_at[4096] = {0};
     for (unsigned e = 0; e < g_events; e++) {
         unsigned v = e * stride + stride / 2;
-        killed_at[v] = rt_ns();
+        for (unsigned j = 0; j < g_k; j++)
+            killed_at[v * g_k + j] = rt_ns();
         kill(pids[v], SIGKILL);
         waitpid(pids[v], NULL, 0);
         pids[v] = 0;
@@ -388,16 +507,16 @@ int main(int argc, char **argv)
         if (who < 4096 && killed_at[who] != 0 && nk < 512)
             kill_lat[nk++] = g_drop_t[d] - killed_at[who];
     }
-    printf("departures: %u agents killed -9 (lease TTL %u s)\n", g_events, g_ttl);
+    printf("departures: %u agents killed -9 (lease TTL %u s)\n", g_events * g_k, g_ttl);
     stats("gone at a watcher (after kill -9)", kill_lat, nk, 1e6, "ms");
     printf("  watchers that saw it: %zu of %u expected; bound TTL+1 s = %u ms\n", nk,
-           g_events * g_peers, g_ttl * 1000 + 1000);
+           g_events * g_k * g_peers, g_ttl * 1000 + 1000);
 
-    for (unsigned i = 0; i < g_n; i++)
-        if (pids[i] > 0)
-            kill(pids[i], SIGKILL);
-    for (unsigned i = 0; i < g_n; i++)
-        if (pids[i] > 0)
-            waitpid(pids[i], NULL, 0);
+    for (unsigned p = 0; p < np; p++)
+        if (pids[p] > 0)
+            kill(pids[p], SIGKILL);
+    for (unsigned p = 0; p < np; p++)
+        if (pids[p] > 0)
+            waitpid(pids[p], NULL, 0);
     return 0;
 }
