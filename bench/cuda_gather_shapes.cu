@@ -6,7 +6,8 @@
  * shape this chose.
  *
  *   nvcc -O3 -arch=sm_90 bench/cuda_gather_shapes.cu -o /tmp/gather_shapes
- *   /tmp/gather_shapes [nblocks] [block_bytes] [reps]
+ *   /tmp/gather_shapes [nblocks] [block_bytes] [reps] [seq]
+ * seq: destinations in the sources' order (no shuffle), for the ceiling.
  */
 #include <cuda_runtime.h>
 #include <stdint.h>
@@ -93,6 +94,69 @@ __global__ void g_warp(const unsigned long long *stab, const unsigned long long 
     }
 }
 
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define KVL_BULK 1
+#endif
+
+/* Hopper's bulk copy engine (TMA without a tensor map): one thread per CTA
+ * streams its pairs in CH-byte chunks global -> shared -> global through S
+ * stages, loads running S-1 chunks ahead of the stores. */
+static __device__ __forceinline__ unsigned smem_u32(const void *p)
+{
+    return (unsigned)__cvta_generic_to_shared(p);
+}
+
+template <unsigned CH, unsigned S>
+__global__ void g_bulk(const unsigned long long *stab, const unsigned long long *dtab,
+                       const unsigned *sidx, const unsigned *didx, unsigned long long n,
+                       unsigned long long len)
+{
+#ifdef KVL_BULK
+    extern __shared__ __align__(128) unsigned char buf[];
+    __shared__ __align__(8) unsigned long long bar[S];
+    if (threadIdx.x != 0)
+        return;
+    for (unsigned j = 0; j < S; j++)
+        asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_u32(&bar[j])));
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+    const unsigned long long per = len / CH; /* chunks per pair (len a multiple of CH) */
+    const unsigned long long mine = n > blockIdx.x ? (n - blockIdx.x + gridDim.x - 1) / gridDim.x : 0;
+    const unsigned long long K = mine * per;
+    auto gaddr = [&](unsigned long long k, bool dst) {
+        unsigned long long b = blockIdx.x + (k / per) * gridDim.x;
+        unsigned long long base = dst ? __ldg(&dtab[__ldg(&didx[b])]) : __ldg(&stab[__ldg(&sidx[b])]);
+        return base + (k % per) * CH;
+    };
+    auto load = [&](unsigned long long k) {
+        unsigned st = (unsigned)(k % S);
+        asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(
+                         smem_u32(&bar[st])), "r"(CH) : "memory");
+        asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], "
+                     "%2, [%3];" ::"r"(smem_u32(buf + st * CH)), "l"(gaddr(k, false)), "r"(CH),
+                     "r"(smem_u32(&bar[st])) : "memory");
+    };
+    for (unsigned long long k = 0; k < K && k < S; k++)
+        load(k);
+    for (unsigned long long k = 0; k < K; k++) {
+        unsigned st = (unsigned)(k % S), phase = (unsigned)((k / S) & 1), done = 0;
+        while (!done)
+            asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; "
+                         "selp.u32 %0, 1, 0, p; }" : "=r"(done) : "r"(smem_u32(&bar[st])), "r"(phase)
+                         : "memory");
+        asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;" ::"l"(
+                         gaddr(k, true)), "r"(smem_u32(buf + st * CH)), "r"(CH) : "memory");
+        asm volatile("cp.async.bulk.commit_group;" ::: "memory");
+        /* the store before this one has read its stage: reload that stage */
+        if (k >= 1 && k - 1 + S < K) {
+            asm volatile("cp.async.bulk.wait_group.read 1;" ::: "memory");
+            load(k - 1 + S);
+        }
+    }
+    asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
+#endif
+}
+
 typedef void (*kfn)(const unsigned long long *, const unsigned long long *, const unsigned *,
                     const unsigned *, unsigned long long, unsigned long long);
 
@@ -102,6 +166,7 @@ struct shape {
     unsigned threads;
     int per_warp;       /* grid counts warps */
     unsigned grid_div;  /* 0: one CTA (or warp) per pair; else SMs * grid_div CTAs */
+    unsigned smem;      /* dynamic shared memory (bulk shapes) */
 };
 
 int main(int argc, char **argv)
@@ -124,8 +189,9 @@ int main(int argc, char **argv)
         hd[i] = (unsigned long long)b + i * len;
         si[i] = di[i] = (unsigned)i;
     }
+    bool in_order = argc > 4 && argv[4][0] == 's'; /* "seq": pairs in address order */
     srand(7);
-    for (unsigned long long i = n - 1; i > 0; i--)
+    for (unsigned long long i = n - 1; i > 0 && !in_order; i--)
         std::swap(di[i], di[(unsigned long long)rand() % (i + 1)]);
     unsigned long long *stab, *dtab;
     unsigned *sidx, *didx;
@@ -156,7 +222,8 @@ int main(int argc, char **argv)
         return t[t.size() / 2];
     };
     float ref = med([&] { CK(cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice)); });
-    printf("gather shapes: %llu pairs x %llu B, random destination order, %d SMs\n", n, len, sms);
+    printf("gather shapes: %llu pairs x %llu B, %s destination order, %d SMs\n", n, len,
+           in_order ? "sequential" : "random", sms);
     printf("%-34s %9.3f ms %8.1f GB/s\n", "cudaMemcpy D2D (reference)", ref, bytes / ref / 1e6);
     shape shapes[] = {
         {"cta512 x4 cs (kvlane before)", g_cta<4, HINT_CS>, 512, 0, 0},
@@ -174,14 +241,31 @@ int main(int argc, char **argv)
         {"warp x4 cs, 8 warps/CTA", g_warp<4, HINT_CS>, 256, 1, 0},
         {"warp x16 cs, 4 warps/CTA", g_warp<16, HINT_CS>, 128, 1, 0},
         {"warp x8 none, 8 warps/CTA", g_warp<8, HINT_NONE>, 256, 1, 0},
+        {"bulk 16K x4 stages, SMs*3", g_bulk<16384, 4>, 32, 0, 3, 4 * 16384},
+        {"bulk 8K x6 stages, SMs*4", g_bulk<8192, 6>, 32, 0, 4, 6 * 8192},
+        {"bulk 32K x3 stages, SMs*2", g_bulk<32768, 3>, 32, 0, 2, 3 * 32768},
+        {"bulk 16K x2 stages, SMs*6", g_bulk<16384, 2>, 32, 0, 6, 2 * 16384},
+        {"bulk 8K x3 stages, SMs*8", g_bulk<8192, 3>, 32, 0, 8, 3 * 8192},
+        {"bulk 4K x8 stages, SMs*6", g_bulk<4096, 8>, 32, 0, 6, 8 * 4096},
+        {"bulk 32K x6 stages, SMs*1", g_bulk<32768, 6>, 32, 0, 1, 6 * 32768},
     };
     for (auto &s : shapes) {
         unsigned long long per = s.per_warp ? s.threads / 32 : 1;
         unsigned grid = s.grid_div ? (unsigned)(sms * s.grid_div)
                                    : (unsigned)((n + per - 1) / per);
-        float t = med([&] { s.fn<<<grid, s.threads>>>(stab, dtab, sidx, didx, n, len); });
+        if (s.smem > 0)
+            CK(cudaFuncSetAttribute(s.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, s.smem));
+        CK(cudaMemset(b, 0, bytes));
+        float t = med([&] { s.fn<<<grid, s.threads, s.smem>>>(stab, dtab, sidx, didx, n, len); });
         CK(cudaGetLastError());
-        printf("%-34s %9.3f ms %8.1f GB/s  %.3f of copy\n", s.name, t, bytes / t / 1e6, ref / t);
+        CK(cudaDeviceSynchronize());
+        /* every destination block holds the source's bytes (all 1) */
+        unsigned char c0[16], c1[16];
+        CK(cudaMemcpy(c0, b + (unsigned long long)di[n / 3] * len, 16, cudaMemcpyDeviceToHost));
+        CK(cudaMemcpy(c1, b + (unsigned long long)di[n - 1] * len + len - 16, 16,
+                      cudaMemcpyDeviceToHost));
+        printf("%-34s %9.3f ms %8.1f GB/s  %.3f of copy%s\n", s.name, t, bytes / t / 1e6, ref / t,
+               c0[0] == 1 && c1[15] == 1 ? "" : "  WRONG BYTES");
     }
     CK(cudaDeviceSynchronize());
     /* Spot check of the last shape: destination block di[0] holds source 0's bytes (all 1). */
