@@ -3,6 +3,8 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
@@ -70,20 +72,32 @@ static pid_t kvli_host_pid(void)
 /*
  * Probes of readability: writev(2) copies one-byte iovecs into a pipe, and
  * fails with EFAULT (writing nothing) when one cannot be read: no fault is
- * ever taken. The pipe is this process's (a forked child makes its own),
- * non-blocking and drained at once; at most 1,024 bytes per call, below
- * PIPE_BUF, so writers never interleave. 1: all readable; 0: at least one
- * is not; -1: no pipe can be made (the caller uses process_vm_readv).
+ * ever taken. The pipe is this process's (a forked child makes its own) and
+ * non-blocking; at most 1,024 bytes per call, below PIPE_BUF, so writers
+ * never interleave. It is emptied when 4 KiB have gathered (a pipe holds
+ * at least one page, even one made past the user's pipe-buffer limit), and
+ * at once after a failure: a registration pays one system call, not two.
+ * 1: all readable; 0: at least one is not; -1: no pipe can be made (the
+ * caller uses process_vm_readv).
  */
+#define KVLI_HOST_PIPE_KEEP 4096u
+
+static void kvli_host_pipe_drain(int fd)
+{
+    char sink[1024];
+    while (read(fd, sink, sizeof(sink)) > 0)
+        ;
+}
+
 static int kvli_host_pipe_probe(const struct iovec *iov, size_t n)
 {
     static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
     static int fds[2] = {-1, -1};
     static pid_t owner = -1;
-    char sink[1024];
+    static size_t held; /* bytes in the pipe */
     ssize_t w;
     int rc;
-    if (n > sizeof(sink))
+    if (n > 1024)
         return -1;
     pthread_mutex_lock(&lock);
     if (owner != kvli_host_pid()) {
@@ -94,16 +108,24 @@ static int kvli_host_pipe_probe(const struct iovec *iov, size_t n)
         if (pipe2(fds, O_CLOEXEC | O_NONBLOCK) != 0)
             fds[0] = fds[1] = -1;
         owner = fds[0] >= 0 ? kvli_host_pid() : -1;
+        held = 0;
     }
     if (fds[0] < 0) {
         pthread_mutex_unlock(&lock);
         return -1;
     }
+    if (held + n > KVLI_HOST_PIPE_KEEP) {
+        kvli_host_pipe_drain(fds[0]);
+        held = 0;
+    }
     w = writev(fds[1], iov, (int)n);
     rc = w == (ssize_t)n ? 1 : w < 0 && errno == EFAULT ? 0 : -1;
-    if (rc != 1 || read(fds[0], sink, sizeof(sink)) != w)
-        while (read(fds[0], sink, sizeof(sink)) > 0) /* empty it, whatever was written */
-            ;
+    if (rc == 1) {
+        held += (size_t)w;
+    } else {
+        kvli_host_pipe_drain(fds[0]); /* whatever was written */
+        held = 0;
+    }
     pthread_mutex_unlock(&lock);
     return rc;
 }
@@ -140,9 +162,13 @@ static kvli_host_ord_t *kvli_host_mapped_many(kvli_host_range_t *r, size_t n, ui
             r[i].err = kvli_host_msync(r[i].addr, r[i].len, pg);
         return NULL;
     }
-    for (size_t i = 0; i < n; i++)
+    bool sorted = true;
+    for (size_t i = 0; i < n; i++) {
         ord[i] = (kvli_host_ord_t){r[i].addr, i};
-    qsort(ord, n, sizeof(*ord), kvli_host_by_addr);
+        sorted = sorted && (i == 0 || r[i - 1].addr <= r[i].addr);
+    }
+    if (!sorted) /* lists are usually built in address order */
+        qsort(ord, n, sizeof(*ord), kvli_host_by_addr);
     for (size_t i = 0; i < n;) {
         const kvli_host_range_t *f = &r[ord[i].i];
         uint64_t lo = f->addr & ~(pg - 1), hi = f->addr + f->len;
@@ -247,9 +273,34 @@ static void kvli_host_probe_add(kvli_host_probes_t *p, kvli_host_range_t *r, uin
     p->byte[p->nends++] = byte;
 }
 
+uint64_t kvli_host_pagesize(void)
+{
+    static _Atomic uint64_t pg;
+    uint64_t v = atomic_load_explicit(&pg, memory_order_relaxed);
+    if (v == 0) {
+        v = (uint64_t)sysconf(_SC_PAGESIZE);
+        atomic_store_explicit(&pg, v, memory_order_relaxed);
+    }
+    return v;
+}
+
 void kvli_host_readable_many(kvli_host_range_t *r, size_t n)
 {
-    uint64_t pg = (uint64_t)sysconf(_SC_PAGESIZE);
+    uint64_t pg = kvli_host_pagesize();
+    /* One range within one page or two adjacent ones (a single small
+     * registration): its two end bytes readable means every byte is; one
+     * probe, no msync and no probe table. Anything else, a failure
+     * included (to tell unmapped from unreadable), goes the long way. */
+    if (n == 1 && r[0].len > 0 && r[0].addr + r[0].len > r[0].addr) {
+        uint64_t lo = r[0].addr & ~(pg - 1), hi = (r[0].addr + r[0].len - 1) & ~(pg - 1);
+        struct iovec v[2] = {{(void *)(uintptr_t)r[0].addr, 1},
+                             {(void *)(uintptr_t)(r[0].addr + r[0].len - 1), 1}};
+        if (hi - lo <= pg && kvli_host_pipe_probe(v, lo == hi ? 1 : 2) == 1) {
+            r[0].err = 0;
+            r[0].bad = 0;
+            return;
+        }
+    }
     kvli_host_probes_t *p = malloc(sizeof(*p));
     kvli_host_ord_t *ord = kvli_host_mapped_many(r, n, pg);
 

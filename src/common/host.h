@@ -25,6 +25,8 @@ void kvli_host_dev_shm(char *buf, size_t cap);
  * (*bad_p says which: an inaccessible mapping, such as the range the CUDA
  * driver keeps reserved after freeing GPU memory). */
 int kvli_host_readable(uint64_t addr, uint64_t len, uint64_t *bad_p);
+/* The page size (sysconf once). */
+uint64_t kvli_host_pagesize(void);
 
 /* The same check for many ranges at once (a registration list): err and bad
  * of each range are filled in as kvli_host_readable returns and sets them.

@@ -175,8 +175,8 @@ static kvl_status_t kvli_mem_classify(kvl_agent_t *a, kvli_hostchk_t *hc, size_t
      * readable: the CUDA driver keeps freed GPU ranges reserved as
      * inaccessible (PROT_NONE) mappings, and such a "DRAM" region would fail
      * every transfer later. */
-    long pg = sysconf(_SC_PAGESIZE);
-    uint64_t start = d->addr & ~((uint64_t)pg - 1), unreadable = 0;
+    uint64_t pg = kvli_host_pagesize();
+    uint64_t start = d->addr & ~(pg - 1), unreadable = 0;
     int he = kvli_hostchk(hc, at, &unreadable);
     if (he == ENOMEM) {
         kvli_err(err, KVL_ERR_INVALID_ARG, he,
@@ -748,9 +748,17 @@ static int kvli_drop_cmp(const void *x, const void *y)
 /* drops[i].nth and .total for every entry; -1 without memory. */
 static int kvli_drops_count(const kvl_mem_desc_t *regions, size_t n, kvli_drop_t *drops)
 {
-    if (n == 1) {
-        drops[0].nth = 0;
-        drops[0].total = 1;
+    /* A list in strictly ascending (address, length) order (as lists are
+     * usually built) has no entry twice: no sort. */
+    bool distinct = true;
+    for (size_t i = 1; i < n && distinct; i++)
+        distinct = regions[i - 1].addr < regions[i].addr ||
+                   (regions[i - 1].addr == regions[i].addr && regions[i - 1].len < regions[i].len);
+    if (distinct) {
+        for (size_t i = 0; i < n; i++) {
+            drops[i].nth = 0;
+            drops[i].total = 1;
+        }
         return 0;
     }
     kvli_drop_ord_t *o = malloc(n * sizeof(*o));
@@ -793,8 +801,7 @@ kvl_status_t kvli_region_revoke_on(kvl_agent_t *a, kvli_region_t *r, unsigned b,
     const kvl_backend_ops_t *ops = a->bks[b]->ops;
     if (!(r->bk_mask & (1u << b)) || ops->mem_revoke == NULL)
         return KVL_OK;
-    memset(e, 0, offsetof(kvl_error_t, causes));
-    e->device = -1;
+    kvli_err_blank(e); /* not 2 KiB of text cleared per region and backend */
     return ops->mem_revoke(a->bks[b]->bk, r->mh[b], 1, e);
 }
 

@@ -65,6 +65,23 @@ static void ranges(void)
     KT_CHECK(kvli_host_readable(at(0, 5), 100, &bad) == 0);
     KT_CHECK(kvli_host_readable(at(2, 5), (uint64_t)pg, &bad) == EFAULT && bad == at(3, 4));
     KT_CHECK(kvli_host_readable(at(6, 0), 1, &bad) == ENOMEM);
+    /* ends readable in pages 5 and 7, page 6 unmapped between: not one
+     * probe of the two ends (they are not in adjacent pages) */
+    KT_CHECK(kvli_host_readable(at(5, 0), 3 * (uint64_t)pg, &bad) == ENOMEM);
+    KT_CHECK(kvli_host_readable(at(5, 0), 2 * (uint64_t)pg, &bad) == ENOMEM); /* page 6 */
+
+    /* Single probes leave their bytes in the pipe until 4 KiB gather:
+     * thousands of them, with failures among them, keep their answers. */
+    for (int i = 0; i < 20000; i++) {
+        if (i % 997 == 5)
+            KT_CHECK(kvli_host_readable(at(3, (size_t)i % 64), 1, &bad) == EFAULT &&
+                     bad == at(3, (size_t)i % 64));
+        else if (i % 997 == 9)
+            KT_CHECK(kvli_host_readable(at(6, 0), 8, &bad) == ENOMEM);
+        else
+            KT_CHECK(kvli_host_readable(at((size_t)i % 3, (size_t)i % 100), 1 + (uint64_t)i % 3000,
+                                        &bad) == 0);
+    }
 
     /* 1,500 one-byte ranges (three process_vm_readv calls): only the one
      * in the unreadable page fails, wherever it falls. */

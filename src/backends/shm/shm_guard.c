@@ -135,7 +135,7 @@ kvl_status_t kvli_shm_md_revoke(void *bk, void *mh_h, int revoke, kvl_error_t *e
     kvli_shm_mh_t *mh = mh_h;
     kvli_shm_guard_t **held = NULL, *g;
     size_t n = 0, i;
-    uint64_t start = kvli_clock_ms();
+    uint64_t start;
     kvl_status_t st = KVL_OK;
 
     pthread_mutex_lock(&iface->lock);
@@ -164,6 +164,7 @@ kvl_status_t kvli_shm_md_revoke(void *bk, void *mh_h, int revoke, kvl_error_t *e
         return KVL_ERR_NO_MEMORY;
     }
     /* Copies in flight are short (one chunk); wait with a growing nap. */
+    start = kvli_clock_ms(); /* only when a peer may be copying */
     for (i = 0; i < n && st == KVL_OK; i++) {
         long nap = 2000; /* ns */
         g = held[i];

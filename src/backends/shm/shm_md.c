@@ -10,6 +10,7 @@
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include "common/errname.h"
+#include "common/host.h"
 #include "shm.h"
 
 #define KVLI_SHM_KEY_MAGIC 0x52534c4bu      /* "KLSR" */
@@ -22,7 +23,7 @@ kvl_status_t kvli_shm_md_reg(void *bk, const kvl_region_info_t *r, void **mh_p,
 {
     kvli_shm_iface_t *iface = bk;
     kvli_shm_mh_t *mh;
-    uintptr_t ps = (uintptr_t)sysconf(_SC_PAGESIZE);
+    uintptr_t ps = (uintptr_t)kvli_host_pagesize();
     kvl_status_t st;
 
     if (r == NULL || mh_p == NULL || r->len == 0 || r->addr + r->len < r->addr ||

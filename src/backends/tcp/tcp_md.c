@@ -5,12 +5,13 @@
 #include <string.h>
 #include <unistd.h>
 #include <sys/mman.h>
+#include "common/host.h"
 #include "tcp.h"
 
 kvl_status_t kvli_tcp_md_reg(void *bk, const kvl_region_info_t *r, void **mh_p, char *detail,
                              size_t detail_len, kvl_error_t *err)
 {
-    uintptr_t ps = (uintptr_t)sysconf(_SC_PAGESIZE);
+    uintptr_t ps = (uintptr_t)kvli_host_pagesize();
     kvli_tcp_iface_t *iface = bk;
     kvli_tcp_mh_t *mh;
     int staged = 0;
