@@ -10,7 +10,9 @@
  *               I/O of the block size: adjacent blocks would coalesce)
  *   random      --count blocks at shuffled offsets of a file of twice as many
  *               blocks (scattered KV blocks; fio's random write covers the
- *               same span), a new order per block size
+ *               same span): each transfer a new one (created, posted and
+ *               waited for, all timed) to blocks drawn afresh, as each offload
+ *               of an engine writes other blocks and fio draws every offset
  *
  * bench/file_compare.sh runs it side by side with fio on the same file, block
  * size and queue depth.
@@ -36,6 +38,7 @@ typedef struct {
     uint64_t sizes[16];
     int nsizes;
     uint64_t total, count, qd;
+    uint64_t bufs;                    /* --buffers: memory blocks cycle through these (0: all distinct) */
     unsigned iters;
     int direct, do_write, do_read, quiet;
     int vram, dev;
@@ -75,6 +78,74 @@ static double kvl_fbench_run(kvl_agent_t *a, kvl_xfer_op_t op, kvl_dlist_t *l, k
     return med;
 }
 
+/* n of 2n block slots, drawn without replacement (a shuffle of all 2n, the
+ * first n kept, in that order), as block offsets into r. */
+static int kvl_fbench_draw(kvl_dlist_t *r, uint64_t n, uint64_t bs, int fd)
+{
+    uint64_t slots = 2 * n;
+    uint64_t *perm = malloc(slots * sizeof(*perm));
+    if (perm == NULL)
+        return -1;
+    for (uint64_t i = 0; i < slots; i++)
+        perm[i] = i;
+    for (uint64_t i = slots - 1; i > 0; i--) {
+        uint64_t j = ((uint64_t)rand() << 16 ^ (uint64_t)rand()) % (i + 1);
+        uint64_t tmp = perm[i];
+        perm[i] = perm[j];
+        perm[j] = tmp;
+    }
+    int rc = 0;
+    for (uint64_t i = 0; i < n && rc == 0; i++)
+        rc = kvl_dlist_add(r, perm[i] * bs, bs, fd) == KVL_OK ? 0 : -1;
+    free(perm);
+    return rc;
+}
+
+/* The random pattern as an engine offloads: every transfer is a new one
+ * (kvl_xfer_create of new blocks, then post and wait, all timed), to n
+ * blocks drawn afresh, as fio draws every write's offset afresh. */
+static double kvl_fbench_run_random(kvl_agent_t *a, kvl_xfer_op_t op, kvl_dlist_t *l,
+                                    uint64_t n, uint64_t bs, int fd, unsigned iters, char *path,
+                                    size_t path_len)
+{
+    double *v = calloc(iters + 1, sizeof(double));
+    uint64_t bytes = kvl_dlist_bytes(l);
+    double med = -1;
+    for (unsigned i = 0; v != NULL && i <= iters; i++) { /* i == 0: warm-up */
+        kvl_dlist_t *r = NULL;
+        kvl_xfer_t *x = NULL;
+        if (kvl_dlist_create(KVL_MEM_FILE, n, &r) != KVL_OK || kvl_fbench_draw(r, n, bs, fd) != 0) {
+            kvl_cli_print_error("bench: the file's blocks");
+            kvl_dlist_destroy(r);
+            goto out;
+        }
+        double t0 = kvl_cli_now();
+        kvl_status_t st = kvl_xfer_create(a, op, l, kvl_agent_name(a), r, NULL, &x);
+        if (st == KVL_OK)
+            st = kvl_xfer_post(x);
+        if ((st != KVL_OK && st != KVL_IN_PROGRESS) || kvl_xfer_wait(x, 600000) != KVL_OK) {
+            kvl_cli_print_error(op == KVL_WRITE ? "WRITE" : "READ");
+            kvl_xfer_release(x);
+            kvl_dlist_destroy(r);
+            goto out;
+        }
+        if (i > 0)
+            v[i - 1] = (double)bytes / (kvl_cli_now() - t0) / 1e9;
+        kvl_xfer_stats_t s;
+        if (kvl_xfer_get_stats(x, &s) == KVL_OK)
+            snprintf(path, path_len, "%s", s.path);
+        kvl_xfer_release(x);
+        kvl_dlist_destroy(r);
+    }
+    if (v != NULL) {
+        qsort(v, iters, sizeof(double), kvl_cli_cmp_double);
+        med = v[iters / 2];
+    }
+out:
+    free(v);
+    return med;
+}
+
 static void kvl_fbench_usage(FILE *f)
 {
     fprintf(f,
@@ -86,6 +157,9 @@ static void kvl_fbench_usage(FILE *f)
             "  --size BYTES       bytes per transfer, contiguous pattern (default 256M)\n"
             "  --pattern P        contiguous (default) or random (scattered blocks)\n"
             "  --count N          blocks per transfer, random pattern (default 4096)\n"
+            "  --buffers N        memory blocks cycle through N buffers of the block size\n"
+            "                     (default: every block its own, as a KV cache; N = the\n"
+            "                     queue depth is fio's footprint: its iodepth buffers)\n"
             "  --op OP            write, read or both (default both)\n"
             "  --queue-depth N    operations in flight (default 64)\n"
             "  --engine E         auto (default), io_uring or threads\n"
@@ -158,12 +232,12 @@ int kvl_cli_bench_file(int argc, char **argv)
         {"queue-depth", 1, 0, 'Q'}, {"engine", 1, 0, 'e'}, {"buffered", 0, 0, 'u'},
         {"iters", 1, 0, 'i'}, {"csv", 1, 0, 'c'}, {"quiet", 0, 0, 'q'}, {"help", 0, 0, 'h'},
         {"mem", 1, 0, 'm'}, {"device", 1, 0, 'D'}, {"file", 1, 0, 'F'},
-        {0, 0, 0, 0}};
+        {"buffers", 1, 0, 'B'}, {0, 0, 0, 0}};
     int o, li = 0;
     optind = 1;
     while ((o = getopt_long(argc, argv, "h", opts, &li)) != -1) {
         uint64_t v = 0;
-        if (strchr("SnQi", o) && (kvl_cli_parse_size(optarg, &v) != 0 || v == 0)) {
+        if (strchr("SnQiB", o) && (kvl_cli_parse_size(optarg, &v) != 0 || v == 0)) {
             fprintf(stderr, "kvlane bench: bad value '%s' for --%s\n", optarg, opts[li].name);
             return 2;
         }
@@ -199,6 +273,7 @@ int kvl_cli_bench_file(int argc, char **argv)
             c.pattern = optarg;
             break;
         case 'n': c.count = v; break;
+        case 'B': c.bufs = v; break;
         case 'o':
             c.do_write = strcmp(optarg, "read") != 0;
             c.do_read = strcmp(optarg, "write") != 0;
@@ -328,8 +403,10 @@ int kvl_cli_bench_file(int argc, char **argv)
     if (c.csv && (csv = fopen(c.csv, "w")) != NULL)
         fprintf(csv, "op,pattern,block,blocks,bytes,gbps,path\n");
     if (!c.quiet)
-        printf("posix bench: %s %s, %s, queue depth %llu, file %s\n", c.vram ? "VRAM" : "DRAM",
-               c.pattern, c.direct ? "O_DIRECT" : "page cache", (unsigned long long)c.qd, path);
+        printf("posix bench: %s %s, %s, queue depth %llu, file %s, memory blocks %s%.0llu\n",
+               c.vram ? "VRAM" : "DRAM", c.pattern, c.direct ? "O_DIRECT" : "page cache",
+               (unsigned long long)c.qd, path, c.bufs ? "cycling through " : "all distinct",
+               (unsigned long long)c.bufs);
     printf("%-6s %-10s %10s %8s %12s %9s  %s\n", "op", "pattern", "block", "blocks", "bytes",
            "GB/s", "path");
     srand(12345);
@@ -338,41 +415,33 @@ int kvl_cli_bench_file(int argc, char **argv)
         uint64_t n = random ? c.count : c.total / bs;
         if (n == 0)
             continue;
-        /* random: n of the file's 2n block slots, drawn without replacement
-         * (a shuffle of all 2n, the first n kept), in that shuffled order */
-        uint64_t slots = random ? 2 * n : n;
-        uint64_t *perm = malloc(slots * sizeof(*perm));
+        /* contiguous: the file's blocks in order, one transfer re-posted;
+         * random: each transfer to n of the file's 2n block slots, drawn
+         * afresh (kvl_fbench_run_random) */
         kvl_dlist_t *l = NULL, *r = NULL;
-        if (perm == NULL || kvl_dlist_create(c.vram ? KVL_MEM_VRAM : KVL_MEM_DRAM, n, &l) != KVL_OK ||
-            kvl_dlist_create(KVL_MEM_FILE, n, &r) != KVL_OK) {
-            free(perm);
+        if (kvl_dlist_create(c.vram ? KVL_MEM_VRAM : KVL_MEM_DRAM, n, &l) != KVL_OK ||
+            (!random && kvl_dlist_create(KVL_MEM_FILE, n, &r) != KVL_OK)) {
             kvl_dlist_destroy(l);
             goto out;
         }
-        for (uint64_t i = 0; i < slots; i++)
-            perm[i] = i;
-        if (random)
-            for (uint64_t i = slots - 1; i > 0; i--) {
-                uint64_t j = ((uint64_t)rand() << 16 ^ (uint64_t)rand()) % (i + 1);
-                uint64_t tmp = perm[i];
-                perm[i] = perm[j];
-                perm[j] = tmp;
-            }
         for (uint64_t i = 0; i < n; i++) {
             /* memory blocks in reverse order: no two neighbours are adjacent on
              * both sides in the same direction, so every block is one I/O of
              * the block size (the core would merge adjacent ones) */
-            kvl_dlist_add(l, (uint64_t)(uintptr_t)(buf + (n - 1 - i) * bs), bs,
+            uint64_t m = c.bufs ? (n - 1 - i) % c.bufs : n - 1 - i;
+            kvl_dlist_add(l, (uint64_t)(uintptr_t)(buf + m * bs), bs,
                           c.vram ? c.dev : KVL_DEV_ANY);
-            kvl_dlist_add(r, perm[i] * bs, bs, fd);
+            if (!random)
+                kvl_dlist_add(r, i * bs, bs, fd);
         }
-        free(perm);
         for (int w = 0; w < 2; w++) {
             if ((w == 0 && !c.do_write) || (w == 1 && !c.do_read))
                 continue;
             char xpath[64] = "";
             kvl_xfer_op_t op = w == 0 ? KVL_WRITE : KVL_READ;
-            double g = kvl_fbench_run(a, op, l, r, c.iters, xpath, sizeof(xpath));
+            double g = random ? kvl_fbench_run_random(a, op, l, n, bs, fd, c.iters, xpath,
+                                                      sizeof(xpath))
+                              : kvl_fbench_run(a, op, l, r, c.iters, xpath, sizeof(xpath));
             if (g < 0) {
                 kvl_dlist_destroy(l);
                 kvl_dlist_destroy(r);
