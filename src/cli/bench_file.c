@@ -44,40 +44,6 @@ typedef struct {
     int vram, dev;
 } kvl_fbench_t;
 
-static double kvl_fbench_run(kvl_agent_t *a, kvl_xfer_op_t op, kvl_dlist_t *l, kvl_dlist_t *r,
-                             unsigned iters, char *path, size_t path_len)
-{
-    kvl_xfer_t *x;
-    if (kvl_xfer_create(a, op, l, kvl_agent_name(a), r, NULL, &x) != KVL_OK) {
-        kvl_cli_print_error("kvl_xfer_create");
-        return -1;
-    }
-    double *v = calloc(iters + 1, sizeof(double));
-    uint64_t bytes = kvl_dlist_bytes(l);
-    for (unsigned i = 0; v != NULL && i <= iters; i++) { /* i == 0: warm-up */
-        double t0 = kvl_cli_now();
-        kvl_status_t st = kvl_xfer_post(x);
-        if ((st != KVL_OK && st != KVL_IN_PROGRESS) || kvl_xfer_wait(x, 600000) != KVL_OK) {
-            kvl_cli_print_error(op == KVL_WRITE ? "WRITE" : "READ");
-            free(v);
-            kvl_xfer_release(x);
-            return -1;
-        }
-        if (i > 0)
-            v[i - 1] = (double)bytes / (kvl_cli_now() - t0) / 1e9;
-    }
-    kvl_xfer_stats_t s;
-    if (kvl_xfer_get_stats(x, &s) == KVL_OK)
-        snprintf(path, path_len, "%s", s.path);
-    kvl_xfer_release(x);
-    if (v == NULL)
-        return -1;
-    qsort(v, iters, sizeof(double), kvl_cli_cmp_double);
-    double med = v[iters / 2];
-    free(v);
-    return med;
-}
-
 /* n of 2n block slots, drawn without replacement (a shuffle of all 2n, the
  * first n kept, in that order), as block offsets into r. */
 static int kvl_fbench_draw(kvl_dlist_t *r, uint64_t n, uint64_t bs, int fd)
@@ -101,32 +67,40 @@ static int kvl_fbench_draw(kvl_dlist_t *r, uint64_t n, uint64_t bs, int fd)
     return rc;
 }
 
-/* The random pattern as an engine offloads: every transfer is a new one
- * (kvl_xfer_create of new blocks, then post and wait, all timed), to n
- * blocks drawn afresh, as fio draws every write's offset afresh. */
-static double kvl_fbench_run_random(kvl_agent_t *a, kvl_xfer_op_t op, kvl_dlist_t *l,
-                                    uint64_t n, uint64_t bs, int fd, unsigned iters, char *path,
-                                    size_t path_len)
+/* --iters measured transfers, after one more that warms up: the median
+ * GB/s. With r: one transfer to r, re-posted (post and wait timed). Without
+ * (the random pattern, as an engine offloads): every transfer a new one to
+ * n blocks of bs bytes drawn afresh, as fio draws every write's offset; its
+ * creation is timed with its post and wait. */
+static double kvl_fbench_run(kvl_agent_t *a, kvl_xfer_op_t op, kvl_dlist_t *l, kvl_dlist_t *r,
+                             uint64_t n, uint64_t bs, int fd, unsigned iters, char *path,
+                             size_t path_len)
 {
     double *v = calloc(iters + 1, sizeof(double));
     uint64_t bytes = kvl_dlist_bytes(l);
     double med = -1;
-    for (unsigned i = 0; v != NULL && i <= iters; i++) { /* i == 0: warm-up */
-        kvl_dlist_t *r = NULL;
-        kvl_xfer_t *x = NULL;
-        if (kvl_dlist_create(KVL_MEM_FILE, n, &r) != KVL_OK || kvl_fbench_draw(r, n, bs, fd) != 0) {
+    kvl_xfer_t *x = NULL;
+    kvl_dlist_t *fresh = NULL;
+    if (v == NULL)
+        return -1;
+    if (r != NULL && kvl_xfer_create(a, op, l, kvl_agent_name(a), r, NULL, &x) != KVL_OK) {
+        kvl_cli_print_error("kvl_xfer_create");
+        goto out;
+    }
+    for (unsigned i = 0; i <= iters; i++) { /* i == 0: warm-up */
+        if (r == NULL && (kvl_dlist_create(KVL_MEM_FILE, n, &fresh) != KVL_OK ||
+                          kvl_fbench_draw(fresh, n, bs, fd) != 0)) {
             kvl_cli_print_error("bench: the file's blocks");
-            kvl_dlist_destroy(r);
             goto out;
         }
         double t0 = kvl_cli_now();
-        kvl_status_t st = kvl_xfer_create(a, op, l, kvl_agent_name(a), r, NULL, &x);
+        kvl_status_t st = KVL_OK;
+        if (r == NULL)
+            st = kvl_xfer_create(a, op, l, kvl_agent_name(a), fresh, NULL, &x);
         if (st == KVL_OK)
             st = kvl_xfer_post(x);
         if ((st != KVL_OK && st != KVL_IN_PROGRESS) || kvl_xfer_wait(x, 600000) != KVL_OK) {
             kvl_cli_print_error(op == KVL_WRITE ? "WRITE" : "READ");
-            kvl_xfer_release(x);
-            kvl_dlist_destroy(r);
             goto out;
         }
         if (i > 0)
@@ -134,14 +108,18 @@ static double kvl_fbench_run_random(kvl_agent_t *a, kvl_xfer_op_t op, kvl_dlist_
         kvl_xfer_stats_t s;
         if (kvl_xfer_get_stats(x, &s) == KVL_OK)
             snprintf(path, path_len, "%s", s.path);
-        kvl_xfer_release(x);
-        kvl_dlist_destroy(r);
+        if (r == NULL) {
+            kvl_xfer_release(x);
+            x = NULL;
+            kvl_dlist_destroy(fresh);
+            fresh = NULL;
+        }
     }
-    if (v != NULL) {
-        qsort(v, iters, sizeof(double), kvl_cli_cmp_double);
-        med = v[iters / 2];
-    }
+    qsort(v, iters, sizeof(double), kvl_cli_cmp_double);
+    med = v[iters / 2];
 out:
+    kvl_xfer_release(x);
+    kvl_dlist_destroy(fresh);
     free(v);
     return med;
 }
@@ -439,9 +417,7 @@ int kvl_cli_bench_file(int argc, char **argv)
                 continue;
             char xpath[64] = "";
             kvl_xfer_op_t op = w == 0 ? KVL_WRITE : KVL_READ;
-            double g = random ? kvl_fbench_run_random(a, op, l, n, bs, fd, c.iters, xpath,
-                                                      sizeof(xpath))
-                              : kvl_fbench_run(a, op, l, r, c.iters, xpath, sizeof(xpath));
+            double g = kvl_fbench_run(a, op, l, r, n, bs, fd, c.iters, xpath, sizeof(xpath));
             if (g < 0) {
                 kvl_dlist_destroy(l);
                 kvl_dlist_destroy(r);
