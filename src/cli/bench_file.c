@@ -380,11 +380,14 @@ int kvl_cli_bench_file(int argc, char **argv)
     }
     if (c.csv && (csv = fopen(c.csv, "w")) != NULL)
         fprintf(csv, "op,pattern,block,blocks,bytes,gbps,path\n");
-    if (!c.quiet)
-        printf("posix bench: %s %s, %s, queue depth %llu, file %s, memory blocks %s%.0llu\n",
+    if (!c.quiet) {
+        char blocks[64] = "all distinct";
+        if (c.bufs)
+            snprintf(blocks, sizeof(blocks), "cycling through %llu", (unsigned long long)c.bufs);
+        printf("posix bench: %s %s, %s, queue depth %llu, file %s, memory blocks %s\n",
                c.vram ? "VRAM" : "DRAM", c.pattern, c.direct ? "O_DIRECT" : "page cache",
-               (unsigned long long)c.qd, path, c.bufs ? "cycling through " : "all distinct",
-               (unsigned long long)c.bufs);
+               (unsigned long long)c.qd, path, blocks);
+    }
     printf("%-6s %-10s %10s %8s %12s %9s  %s\n", "op", "pattern", "block", "blocks", "bytes",
            "GB/s", "path");
     srand(12345);

@@ -424,7 +424,7 @@ kvl_status_t kvli_cuda_md_reg(void *bk, const kvl_region_info_t *r, void **mh_p,
             snprintf(det, sizeof(det), "pageable host memory (pin_host=off): GPU copies are "
                      "staged by the driver");
         } else {
-            uint64_t ps = (uint64_t)sysconf(_SC_PAGESIZE);
+            uint64_t ps = kvli_host_pagesize();
             uint64_t b = r->addr & ~(ps - 1), e = (r->addr + r->len + ps - 1) & ~(ps - 1);
             CUresult cr = kvli_cuda_drv_push(0);
             if (cr == KVLI_CUDA_SUCCESS) {
