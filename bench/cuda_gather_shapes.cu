@@ -7,7 +7,8 @@
  *
  *   nvcc -O3 -arch=sm_90 bench/cuda_gather_shapes.cu -o /tmp/gather_shapes
  *   /tmp/gather_shapes [nblocks] [block_bytes] [reps] [seq]
- * seq: destinations in the sources' order (no shuffle), for the ceiling.
+ * seq: destinations in the sources' order (no shuffle), for the ceiling;
+ * srand: the sources shuffled instead (destinations written in order).
  */
 #include <cuda_runtime.h>
 #include <stdint.h>
@@ -189,10 +190,13 @@ int main(int argc, char **argv)
         hd[i] = (unsigned long long)b + i * len;
         si[i] = di[i] = (unsigned)i;
     }
-    bool in_order = argc > 4 && argv[4][0] == 's'; /* "seq": pairs in address order */
+    /* "seq": pairs in address order; "srand": sources in random order */
+    bool in_order = argc > 4 && argv[4][0] == 's' && argv[4][1] == 'e';
+    bool src_rand = argc > 4 && argv[4][0] == 's' && argv[4][1] == 'r';
+    std::vector<unsigned> &shuf = src_rand ? si : di;
     srand(7);
     for (unsigned long long i = n - 1; i > 0 && !in_order; i--)
-        std::swap(di[i], di[(unsigned long long)rand() % (i + 1)]);
+        std::swap(shuf[i], shuf[(unsigned long long)rand() % (i + 1)]);
     unsigned long long *stab, *dtab;
     unsigned *sidx, *didx;
     CK(cudaMalloc(&stab, n * 8));
@@ -222,8 +226,9 @@ int main(int argc, char **argv)
         return t[t.size() / 2];
     };
     float ref = med([&] { CK(cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice)); });
-    printf("gather shapes: %llu pairs x %llu B, %s destination order, %d SMs\n", n, len,
-           in_order ? "sequential" : "random", sms);
+    printf("gather shapes: %llu pairs x %llu B, %s, %d SMs\n", n, len,
+           in_order ? "sequential" : src_rand ? "sources in random order"
+                                              : "destinations in random order", sms);
     printf("%-34s %9.3f ms %8.1f GB/s\n", "cudaMemcpy D2D (reference)", ref, bytes / ref / 1e6);
     shape shapes[] = {
         {"cta512 x4 cs (kvlane before)", g_cta<4, HINT_CS>, 512, 0, 0},
@@ -241,6 +246,11 @@ int main(int argc, char **argv)
         {"warp x4 cs, 8 warps/CTA", g_warp<4, HINT_CS>, 256, 1, 0},
         {"warp x16 cs, 4 warps/CTA", g_warp<16, HINT_CS>, 128, 1, 0},
         {"warp x8 none, 8 warps/CTA", g_warp<8, HINT_NONE>, 256, 1, 0},
+        {"warp x8 cs, 8 w/CTA, SMs*1", g_warp<8, HINT_CS>, 256, 1, 1},
+        {"warp x8 cs, 8 w/CTA, SMs*2", g_warp<8, HINT_CS>, 256, 1, 2},
+        {"warp x8 cs, 8 w/CTA, SMs*4", g_warp<8, HINT_CS>, 256, 1, 4},
+        {"warp x16 cs, 8 w/CTA, SMs*2", g_warp<16, HINT_CS>, 256, 1, 2},
+        {"warp x16 cs, 4 w/CTA, SMs*4", g_warp<16, HINT_CS>, 128, 1, 4},
         {"bulk 16K x4 stages, SMs*3", g_bulk<16384, 4>, 32, 0, 3, 4 * 16384},
         {"bulk 8K x6 stages, SMs*4", g_bulk<8192, 6>, 32, 0, 4, 6 * 8192},
         {"bulk 32K x3 stages, SMs*2", g_bulk<32768, 3>, 32, 0, 2, 3 * 32768},
