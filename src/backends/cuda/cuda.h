@@ -52,6 +52,12 @@
 #define KVLI_CUDA_INLINE_BLOCKS 128u
 #define KVLI_CUDA_INLINE_PAIRS 384u
 #define KVLI_CUDA_WINDOW 4                 /* units in flight per transfer */
+/* Unit slots per device whose small launches tell their end in host memory
+ * (kvl_signal_end in kernels.cu); later slots use their event alone. */
+#define KVLI_CUDA_FLAGS 1024u
+/* How long after posting a poll trusts that word alone: later polls ask the
+ * event too, which also reports a failed launch. */
+#define KVLI_CUDA_FLAG_TRUST_NS 200000ull
 #define KVLI_CUDA_PIECE (1ull << 20)       /* kernel splits blocks above this */
 #define KVLI_CUDA_DEFAULT_TIMEOUT_MS 5000u
 /* For this long after a posting the progress thread polls its events
@@ -153,6 +159,7 @@ typedef struct kvli_cuda_drv {
     CUresult (*cuMemHostRegister)(void *, size_t, unsigned);
     CUresult (*cuMemHostUnregister)(void *);
     CUresult (*cuMemHostAlloc)(void **, size_t, unsigned);
+    CUresult (*cuMemHostGetDevicePointer)(CUdeviceptr *, void *, unsigned); /* optional */
     CUresult (*cuMemFreeHost)(void *);
     CUresult (*cuMemAlloc)(CUdeviceptr *, size_t);
     CUresult (*cuMemFree)(CUdeviceptr);
@@ -435,6 +442,9 @@ typedef struct kvli_cuda_slot {
     CUdeviceptr dev;
     size_t cap;                      /* blocks */
     CUevent ev;
+    uint32_t *flag;                  /* host word the kernel writes seq to; NULL: none */
+    CUdeviceptr flag_dev, ctr;       /* the word as the GPU sees it; its CTA counter */
+    uint32_t seq;                    /* last value a launch was given */
     /* batch fallback arrays (host) */
     CUdeviceptr *bsrc, *bdst;
     size_t *bsize;
@@ -479,11 +489,15 @@ typedef struct kvli_cuda_devres {
     kvli_cuda_slot_t *free_slots;    /* under iface->lock */
     kvli_cuda_tab_t *free_tabs;      /* under iface->lock */
     unsigned n_free_tabs;
+    uint32_t *flags;                 /* KVLI_CUDA_FLAGS host words (pinned, mapped); NULL: none */
+    CUdeviceptr flags_dev, ctrs;     /* the words on the GPU; the slots' CTA counters */
+    unsigned nflags;                 /* handed to slots (under iface->lock) */
 } kvli_cuda_devres_t;
 
 typedef struct kvli_cuda_unit {
     kvli_cuda_slot_t *slot;
     int dev;
+    uint32_t seq;                    /* 0: the event tells the end; else the slot's word */
 } kvli_cuda_unit_t;
 
 /*

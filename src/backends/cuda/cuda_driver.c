@@ -93,6 +93,7 @@ static int kvli_cuda_drv_resolve(void *h)
     KVLI_REQ(cuEventSynchronize, "cuEventSynchronize");
     KVLI_REQ(cuStreamWaitEvent, "cuStreamWaitEvent");
     KVLI_OPT(cuLaunchHostFunc, "cuLaunchHostFunc");
+    KVLI_OPT(cuMemHostGetDevicePointer, "cuMemHostGetDevicePointer_v2");
     KVLI_REQ(cuIpcGetMemHandle, "cuIpcGetMemHandle");
     KVLI_REQ(cuIpcOpenMemHandle, "cuIpcOpenMemHandle_v2");
     KVLI_REQ(cuIpcCloseMemHandle, "cuIpcCloseMemHandle");

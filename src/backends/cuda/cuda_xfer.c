@@ -49,6 +49,47 @@ static void kvli_cuda_deadline(struct timespec *ts, uint64_t ms)
 }
 
 /* Streams and the kernel of one device, made on first use. */
+/*
+ * The host words small launches write their end to (kvl_signal_end in
+ * kernels.cu), and their CTA counters, zeroed (context pushed, under
+ * iface->lock). Failing, the slots use their events alone: same results,
+ * ~2 us later.
+ */
+static void kvli_cuda_flags_make(kvli_cuda_iface_t *iface, kvli_cuda_devres_t *r, int dev)
+{
+    const kvli_cuda_drv_t *d = iface->drv;
+    const size_t bytes = KVLI_CUDA_FLAGS * sizeof(uint32_t);
+    void *h = NULL;
+    CUresult cr = d->cuMemHostGetDevicePointer == NULL ? -1
+                  : d->cuMemHostAlloc(&h, bytes, KVLI_CU_HOSTREG_PORTABLE |
+                                                     KVLI_CU_HOSTREG_DEVICEMAP);
+    char eb[160];
+
+    if (cr == KVLI_CUDA_SUCCESS) {
+        memset(h, 0, bytes);
+        cr = d->cuMemHostGetDevicePointer(&r->flags_dev, h, 0);
+    }
+    if (cr == KVLI_CUDA_SUCCESS)
+        cr = d->cuMemAlloc(&r->ctrs, bytes);
+    if (cr == KVLI_CUDA_SUCCESS)
+        cr = d->cuMemcpyHtoDAsync(r->ctrs, h, bytes, r->streams[0]);
+    if (cr == KVLI_CUDA_SUCCESS)
+        cr = d->cuStreamSynchronize(r->streams[0]);
+    if (cr == KVLI_CUDA_SUCCESS) {
+        r->flags = h;
+        return;
+    }
+    iface->ctx->log(iface->ctx, KVL_LOG_DEBUG, "no host words for the ends of small launches on "
+                    "device %d (%.150s); their events tell", dev,
+                    d->cuMemHostGetDevicePointer == NULL ? "the driver has no "
+                    "cuMemHostGetDevicePointer" : kvli_cuda_drv_errstr(cr, eb, sizeof(eb)));
+    if (r->ctrs != 0)
+        d->cuMemFree(r->ctrs);
+    if (h != NULL)
+        d->cuMemFreeHost(h);
+    r->ctrs = r->flags_dev = 0;
+}
+
 static kvli_cuda_devres_t *kvli_cuda_devres_get(kvli_cuda_iface_t *iface, int dev,
                                                 kvl_error_t *err)
 {
@@ -103,6 +144,8 @@ static kvli_cuda_devres_t *kvli_cuda_devres_get(kvli_cuda_iface_t *iface, int de
                             kvli_cuda_drv_errstr(cr, eb, sizeof(eb)));
         }
     }
+    if (r->fn_inline != NULL || r->fn_idx_inline != NULL)
+        kvli_cuda_flags_make(iface, r, dev);
     kvli_cuda_drv_pop();
     r->ready = 1;
 out:
@@ -136,6 +179,14 @@ static kvli_cuda_slot_t *kvli_cuda_slot_get(kvli_cuda_iface_t *iface, int dev, i
             snprintf(text, cap, "out of memory");
             return NULL;
         }
+        pthread_mutex_lock(&iface->lock);
+        if (r->flags != NULL && r->nflags < KVLI_CUDA_FLAGS) {
+            s->flag = r->flags + r->nflags;
+            s->flag_dev = r->flags_dev + r->nflags * sizeof(uint32_t);
+            s->ctr = r->ctrs + r->nflags * sizeof(uint32_t);
+            r->nflags++;
+        }
+        pthread_mutex_unlock(&iface->lock);
         s->cap = KVLI_CUDA_UNIT_BLOCKS;
         cr = d->cuEventCreate(&s->ev, KVLI_CU_EVENT_DISABLE_TIMING);
         if (cr != KVLI_CUDA_SUCCESS) {
@@ -303,8 +354,9 @@ static void kvli_cuda_kernels_warm(kvli_cuda_iface_t *iface, kvli_cuda_devres_t 
     unsigned long long n0 = 0, len0 = 0;
     void *args[2] = {&z, &n0};
     void *iargs[6] = {&z, &z, &z, &z, &n0, &len0};
-    void *targs[1] = {&none_tab};
-    void *pargs[5] = {&z, &z, &n0, &len0, &none_idx};
+    unsigned seq0 = 0;
+    void *targs[4] = {&none_tab, &z, &z, &seq0};
+    void *pargs[8] = {&z, &z, &n0, &len0, &none_idx, &z, &z, &seq0};
     CUstream st = r->streams[0];
     CUresult cr = KVLI_CUDA_SUCCESS;
     char eb[160];
@@ -403,6 +455,10 @@ void kvli_cuda_xfer_devres_fini(kvli_cuda_iface_t *iface)
         }
         if (r->mod != NULL)
             d->cuModuleUnload(r->mod);
+        if (r->flags != NULL) {
+            d->cuMemFreeHost(r->flags);
+            d->cuMemFree(r->ctrs);
+        }
         kvli_cuda_drv_pop();
         memset(r, 0, sizeof(*r));
     }
@@ -435,7 +491,7 @@ static int kvli_cuda_unit_failed(kvli_cuda_iface_t *iface, kvli_cuda_xpriv_t *xp
         kvli_cuda_slot_put(iface, xp->dev, s);
         return -1;
     }
-    xp->units[(xp->u_head + xp->u_count) % KVLI_CUDA_WINDOW] = (kvli_cuda_unit_t){s, xp->dev};
+    xp->units[(xp->u_head + xp->u_count) % KVLI_CUDA_WINDOW] = (kvli_cuda_unit_t){s, xp->dev, 0};
     xp->u_count++;
     return -1;
 }
@@ -469,18 +525,27 @@ static int kvli_cuda_unit_launch(kvli_cuda_iface_t *iface, kvli_cuda_xpriv_t *xp
     if (s == NULL)
         return -1;
     const kvli_cuda_devres_t *dr = &iface->dres[xp->dev];
+    uint32_t seq = 0;
     if (xc->inl != NULL || xc->idx_inline) {
         /* A small request: its table is the launch's parameter (copied by
-         * the driver at the call), nothing to upload first. */
+         * the driver at the call), nothing to upload first; its end is
+         * written to the slot's host word when it has one. */
+        CUdeviceptr ctr = 0, flag = 0;
+        if (s->flag != NULL) {
+            seq = ++s->seq != 0 ? s->seq : ++s->seq;
+            ctr = s->ctr;
+            flag = s->flag_dev;
+        }
         if (xc->inl != NULL) {
-            void *targs[1] = {xc->inl};
+            void *targs[4] = {xc->inl, &ctr, &flag, &seq};
             cr = d->cuLaunchKernel(dr->fn_inline, grid, 1, 1, 256, 1, 1, 0, xp->stream, targs,
                                    NULL);
         } else {
             kvli_cuda_inline_idx_t p;
             const uint32_t *si = xp->x->op == KVL_WRITE ? xp->x->lidx : xp->x->ridx;
             const uint32_t *di = xp->x->op == KVL_WRITE ? xp->x->ridx : xp->x->lidx;
-            void *pargs[5] = {(void *)&xc->stab, (void *)&xc->dtab, &nb, &len, &p};
+            void *pargs[8] = {(void *)&xc->stab, (void *)&xc->dtab, &nb, &len, &p, &ctr, &flag,
+                              &seq};
             memcpy(p.s, si + first, (size_t)nb * sizeof(uint32_t));
             memcpy(p.d, di + first, (size_t)nb * sizeof(uint32_t));
             cr = d->cuLaunchKernel(dr->fn_idx_inline, grid, 1, 1, KVLI_CUDA_IDX_THREADS, 1, 1, 0,
@@ -535,7 +600,7 @@ launched:
                  kvli_cuda_drv_errstr(cr, eb, sizeof(eb)));
         return kvli_cuda_unit_failed(iface, xp, s);
     }
-    xp->units[(xp->u_head + xp->u_count) % KVLI_CUDA_WINDOW] = (kvli_cuda_unit_t){s, xp->dev};
+    xp->units[(xp->u_head + xp->u_count) % KVLI_CUDA_WINDOW] = (kvli_cuda_unit_t){s, xp->dev, seq};
     xp->u_count++;
     xp->unit++;
     xp->enq_bytes += xc->unit_bytes[u];
@@ -1023,7 +1088,7 @@ static int kvli_cuda_unit_enqueue(kvli_cuda_iface_t *iface, kvli_cuda_xpriv_t *x
         /* Whatever was enqueued completes before any later event of the stream. */
         return kvli_cuda_unit_failed(iface, xp, s);
     }
-    xp->units[(xp->u_head + xp->u_count) % KVLI_CUDA_WINDOW] = (kvli_cuda_unit_t){s, xp->dev};
+    xp->units[(xp->u_head + xp->u_count) % KVLI_CUDA_WINDOW] = (kvli_cuda_unit_t){s, xp->dev, 0};
     xp->u_count++;
     xp->enq_bytes += bytes;
     return 0;
@@ -1299,6 +1364,17 @@ static void kvli_cuda_xp_finish(kvli_cuda_iface_t *iface, kvli_cuda_xpriv_t *xp)
     pthread_mutex_unlock(&iface->lock);
 }
 
+/* The oldest unit of xp wrote no end to its host word yet, and was posted
+ * recently enough for the word alone to be trusted (KVLI_CUDA_FLAG_TRUST_NS;
+ * after that its event is asked as well, which also reports a failure). */
+static int kvli_cuda_unit_running(const kvli_cuda_xpriv_t *xp)
+{
+    const kvli_cuda_unit_t *u = &xp->units[xp->u_head];
+    return xp->u_count > 0 && u->seq != 0 &&
+           __atomic_load_n(u->slot->flag, __ATOMIC_ACQUIRE) != u->seq &&
+           kvli_clock_ns() - xp->t_post < KVLI_CUDA_FLAG_TRUST_NS;
+}
+
 unsigned kvli_cuda_xfer_progress(kvli_cuda_iface_t *iface, int *young_p)
 {
     const kvli_cuda_drv_t *d = iface->drv;
@@ -1316,10 +1392,17 @@ unsigned kvli_cuda_xfer_progress(kvli_cuda_iface_t *iface, int *young_p)
         if (xp->completing)
             continue;
         live++;
+        if (kvli_cuda_unit_running(xp)) {
+            /* its host word says it still runs: no driver call */
+            if (!*young_p && kvli_clock_ns() - xp->t_post < KVLI_CUDA_SPIN_NS)
+                *young_p = 1;
+            continue;
+        }
         pushed = kvli_cuda_drv_push(xp->dev) == KVLI_CUDA_SUCCESS;
         while (xp->u_count > 0) {
             kvli_cuda_unit_t *u = &xp->units[xp->u_head];
-            CUresult cr = d->cuEventQuery(u->slot->ev);
+            CUresult cr = u->seq != 0 && __atomic_load_n(u->slot->flag, __ATOMIC_ACQUIRE) == u->seq
+                              ? KVLI_CUDA_SUCCESS : d->cuEventQuery(u->slot->ev);
             if (cr == KVLI_CUDA_ERROR_NOT_READY)
                 break;
             if (cr != KVLI_CUDA_SUCCESS) {

@@ -150,17 +150,46 @@ static_assert(sizeof(kvl_inline_tab) == 8 + 24 * KVL_INLINE_BLOCKS &&
                   sizeof(kvl_inline_idx) == 8 * KVL_INLINE_PAIRS,
               "the layouts of kvli_cuda_inline_tab_t / kvli_cuda_inline_idx_t (cuda.h)");
 
-extern "C" __global__ void __launch_bounds__(256) kvl_gather_inline(const kvl_inline_tab t)
+/*
+ * The end of a small launch, told in host memory: the host polls a word
+ * instead of asking the driver about an event (a driver call of about 1.5 us
+ * on an H200's host, and the event completes ~1.7 us after the kernel's last
+ * store). Every CTA counts itself out after its stores (fenced); the last
+ * one sets the counter back to zero for the slot's next launch, then writes
+ * seq to the host word with a system-wide fence, so whoever reads seq there
+ * sees every CTA's bytes. flag NULL: the event alone tells (cuda_xfer.c).
+ */
+static __device__ __forceinline__ void kvl_signal_end(unsigned *ctr, unsigned *flag,
+                                                      unsigned seq)
+{
+    if (flag == nullptr)
+        return;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        __threadfence();
+        if (atomicAdd(ctr, 1u) == gridDim.x - 1u) {
+            *(volatile unsigned *)ctr = 0u;
+            __threadfence_system();
+            *(volatile unsigned *)flag = seq;
+        }
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(256)
+kvl_gather_inline(const kvl_inline_tab t, unsigned *ctr, unsigned *flag, unsigned seq)
 {
     for (unsigned long long b = blockIdx.x; b < t.n; b += gridDim.x)
         kvl_copy_block<KVL_UNROLL>(t.b[b].src, t.b[b].dst, t.b[b].len);
+    kvl_signal_end(ctr, flag, seq);
 }
 
 extern "C" __global__ void __launch_bounds__(512)
 kvl_gather_idx_inline(const unsigned long long *__restrict__ stab,
                       const unsigned long long *__restrict__ dtab, unsigned long long n,
-                      unsigned long long len, const kvl_inline_idx p)
+                      unsigned long long len, const kvl_inline_idx p, unsigned *ctr,
+                      unsigned *flag, unsigned seq)
 {
     for (unsigned long long b = blockIdx.x; b < n; b += gridDim.x)
         kvl_copy_block<4>(__ldg(&stab[p.s[b]]), __ldg(&dtab[p.d[b]]), len);
+    kvl_signal_end(ctr, flag, seq);
 }
