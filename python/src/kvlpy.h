@@ -91,6 +91,7 @@ typedef struct {
     Py_buffer view;
     int has_view;
     void *tmp;                /* converted copy, freed by kvlpy_array_free */
+    size_t tmp_cap;           /* its bytes */
     const void *data;         /* n 8-byte integers */
     Py_ssize_t n;
 } kvlpy_array_t;

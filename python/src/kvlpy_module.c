@@ -170,6 +170,112 @@ static char kvlpy_format_char(const char *fmt)
     return fmt[0];
 }
 
+/*
+ * The converted copies' memory. The last two freed buffers are kept (every
+ * caller holds the GIL), so a request's index arrays reuse the previous
+ * request's pages instead of faulting fresh ones in: malloc hands arrays
+ * this size back to the kernel at each free, and faulting 512 KiB in again
+ * cost ~55 us of a 65536-pair request. Buffers above 64 MiB are not kept.
+ */
+#define KVLPY_KEEP_MAX (64u << 20)
+static struct {
+    void *p;
+    size_t cap;
+} kvlpy_keep[2];
+
+static uint64_t *kvlpy_tmp_alloc(kvlpy_array_t *a, size_t n)
+{
+    size_t bytes = (n ? n : 1) * sizeof(uint64_t);
+    for (int i = 0; i < 2; i++)
+        if (kvlpy_keep[i].p != NULL && kvlpy_keep[i].cap >= bytes) {
+            a->tmp = kvlpy_keep[i].p;
+            a->tmp_cap = kvlpy_keep[i].cap;
+            kvlpy_keep[i].p = NULL;
+            return a->tmp;
+        }
+    a->tmp = PyMem_Malloc(bytes);
+    a->tmp_cap = bytes;
+    return a->tmp;
+}
+
+static void kvlpy_tmp_free(kvlpy_array_t *a)
+{
+    int slot = -1;
+    if (a->tmp == NULL)
+        return;
+    if (a->tmp_cap <= KVLPY_KEEP_MAX) {
+        for (int i = 0; i < 2 && slot < 0; i++)
+            if (kvlpy_keep[i].p == NULL)
+                slot = i; /* an empty place first */
+        for (int i = 0; i < 2 && slot < 0; i++)
+            if (kvlpy_keep[i].cap < a->tmp_cap)
+                slot = i; /* else the place of a smaller one */
+    }
+    if (slot >= 0) {
+        PyMem_Free(kvlpy_keep[slot].p); /* a smaller one, or NULL */
+        kvlpy_keep[slot].p = a->tmp;
+        kvlpy_keep[slot].cap = a->tmp_cap;
+    } else {
+        PyMem_Free(a->tmp);
+    }
+    a->tmp = NULL;
+}
+
+/*
+ * Narrower integers widened to 64 bits, one loop per element type written
+ * for the vectorizer (numpy int32 index arrays cost a copy, not a branch per
+ * element); 32-bit ones have an AVX2 copy chosen at run time, as the core's
+ * index narrowing does (xfer.c: GCC's -O2 cost model leaves these scalar,
+ * ~0.4 ns an element, and SSE2 has no sign extension). Each returns the
+ * position of the first negative element, or -1.
+ */
+#if defined(__GNUC__) && !defined(__clang__)
+#define KVLPY_VECTORIZE __attribute__((optimize("vect-cost-model=dynamic")))
+#else
+#define KVLPY_VECTORIZE
+#endif
+#define KVLPY_WIDEN(name, type, attr)                                                          \
+    attr KVLPY_VECTORIZE static Py_ssize_t name(const void *in, Py_ssize_t n,                  \
+                                                uint64_t *restrict out)                        \
+    {                                                                                          \
+        const type *restrict p = in;                                                           \
+        int neg = 0;                                                                           \
+        for (Py_ssize_t i = 0; i < n; i++) {                                                   \
+            out[i] = (uint64_t)(int64_t)p[i];                                                  \
+            neg |= (int64_t)p[i] < 0;                                                               \
+        }                                                                                      \
+        if (neg)                                                                               \
+            for (Py_ssize_t i = 0; i < n; i++)                                                 \
+                if ((int64_t)p[i] < 0)                                                            \
+                    return i;                                                                  \
+        return -1;                                                                             \
+    }
+KVLPY_WIDEN(kvlpy_widen_i8, int8_t, )
+KVLPY_WIDEN(kvlpy_widen_i16, int16_t, )
+KVLPY_WIDEN(kvlpy_widen_i32_any, int32_t, )
+KVLPY_WIDEN(kvlpy_widen_u8, uint8_t, )
+KVLPY_WIDEN(kvlpy_widen_u16, uint16_t, )
+KVLPY_WIDEN(kvlpy_widen_u32_any, uint32_t, )
+#if defined(__x86_64__) && defined(__GNUC__)
+KVLPY_WIDEN(kvlpy_widen_i32_avx2, int32_t, __attribute__((target("avx2"))))
+KVLPY_WIDEN(kvlpy_widen_u32_avx2, uint32_t, __attribute__((target("avx2"))))
+
+static int kvlpy_avx2(void)
+{
+    static int have = -1; /* under the GIL */
+    if (have < 0) {
+        __builtin_cpu_init();
+        have = __builtin_cpu_supports("avx2") ? 1 : 0;
+    }
+    return have;
+}
+#define KVLPY_WIDEN32(sfx, in, n, out)                                                         \
+    (kvlpy_avx2() ? kvlpy_widen_##sfx##_avx2(in, n, out) : kvlpy_widen_##sfx##_any(in, n, out))
+#else
+#define KVLPY_WIDEN32(sfx, in, n, out) kvlpy_widen_##sfx##_any(in, n, out)
+#endif
+#undef KVLPY_WIDEN
+
 static int kvlpy_array_from_buffer(PyObject *obj, int is_signed, const char *argname,
                                    kvlpy_array_t *a)
 {
@@ -205,36 +311,24 @@ static int kvlpy_array_from_buffer(PyObject *obj, int is_signed, const char *arg
         }
         return 0;
     }
-    uint64_t *out = PyMem_Malloc((size_t)(a->n ? a->n : 1) * sizeof(uint64_t));
+    uint64_t *out = kvlpy_tmp_alloc(a, (size_t)a->n);
     if (out == NULL) {
         PyErr_NoMemory();
         return -1;
     }
-    a->tmp = out;
     a->data = out;
-    const char *p = a->view.buf;
-    for (Py_ssize_t i = 0; i < a->n; i++) {
-        int64_t sv;
-        uint64_t uv;
-        if (ok_signed) {
-            switch (isz) {
-            case 1: sv = ((const int8_t *)p)[i]; break;
-            case 2: sv = ((const int16_t *)p)[i]; break;
-            default: sv = ((const int32_t *)p)[i]; break;
-            }
-            if (sv < 0 && !is_signed) {
-                PyErr_Format(PyExc_ValueError, "%s[%zd] is negative", argname, i);
-                return -1;
-            }
-            uv = (uint64_t)sv;
-        } else {
-            switch (isz) {
-            case 1: uv = ((const uint8_t *)p)[i]; break;
-            case 2: uv = ((const uint16_t *)p)[i]; break;
-            default: uv = ((const uint32_t *)p)[i]; break;
-            }
-        }
-        out[i] = uv;
+    Py_ssize_t neg;
+    switch ((ok_signed ? 0 : 4) + (int)isz) {
+    case 1: neg = kvlpy_widen_i8(a->view.buf, a->n, out); break;
+    case 2: neg = kvlpy_widen_i16(a->view.buf, a->n, out); break;
+    case 4: neg = KVLPY_WIDEN32(i32, a->view.buf, a->n, out); break;
+    case 5: neg = kvlpy_widen_u8(a->view.buf, a->n, out); break;
+    case 6: neg = kvlpy_widen_u16(a->view.buf, a->n, out); break;
+    default: neg = KVLPY_WIDEN32(u32, a->view.buf, a->n, out); break;
+    }
+    if (neg >= 0 && !is_signed) {
+        PyErr_Format(PyExc_ValueError, "%s[%zd] is negative", argname, neg);
+        return -1;
     }
     return 0;
 }
@@ -257,7 +351,7 @@ int kvlpy_array_get(PyObject *obj, int is_signed, const char *argname, kvlpy_arr
         return -1;
     }
     Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
-    uint64_t *out = PyMem_Malloc((size_t)(n ? n : 1) * sizeof(uint64_t));
+    uint64_t *out = kvlpy_tmp_alloc(a, (size_t)n);
     if (out == NULL) {
         Py_DECREF(seq);
         PyErr_NoMemory();
@@ -291,12 +385,11 @@ int kvlpy_array_get(PyObject *obj, int is_signed, const char *argname, kvlpy_arr
         PyErr_Clear();
         PyErr_Format(PyExc_ValueError, "%s[%zd]: %s integer needed, got %.100R", argname, i,
                      is_signed ? "a 64-bit" : "a non-negative 64-bit", it);
-        PyMem_Free(out);
+        kvlpy_tmp_free(a);
         Py_DECREF(seq);
         return -1;
     }
     Py_DECREF(seq);
-    a->tmp = out;
     a->data = out;
     a->n = n;
     return 0;
@@ -307,8 +400,7 @@ void kvlpy_array_free(kvlpy_array_t *a)
     if (a->has_view)
         PyBuffer_Release(&a->view);
     a->has_view = 0;
-    PyMem_Free(a->tmp);
-    a->tmp = NULL;
+    kvlpy_tmp_free(a);
     a->data = NULL;
 }
 

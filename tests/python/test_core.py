@@ -252,6 +252,8 @@ def test_strided_and_prepped(uniq, peer_factory):
         got = local.reshape(-1, 4096)
         for li, ri in ((np.array([1, 2, 3], np.int32), np.array([5, 6, 7], np.int64)),
                        ([10, 11], [20, 21]), (np.array([30], np.uint64), (40,)),
+                       (np.array([50, 51], np.uint16), np.array([52, 53], np.uint32)),
+                       (np.array([60, 61, 62, 63], np.int8), np.array([0, 1, 2, 3], np.int16)),
                        (None, None)):
             local[:] = 0
             x = a.xfer_prepped("READ", lp, li, rp, ri)
@@ -267,6 +269,9 @@ def test_strided_and_prepped(uniq, peer_factory):
         assert str(n) in str(ei.value)
         with pytest.raises(kvlane.UsageError):
             a.xfer_prepped("READ", lp, [0, 1], rp, [0])
+        # A negative entry of a narrow array is named, as of an int64 one.
+        with pytest.raises(kvlane.UsageError, match="index 1 is -2"):
+            a.xfer_prepped("READ", lp, np.array([1, -2, 3], np.int32), rp, [0, 1, 2])
         lp.release()
         assert not lp
         with pytest.raises(kvlane.StateError):
