@@ -29,6 +29,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -202,8 +203,12 @@ static void child(unsigned p, bool restarted)
 
 static pid_t spawn(unsigned i, bool restarted)
 {
+    pid_t parent = getpid();
     pid_t p = fork();
     if (p == 0) {
+        /* the agents go with the harness, however it ends */
+        if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0 || getppid() != parent)
+            _exit(6);
         child(i, restarted);
         _exit(0);
     }
@@ -402,6 +407,7 @@ int main(int argc, char **argv)
         return 2;
     }
     signal(SIGPIPE, SIG_IGN);
+    setvbuf(stdout, NULL, _IOLBF, 0);
     if (pipe(g_go) != 0 || pipe(g_obs) != 0 || pipe(g_rep) != 0)
         return 1;
     g_join = calloc(g_n, sizeof(uint64_t));
@@ -463,7 +469,7 @@ int main(int argc, char **argv)
 
     /* restarts: victims spaced so that their watchers do not overlap */
     size_t nd0 = g_nd;
-    unsigned stride = np / (2 * g_events); /* in processes */
+    unsigned stride = g_events ? np / (2 * g_events) : 0; /* in processes */
     uint64_t restart_lat[512], kill_lat[512];
     size_t nr = 0, nk = 0;
     for (unsigned e = 0; e < g_events; e++) {

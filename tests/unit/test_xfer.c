@@ -759,6 +759,57 @@ static void test_lent_idx(void)
     kvl_agent_destroy(a);
 }
 
+/* Large arrays written into lent memory go around the cache (AVX2 streaming
+ * stores where the CPU has them): every value, the unaligned head and the
+ * tail, and every way an index can be bad, found wherever it sits. */
+static void test_lent_idx_large(void)
+{
+    enum { N = 16384 * 2 + 13 }; /* past the streaming threshold, not a multiple of 8 */
+    kt_stub_t s;
+    kvl_agent_t *a = setup("lentbig", &s, KVL_BK_CAP_INDEXED);
+    kvl_prep_t *lp, *rp;
+    kvl_xfer_t *x;
+    int64_t *li = malloc(N * sizeof(*li)), *ri = malloc(N * sizeof(*ri));
+    KT_CHECK(li != NULL && ri != NULL);
+    preps(a, 300, 64, &lp, &rp);
+    for (size_t i = 0; i < N; i++) {
+        li[i] = (int64_t)(i % 300);
+        ri[i] = (int64_t)((i * 7919u) % 300);
+    }
+    s.lend_idx = 1;
+    KT_OK(kvl_xfer_create_prepped(a, KVL_WRITE, lp, li, rp, ri, N, NULL, &x));
+    KT_CHECK((void *)x->bx.lidx == s.idx_buf && x->bx.ridx == x->bx.lidx + N);
+    size_t wrong = 0;
+    for (size_t i = 0; i < N; i++)
+        wrong += x->bx.lidx[i] != (uint32_t)li[i] || x->bx.ridx[i] != (uint32_t)ri[i];
+    KT_CHECK(wrong == 0);
+    kvl_xfer_release(x);
+    static const struct {
+        size_t at;
+        int64_t v;
+        const char *msg;
+    } bad[] = {
+        {5, 300, "remote index 5 is 300"},                       /* before the aligned part */
+        {20000, -1, "remote index 20000 is -1"},                 /* in a vector */
+        {N - 2, (int64_t)1 << 32, "remote index 32779 is 4294967296"}, /* in the tail */
+        {17, ((int64_t)1 << 32) + 3, "is 4294967299"},           /* high bits, low half fine */
+    };
+    for (size_t k = 0; k < sizeof(bad) / sizeof(bad[0]); k++) {
+        int64_t keep = ri[bad[k].at];
+        ri[bad[k].at] = bad[k].v;
+        KT_STATUS(kvl_xfer_create_prepped(a, KVL_WRITE, lp, li, rp, ri, N, NULL, &x),
+                  KVL_ERR_INVALID_ARG);
+        KT_ERROR_HAS(bad[k].msg);
+        ri[bad[k].at] = keep;
+    }
+    KT_CHECK(s.idx_allocs == 5 && s.idx_frees == 5);
+    free(li);
+    free(ri);
+    kvl_prep_release(lp);
+    kvl_prep_release(rp);
+    kvl_agent_destroy(a);
+}
+
 int main(void)
 {
     uint8_t *m = mmap(NULL, 1 << 20, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
@@ -772,6 +823,7 @@ int main(void)
     test_indexed();
     test_prepare_tabs();
     test_lent_idx();
+    test_lent_idx_large();
     test_life();
     test_stale();
     munmap(m, 1 << 20);
