@@ -2,11 +2,76 @@
 #include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include "internal.h"
 #include "common/errname.h"
 
-static _Thread_local kvl_error_t kvli_tls_err;
+/*
+ * Each thread's last error, made at the thread's first failure and freed when
+ * the thread exits. Not a kvl_error_t in thread-local storage itself: with
+ * its causes it is ~36 KiB, and static TLS that size is zeroed (and its pages
+ * faulted in) at the creation of every thread of the process, kvlane's or
+ * the engine's, whether it ever calls kvlane or not. A thread whose record
+ * cannot be allocated reads kvli_err_nomem; one that never failed, the blank
+ * kvli_err_none.
+ */
+static _Thread_local kvl_error_t *kvli_tls_err;
+static _Thread_local int kvli_tls_lost; /* the last failure found no record */
+static pthread_key_t kvli_tls_key;
+static pthread_once_t kvli_tls_once = PTHREAD_ONCE_INIT;
+static int kvli_tls_key_ok;
+static const kvl_error_t kvli_err_none = {.code = KVL_OK, .device = -1};
+static const kvl_error_t kvli_err_nomem = {
+    .code = KVL_ERR_NO_MEMORY, .sys_errno = ENOMEM, .device = -1,
+    .what = "out of memory: this thread's error record could not be allocated (the call's "
+            "status code is right; its details are lost)",
+    .hint = "the process is out of memory"};
+
+static void kvli_tls_free(void *p)
+{
+    free(p);
+    kvli_tls_err = NULL;
+}
+
+static void kvli_tls_init(void)
+{
+    kvli_tls_key_ok = pthread_key_create(&kvli_tls_key, kvli_tls_free) == 0;
+}
+
+/* At unload (dlclose): no thread may run kvli_tls_free after its code left. */
+__attribute__((destructor)) static void kvli_tls_fini(void)
+{
+    if (kvli_tls_key_ok) {
+        kvli_tls_key_ok = 0;
+        pthread_key_delete(kvli_tls_key);
+    }
+}
+
+/* This thread's record, made now if it has none; NULL: out of memory. */
+static kvl_error_t *kvli_tls_rec(void)
+{
+    kvl_error_t *e = kvli_tls_err;
+    if (e != NULL)
+        return e;
+    pthread_once(&kvli_tls_once, kvli_tls_init);
+    e = calloc(1, sizeof(*e));
+    if (e == NULL)
+        return NULL;
+    e->device = -1;
+    if (kvli_tls_key_ok && pthread_setspecific(kvli_tls_key, e) != 0) {
+        free(e);
+        return NULL;
+    }
+    kvli_tls_err = e;
+    return e;
+}
+
+/* What kvl_last_error shows this thread, made or not. */
+static const kvl_error_t *kvli_tls_view(void)
+{
+    return kvli_tls_err != NULL ? kvli_tls_err : &kvli_err_none;
+}
 
 static void kvli_err_reset(kvl_error_t *err)
 {
@@ -82,8 +147,10 @@ static void kvli_err_copy(kvl_error_t *dst, const kvl_error_t *src)
 
 kvl_status_t kvli_fail(kvl_agent_t *agent, const kvl_error_t *err)
 {
-    if (err != &kvli_tls_err)
-        kvli_err_copy(&kvli_tls_err, err);
+    kvl_error_t *t = kvli_tls_rec();
+    kvli_tls_lost = t == NULL;
+    if (t != NULL && err != t)
+        kvli_err_copy(t, err);
     if (agent != NULL) {
         pthread_mutex_lock(&agent->err_lock);
         kvli_err_copy(&agent->last_err, err);
@@ -100,8 +167,13 @@ kvl_status_t kvli_fail(kvl_agent_t *agent, const kvl_error_t *err)
 kvl_status_t kvli_fail_simple(kvl_agent_t *agent, kvl_status_t code, const char *hint,
                               const char *fmt, ...)
 {
-    kvl_error_t *err = &kvli_tls_err;
+    kvl_error_t *err = kvli_tls_rec();
     va_list ap;
+    if (err == NULL) {
+        /* no record for the text: the caller still gets the code */
+        kvli_tls_lost = 1;
+        return code;
+    }
     kvli_err_reset(err);
     err->code = code;
     va_start(ap, fmt);
@@ -114,22 +186,25 @@ kvl_status_t kvli_fail_simple(kvl_agent_t *agent, kvl_status_t code, const char 
 
 const kvl_error_t *kvl_last_error(void)
 {
-    /* A thread's error starts zeroed (TLS): nothing recorded claims no device. */
-    if (kvli_tls_err.code == KVL_OK && kvli_tls_err.what[0] == '\0')
-        kvli_tls_err.device = -1;
-    return &kvli_tls_err;
+    if (kvli_tls_lost)
+        return &kvli_err_nomem;
+    return kvli_tls_view();
 }
 
 void kvl_error_clear(void)
 {
     /* Called before most API calls (the Python module: every one): an error
-     * that is already clear is not cleared again (2 KiB of memset). */
-    if (kvli_tls_err.code != KVL_OK || kvli_tls_err.what[0] || kvli_tls_err.hint[0] ||
-        kvli_tls_err.n_causes) {
-        kvli_err_reset(&kvli_tls_err);
-        kvli_tls_err.code = KVL_OK;
+     * that is already clear is not cleared again (2 KiB of memset), and a
+     * thread that never failed has nothing to clear. */
+    kvl_error_t *e = kvli_tls_err;
+    kvli_tls_lost = 0;
+    if (e == NULL)
+        return;
+    if (e->code != KVL_OK || e->what[0] || e->hint[0] || e->n_causes) {
+        kvli_err_reset(e);
+        e->code = KVL_OK;
     }
-    kvli_tls_err.device = -1;
+    e->device = -1;
 }
 
 void kvl_agent_last_error(kvl_agent_t *agent, kvl_error_t *err)
@@ -181,7 +256,7 @@ size_t kvl_error_render(const kvl_error_t *err, char *buf, size_t len)
     if (buf != NULL && len > 0)
         buf[0] = '\0';
     if (err == NULL)
-        err = &kvli_tls_err;
+        err = kvl_last_error();
     kvli_sbuf_printf(&s, "%s: %s", kvl_status_name(err->code),
                      err->what[0] ? err->what : kvl_status_str(err->code));
     kvli_render_errno(&s, err->sys_errno, err->what);

@@ -148,6 +148,31 @@ static void *other_thread(void *arg)
     return NULL;
 }
 
+/* Each thread's record is its own, made at its first failure and freed at
+ * its exit (the asan build's leak check sees one left behind). */
+static void *own_thread(void *arg)
+{
+    unsigned i = (unsigned)(uintptr_t)arg;
+    kvl_error_clear(); /* nothing recorded yet: nothing made */
+    KT_CHECK(kvl_last_error()->code == KVL_OK && kvl_last_error()->device == -1);
+    for (int k = 0; k < 100; k++) {
+        kvli_fail_simple(NULL, KVL_ERR_TIMEOUT, "hint", "thread %u round %d", i, k);
+        char want[64];
+        snprintf(want, sizeof(want), "thread %u round %d", i, k);
+        KT_CHECK(strcmp(kvl_last_error()->what, want) == 0);
+    }
+    return NULL;
+}
+
+static void test_per_thread(void)
+{
+    pthread_t t[32];
+    for (unsigned i = 0; i < 32; i++)
+        KT_CHECK(pthread_create(&t[i], NULL, own_thread, (void *)(uintptr_t)i) == 0);
+    for (unsigned i = 0; i < 32; i++)
+        KT_CHECK(pthread_join(t[i], NULL) == 0);
+}
+
 /* The thread's last error and the agent's last error. */
 static void test_fail(void)
 {
@@ -272,6 +297,7 @@ int main(void)
     test_causes();
     test_render_layout();
     test_fail();
+    test_per_thread();
     printf("test_error: passed\n");
     return 0;
 }
