@@ -248,11 +248,13 @@ static uint32_t kvli_idx_narrow_avx2(const int64_t *restrict idx, size_t n,
 /*
  * The same with non-temporal stores, for indices written into pinned memory
  * that a GPU's copy engine reads next: the CPU never reads them again, and
- * storing around the cache spares each line's read for ownership. Measured
- * on the H200 machine's host, 131072 indices into cuMemHostAlloc memory that
- * was not in the cache (as after the previous request's upload): 65-76 us
- * with ordinary stores, 31-42 us streamed (into cached lines streaming is
- * slower, 35-44 against 25-30 us: only large arrays are streamed).
+ * storing around the cache spares each line's read for ownership. A
+ * microbenchmark on the H200 machine's host, 131072 indices into
+ * cuMemHostAlloc memory that was not in the cache (as after the previous
+ * request's upload): 65-76 us with ordinary stores, 31-43 us streamed; into
+ * cached lines streaming is slower (33-44 against 25-40 us), so only large
+ * arrays are streamed. In a whole request the gain is within that host's
+ * noise (docs/performance.md, session 12).
  */
 __attribute__((target("avx2")))
 static uint32_t kvli_idx_narrow_avx2_nt(const int64_t *restrict idx, size_t n,
