@@ -28,9 +28,28 @@ static const kvl_error_t kvli_err_nomem = {
             "status code is right; its details are lost)",
     .hint = "the process is out of memory"};
 
+/* The records of the living threads, linked from here: a thread still
+ * running at exit (the main one never runs its key destructors) holds a
+ * record that is in use, not lost, and leak checkers see it so. */
+typedef struct kvli_tls_node {
+    kvl_error_t err; /* first: the record is its error */
+    struct kvli_tls_node *prev, *next;
+} kvli_tls_node_t;
+static kvli_tls_node_t *kvli_tls_all;
+static pthread_mutex_t kvli_tls_lock = PTHREAD_MUTEX_INITIALIZER;
+
 static void kvli_tls_free(void *p)
 {
-    free(p);
+    kvli_tls_node_t *r = p;
+    pthread_mutex_lock(&kvli_tls_lock);
+    if (r->prev != NULL)
+        r->prev->next = r->next;
+    else
+        kvli_tls_all = r->next;
+    if (r->next != NULL)
+        r->next->prev = r->prev;
+    pthread_mutex_unlock(&kvli_tls_lock);
+    free(r);
     kvli_tls_err = NULL;
 }
 
@@ -39,7 +58,8 @@ static void kvli_tls_init(void)
     kvli_tls_key_ok = pthread_key_create(&kvli_tls_key, kvli_tls_free) == 0;
 }
 
-/* At unload (dlclose): no thread may run kvli_tls_free after its code left. */
+/* At unload (dlclose): no thread may run kvli_tls_free after its code left
+ * (the records of threads still running stay theirs). */
 __attribute__((destructor)) static void kvli_tls_fini(void)
 {
     if (kvli_tls_key_ok) {
@@ -51,20 +71,25 @@ __attribute__((destructor)) static void kvli_tls_fini(void)
 /* This thread's record, made now if it has none; NULL: out of memory. */
 static kvl_error_t *kvli_tls_rec(void)
 {
-    kvl_error_t *e = kvli_tls_err;
-    if (e != NULL)
-        return e;
+    if (kvli_tls_err != NULL)
+        return kvli_tls_err;
     pthread_once(&kvli_tls_once, kvli_tls_init);
-    e = calloc(1, sizeof(*e));
-    if (e == NULL)
+    kvli_tls_node_t *r = calloc(1, sizeof(*r));
+    if (r == NULL)
         return NULL;
-    e->device = -1;
-    if (kvli_tls_key_ok && pthread_setspecific(kvli_tls_key, e) != 0) {
-        free(e);
+    r->err.device = -1;
+    if (kvli_tls_key_ok && pthread_setspecific(kvli_tls_key, r) != 0) {
+        free(r);
         return NULL;
     }
-    kvli_tls_err = e;
-    return e;
+    pthread_mutex_lock(&kvli_tls_lock);
+    r->next = kvli_tls_all;
+    if (r->next != NULL)
+        r->next->prev = r;
+    kvli_tls_all = r;
+    pthread_mutex_unlock(&kvli_tls_lock);
+    kvli_tls_err = &r->err;
+    return &r->err;
 }
 
 /* What kvl_last_error shows this thread, made or not. */
