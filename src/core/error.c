@@ -53,9 +53,22 @@ static void kvli_tls_free(void *p)
     kvli_tls_err = NULL;
 }
 
+/* fork() while another thread links or unlinks its record: the child (the
+ * forking thread alone) must not inherit the lock held. */
+static void kvli_tls_fork_prepare(void)
+{
+    pthread_mutex_lock(&kvli_tls_lock);
+}
+
+static void kvli_tls_fork_done(void)
+{
+    pthread_mutex_unlock(&kvli_tls_lock);
+}
+
 static void kvli_tls_init(void)
 {
     kvli_tls_key_ok = pthread_key_create(&kvli_tls_key, kvli_tls_free) == 0;
+    (void)pthread_atfork(kvli_tls_fork_prepare, kvli_tls_fork_done, kvli_tls_fork_done);
 }
 
 /* At unload (dlclose): no thread may run kvli_tls_free after its code left
