@@ -105,12 +105,6 @@ static kvl_error_t *kvli_tls_rec(void)
     return &r->err;
 }
 
-/* What kvl_last_error shows this thread, made or not. */
-static const kvl_error_t *kvli_tls_view(void)
-{
-    return kvli_tls_err != NULL ? kvli_tls_err : &kvli_err_none;
-}
-
 static void kvli_err_reset(kvl_error_t *err)
 {
     memset(err, 0, offsetof(kvl_error_t, causes));
@@ -226,7 +220,7 @@ const kvl_error_t *kvl_last_error(void)
 {
     if (kvli_tls_lost)
         return &kvli_err_nomem;
-    return kvli_tls_view();
+    return kvli_tls_err != NULL ? kvli_tls_err : &kvli_err_none;
 }
 
 void kvl_error_clear(void)

@@ -260,15 +260,13 @@ __attribute__((target("avx2")))
 static uint32_t kvli_idx_narrow_avx2_nt(const int64_t *restrict idx, size_t n,
                                         uint32_t *restrict out, uint64_t *high_p)
 {
-    uint64_t high = 0;
-    uint32_t top = 0;
-    size_t i = 0;
-    for (; i < n && ((uintptr_t)(out + i) & 31u) != 0; i++) {
-        uint64_t k = (uint64_t)idx[i];
-        high |= k >> 32;
-        top = (uint32_t)k > top ? (uint32_t)k : top;
-        out[i] = (uint32_t)k;
-    }
+    /* up to the first 32-byte boundary of out, and past the last one: the
+     * plain loop */
+    size_t i = (((uintptr_t)0 - (uintptr_t)out) & 31u) / sizeof(*out);
+    uint64_t high, h2;
+    if (i > n)
+        i = n;
+    uint32_t top = kvli_idx_narrow_any(idx, i, out, &high);
     __m256i vh = _mm256_setzero_si256(), vt = _mm256_setzero_si256();
     for (; i + 8 <= n; i += 8) {
         __m256 a = _mm256_castsi256_ps(_mm256_loadu_si256((const __m256i *)(idx + i)));
@@ -289,12 +287,9 @@ static uint32_t kvli_idx_narrow_avx2_nt(const int64_t *restrict idx, size_t n,
         high |= h8[j];
         top = t8[j] > top ? t8[j] : top;
     }
-    for (; i < n; i++) {
-        uint64_t k = (uint64_t)idx[i];
-        high |= k >> 32;
-        top = (uint32_t)k > top ? (uint32_t)k : top;
-        out[i] = (uint32_t)k;
-    }
+    uint32_t t2 = kvli_idx_narrow_any(idx + i, n - i, out + i, &h2);
+    high |= h2;
+    top = t2 > top ? t2 : top;
     _mm_sfence(); /* the streamed lines are visible before the upload is queued */
     *high_p = high;
     return top;
