@@ -219,7 +219,8 @@ static void requests(kvl_agent_t *a, kt_cu_ptr d, kt_cu_ptr d2, uint64_t raddr, 
 {
     const size_t bs = 16384, nb = len / bs;
     static const size_t sizes[] = {4096, 256, 16, 300, 1, 1000, 255, 257, 4096, 17, 64, 2048,
-                                   16, 256, 4095, 100, 16, 256, 3000, 33, 512, 16, 256, 4096};
+                                   16, 256, 4095, 100, 16, 256, 3000, 33, 512, 16, 256, 4096,
+                                   4096, 4096};
     unsigned char *rmir = malloc(len), *lsrc = malloc(len), *dmir = calloc(1, len),
                   *got = malloc(len);
     int64_t *li = malloc(nb * 8), *ri = malloc(nb * 8), *scr = malloc(nb * 8);
@@ -263,6 +264,12 @@ static void requests(kvl_agent_t *a, kt_cu_ptr d, kt_cu_ptr d2, uint64_t raddr, 
                op == KVL_WRITE ? "WRITE" : "READ", n, st.path);
         if (kernel && n >= 256)
             KT_CHECK(strstr(st.path, "indexed") != NULL);
+        /* 4096 pairs of 16 KiB go a warp each, reading their indices from
+         * pinned host memory in place (docs/backends-cuda.md) */
+        if (kernel && n >= 4096)
+            KT_CHECK(strstr(st.path, "indices in place") != NULL);
+        else
+            KT_CHECK(strstr(st.path, "in place") == NULL);
         kvl_xfer_release(x);
         for (size_t k = 0; k < n; k++) {
             if (op == KVL_WRITE)

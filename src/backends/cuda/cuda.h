@@ -457,6 +457,7 @@ typedef struct kvli_cuda_tab {
     struct kvli_cuda_tab *next;
     kvli_cuda_blk_t *host;           /* pinned */
     CUdeviceptr dev;
+    CUdeviceptr hmap;                /* host, as the GPU reads it in place; 0: not mapped */
     size_t cap;                      /* bytes, a power of two */
     int ordinal;                     /* the device dev lies on */
 } kvli_cuda_tab_t;

@@ -24,6 +24,7 @@
  * Indexed transfers read the prepared lists' address tables (uploaded when
  * the lists are prepared) and their own indices, which the core writes at
  * creation into pinned memory this backend lends (kvli_cuda_idx_alloc): the
+ * warp kernel reads them there in place (the memory is mapped), else the
  * posting uploads them from there with one copy call, no copy on the host.
  *
  * Cancel tells the truth: no unit is enqueued after a cancel; once the units
@@ -258,7 +259,14 @@ static kvli_cuda_tab_t *kvli_cuda_tab_get(kvli_cuda_iface_t *iface, int dev, siz
     t->cap = 64u << 10;
     while (t->cap < bytes)
         t->cap <<= 1;
-    cr = d->cuMemHostAlloc(&h, t->cap, KVLI_CU_HOSTREG_PORTABLE);
+    /* Mapped as well when the driver can say where: the warp kernel then
+     * reads large index arrays in place (kvli_cuda_unit_launch). */
+    cr = d->cuMemHostGetDevicePointer == NULL ? -1
+         : d->cuMemHostAlloc(&h, t->cap, KVLI_CU_HOSTREG_PORTABLE | KVLI_CU_HOSTREG_DEVICEMAP);
+    if (cr == KVLI_CUDA_SUCCESS && d->cuMemHostGetDevicePointer(&t->hmap, h, 0) != KVLI_CUDA_SUCCESS)
+        t->hmap = 0;
+    if (cr != KVLI_CUDA_SUCCESS)
+        cr = d->cuMemHostAlloc(&h, t->cap, KVLI_CU_HOSTREG_PORTABLE);
     if (cr != KVLI_CUDA_SUCCESS) {
         snprintf(text, cap, "cuMemHostAlloc(%zu) for the descriptor table = %.150s", t->cap,
                  kvli_cuda_drv_errstr(cr, eb, sizeof(eb)));
@@ -496,6 +504,19 @@ static int kvli_cuda_unit_failed(kvli_cuda_iface_t *iface, kvli_cuda_xpriv_t *xp
     return -1;
 }
 
+/* Whether nb pairs of len bytes of an indexed transfer go a warp each
+ * (kvl_gather_idx_warp: many small pairs). That kernel reads the indices in
+ * place from the pinned host memory they were written to when it is mapped
+ * for the GPU: nothing to upload, and the same kernel time on an H200 (each
+ * warp's first read over PCIe hides behind the other warps' copies; the
+ * block-per-pair kernel does not hide it, and keeps the upload). */
+static int kvli_cuda_idx_warp(const kvli_cuda_devres_t *dr, const kvli_cuda_xcache_t *xc,
+                              unsigned long long nb, unsigned long long len)
+{
+    return xc->indexed && dr->fn_idx_warp != NULL && len <= KVLI_CUDA_WARP_MAX_LEN &&
+           nb >= KVLI_CUDA_WARP_MIN_PAIRS;
+}
+
 /* Next unit of a transfer whose table is on the GPU: one launch over its
  * slice of the table, then its event (context pushed). 0, or -1 with text. */
 static int kvli_cuda_unit_launch(kvli_cuda_iface_t *iface, kvli_cuda_xpriv_t *xp, char *text,
@@ -553,17 +574,28 @@ static int kvli_cuda_unit_launch(kvli_cuda_iface_t *iface, kvli_cuda_xpriv_t *xp
         }
         goto launched;
     }
+    int warp = kvli_cuda_idx_warp(dr, xc, nb, len);
+    int in_place = warp && xc->tab->hmap != 0;
+    if (in_place) {
+        lidx = xc->tab->hmap + first * sizeof(uint32_t);
+        ridx = xc->tab->hmap + (xc->npieces + first) * sizeof(uint32_t);
+        sidx = xp->x->op == KVL_WRITE ? lidx : ridx;
+        didx = xp->x->op == KVL_WRITE ? ridx : lidx;
+    }
     if (xc->indexed && u >= xc->up_units) {
         /* This unit's indices (local, then remote: ridx follows lidx). Lent
-         * memory already holds them where the upload reads (the core wrote
-         * them there at creation); a unit of every pair is one upload. */
+         * memory already holds them where the upload (or the kernel) reads:
+         * the core wrote them there at creation; a unit of every pair is one
+         * upload. */
         uint32_t *h = (uint32_t *)(void *)xc->tab->host;
         size_t bytes = (size_t)nb * sizeof(uint32_t);
         if (!xc->tab_lent) {
             memcpy(h + first, xp->x->lidx + first, bytes);
             memcpy(h + xc->npieces + first, xp->x->ridx + first, bytes);
         }
-        if (xc->tab_lent && first == 0 && nb == xc->npieces) {
+        if (in_place)
+            cr = KVLI_CUDA_SUCCESS;
+        else if (xc->tab_lent && first == 0 && nb == xc->npieces) {
             cr = d->cuMemcpyHtoDAsync(lidx, h, 2 * bytes, xp->stream);
         } else {
             cr = d->cuMemcpyHtoDAsync(lidx, h + first, bytes, xp->stream);
@@ -578,9 +610,7 @@ static int kvli_cuda_unit_launch(kvli_cuda_iface_t *iface, kvli_cuda_xpriv_t *xp
         }
         xc->up_units = u + 1;
     }
-    if (xc->indexed && dr->fn_idx_warp != NULL && len <= KVLI_CUDA_WARP_MAX_LEN &&
-        nb >= KVLI_CUDA_WARP_MIN_PAIRS) {
-        /* many small pairs: a warp each (kernels.cu) */
+    if (warp) {
         unsigned long long per = KVLI_CUDA_WARP_THREADS / 32u, wg = (nb + per - 1) / per;
         cr = d->cuLaunchKernel(dr->fn_idx_warp, wg < KVLI_CUDA_GRID_MAX ? (unsigned)wg
                                                                          : KVLI_CUDA_GRID_MAX,
@@ -1242,9 +1272,11 @@ kvl_status_t kvli_cuda_xfer_post(void *bk, kvl_bk_xfer_t *x, kvl_error_t *err)
             xc->dev == dev)
             r = xc->ready ? 0 : kvli_cuda_xc_build_indexed(iface, xp, xc, text, sizeof(text));
         if (r == 0) {
+            int in_place = xc->tab != NULL && xc->tab->hmap != 0 &&
+                           kvli_cuda_idx_warp(dr, xc, xc->unit_end[0], x->ltab->len);
             xp->xc = xc;
-            snprintf(x->path, sizeof(x->path), "cuda gather kernel, indexed%s",
-                     all_gpu ? " (ipc)" : " (host)");
+            snprintf(x->path, sizeof(x->path), "cuda gather kernel, indexed%s%s",
+                     in_place ? ", indices in place" : "", all_gpu ? " (ipc)" : " (host)");
         } else {
             if (r < 0)
                 iface->ctx->log(iface->ctx, KVL_LOG_DEBUG, "indexed transfer to '%s' not moved "
