@@ -6,14 +6,19 @@
  * shape this chose.
  *
  *   nvcc -O3 -arch=sm_90 bench/cuda_gather_shapes.cu -o /tmp/gather_shapes
- *   /tmp/gather_shapes [nblocks] [block_bytes] [reps] [seq]
+ *   /tmp/gather_shapes [nblocks] [block_bytes] [reps] [seq|srand|rand] [host]
  * seq: destinations in the sources' order (no shuffle), for the ceiling;
- * srand: the sources shuffled instead (destinations written in order).
+ * srand: the sources shuffled instead (destinations written in order);
+ * rand (or anything else): the destinations shuffled.
+ * host: the kernels read the index arrays in place from pinned host memory
+ * mapped for the GPU (what the backend's warp kernel does for large
+ * requests), instead of from GPU memory; compare with a run without it.
  */
 #include <cuda_runtime.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <algorithm>
 #include <vector>
 
@@ -207,6 +212,16 @@ int main(int argc, char **argv)
     CK(cudaMemcpy(dtab, hd.data(), n * 8, cudaMemcpyHostToDevice));
     CK(cudaMemcpy(sidx, si.data(), n * 4, cudaMemcpyHostToDevice));
     CK(cudaMemcpy(didx, di.data(), n * 4, cudaMemcpyHostToDevice));
+    bool host_idx = argc > 5 && argv[5][0] == 'h';
+    if (host_idx) {
+        unsigned *h, *hd;
+        CK(cudaHostAlloc((void **)&h, 2 * n * 4, cudaHostAllocMapped | cudaHostAllocPortable));
+        CK(cudaHostGetDevicePointer((void **)&hd, h, 0));
+        memcpy(h, si.data(), n * 4);
+        memcpy(h + n, di.data(), n * 4);
+        sidx = hd;
+        didx = hd + n;
+    }
     cudaEvent_t e0, e1;
     CK(cudaEventCreate(&e0));
     CK(cudaEventCreate(&e1));
@@ -226,9 +241,10 @@ int main(int argc, char **argv)
         return t[t.size() / 2];
     };
     float ref = med([&] { CK(cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice)); });
-    printf("gather shapes: %llu pairs x %llu B, %s, %d SMs\n", n, len,
+    printf("gather shapes: %llu pairs x %llu B, %s, indices in %s, %d SMs\n", n, len,
            in_order ? "sequential" : src_rand ? "sources in random order"
-                                              : "destinations in random order", sms);
+                                              : "destinations in random order",
+           host_idx ? "pinned host memory (read in place)" : "GPU memory", sms);
     printf("%-34s %9.3f ms %8.1f GB/s\n", "cudaMemcpy D2D (reference)", ref, bytes / ref / 1e6);
     shape shapes[] = {
         {"cta512 x4 cs (kvlane before)", g_cta<4, HINT_CS>, 512, 0, 0},
