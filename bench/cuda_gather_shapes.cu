@@ -6,9 +6,11 @@
  * shape this chose.
  *
  *   nvcc -O3 -arch=sm_90 bench/cuda_gather_shapes.cu -o /tmp/gather_shapes
- *   /tmp/gather_shapes [nblocks] [block_bytes] [reps] [seq|srand|rand] [host]
+ *   /tmp/gather_shapes [nblocks] [block_bytes] [reps] [seq|srand|winW|rand] [host]
  * seq: destinations in the sources' order (no shuffle), for the ceiling;
  * srand: the sources shuffled instead (destinations written in order);
+ * winW: the destinations shuffled within windows of W pairs, the windows
+ * in order (how much the destinations' locality costs);
  * rand (or anything else): the destinations shuffled.
  * host: the kernels read the index arrays in place from pinned host memory
  * mapped for the GPU (what the backend's warp kernel does for large
@@ -198,10 +200,18 @@ int main(int argc, char **argv)
     /* "seq": pairs in address order; "srand": sources in random order */
     bool in_order = argc > 4 && argv[4][0] == 's' && argv[4][1] == 'e';
     bool src_rand = argc > 4 && argv[4][0] == 's' && argv[4][1] == 'r';
+    /* "winW": destinations shuffled only within windows of W pairs (their
+     * locality, windows in order) */
+    unsigned long long win = argc > 4 && argv[4][0] == 'w' ? strtoull(argv[4] + 3, 0, 0) : 0;
+    if (win == 0 || win > n)
+        win = n;
     std::vector<unsigned> &shuf = src_rand ? si : di;
     srand(7);
-    for (unsigned long long i = n - 1; i > 0 && !in_order; i--)
-        std::swap(shuf[i], shuf[(unsigned long long)rand() % (i + 1)]);
+    for (unsigned long long base = 0; base < n && !in_order; base += win) {
+        unsigned long long m = n - base < win ? n - base : win;
+        for (unsigned long long i = m - 1; i > 0; i--)
+            std::swap(shuf[base + i], shuf[base + (unsigned long long)rand() % (i + 1)]);
+    }
     unsigned long long *stab, *dtab;
     unsigned *sidx, *didx;
     CK(cudaMalloc(&stab, n * 8));
@@ -241,9 +251,13 @@ int main(int argc, char **argv)
         return t[t.size() / 2];
     };
     float ref = med([&] { CK(cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice)); });
-    printf("gather shapes: %llu pairs x %llu B, %s, indices in %s, %d SMs\n", n, len,
+    printf("gather shapes: %llu pairs x %llu B, %s", n, len,
            in_order ? "sequential" : src_rand ? "sources in random order"
-                                              : "destinations in random order",
+           : win < n ? "destinations in random order within windows of"
+                     : "destinations in random order");
+    if (!in_order && !src_rand && win < n)
+        printf(" %llu pairs (%llu MiB)", win, win * len >> 20);
+    printf(", indices in %s, %d SMs\n",
            host_idx ? "pinned host memory (read in place)" : "GPU memory", sms);
     printf("%-34s %9.3f ms %8.1f GB/s\n", "cudaMemcpy D2D (reference)", ref, bytes / ref / 1e6);
     shape shapes[] = {
