@@ -507,9 +507,11 @@ static int kvli_cuda_unit_failed(kvli_cuda_iface_t *iface, kvli_cuda_xpriv_t *xp
 /* Whether nb pairs of len bytes of an indexed transfer go a warp each
  * (kvl_gather_idx_warp: many small pairs). That kernel reads the indices in
  * place from the pinned host memory they were written to when it is mapped
- * for the GPU: nothing to upload, and the same kernel time on an H200 (each
+ * for the GPU: nothing to upload. On an H200 the kernel takes the same time
+ * for 65536 pairs and ~2 us more for 4096, about the upload it saves (each
  * warp's first read over PCIe hides behind the other warps' copies; the
- * block-per-pair kernel does not hide it, and keeps the upload). */
+ * block-per-pair kernel does not hide it in small grids, and keeps the
+ * upload: docs/performance.md, session 13). */
 static int kvli_cuda_idx_warp(const kvli_cuda_devres_t *dr, const kvli_cuda_xcache_t *xc,
                               unsigned long long nb, unsigned long long len)
 {
