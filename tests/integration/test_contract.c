@@ -1002,6 +1002,10 @@ static void sc_prepped(kc_case_t *c)
         for (int op = KVL_READ; op <= KVL_WRITE; op++) {
             kvl_xfer_t *x;
             KT_OK(kvl_xfer_create_prepped(c->a, (kvl_xfer_op_t)op, lp, li, rp, ri, n, NULL, &x));
+            /* 256 pairs or more of uniform lists: an indexed transfer, which
+             * every backend here takes: creation pairs nothing (docs/guide.md) */
+            kvl_xfer_stats_t s0 = kc_stats(x);
+            KT_CHECK(n >= 256 ? s0.segments == 0 : s0.segments > 0);
             for (int post = 0; post < 2; post++) {
                 if (op == KVL_WRITE)
                     kc_fill_local(c, 150 + k * 4 + (uint64_t)post);

@@ -512,7 +512,7 @@ static const kvl_backend_ops_t kvli_ucx_ops = {
     .mem_remote = KVL_MEM_BIT(KVL_MEM_DRAM) | KVL_MEM_BIT(KVL_MEM_VRAM),
     /* STAGED_VRAM: a UCX without CUDA stages VRAM, so a backend that reaches
      * VRAM directly (cuda) is tried first */
-    .caps = KVL_BK_CAP_NOTIF | KVL_BK_CAP_STAGED_VRAM,
+    .caps = KVL_BK_CAP_NOTIF | KVL_BK_CAP_STAGED_VRAM | KVL_BK_CAP_INDEXED,
     .params = kvli_ucx_params,
     .available = kvli_ucx_available,
     .open = kvli_ucx_open,

@@ -430,6 +430,14 @@ kvl_status_t kvli_ucx_xfer_post(void *bk, kvl_bk_xfer_t *x, kvl_error_t *err)
     kvli_ucx_peer_t *peer = x->peer;
     kvli_ucx_xpriv_t *xp;
 
+    /* An indexed transfer (made from two prepared lists and index arrays:
+     * creation only checks the indices): its pairs become segments at the
+     * first posting, once; a re-post finds them. */
+    if (x->nidx > 0 && x->nsegs == 0) {
+        kvl_status_t st = iface->ctx->xfer_expand(iface->ctx, x, err);
+        if (st != KVL_OK)
+            return st;
+    }
     for (size_t i = 0; i < x->nsegs; i++)
         if (x->lmh[x->segs[i].lreg] == NULL || x->rmh[x->segs[i].rreg] == NULL) {
             kvl_bk_error_set(err, KVL_ERR_INTERNAL, 0, KVLI_UCX_NAME, -1,
