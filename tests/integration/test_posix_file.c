@@ -165,6 +165,66 @@ static void roundtrip(const char *engine)
     KT_CHECK(pread(big, chk, SB, (off_t)o[5]) == SB);
     KT_CHECK(memcmp(chk, s2 + 5 * SB, SB) == 0);
 
+    /* Prepared lists and index arrays (kvl_xfer_create_prepped, NIXL's
+     * make_prepped_xfer): 300 pairs of uniform lists are an indexed
+     * transfer, paired at its first posting (creation pairs nothing). Block
+     * k of s2 goes to file slot (k * 101) % NB and comes back to block k of
+     * d2; a re-post moves it again; an index past the list is refused. */
+    {
+        enum { NP = 300 };
+        kvl_dlist_t *ls, *ld, *lf;
+        kvl_prep_t *ps, *pd, *pf;
+        int64_t li[NP], fi[NP];
+        KT_OK(kvl_dlist_create(KVL_MEM_DRAM, NB, &ls));
+        KT_OK(kvl_dlist_create(KVL_MEM_DRAM, NB, &ld));
+        KT_OK(kvl_dlist_create(KVL_MEM_FILE, NB, &lf));
+        for (int i = 0; i < NB; i++) {
+            KT_OK(kvl_dlist_add(ls, h1[i], SB, KVL_DEV_ANY));
+            KT_OK(kvl_dlist_add(ld, h2[i], SB, KVL_DEV_ANY));
+            KT_OK(kvl_dlist_add(lf, (uint64_t)i * 2 * SB, SB, big));
+        }
+        KT_OK(kvl_prep_local(a, ls, &ps));
+        KT_OK(kvl_prep_local(a, ld, &pd));
+        KT_OK(kvl_prep_remote(a, name, lf, &pf));
+        for (int k = 0; k < NP; k++) {
+            li[k] = k;
+            fi[k] = (k * 101) % NB; /* 101 is prime to 512 */
+        }
+        kt_fill(s2, NB * SB, 123);
+        memset(d2, 0, NB * SB);
+        kvl_xfer_t *xw, *xr;
+        kvl_xfer_stats_t xs;
+        KT_OK(kvl_xfer_create_prepped(a, KVL_WRITE, ps, li, pf, fi, NP, NULL, &xw));
+        KT_OK(kvl_xfer_get_stats(xw, &xs));
+        KT_CHECK(xs.segments == 0 && xs.blocks == NP);
+        for (int post = 0; post < 2; post++) {
+            kvl_status_t st = kvl_xfer_post(xw);
+            KT_CHECK(st == KVL_OK || st == KVL_IN_PROGRESS);
+            KT_OK(kvl_xfer_wait(xw, 60000));
+        }
+        KT_OK(kvl_xfer_get_stats(xw, &xs));
+        KT_CHECK(xs.segments > 0 && xs.bytes == (uint64_t)NP * SB);
+        kvl_xfer_release(xw);
+        KT_OK(kvl_xfer_create_prepped(a, KVL_READ, pd, li, pf, fi, NP, NULL, &xr));
+        kvl_status_t st = kvl_xfer_post(xr);
+        KT_CHECK(st == KVL_OK || st == KVL_IN_PROGRESS);
+        KT_OK(kvl_xfer_wait(xr, 60000));
+        kvl_xfer_release(xr);
+        KT_CHECK(memcmp(d2, s2, (size_t)NP * SB) == 0);
+        KT_CHECK(pread(big, chk, SB, (off_t)(7 * 101 % NB) * 2 * SB) == SB);
+        KT_CHECK(memcmp(chk, s2 + 7 * SB, SB) == 0);
+        fi[NP - 1] = NB;
+        KT_STATUS(kvl_xfer_create_prepped(a, KVL_WRITE, ps, li, pf, fi, NP, NULL, &xw),
+                  KVL_ERR_INVALID_ARG);
+        KT_ERROR_HAS("remote index 299");
+        kvl_prep_release(ps);
+        kvl_prep_release(pd);
+        kvl_prep_release(pf);
+        kvl_dlist_destroy(ls);
+        kvl_dlist_destroy(ld);
+        kvl_dlist_destroy(lf);
+    }
+
     /* READ past the end of a file: a short file, found before any byte moves */
     int shortf = open_in("short.bin", O_RDWR | O_TRUNC);
     KT_CHECK(shortf >= 0 && ftruncate(shortf, 1000) == 0);

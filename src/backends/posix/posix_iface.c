@@ -413,7 +413,7 @@ const kvl_backend_ops_t kvli_posix_ops = {
     /* VRAM: staged through pinned host buffers (posix_stage.c) */
     .mem_local = KVL_MEM_BIT(KVL_MEM_DRAM) | KVL_MEM_BIT(KVL_MEM_VRAM) | KVL_MEM_BIT(KVL_MEM_FILE),
     .mem_remote = KVL_MEM_BIT(KVL_MEM_FILE),
-    .caps = KVL_BK_CAP_NOTIF | KVL_BK_CAP_STAGED_VRAM,
+    .caps = KVL_BK_CAP_NOTIF | KVL_BK_CAP_STAGED_VRAM | KVL_BK_CAP_INDEXED,
     .params = kvli_posix_params,
     .available = kvli_posix_available,
     .open = kvli_posix_open,
