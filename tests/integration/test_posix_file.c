@@ -190,7 +190,6 @@ static void roundtrip(const char *engine)
             li[k] = k;
             fi[k] = (k * 101) % NB; /* 101 is prime to 512 */
         }
-        kt_fill(s2, NB * SB, 123);
         memset(d2, 0, NB * SB);
         kvl_xfer_t *xw, *xr;
         kvl_xfer_stats_t xs;
@@ -198,6 +197,7 @@ static void roundtrip(const char *engine)
         KT_OK(kvl_xfer_get_stats(xw, &xs));
         KT_CHECK(xs.segments == 0 && xs.blocks == NP);
         for (int post = 0; post < 2; post++) {
+            kt_fill(s2, NB * SB, 123 + (uint64_t)post); /* the re-post's bytes must land */
             kvl_status_t st = kvl_xfer_post(xw);
             KT_CHECK(st == KVL_OK || st == KVL_IN_PROGRESS);
             KT_OK(kvl_xfer_wait(xw, 60000));
