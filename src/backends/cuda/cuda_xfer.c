@@ -519,6 +519,14 @@ static int kvli_cuda_idx_warp(const kvli_cuda_devres_t *dr, const kvli_cuda_xcac
            nb >= KVLI_CUDA_WARP_MIN_PAIRS;
 }
 
+/* Whether those pairs' indices are read in place (the warp kernel, and the
+ * transfer's index table mapped for the GPU). */
+static int kvli_cuda_idx_in_place(const kvli_cuda_devres_t *dr, const kvli_cuda_xcache_t *xc,
+                                  unsigned long long nb, unsigned long long len)
+{
+    return xc->tab != NULL && xc->tab->hmap != 0 && kvli_cuda_idx_warp(dr, xc, nb, len);
+}
+
 /* Next unit of a transfer whose table is on the GPU: one launch over its
  * slice of the table, then its event (context pushed). 0, or -1 with text. */
 static int kvli_cuda_unit_launch(kvli_cuda_iface_t *iface, kvli_cuda_xpriv_t *xp, char *text,
@@ -531,12 +539,17 @@ static int kvli_cuda_unit_launch(kvli_cuda_iface_t *iface, kvli_cuda_xpriv_t *xp
     unsigned long long nb = xc->unit_end[u] - first;
     CUdeviceptr tdev = xc->tab != NULL ? xc->tab->dev : 0; /* none: inline */
     CUdeviceptr tab = tdev + first * sizeof(kvli_cuda_blk_t);
-    /* Indexed: the tab holds the source indices, then the destination ones. */
-    CUdeviceptr lidx = tdev + first * sizeof(uint32_t);
-    CUdeviceptr ridx = tdev + (xc->npieces + first) * sizeof(uint32_t);
+    unsigned long long len = xp->x->ltab != NULL ? xp->x->ltab->len : 0;
+    const kvli_cuda_devres_t *dr = &iface->dres[xp->dev];
+    int warp = kvli_cuda_idx_warp(dr, xc, nb, len);
+    int in_place = kvli_cuda_idx_in_place(dr, xc, nb, len);
+    /* Indexed: the tab holds the source indices, then the destination ones,
+     * read by the kernel on the GPU, or in place in its host memory. */
+    CUdeviceptr ibase = in_place ? xc->tab->hmap : tdev;
+    CUdeviceptr lidx = ibase + first * sizeof(uint32_t);
+    CUdeviceptr ridx = ibase + (xc->npieces + first) * sizeof(uint32_t);
     CUdeviceptr sidx = xp->x->op == KVL_WRITE ? lidx : ridx;
     CUdeviceptr didx = xp->x->op == KVL_WRITE ? ridx : lidx;
-    unsigned long long len = xp->x->ltab != NULL ? xp->x->ltab->len : 0;
     void *args[2] = {&tab, &nb};
     void *iargs[6] = {(void *)&xc->stab, (void *)&xc->dtab, &sidx, &didx, &nb, &len};
     unsigned grid = nb < KVLI_CUDA_GRID_MAX ? (unsigned)nb : KVLI_CUDA_GRID_MAX;
@@ -547,7 +560,6 @@ static int kvli_cuda_unit_launch(kvli_cuda_iface_t *iface, kvli_cuda_xpriv_t *xp
     s = kvli_cuda_slot_get(iface, xp->dev, 0, 0, text, cap);
     if (s == NULL)
         return -1;
-    const kvli_cuda_devres_t *dr = &iface->dres[xp->dev];
     uint32_t seq = 0;
     if (xc->inl != NULL || xc->idx_inline) {
         /* A small request: its table is the launch's parameter (copied by
@@ -575,14 +587,6 @@ static int kvli_cuda_unit_launch(kvli_cuda_iface_t *iface, kvli_cuda_xpriv_t *xp
                                    xp->stream, pargs, NULL);
         }
         goto launched;
-    }
-    int warp = kvli_cuda_idx_warp(dr, xc, nb, len);
-    int in_place = warp && xc->tab->hmap != 0;
-    if (in_place) {
-        lidx = xc->tab->hmap + first * sizeof(uint32_t);
-        ridx = xc->tab->hmap + (xc->npieces + first) * sizeof(uint32_t);
-        sidx = xp->x->op == KVL_WRITE ? lidx : ridx;
-        didx = xp->x->op == KVL_WRITE ? ridx : lidx;
     }
     if (xc->indexed && u >= xc->up_units) {
         /* This unit's indices (local, then remote: ridx follows lidx). Lent
@@ -1274,8 +1278,7 @@ kvl_status_t kvli_cuda_xfer_post(void *bk, kvl_bk_xfer_t *x, kvl_error_t *err)
             xc->dev == dev)
             r = xc->ready ? 0 : kvli_cuda_xc_build_indexed(iface, xp, xc, text, sizeof(text));
         if (r == 0) {
-            int in_place = xc->tab != NULL && xc->tab->hmap != 0 &&
-                           kvli_cuda_idx_warp(dr, xc, xc->unit_end[0], x->ltab->len);
+            int in_place = kvli_cuda_idx_in_place(dr, xc, xc->unit_end[0], x->ltab->len);
             xp->xc = xc;
             snprintf(x->path, sizeof(x->path), "cuda gather kernel, indexed%s%s",
                      in_place ? ", indices in place" : "", all_gpu ? " (ipc)" : " (host)");
