@@ -3,9 +3,9 @@
  * buffers (GPU machine; skips with the reason elsewhere): VRAM -> file ->
  * VRAM with every byte checked, scattered blocks in shuffled file order,
  * pieces larger than the staging chunk, O_DIRECT when the file system takes
- * it, a short file, and the registration report naming the staged path and
- * why GPUDirect Storage is not used (gds=off here: test_posix_gds drives
- * cuFile).
+ * it, 300 prepared pairs (an indexed transfer) out and back, a short file,
+ * and the registration report naming the staged path and why GPUDirect
+ * Storage is not used (gds=off here: test_posix_gds drives cuFile).
  * KVL_TEST_LABELS: gpu
  */
 #include <errno.h>
@@ -92,6 +92,59 @@ static void run(int direct)
     KT_CHECK(pread(rfd, h, BS, (off_t)foff[7]) == BS);
     kt_fill(want, (uint64_t)NB * BS, 12);
     KT_CHECK(memcmp(h, want + 7 * BS, BS) == 0);
+
+    /* 2b. prepared lists (NIXL's make_prepped_xfer): 300 pairs of uniform
+     * lists are an indexed transfer, paired at its first posting. Block k
+     * of the GPU buffer goes to file slot (k * 101) % NB, is posted again
+     * with new bytes, and comes back to block k. */
+    {
+        enum { NP = 300 };
+        kvl_dlist_t *lv, *lf;
+        kvl_prep_t *pv2, *pf2;
+        int64_t li[NP], fi[NP];
+        KT_OK(kvl_dlist_create(KVL_MEM_VRAM, NB, &lv));
+        KT_OK(kvl_dlist_create(KVL_MEM_FILE, NB, &lf));
+        for (uint64_t i = 0; i < NB; i++) {
+            KT_OK(kvl_dlist_add(lv, d + i * BS, BS, 0));
+            KT_OK(kvl_dlist_add(lf, LEN + i * BS, BS, fd));
+        }
+        KT_OK(kvl_prep_local(a, lv, &pv2));
+        KT_OK(kvl_prep_remote(a, kvl_agent_name(a), lf, &pf2));
+        for (int k = 0; k < NP; k++) {
+            li[k] = k;
+            fi[k] = (k * 101) % NB; /* 101 is prime to 512 */
+        }
+        kvl_xfer_t *x;
+        kvl_xfer_stats_t xs;
+        KT_OK(kvl_xfer_create_prepped(a, KVL_WRITE, pv2, li, pf2, fi, NP, NULL, &x));
+        KT_OK(kvl_xfer_get_stats(x, &xs));
+        KT_CHECK(xs.segments == 0 && xs.blocks == NP);
+        for (uint64_t post = 0; post < 2; post++) {
+            kt_cuda_fill(&cu, d, (uint64_t)NB * BS, 13 + post); /* the re-post's bytes land */
+            kvl_status_t st = kvl_xfer_post(x);
+            KT_CHECK(st == KVL_OK || st == KVL_IN_PROGRESS);
+            KT_OK(kvl_xfer_wait(x, 60000));
+        }
+        KT_OK(kvl_xfer_get_stats(x, &xs));
+        KT_CHECK(xs.segments > 0 && xs.bytes == (uint64_t)NP * BS);
+        printf("  prepared WRITE of %d pairs: backend %s, path %s\n", NP, xs.backend, xs.path);
+        KT_CHECK(strcmp(xs.backend, "posix") == 0);
+        kvl_xfer_release(x);
+        KT_CHECK(cu.MemsetD8(d, 0, LEN) == 0);
+        KT_OK(kvl_xfer_create_prepped(a, KVL_READ, pv2, li, pf2, fi, NP, NULL, &x));
+        kvl_status_t st = kvl_xfer_post(x);
+        KT_CHECK(st == KVL_OK || st == KVL_IN_PROGRESS);
+        KT_OK(kvl_xfer_wait(x, 60000));
+        kvl_xfer_release(x);
+        KT_CHECK(kt_cuda_verify(&cu, d, (uint64_t)NP * BS, 14) == -1);
+        KT_CHECK(pread(rfd, h, BS, (off_t)(LEN + (uint64_t)(7 * 101 % NB) * BS)) == BS);
+        kt_fill(want, (uint64_t)NB * BS, 14);
+        KT_CHECK(memcmp(h, want + 7 * BS, BS) == 0);
+        kvl_prep_release(pv2);
+        kvl_prep_release(pf2);
+        kvl_dlist_destroy(lv);
+        kvl_dlist_destroy(lf);
+    }
 
     /* 3. a READ past the end of the file: refused before anything moves */
     KT_CHECK(ftruncate(fd, 4096) == 0);
