@@ -12,7 +12,8 @@
  * --per-process K: K agents in each process, one thread each (default 1:
  *   a process per agent). Agents of one process share nothing of kvlane's:
  *   each has its own kvl_agent_t, tcp backend (socket, progress thread),
- *   etcd lease, connections, keeper and watcher; they share the process
+ *   etcd lease, connections, keeper, watcher, fetcher and loaders (its
+ *   background fetches: kvl_etcd_fetch_async); they share the process
  *   (address space, libcurl's and OpenSSL's one-time set-up). The bench
  *   checks that etcd holds N leases for N agents. A restart or departure
  *   kills a whole process: K agents at once. Peers are taken from other
@@ -96,22 +97,6 @@ static kvl_agent_t *join(unsigned i, void **mem)
     return a;
 }
 
-typedef struct {
-    kvl_agent_t *a;
-    const char *peer;
-    bool ok;
-} fetch_arg_t;
-
-static void *fetch_main(void *arg)
-{
-    fetch_arg_t *f = arg;
-    f->ok = kvl_etcd_fetch(f->a, f->peer, NULL, 30000) == KVL_OK;
-    if (!f->ok)
-        fprintf(stderr, "%s: fetch %s failed: %s\n", kvl_agent_name(f->a), f->peer,
-                kvl_last_error()->what);
-    return NULL;
-}
-
 /* The agents of one process wait here until all of them joined, to read
  * the process's CPU once for all. */
 static pthread_barrier_t g_joined;
@@ -138,23 +123,26 @@ static void *agent_main(void *arg)
         report("P %u %" PRIu64 "\n", i, t_pub);
     char peers[16][32];
     bool live[16];
-    /* As engines do (NIXL's fetch is asynchronous): every peer at once;
-     * peers live in other processes. */
-    fetch_arg_t fa[16];
-    pthread_t th[16];
+    /* As engines do (NIXL's fetch is asynchronous): every peer at once, in
+     * the background (kvl_etcd_fetch_async), then wait for each; peers
+     * live in other processes. */
     for (unsigned k = 0; k < g_peers; k++) {
         /* at a rate: the peers that joined before this one (the first
          * ones wait for the last: not counted) */
         unsigned d = g_k * (1 + k);
         unsigned pk = g_rate ? (i + g_n - d) % g_n : (i + d) % g_n;
         snprintf(peers[k], sizeof(peers[k]), "a%u", pk);
-        fa[k] = (fetch_arg_t){a, peers[k], false};
-        if (pthread_create(&th[k], NULL, fetch_main, &fa[k]) != 0)
+        if (kvl_etcd_fetch_async(a, peers[k], NULL, 30000) != KVL_OK) {
+            fprintf(stderr, "%s: fetch %s refused: %s\n", kvl_agent_name(a), peers[k],
+                    kvl_last_error()->what);
             _exit(4);
+        }
     }
     for (unsigned k = 0; k < g_peers; k++) {
-        pthread_join(th[k], NULL);
-        live[k] = fa[k].ok;
+        live[k] = kvl_etcd_fetch_status(a, peers[k], 60000) == KVL_OK;
+        if (!live[k])
+            fprintf(stderr, "%s: fetch %s failed: %s\n", kvl_agent_name(a), peers[k],
+                    kvl_last_error()->what);
     }
     uint64_t t1 = rt_ns();
     if (!restarted) {

@@ -123,6 +123,32 @@ kvl_status_t kvl_etcd_publish_partial(kvl_agent_t *agent, const char *label, con
 kvl_status_t kvl_etcd_fetch(kvl_agent_t *agent, const char *name, const char *label,
                             uint64_t wait_ms);
 
+/*
+ * kvl_etcd_fetch() in the background (NIXL's fetch_remote_metadata without
+ * an address): queued, and returns at once. One thread of the agent reads
+ * the keys of every background fetch that is due in one request, and
+ * waits for peers that have not published yet through the watch, up to
+ * wait_ms each; up to 4 others load what it found (a peer that cannot be
+ * reached holds one of them up to the agent's timeout, not the others). kvl_remote_check(name) turns KVL_OK once the
+ * metadata is loaded; kvl_etcd_fetch_status() says whether it is still
+ * pending, loaded or why it failed (a failure is also logged, as NIXL
+ * does). Asking again for a name that is pending restarts its wait with
+ * the new label and wait_ms; for one that ended, fetches it again.
+ * Fails at once only for what kvl_etcd_fetch refuses before reading (not
+ * attached, a bad name or label) and when its thread cannot start.
+ */
+kvl_status_t kvl_etcd_fetch_async(kvl_agent_t *agent, const char *name, const char *label,
+                                  uint64_t wait_ms);
+
+/*
+ * The last background fetch of agent `name`, waiting up to wait_ms for it
+ * to end (0: no wait): KVL_OK (loaded), KVL_IN_PROGRESS (still pending), or
+ * the error it failed with, as kvl_etcd_fetch would have returned it
+ * (KVL_ERR_NOT_FOUND: not published within its wait). KVL_ERR_STATE when
+ * none was started for that name.
+ */
+kvl_status_t kvl_etcd_fetch_status(kvl_agent_t *agent, const char *name, uint64_t wait_ms);
+
 /* Remove every key this agent published (revokes its lease); followers drop
  * its metadata. A later kvl_etcd_publish publishes again. */
 kvl_status_t kvl_etcd_unpublish(kvl_agent_t *agent);

@@ -17,7 +17,6 @@ import logging
 import os
 import pickle
 import sys
-import threading
 import time
 
 from . import _kvlane
@@ -693,7 +692,7 @@ class nixl_agent:
                            notif_peer_percent=getattr(nixl_conf, "notif_peer_percent", None))
         self.listen_address = None
         self._etcd = None            # NIXL_ETCD_ENDPOINTS when attached
-        self._etcd_errors = {}       # agent name -> the last background fetch's error
+        self._etcd_pending = set()   # names fetched from etcd in the background, not ended
         try:
             wanted = self.plugin_list if instantiate_all else list(nixl_conf.backends)
             for b in wanted:
@@ -1067,6 +1066,13 @@ class nixl_agent:
 
     def check_remote_metadata(self, agent, descs=None):
         name = _name(agent)
+        if name in self._etcd_pending:
+            try:
+                if self.agent.etcd_fetch_status(name):
+                    self._etcd_pending.discard(name)
+            except Error as e:
+                self._etcd_pending.discard(name)
+                _fetch_failed(name, e)
         if not self.agent.check_remote(name):
             return False
         if descs is None:
@@ -1116,12 +1122,17 @@ class nixl_agent:
         if not ip_addr:
             if not self._etcd:
                 raise _no_central_store()
-            # As NIXL: asynchronous; check_remote_metadata(name) turns True
-            # once loaded (waiting up to 5 s for the peer to publish).
+            # As NIXL: asynchronous (the agent's one background fetch
+            # thread); check_remote_metadata(name) turns True once loaded
+            # (waiting up to 5 s for the peer to publish). A failure is
+            # logged, by kvlane and by check_remote_metadata.
             name = _name(remote_agent)
-            self._etcd_errors.pop(name, None)
-            threading.Thread(target=self._etcd_fetch, args=(name, label),
-                             name=f"kvlane-etcd-fetch-{name}", daemon=True).start()
+            try:
+                self.agent.etcd_fetch_async(name, label or None, wait_ms=_ETCD_WATCH_MS)
+            except Error as e:
+                _fetch_failed(name, e)
+                return None
+            self._etcd_pending.add(name)
             return None
         got = self.agent.fetch_metadata(f"{ip_addr}:{port}")
         want = _name(remote_agent)
@@ -1138,13 +1149,6 @@ class nixl_agent:
             self.agent.etcd_unpublish()
             return
         self.agent.invalidate_metadata(f"{ip_addr}:{port}" if ip_addr else None)
-
-    def _etcd_fetch(self, name, label):
-        try:
-            self.agent.etcd_fetch(name, label or None, wait_ms=_ETCD_WATCH_MS)
-        except Error as e:
-            self._etcd_errors[name] = e
-            log.error("Failed to fetch metadata from etcd for agent %s: %s", name, e)
 
     # ---- transfers ----
     def prep_xfer_dlist(self, agent_name, xfer_list, mem_type=None, backends=_EMPTY, *,
@@ -1403,6 +1407,10 @@ def _not_loaded(name):
 # How long a fetch without ip_addr waits for the peer to publish (NIXL's
 # etcdWatchTimeout default, 5 s).
 _ETCD_WATCH_MS = 5000
+
+
+def _fetch_failed(name, e):
+    log.error("Failed to fetch metadata from etcd for agent %s: %s", name, e)
 
 
 def _env_int(var):

@@ -1143,6 +1143,47 @@ static PyObject *kvlpy_agent_etcd_fetch(kvlpy_agent_t *self, PyObject *args, PyO
     Py_RETURN_NONE;
 }
 
+static PyObject *kvlpy_agent_etcd_fetch_async(kvlpy_agent_t *self, PyObject *args, PyObject *kw)
+{
+    static char *kwlist[] = {"name", "label", "wait_ms", NULL};
+    const char *name, *label = NULL;
+    unsigned long long wait_ms = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "s|zK:etcd_fetch_async", kwlist, &name, &label,
+                                     &wait_ms))
+        return NULL;
+    if (kvlpy_agent_enter(self) < 0)
+        return NULL;
+    kvl_status_t st;
+    Py_BEGIN_ALLOW_THREADS
+    st = kvl_etcd_fetch_async(self->agent, name, label, wait_ms);
+    Py_END_ALLOW_THREADS
+    kvlpy_agent_leave(self);
+    if (st != KVL_OK)
+        return kvlpy_raise(st, NULL);
+    Py_RETURN_NONE;
+}
+
+static PyObject *kvlpy_agent_etcd_fetch_status(kvlpy_agent_t *self, PyObject *args, PyObject *kw)
+{
+    static char *kwlist[] = {"name", "wait_ms", NULL};
+    const char *name;
+    unsigned long long wait_ms = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "s|K:etcd_fetch_status", kwlist, &name, &wait_ms))
+        return NULL;
+    if (kvlpy_agent_enter(self) < 0)
+        return NULL;
+    kvl_status_t st;
+    Py_BEGIN_ALLOW_THREADS
+    st = kvl_etcd_fetch_status(self->agent, name, wait_ms);
+    Py_END_ALLOW_THREADS
+    kvlpy_agent_leave(self);
+    if (st == KVL_OK)
+        Py_RETURN_TRUE;
+    if (st == KVL_IN_PROGRESS)
+        Py_RETURN_FALSE;
+    return kvlpy_raise(st, NULL);
+}
+
 static PyObject *kvlpy_agent_etcd_unpublish(kvlpy_agent_t *self, PyObject *unused)
 {
     (void)unused;
@@ -1223,6 +1264,12 @@ static PyMethodDef kvlpy_agent_methods[] = {
      "etcd_publish(label=None, blob=None): blob, partial metadata, under a label of its own"},
     {"etcd_fetch", KVLPY_FN(kvlpy_agent_etcd_fetch), METH_VARARGS | METH_KEYWORDS,
      "etcd_fetch(name, label=None, wait_ms=0)"},
+    {"etcd_fetch_async", KVLPY_FN(kvlpy_agent_etcd_fetch_async), METH_VARARGS | METH_KEYWORDS,
+     "etcd_fetch_async(name, label=None, wait_ms=0): etcd_fetch in the agent's background "
+     "thread; returns at once"},
+    {"etcd_fetch_status", KVLPY_FN(kvlpy_agent_etcd_fetch_status), METH_VARARGS | METH_KEYWORDS,
+     "etcd_fetch_status(name, wait_ms=0) -> True (loaded) or False (pending); raises the "
+     "error the background fetch failed with"},
     {"etcd_unpublish", (PyCFunction)kvlpy_agent_etcd_unpublish, METH_NOARGS,
      "etcd_unpublish()"},
     {"prep_local", (PyCFunction)kvlpy_agent_prep_local, METH_O, "prep_local(dlist) -> Prep"},

@@ -6,11 +6,14 @@
  * drops the loaded metadata at every agent that loaded it.
  *
  * Threads per attached agent: the keeper (lease keepalive every TTL/3, new
- * lease and republish after an outage or a deregistration) and the watcher
+ * lease and republish after an outage or a deregistration), the watcher
  * (one streaming watch; reconnects from the next revision, resynchronises
- * the followed peers when etcd compacted past it). User calls (publish,
- * fetch, unpublish) run on the caller's thread with their own curl handle.
- * Nothing here is on a transfer's path.
+ * the followed peers when etcd compacted past it) and, from the first
+ * background fetch on, the fetcher (every kvl_etcd_fetch_async of the
+ * agent: the keys of all that are due in one read) and up to
+ * KVLI_ETCD_LOADERS loaders (loading what it found). User calls (publish,
+ * fetch, unpublish) run on the caller's thread. Nothing here is on a
+ * transfer's path.
  */
 #include <errno.h>
 #include <inttypes.h>
@@ -45,6 +48,21 @@ typedef struct kvli_etcd_waiter {
     int64_t rev;                       /* watch from (after the first read; 0 before) */
 } kvli_etcd_waiter_t;
 
+/* A background fetch (kvl_etcd_fetch_async), served by the fetcher
+ * thread; kept after it ended, for kvl_etcd_fetch_status. */
+typedef struct kvli_etcd_bg {
+    struct kvli_etcd_bg *next;
+    char name[KVL_NAME_MAX];
+    char label[KVLI_ETCD_LABEL_MAX];
+    uint64_t wait_ms, deadline;        /* deadline: monotonic ms */
+    uint64_t next_read;                /* monotonic ms of its next read (0: at once) */
+    uint64_t seq;                      /* asked again: the read in flight does not end it */
+    bool busy;                         /* being read, or its metadata being loaded */
+    kvli_etcd_waiter_t wt;             /* in s->waiters while it is pending */
+    kvl_status_t st;                   /* KVL_IN_PROGRESS, KVL_OK or why it failed */
+    kvl_error_t *err;                  /* the failure (allocated with it, written on failure) */
+} kvli_etcd_bg_t;
+
 /* A read of one key, sent to etcd with the reads other threads of the
  * agent wait for (kvli_etcd_get_key). */
 typedef struct kvli_etcd_read {
@@ -55,10 +73,13 @@ typedef struct kvli_etcd_read {
     void *blob;
     size_t len;
     int64_t rev;
-    kvl_error_t err;
+    kvl_error_t *err;                  /* a failure goes here (a batch's reads may share it) */
 } kvli_etcd_read_t;
 
 #define KVLI_ETCD_READ_BATCH 64u       /* etcd allows 128 operations per transaction */
+#define KVLI_ETCD_LOADERS 4u           /* loader threads per agent (kvli_etcd_t.loaders) */
+/* A load queued this long while every loader is busy starts another. */
+#define KVLI_ETCD_LOAD_GROW_MS 20u
 
 typedef struct kvli_etcd_pub {
     struct kvli_etcd_pub *next;
@@ -99,6 +120,24 @@ typedef struct kvli_etcd {
     kvli_etcd_read_t *reads, **reads_tail; /* reads queued for the next batch */
     bool reading;                      /* a batch is with etcd */
     pthread_cond_t read_cond;          /* a batch came back */
+    kvli_etcd_bg_t *bgs;               /* background fetches, pending or ended */
+    struct kvli_etcd_due *bg_due;      /* the fetcher's: reads in flight */
+    kvl_error_t *bg_err, *bg_rerr;     /* the fetcher's: a failure, a failed read's */
+    pthread_cond_t bg_cond;            /* a background fetch ended */
+    pthread_t fetcher;
+    bool fetcher_on;
+    /* Metadata read by background fetches, loaded by a loader thread, and
+     * by up to KVLI_ETCD_LOADERS when loads wait (KVLI_ETCD_LOAD_GROW_MS):
+     * a load connects to the peer, and one that cannot be reached must not
+     * hold the others up. */
+    struct kvli_etcd_load *loads, **loads_tail;
+    pthread_cond_t load_cond;          /* a load was queued */
+    struct kvli_etcd_loader {
+        struct kvli_etcd *s;
+        pthread_t th;
+        kvl_error_t *err;              /* its failures */
+    } loaders[KVLI_ETCD_LOADERS];
+    unsigned nloaders, idle_loaders;
 } kvli_etcd_t;
 
 static void *kvli_etcd_create(kvl_agent_t *a)
@@ -116,7 +155,10 @@ static void *kvli_etcd_create(kvl_agent_t *a)
     pthread_cond_init(&s->cond, NULL);
     pthread_cond_init(&s->put_cond, NULL);
     pthread_cond_init(&s->read_cond, NULL);
+    pthread_cond_init(&s->bg_cond, NULL);
+    pthread_cond_init(&s->load_cond, NULL);
     s->reads_tail = &s->reads;
+    s->loads_tail = &s->loads;
     pthread_mutex_init(&s->call_lock, NULL);
     return s;
 }
@@ -1557,7 +1599,8 @@ static void kvli_etcd_read_batch(kvli_etcd_t *s, CURL *h, kvli_etcd_read_t **bat
         r->rev = rev;
         r->st = st;
         if (st != KVL_OK) {
-            r->err = err;
+            if (r->err != NULL)
+                memcpy(r->err, &err, sizeof(err));
             continue;
         }
         if (n > 1 && json_object_object_get_ex(json_object_array_get_idx(resps, i),
@@ -1571,49 +1614,60 @@ static void kvli_etcd_read_batch(kvli_etcd_t *s, CURL *h, kvli_etcd_read_t **bat
         json_object_put(out);
 }
 
-/* Range-get one key: KVL_OK with *blob_p (malloc'ed) or KVL_ERR_NOT_FOUND.
- * Reads that threads of this agent ask for at the same time go to etcd
- * together: the caller that finds no batch in flight sends every read
- * queued so far (up to KVLI_ETCD_READ_BATCH) as one request, on the
- * agent's connection for calls (call_h). */
-static kvl_status_t kvli_etcd_get_key(kvli_etcd_t *s, const char *key, void **blob_p,
-                                      size_t *len_p, int64_t *rev_p, kvl_error_t *err)
+/* Read n keys (each read's result in it). Reads that threads of this
+ * agent ask for at the same time go to etcd together: the caller that
+ * finds no batch in flight sends every read queued so far (up to
+ * KVLI_ETCD_READ_BATCH) as one request, on the agent's connection for
+ * calls (call_h). */
+static void kvli_etcd_get_keys(kvli_etcd_t *s, kvli_etcd_read_t **rs, unsigned n)
 {
-    kvli_etcd_read_t me = {.key = key};
     pthread_mutex_lock(&s->lock);
-    *s->reads_tail = &me;
-    s->reads_tail = &me.next;
-    while (!me.done) {
+    for (unsigned i = 0; i < n; i++) {
+        *s->reads_tail = rs[i];
+        s->reads_tail = &rs[i]->next;
+    }
+    for (unsigned i = 0; i < n;) {
+        if (rs[i]->done) {
+            i++;
+            continue;
+        }
         if (s->reading) {
             pthread_cond_wait(&s->read_cond, &s->lock);
             continue;
         }
         kvli_etcd_read_t *batch[KVLI_ETCD_READ_BATCH];
-        unsigned n = 0;
+        unsigned nb = 0;
         s->reading = true;
-        while (s->reads != NULL && n < KVLI_ETCD_READ_BATCH) {
-            batch[n++] = s->reads;
+        while (s->reads != NULL && nb < KVLI_ETCD_READ_BATCH) {
+            batch[nb++] = s->reads;
             s->reads = s->reads->next;
         }
         if (s->reads == NULL)
             s->reads_tail = &s->reads;
         pthread_mutex_unlock(&s->lock);
         pthread_mutex_lock(&s->call_lock);
-        kvli_etcd_read_batch(s, s->call_h, batch, n);
+        kvli_etcd_read_batch(s, s->call_h, batch, nb);
         pthread_mutex_unlock(&s->call_lock);
         pthread_mutex_lock(&s->lock);
-        for (unsigned i = 0; i < n; i++)
-            batch[i]->done = true;
+        for (unsigned k = 0; k < nb; k++)
+            batch[k]->done = true;
         s->reading = false;
         pthread_cond_broadcast(&s->read_cond);
     }
     pthread_mutex_unlock(&s->lock);
+}
+
+/* Range-get one key: KVL_OK with *blob_p (malloc'ed) or KVL_ERR_NOT_FOUND
+ * (read with the reads other threads ask for at the same time). */
+static kvl_status_t kvli_etcd_get_key(kvli_etcd_t *s, const char *key, void **blob_p,
+                                      size_t *len_p, int64_t *rev_p, kvl_error_t *err)
+{
+    kvli_etcd_read_t me = {.key = key, .err = err}, *rs = &me;
+    kvli_etcd_get_keys(s, &rs, 1);
     *blob_p = me.blob;
     *len_p = me.len;
     if (rev_p != NULL)
         *rev_p = me.rev;
-    if (me.st != KVL_OK && me.st != KVL_ERR_NOT_FOUND)
-        *err = me.err;
     return me.st;
 }
 
@@ -1627,6 +1681,148 @@ static void kvli_etcd_unwait(kvli_etcd_t *s, kvli_etcd_waiter_t *wt)
         }
 }
 
+/* What every fetch checks; the attachment, or NULL with err. *label_p
+ * NULL or "": the default label. */
+static kvli_etcd_t *kvli_etcd_fetch_args(kvl_agent_t *a, const char *fn, const char *name,
+                                         const char **label_p, kvl_error_t *err)
+{
+    if (*label_p == NULL || (*label_p)[0] == '\0')
+        *label_p = KVL_ETCD_DEFAULT_LABEL;
+    kvli_etcd_t *s = kvli_etcd_get(a, fn, err);
+    if (s == NULL || kvli_etcd_label_ok(*label_p, err) != KVL_OK)
+        return NULL;
+    if (name[0] == '\0' || strlen(name) >= KVL_NAME_MAX || strchr(name, '/') != NULL) {
+        kvli_err(err, KVL_ERR_INVALID_ARG, 0, "%s: agent name '%.100s' is empty, too long or "
+                 "contains '/'", fn, name);
+        kvli_hint(err, "pass the name the peer agent was created with");
+        return NULL;
+    }
+    if (strcmp(name, a->name) == 0) {
+        kvli_err(err, KVL_ERR_INVALID_ARG, 0, "agent '%s' cannot fetch its own metadata from "
+                 "etcd: an agent is not its own peer", name);
+        kvli_hint(err, "fetch a peer's name");
+        return NULL;
+    }
+    return s;
+}
+
+static void kvli_etcd_not_found(kvl_error_t *err, const char *name, const char *key,
+                                uint64_t wait_ms)
+{
+    kvli_err(err, KVL_ERR_NOT_FOUND, 0, "etcd has no metadata of agent '%s' under %s "
+             "(waited %" PRIu64 " ms)", name, key, wait_ms);
+    kvli_hint(err, "the agent has not published yet (send_local_metadata, "
+                   "kvl_etcd_publish), publishes under another prefix or label, or it "
+                   "died and its lease expired");
+    kvli_scopy(err->agent, sizeof(err->agent), name);
+}
+
+/* A fetch ends (under s->lock): its waiter goes. A background fetch (bg)
+ * keeps its result, unless it was asked for again since its read (seq):
+ * then it reads again. True when it ended. */
+static bool kvli_etcd_fetch_end(kvli_etcd_t *s, kvli_etcd_waiter_t *wt, kvli_etcd_bg_t *bg,
+                                uint64_t seq, kvl_status_t st, const kvl_error_t *err)
+{
+    if (bg == NULL) {
+        kvli_etcd_unwait(s, wt);
+        return true;
+    }
+    bg->busy = false;
+    if (bg->seq != seq) {
+        bg->next_read = 0;
+        pthread_cond_broadcast(&s->put_cond); /* the fetcher reads it again */
+        return false;
+    }
+    kvli_etcd_unwait(s, &bg->wt);
+    bg->st = st;
+    bg->next_read = 0;
+    if (st != KVL_OK)
+        memcpy(bg->err, err,
+               offsetof(kvl_error_t, causes) + err->n_causes * sizeof(err->causes[0]));
+    pthread_cond_broadcast(&s->bg_cond);
+    return true;
+}
+
+/*
+ * A fetch read name's metadata (blob, freed here) at revision rev: load it
+ * and follow the agent. The fetch's waiter stays until the peer is
+ * followed: its watch goes on as the follower's instead of being closed and
+ * opened again. bg: a background fetch, read when it was at seq.
+ */
+static kvl_status_t kvli_etcd_adopt(kvli_etcd_t *s, const char *name, const char *label,
+                                    const char *key, void *blob, size_t len, int64_t rev,
+                                    kvli_etcd_waiter_t *wt, kvli_etcd_bg_t *bg, uint64_t seq,
+                                    bool *ended_p, kvl_error_t *err)
+{
+    kvl_agent_t *a = s->a;
+    char got[KVL_NAME_MAX] = "";
+    uint64_t gen = 0;
+    bool partial = false;
+    kvli_md_t md;
+    kvl_error_t derr;
+    if (kvli_md_decode(blob, len, &md, &derr) == KVL_OK) {
+        gen = md.generation;
+        partial = (md.flags & KVLI_MD_FLAG_PARTIAL) != 0;
+        kvli_md_release(&md);
+    }
+    kvl_status_t st = kvl_metadata_load(a, blob, len, got, sizeof(got));
+    free(blob);
+    if (st != KVL_OK) {
+        const kvl_error_t *le = kvl_last_error();
+        memcpy(err, le, offsetof(kvl_error_t, causes) + le->n_causes * sizeof(le->causes[0]));
+    } else if (strcmp(got, name) != 0) {
+        (void)kvl_remote_remove(a, got);
+        kvli_err(err, KVL_ERR_BAD_METADATA, 0, "etcd key %s holds the metadata of agent '%s', "
+                 "not '%s'; nothing was loaded", key, got, name);
+        kvli_hint(err, "two agents publish under one name, or the key was written by hand: "
+                       "check the agents' names");
+        st = KVL_ERR_BAD_METADATA;
+    }
+    if (st != KVL_OK) {
+        pthread_mutex_lock(&s->lock);
+        bool ended = kvli_etcd_fetch_end(s, wt, bg, seq, st, err);
+        pthread_mutex_unlock(&s->lock);
+        if (ended_p != NULL)
+            *ended_p = ended;
+        return st;
+    }
+    uint64_t inc = kvl_remote_incarnation(a, name);
+    pthread_mutex_lock(&s->lock);
+    kvli_etcd_follow_t *f = kvli_etcd_follow_find(s, name);
+    bool fresh = f == NULL;
+    if (f == NULL && (f = calloc(1, sizeof(*f))) != NULL) {
+        kvli_scopy(f->name, sizeof(f->name), name);
+        f->next = s->follows;
+        s->follows = f;
+    }
+    if (f != NULL) {
+        /* A partial label does not replace the label followed (a new
+         * generation is reloaded from the full metadata when that is it). */
+        if (fresh || !partial || f->incarnation != inc)
+            kvli_scopy(f->label, sizeof(f->label), label);
+        if (fresh || f->incarnation != inc || f->generation < gen)
+            f->generation = gen;
+        f->incarnation = inc;
+        f->rev = rev + 1;
+    }
+    kvli_etcd_fetch_end(s, wt, bg, seq, KVL_OK, NULL);
+    kvli_etcd_wake(s);
+    pthread_mutex_unlock(&s->lock);
+    kvli_log(KVL_LOG_DEBUG, "etcd", "agent '%s': loaded agent '%s' from etcd", a->name, name);
+    return KVL_OK;
+}
+
+/* Until when (CLOCK_REALTIME, for pthread_cond_timedwait) to wait ms. */
+static struct timespec kvli_etcd_abs(uint64_t ms)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    uint64_t ns = (uint64_t)ts.tv_nsec + ms * 1000000ull;
+    ts.tv_sec += (time_t)(ns / 1000000000u);
+    ts.tv_nsec = (long)(ns % 1000000000u);
+    return ts;
+}
+
 kvl_status_t kvl_etcd_fetch(kvl_agent_t *a, const char *name, const char *label,
                             uint64_t wait_ms)
 {
@@ -1637,23 +1833,9 @@ kvl_status_t kvl_etcd_fetch(kvl_agent_t *a, const char *name, const char *label,
                                 "kvl_etcd_fetch: agent or name is NULL");
     kvli_err_blank(&err);
     kvli_scopy(err.backend, sizeof(err.backend), "etcd");
-    if (label == NULL || label[0] == '\0')
-        label = KVL_ETCD_DEFAULT_LABEL;
-    kvli_etcd_t *s = kvli_etcd_get(a, "kvl_etcd_fetch", &err);
-    if (s == NULL || kvli_etcd_label_ok(label, &err) != KVL_OK)
+    kvli_etcd_t *s = kvli_etcd_fetch_args(a, "kvl_etcd_fetch", name, &label, &err);
+    if (s == NULL)
         return kvli_fail(a, &err);
-    if (name[0] == '\0' || strlen(name) >= KVL_NAME_MAX || strchr(name, '/') != NULL) {
-        kvli_err(&err, KVL_ERR_INVALID_ARG, 0, "kvl_etcd_fetch: agent name '%.100s' is empty, "
-                 "too long or contains '/'", name);
-        kvli_hint(&err, "pass the name the peer agent was created with");
-        return kvli_fail(a, &err);
-    }
-    if (strcmp(name, a->name) == 0) {
-        kvli_err(&err, KVL_ERR_INVALID_ARG, 0, "agent '%s' cannot fetch its own metadata from "
-                 "etcd: an agent is not its own peer", name);
-        kvli_hint(&err, "fetch a peer's name");
-        return kvli_fail(a, &err);
-    }
     kvli_etcd_key(s, name, label, key, sizeof(key));
     uint64_t deadline = kvli_clock_ms() + wait_ms;
     void *blob = NULL;
@@ -1683,12 +1865,8 @@ kvl_status_t kvl_etcd_fetch(kvl_agent_t *a, const char *name, const char *label,
         /* Wait for its presence key (the watcher); read again at least
          * every second in case the watch is down. */
         pthread_mutex_lock(&s->lock);
-        struct timespec ts;
-        clock_gettime(CLOCK_REALTIME, &ts);
         uint64_t left = deadline - kvli_clock_ms();
-        uint64_t ns = (uint64_t)ts.tv_nsec + (left < 1000 ? left : 1000) * 1000000ull;
-        ts.tv_sec += (time_t)(ns / 1000000000u);
-        ts.tv_nsec = (long)(ns % 1000000000u);
+        struct timespec ts = kvli_etcd_abs(left < 1000 ? left : 1000);
         while (!wt.put && !s->stopping &&
                pthread_cond_timedwait(&s->put_cond, &s->lock, &ts) == 0)
             ;
@@ -1698,73 +1876,357 @@ kvl_status_t kvl_etcd_fetch(kvl_agent_t *a, const char *name, const char *label,
         if (stop)
             break;
     }
-    if (st == KVL_ERR_NOT_FOUND) {
-        kvli_err(&err, KVL_ERR_NOT_FOUND, 0, "etcd has no metadata of agent '%s' under %s "
-                 "(waited %" PRIu64 " ms)", name, key, wait_ms);
-        kvli_hint(&err, "the agent has not published yet (send_local_metadata, "
-                        "kvl_etcd_publish), publishes under another prefix or label, or it "
-                        "died and its lease expired");
-        kvli_scopy(err.agent, sizeof(err.agent), name);
-    }
-    /* The waiter stays until the peer is followed: its watch goes on as
-     * the follower's instead of being closed and opened again. */
+    if (st == KVL_ERR_NOT_FOUND)
+        kvli_etcd_not_found(&err, name, key, wait_ms);
     if (st != KVL_OK) {
         pthread_mutex_lock(&s->lock);
         kvli_etcd_unwait(s, &wt);
         pthread_mutex_unlock(&s->lock);
         return kvli_fail(a, &err);
     }
-    char got[KVL_NAME_MAX] = "";
-    uint64_t gen = 0;
-    bool partial = false;
-    kvli_md_t md;
-    kvl_error_t derr;
-    if (kvli_md_decode(blob, len, &md, &derr) == KVL_OK) {
-        gen = md.generation;
-        partial = (md.flags & KVLI_MD_FLAG_PARTIAL) != 0;
-        kvli_md_release(&md);
-    }
-    st = kvl_metadata_load(a, blob, len, got, sizeof(got));
-    free(blob);
-    if (st != KVL_OK || strcmp(got, name) != 0) {
-        pthread_mutex_lock(&s->lock);
-        kvli_etcd_unwait(s, &wt);
+    if (kvli_etcd_adopt(s, name, label, key, blob, len, last_rev, &wt, NULL, 0, NULL, &err) !=
+        KVL_OK)
+        return kvli_fail(a, &err);
+    return KVL_OK;
+}
+
+/* A background fetch being read: what it was when its read was sent. */
+typedef struct kvli_etcd_due {
+    kvli_etcd_bg_t *bg;
+    uint64_t seq, wait_ms, deadline;
+    char name[KVL_NAME_MAX];
+    char label[KVLI_ETCD_LABEL_MAX];
+    char key[KVLI_ETCD_PREFIX_MAX + KVL_NAME_MAX + KVLI_ETCD_LABEL_MAX + 4];
+    kvli_etcd_read_t rd;
+} kvli_etcd_due_t;
+
+/* Metadata a background fetch read, waiting for a loader. */
+typedef struct kvli_etcd_load {
+    struct kvli_etcd_load *next;
+    kvli_etcd_bg_t *bg;
+    uint64_t seq, queued_ms;
+    void *blob;
+    size_t len;
+    int64_t rev;
+    char name[KVL_NAME_MAX];
+    char label[KVLI_ETCD_LABEL_MAX];
+    char key[KVLI_ETCD_PREFIX_MAX + KVL_NAME_MAX + KVLI_ETCD_LABEL_MAX + 4];
+} kvli_etcd_load_t;
+
+static void kvli_etcd_bg_failed(kvli_etcd_t *s, const char *name, const kvl_error_t *err)
+{
+    char text[1024];
+    kvl_error_render(err, text, sizeof(text));
+    kvli_log(KVL_LOG_ERROR, "etcd", "agent '%s': background fetch of agent '%s' failed: %s",
+             s->a->name, name, text);
+}
+
+/* Load one background fetch's metadata (a loader, under no lock). */
+static void kvli_etcd_load_one(kvli_etcd_t *s, kvli_etcd_load_t *ld, kvl_error_t *err)
+{
+    bool ended = false;
+    kvli_err_blank(err);
+    kvli_scopy(err->backend, sizeof(err->backend), "etcd");
+    if (kvli_etcd_adopt(s, ld->name, ld->label, ld->key, ld->blob, ld->len, ld->rev, NULL,
+                        ld->bg, ld->seq, &ended, err) != KVL_OK && ended)
+        kvli_etcd_bg_failed(s, ld->name, err);
+    free(ld);
+}
+
+static void *kvli_etcd_loader_main(void *arg)
+{
+    struct kvli_etcd_loader *me = arg;
+    kvli_etcd_t *s = me->s;
+    pthread_mutex_lock(&s->lock);
+    for (;;) {
+        while (!s->stopping && s->loads == NULL) {
+            s->idle_loaders++;
+            pthread_cond_wait(&s->load_cond, &s->lock);
+            s->idle_loaders--;
+        }
+        if (s->stopping)
+            break;
+        kvli_etcd_load_t *ld = s->loads;
+        s->loads = ld->next;
+        if (s->loads == NULL)
+            s->loads_tail = &s->loads;
         pthread_mutex_unlock(&s->lock);
+        kvli_etcd_load_one(s, ld, me->err);
+        pthread_mutex_lock(&s->lock);
     }
-    if (st != KVL_OK)
-        return st;
-    if (strcmp(got, name) != 0) {
-        (void)kvl_remote_remove(a, got);
-        kvli_err(&err, KVL_ERR_BAD_METADATA, 0, "etcd key %s holds the metadata of agent '%s', "
-                 "not '%s'; nothing was loaded", key, got, name);
-        kvli_hint(&err, "two agents publish under one name, or the key was written by hand: "
-                        "check the agents' names");
+    pthread_mutex_unlock(&s->lock);
+    return NULL;
+}
+
+/* Start one more loader (under s->lock); false when none could be. */
+static bool kvli_etcd_loader_start(kvli_etcd_t *s)
+{
+    if (s->nloaders >= KVLI_ETCD_LOADERS)
+        return false;
+    struct kvli_etcd_loader *l = &s->loaders[s->nloaders];
+    l->s = s;
+    if (l->err == NULL)
+        l->err = malloc(sizeof(*l->err));
+    if (l->err == NULL || pthread_create(&l->th, NULL, kvli_etcd_loader_main, l) != 0)
+        return false;
+    s->nloaders++;
+    return true;
+}
+
+/* Queue a load (under s->lock); false: no loader could be started (the
+ * caller loads it itself). The fetcher starts more loaders when loads wait
+ * (kvli_etcd_loaders_grow). */
+static bool kvli_etcd_load_queue(kvli_etcd_t *s, kvli_etcd_load_t *ld)
+{
+    if (s->nloaders == 0 && !kvli_etcd_loader_start(s))
+        return false;
+    ld->queued_ms = kvli_clock_ms();
+    ld->next = NULL;
+    *s->loads_tail = ld;
+    s->loads_tail = &ld->next;
+    pthread_cond_signal(&s->load_cond);
+    return true;
+}
+
+/* The fetcher (under s->lock): when the oldest queued load has waited
+ * KVLI_ETCD_LOAD_GROW_MS with no loader free (one is held up by a peer
+ * that does not answer, or many were found at once), start another; else
+ * lower *next_p to when that would be due. */
+static void kvli_etcd_loaders_grow(kvli_etcd_t *s, uint64_t now, uint64_t *next_p)
+{
+    if (s->loads == NULL || s->idle_loaders > 0 || s->nloaders >= KVLI_ETCD_LOADERS)
+        return;
+    uint64_t due = s->loads->queued_ms + KVLI_ETCD_LOAD_GROW_MS;
+    if (now >= due)
+        /* started: look again a while later (loads may still wait); not
+         * started (no thread): try again in a second */
+        due = now + (kvli_etcd_loader_start(s) ? KVLI_ETCD_LOAD_GROW_MS : 1000u);
+    if (due < *next_p)
+        *next_p = due;
+}
+
+/* One background fetch's read came back (the fetcher, under no lock):
+ * found, its metadata goes to a loader. */
+static void kvli_etcd_bg_read(kvli_etcd_t *s, kvli_etcd_due_t *d, kvl_error_t *err)
+{
+    bool ended = false;
+    kvli_err_blank(err);
+    kvli_scopy(err->backend, sizeof(err->backend), "etcd");
+    if (d->rd.st == KVL_OK) {
+        kvli_etcd_load_t *ld = malloc(sizeof(*ld));
+        if (ld != NULL) {
+            *ld = (kvli_etcd_load_t){.bg = d->bg, .seq = d->seq, .blob = d->rd.blob,
+                                     .len = d->rd.len, .rev = d->rd.rev};
+            kvli_scopy(ld->name, sizeof(ld->name), d->name);
+            kvli_scopy(ld->label, sizeof(ld->label), d->label);
+            kvli_scopy(ld->key, sizeof(ld->key), d->key);
+            pthread_mutex_lock(&s->lock);
+            bool queued = kvli_etcd_load_queue(s, ld);
+            pthread_mutex_unlock(&s->lock);
+            if (!queued)
+                kvli_etcd_load_one(s, ld, err);
+            return;
+        }
+        free(d->rd.blob);
+        kvli_err(err, KVL_ERR_NO_MEMORY, ENOMEM, "etcd: no memory to load the metadata of "
+                 "agent '%s'", d->name);
+        d->rd.st = KVL_ERR_NO_MEMORY;
+        memcpy(d->rd.err, err, sizeof(*err));
+    }
+    uint64_t now = kvli_clock_ms();
+    kvli_etcd_bg_t *b = d->bg;
+    pthread_mutex_lock(&s->lock);
+    if (b->seq != d->seq) {
+        b->busy = false;
+        b->next_read = 0; /* asked again since: read again, to its new deadline */
+    } else if (d->rd.st == KVL_ERR_NOT_FOUND && now < d->deadline) {
+        /* not there yet: the watcher watches for it from this read on */
+        if (b->wt.rev == 0 && d->rd.rev > 0) {
+            b->wt.rev = d->rd.rev + 1;
+            kvli_etcd_wake(s);
+        }
+        b->busy = false;
+        b->next_read = now + (d->deadline - now < 1000 ? d->deadline - now : 1000);
+    } else {
+        if (d->rd.st == KVL_ERR_NOT_FOUND)
+            kvli_etcd_not_found(err, d->name, d->key, d->wait_ms);
+        else
+            memcpy(err, d->rd.err, sizeof(*err));
+        ended = kvli_etcd_fetch_end(s, NULL, b, d->seq, d->rd.st, err);
+    }
+    pthread_mutex_unlock(&s->lock);
+    if (ended)
+        kvli_etcd_bg_failed(s, d->name, err);
+}
+
+/*
+ * The fetcher thread: serves the agent's background fetches as
+ * kvl_etcd_fetch serves one (a peer that has not published yet is waited
+ * for through the watcher, and read again at least every second), reading
+ * the keys of every fetch that is due (its first read, its peer's presence
+ * key put, or a second gone) in one transaction; what it finds goes to the
+ * loaders. A failure is logged: the caller went on (NIXL logs it too).
+ * Its buffers: s->bg_due, s->bg_err, s->bg_rerr.
+ */
+static void *kvli_etcd_fetcher_main(void *arg)
+{
+    kvli_etcd_t *s = arg;
+    kvli_etcd_due_t *due = s->bg_due;
+    kvli_etcd_read_t *rs[KVLI_ETCD_READ_BATCH];
+    pthread_mutex_lock(&s->lock);
+    while (!s->stopping) {
+        uint64_t now = kvli_clock_ms(), next = UINT64_MAX;
+        unsigned n = 0;
+        for (kvli_etcd_bg_t *b = s->bgs; b != NULL; b = b->next) {
+            if (b->st != KVL_IN_PROGRESS || b->busy)
+                continue;
+            if ((b->wt.put || b->next_read <= now) && n < KVLI_ETCD_READ_BATCH) {
+                kvli_etcd_due_t *d = &due[n];
+                memset(&d->rd, 0, sizeof(d->rd));
+                d->rd.err = s->bg_rerr;
+                d->bg = b;
+                d->seq = b->seq;
+                d->wait_ms = b->wait_ms;
+                d->deadline = b->deadline;
+                kvli_scopy(d->name, sizeof(d->name), b->name);
+                kvli_scopy(d->label, sizeof(d->label), b->label);
+                kvli_etcd_key(s, d->name, d->label, d->key, sizeof(d->key));
+                d->rd.key = d->key;
+                rs[n++] = &d->rd;
+                b->wt.put = false;
+                b->busy = true;
+            } else if (b->next_read < next) {
+                next = b->next_read;
+            }
+        }
+        kvli_etcd_loaders_grow(s, now, &next);
+        if (n == 0) {
+            /* until a put, a new fetch, the agent's end (all broadcast
+             * put_cond), the next read of a pending one or the time to
+             * start another loader */
+            if (next == UINT64_MAX) {
+                pthread_cond_wait(&s->put_cond, &s->lock);
+            } else {
+                struct timespec ts = kvli_etcd_abs(next > now ? next - now : 0);
+                pthread_cond_timedwait(&s->put_cond, &s->lock, &ts);
+            }
+            continue;
+        }
+        pthread_mutex_unlock(&s->lock);
+        kvli_etcd_get_keys(s, rs, n);
+        for (unsigned i = 0; i < n; i++)
+            kvli_etcd_bg_read(s, &due[i], s->bg_err);
+        pthread_mutex_lock(&s->lock);
+    }
+    pthread_mutex_unlock(&s->lock);
+    return NULL;
+}
+
+kvl_status_t kvl_etcd_fetch_async(kvl_agent_t *a, const char *name, const char *label,
+                                  uint64_t wait_ms)
+{
+    kvl_error_t err;
+    if (a == NULL || name == NULL)
+        return kvli_fail_simple(a, KVL_ERR_INVALID_ARG, NULL,
+                                "kvl_etcd_fetch_async: agent or name is NULL");
+    kvli_err_blank(&err);
+    kvli_scopy(err.backend, sizeof(err.backend), "etcd");
+    kvli_etcd_t *s = kvli_etcd_fetch_args(a, "kvl_etcd_fetch_async", name, &label, &err);
+    if (s == NULL)
+        return kvli_fail(a, &err);
+    pthread_mutex_lock(&s->lock);
+    if (!s->fetcher_on) {
+        if (s->bg_due == NULL)
+            s->bg_due = calloc(KVLI_ETCD_READ_BATCH, sizeof(*s->bg_due));
+        if (s->bg_err == NULL)
+            s->bg_err = malloc(sizeof(*s->bg_err));
+        if (s->bg_rerr == NULL)
+            s->bg_rerr = malloc(sizeof(*s->bg_rerr));
+        if (s->bg_due == NULL || s->bg_err == NULL || s->bg_rerr == NULL) {
+            pthread_mutex_unlock(&s->lock);
+            return kvli_fail_simple(a, KVL_ERR_NO_MEMORY, NULL,
+                                    "kvl_etcd_fetch_async: out of memory");
+        }
+        int e = pthread_create(&s->fetcher, NULL, kvli_etcd_fetcher_main, s);
+        if (e != 0) {
+            pthread_mutex_unlock(&s->lock);
+            kvli_err(&err, KVL_ERR_SYSTEM, e, "etcd: starting the background fetch thread: "
+                     "pthread_create = %s", strerror(e));
+            kvli_hint(&err, "check the thread limit (ulimit -u, pids cgroup), or fetch in the "
+                            "caller's thread (kvl_etcd_fetch)");
+            return kvli_fail(a, &err);
+        }
+        s->fetcher_on = true;
+    }
+    /* in the order asked (the fetcher reads and loads them in this order) */
+    kvli_etcd_bg_t **pp = &s->bgs, *b;
+    while (*pp != NULL && strcmp((*pp)->name, name) != 0)
+        pp = &(*pp)->next;
+    if ((b = *pp) == NULL) {
+        if ((b = calloc(1, sizeof(*b))) == NULL || (b->err = malloc(sizeof(*b->err))) == NULL) {
+            free(b);
+            pthread_mutex_unlock(&s->lock);
+            return kvli_fail_simple(a, KVL_ERR_NO_MEMORY, NULL,
+                                    "kvl_etcd_fetch_async: out of memory");
+        }
+        kvli_scopy(b->name, sizeof(b->name), name);
+        b->st = KVL_OK; /* not pending: armed below */
+        *pp = b;
+    }
+    if (b->st != KVL_IN_PROGRESS) {
+        /* registered before its first read, as kvl_etcd_fetch's */
+        b->wt = (kvli_etcd_waiter_t){.name = b->name, .next = s->waiters};
+        s->waiters = &b->wt;
+        b->st = KVL_IN_PROGRESS;
+        b->next_read = 0;
+    } else if (!b->busy) {
+        b->next_read = 0; /* pending: read again now (busy: once its read or load is back) */
+    }
+    b->seq++;
+    kvli_scopy(b->label, sizeof(b->label), label);
+    b->wait_ms = wait_ms;
+    b->deadline = kvli_clock_ms() + wait_ms;
+    pthread_cond_broadcast(&s->put_cond);
+    pthread_mutex_unlock(&s->lock);
+    return KVL_OK;
+}
+
+kvl_status_t kvl_etcd_fetch_status(kvl_agent_t *a, const char *name, uint64_t wait_ms)
+{
+    kvl_error_t err;
+    if (a == NULL || name == NULL)
+        return kvli_fail_simple(a, KVL_ERR_INVALID_ARG, NULL,
+                                "kvl_etcd_fetch_status: agent or name is NULL");
+    kvli_err_blank(&err);
+    kvli_scopy(err.backend, sizeof(err.backend), "etcd");
+    kvli_etcd_t *s = kvli_etcd_get(a, "kvl_etcd_fetch_status", &err);
+    if (s == NULL)
+        return kvli_fail(a, &err);
+    pthread_mutex_lock(&s->lock);
+    kvli_etcd_bg_t *b = s->bgs;
+    while (b != NULL && strcmp(b->name, name) != 0)
+        b = b->next;
+    if (b == NULL) {
+        pthread_mutex_unlock(&s->lock);
+        kvli_err(&err, KVL_ERR_STATE, 0, "agent '%s' started no background fetch of agent "
+                 "'%.100s'", a->name, name);
+        kvli_hint(&err, "start one with kvl_etcd_fetch_async (Python: etcd_fetch_async; "
+                        "kvlane.nixl: fetch_remote_metadata without an address)");
+        kvli_scopy(err.agent, sizeof(err.agent), name);
         return kvli_fail(a, &err);
     }
-    uint64_t inc = kvl_remote_incarnation(a, name);
-    pthread_mutex_lock(&s->lock);
-    kvli_etcd_follow_t *f = kvli_etcd_follow_find(s, name);
-    bool fresh = f == NULL;
-    if (f == NULL && (f = calloc(1, sizeof(*f))) != NULL) {
-        kvli_scopy(f->name, sizeof(f->name), name);
-        f->next = s->follows;
-        s->follows = f;
-    }
-    if (f != NULL) {
-        /* A partial label does not replace the label followed (a new
-         * generation is reloaded from the full metadata when that is it). */
-        if (fresh || !partial || f->incarnation != inc)
-            kvli_scopy(f->label, sizeof(f->label), label);
-        if (fresh || f->incarnation != inc || f->generation < gen)
-            f->generation = gen;
-        f->incarnation = inc;
-        f->rev = last_rev + 1;
-    }
-    kvli_etcd_unwait(s, &wt);
-    kvli_etcd_wake(s);
+    struct timespec ts = kvli_etcd_abs(wait_ms);
+    while (b->st == KVL_IN_PROGRESS && !s->stopping &&
+           pthread_cond_timedwait(&s->bg_cond, &s->lock, &ts) != ETIMEDOUT)
+        ;
+    kvl_status_t st = b->st;
+    if (st != KVL_OK && st != KVL_IN_PROGRESS)
+        memcpy(&err, b->err, offsetof(kvl_error_t, causes) +
+                                 b->err->n_causes * sizeof(b->err->causes[0]));
     pthread_mutex_unlock(&s->lock);
-    kvli_log(KVL_LOG_DEBUG, "etcd", "agent '%s': loaded agent '%s' from etcd", a->name, name);
-    return KVL_OK;
+    if (st == KVL_OK || st == KVL_IN_PROGRESS)
+        return st;
+    return kvli_fail(a, &err);
 }
 
 kvl_status_t kvl_etcd_unpublish(kvl_agent_t *a)
@@ -1818,12 +2280,29 @@ static void kvli_etcd_destroy(kvl_agent_t *a, void *state)
     s->stopping = true;
     pthread_cond_broadcast(&s->cond);
     pthread_cond_broadcast(&s->put_cond);
+    pthread_cond_broadcast(&s->bg_cond);
     kvli_etcd_wake(s);
     int64_t lease = s->lease;
     pthread_mutex_unlock(&s->lock);
     if (s->threads) {
         pthread_join(s->keeper, NULL);
         pthread_join(s->watcher, NULL);
+    }
+    if (s->fetcher_on)
+        pthread_join(s->fetcher, NULL);
+    pthread_mutex_lock(&s->lock);
+    pthread_cond_broadcast(&s->load_cond);
+    unsigned nl = s->nloaders;
+    pthread_mutex_unlock(&s->lock);
+    for (unsigned i = 0; i < nl; i++)
+        pthread_join(s->loaders[i].th, NULL);
+    for (unsigned i = 0; i < KVLI_ETCD_LOADERS; i++)
+        free(s->loaders[i].err);
+    while (s->loads != NULL) {
+        kvli_etcd_load_t *ld = s->loads;
+        s->loads = ld->next;
+        free(ld->blob);
+        free(ld);
     }
     if (attached && lease != 0) {
         /* Our keys go now: followers drop us at once instead of at expiry. */
@@ -1846,11 +2325,22 @@ static void kvli_etcd_destroy(kvl_agent_t *a, void *state)
         s->follows = f->next;
         free(f);
     }
+    while (s->bgs != NULL) {
+        kvli_etcd_bg_t *b = s->bgs;
+        s->bgs = b->next;
+        free(b->err);
+        free(b);
+    }
+    free(s->bg_due);
+    free(s->bg_err);
+    free(s->bg_rerr);
     if (s->call_h != NULL)
         curl_easy_cleanup(s->call_h);
     pthread_cond_destroy(&s->cond);
     pthread_cond_destroy(&s->put_cond);
     pthread_cond_destroy(&s->read_cond);
+    pthread_cond_destroy(&s->bg_cond);
+    pthread_cond_destroy(&s->load_cond);
     pthread_mutex_destroy(&s->lock);
     pthread_mutex_destroy(&s->call_lock);
     close(s->wake_fd);

@@ -58,6 +58,22 @@ kvl_status_t kvl_etcd_fetch(kvl_agent_t *agent, const char *name, const char *la
     return kvli_no_etcd(agent, "kvl_etcd_fetch");
 }
 
+kvl_status_t kvl_etcd_fetch_async(kvl_agent_t *agent, const char *name, const char *label,
+                                  uint64_t wait_ms)
+{
+    (void)name;
+    (void)label;
+    (void)wait_ms;
+    return kvli_no_etcd(agent, "kvl_etcd_fetch_async");
+}
+
+kvl_status_t kvl_etcd_fetch_status(kvl_agent_t *agent, const char *name, uint64_t wait_ms)
+{
+    (void)name;
+    (void)wait_ms;
+    return kvli_no_etcd(agent, "kvl_etcd_fetch_status");
+}
+
 kvl_status_t kvl_etcd_unpublish(kvl_agent_t *agent)
 {
     return kvli_no_etcd(agent, "kvl_etcd_unpublish");

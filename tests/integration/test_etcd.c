@@ -1,6 +1,7 @@
 /*
  * The etcd metadata store against a real etcd (temporary data dir, free
- * ports): publish with a lease, fetch by name (and waiting for a publish),
+ * ports): publish with a lease, fetch by name (and waiting for a publish;
+ * in the background, many at once),
  * a transfer set up through it, removal on destroy, a restart (new
  * incarnation) and a process killed -9 seen by the watcher, a region update
  * republished; failures: etcd down at start, killed mid-run (calls fail
@@ -102,6 +103,133 @@ static void down_at_start_and_dead_member(void)
     kvl_agent_destroy(a);
     printf("etcd down at start: refused, naming %s; a dead member in the list is skipped\n",
            "the endpoint");
+}
+
+/* Background fetches (kvl_etcd_fetch_async): many peers at once, some
+ * publishing only after the fetch started; followed like kvl_etcd_fetch's;
+ * not published within the wait: failed with the reason; asked again:
+ * pending until the peer comes; destroy with one pending is bounded. */
+static void background(void)
+{
+    enum { NP = 12 };
+    const char *pfx = "/kt/bg";
+    char names[NP][16];
+    kvl_agent_t *a = agent("bg-a"), *p[NP];
+    KT_OK(attach(a, etcd.url, pfx, 5));
+    KT_STATUS(kvl_etcd_fetch_async(a, "bg-a", NULL, 0), KVL_ERR_INVALID_ARG);
+    KT_ERROR_HAS("is not its own peer");
+    KT_STATUS(kvl_etcd_fetch_async(a, "x/y", NULL, 0), KVL_ERR_INVALID_ARG);
+    KT_ERROR_HAS("kvl_etcd_fetch_async: agent name 'x/y'");
+    KT_STATUS(kvl_etcd_fetch_status(a, "bg-0", 0), KVL_ERR_STATE);
+    KT_ERROR_HAS("started no background fetch of agent 'bg-0'");
+    for (int i = 0; i < NP; i++) {
+        snprintf(names[i], sizeof(names[i]), "bg-%d", i);
+        p[i] = agent(names[i]);
+        KT_OK(attach(p[i], etcd.url, pfx, 5));
+        if (i % 2 == 0)
+            KT_OK(kvl_etcd_publish(p[i], NULL));
+    }
+    for (int i = 0; i < NP; i++)
+        KT_OK(kvl_etcd_fetch_async(a, names[i], NULL, 60000));
+    for (int i = 1; i < NP; i += 2)
+        KT_OK(kvl_etcd_publish(p[i], NULL));
+    for (int i = 0; i < NP; i++) {
+        KT_OK(kvl_etcd_fetch_status(a, names[i], 60000));
+        KT_OK(kvl_remote_check(a, names[i]));
+    }
+    /* followed: a departure drops it */
+    kvl_agent_destroy(p[0]);
+    KT_CHECK(wait_check(a, names[0], KVL_ERR_NOT_FOUND, 30));
+    /* not published within its wait */
+    KT_OK(kvl_etcd_fetch_async(a, "bg-nobody", NULL, 300));
+    KT_STATUS(kvl_etcd_fetch_status(a, "bg-nobody", 60000), KVL_ERR_NOT_FOUND);
+    KT_ERROR_HAS("etcd has no metadata of agent 'bg-nobody' under /kt/bg/bg-nobody/metadata "
+                 "(waited 300 ms)");
+    KT_STATUS(kvl_etcd_fetch_status(a, "bg-nobody", 0), KVL_ERR_NOT_FOUND); /* it stays */
+    for (int i = 0; i < 600 && !kt_log_has("background fetch of agent 'bg-nobody' failed"); i++)
+        usleep(50000); /* logged by the fetcher once it let the status go */
+    KT_CHECK(kt_log_has("agent 'bg-a': background fetch of agent 'bg-nobody' failed: "));
+    /* asked again: pending (its peer does not exist yet) until it publishes */
+    KT_OK(kvl_etcd_fetch_async(a, "bg-nobody", NULL, 60000));
+    KT_STATUS(kvl_etcd_fetch_status(a, "bg-nobody", 0), KVL_IN_PROGRESS);
+    kvl_agent_t *late = agent("bg-nobody");
+    KT_OK(attach(late, etcd.url, pfx, 5));
+    KT_OK(kvl_etcd_publish(late, NULL));
+    KT_OK(kvl_etcd_fetch_status(a, "bg-nobody", 60000));
+    KT_OK(kvl_remote_check(a, "bg-nobody"));
+    /* gone, published again, fetched again */
+    KT_OK(kvl_etcd_unpublish(late));
+    KT_CHECK(wait_check(a, "bg-nobody", KVL_ERR_NOT_FOUND, 30));
+    KT_OK(kvl_etcd_publish(late, NULL));
+    KT_OK(kvl_etcd_fetch_async(a, "bg-nobody", NULL, 60000));
+    KT_OK(kvl_etcd_fetch_status(a, "bg-nobody", 60000));
+    KT_OK(kvl_remote_check(a, "bg-nobody"));
+    /* destroyed with a fetch pending: returns within a call's timeout */
+    KT_OK(kvl_etcd_fetch_async(a, "bg-never", NULL, 60000));
+    uint64_t t0 = kt_now_ms();
+    kvl_agent_destroy(a);
+    KT_CHECK(kt_now_ms() - t0 < 30000);
+    kvl_agent_destroy(late);
+    for (int i = 1; i < NP; i++)
+        kvl_agent_destroy(p[i]);
+    printf("background fetches: %d peers at once (half published later) loaded and followed; "
+           "a missing one failed with its reason, then loaded when asked again\n", NP);
+}
+
+/* A background fetch of a peer that cannot answer does not hold up the
+ * others: the peer published, then stopped (SIGSTOP: its tcp listener's
+ * backlog takes the connection, nobody answers the handshake), so loading
+ * it waits up to the agent's timeout (60 s here) on one loader thread,
+ * while a peer asked for after it loads on another. Forks before this
+ * process has threads. */
+static void frozen_peer(void)
+{
+    const char *pfx = "/kt/frozen";
+    int pfd[2];
+    KT_CHECK(pipe(pfd) == 0);
+    pid_t pid = fork();
+    KT_CHECK(pid >= 0);
+    if (pid == 0) {
+        close(pfd[0]);
+        kvl_agent_t *c = agent("fz-frozen");
+        if (attach(c, etcd.url, pfx, 30) != KVL_OK || kvl_etcd_publish(c, NULL) != KVL_OK)
+            _exit(2);
+        if (write(pfd[1], "x", 1) != 1)
+            _exit(3);
+        raise(SIGSTOP);
+        for (;;)
+            pause();
+    }
+    close(pfd[1]);
+    char ch;
+    KT_CHECK(read(pfd[0], &ch, 1) == 1);
+    close(pfd[0]);
+    int wst;
+    KT_CHECK(waitpid(pid, &wst, WUNTRACED) == pid && WIFSTOPPED(wst));
+    kvl_agent_t *w, *fresh = agent("fz-fresh");
+    kvl_agent_config_t cfg = {.field_mask = KVL_AGENT_CFG_BACKENDS | KVL_AGENT_CFG_TIMEOUT,
+                              .create_backends = "", .timeout_ms = 60000};
+    KT_OK(kvl_agent_create("fz-w", &cfg, &w));
+    kvl_param_t prm = {"host", "127.0.0.1"};
+    KT_OK(kvl_backend_create(w, "tcp", &prm, 1, NULL));
+    KT_OK(attach(w, etcd.url, pfx, 30));
+    KT_OK(attach(fresh, etcd.url, pfx, 30));
+    KT_OK(kvl_etcd_publish(fresh, NULL));
+    uint64_t t0 = kt_now_ms();
+    KT_OK(kvl_etcd_fetch_async(w, "fz-frozen", NULL, 60000)); /* read and loaded first */
+    KT_OK(kvl_etcd_fetch_async(w, "fz-fresh", NULL, 60000));
+    KT_OK(kvl_etcd_fetch_status(w, "fz-fresh", 50000));
+    KT_OK(kvl_remote_check(w, "fz-fresh"));
+    uint64_t took = kt_now_ms() - t0;
+    KT_STATUS(kvl_etcd_fetch_status(w, "fz-frozen", 0), KVL_IN_PROGRESS);
+    kill(pid, SIGKILL); /* its connection is reset: the load fails */
+    waitpid(pid, NULL, 0);
+    kvl_status_t st = kvl_etcd_fetch_status(w, "fz-frozen", 90000);
+    KT_CHECK(st != KVL_OK && st != KVL_IN_PROGRESS);
+    printf("frozen peer: a peer asked for after it loaded in %llu ms while its load waited; "
+           "killed, its fetch failed: %s\n", (unsigned long long)took, kvl_last_error()->what);
+    kvl_agent_destroy(w);
+    kvl_agent_destroy(fresh);
 }
 
 static void lifecycle(void)
@@ -349,6 +477,8 @@ int main(void)
     bad_input();
     down_at_start_and_dead_member();
     killed_agent();
+    frozen_peer();
+    background();
     doctor();
     lifecycle();
     if (system("command -v etcdctl >/dev/null 2>&1") == 0)

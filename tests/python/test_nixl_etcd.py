@@ -224,11 +224,13 @@ def test_departure_and_restart_seen(env, uniq, caplog):
         # departure
         peer2.close()
         assert _until(lambda: not watcher.check_remote_metadata(name))
-        # a fetch of an agent that never publishes fails in the background, named
+        # a fetch of an agent that never publishes fails in the background,
+        # named by the engine's polling of check_remote_metadata
         with caplog.at_level("ERROR", logger="kvlane.nixl"):
             watcher.fetch_remote_metadata(uniq + "-nobody")
-            assert _until(lambda: "Failed to fetch metadata from etcd for agent "
-                          f"{uniq}-nobody" in caplog.text, 40)
+            assert _until(lambda: not watcher.check_remote_metadata(uniq + "-nobody") and
+                          f"Failed to fetch metadata from etcd for agent {uniq}-nobody"
+                          in caplog.text, 40)
         assert "etcd has no metadata of agent" in caplog.text
         assert not watcher.check_remote_metadata(uniq + "-nobody")
     finally:
@@ -271,6 +273,31 @@ def test_core_agent_api(env, uniq):
         assert b.check_remote(uniq + "-ca")
         a.etcd_unpublish()
         assert _until(lambda: not b.check_remote(uniq + "-ca"))
+    finally:
+        b.close()
+        a.close()
+
+
+def test_core_background_fetch(env, uniq):
+    """etcd_fetch_async / etcd_fetch_status: pending, loaded, failed with
+    its reason, never started."""
+    a = kvlane.Agent(uniq + "-ba", backends=("tcp",))
+    b = kvlane.Agent(uniq + "-bb", backends=("tcp",))
+    try:
+        for x in (a, b):
+            x.etcd_attach(env, prefix=f"/kvltest/{uniq}-bg", lease_ttl_s=10)
+        with pytest.raises(kvlane.StateError, match="started no background fetch"):
+            b.etcd_fetch_status(uniq + "-ba")
+        with pytest.raises(kvlane.InvalidArgument, match="not its own peer"):
+            b.etcd_fetch_async(uniq + "-bb")
+        b.etcd_fetch_async(uniq + "-ba", wait_ms=60000)
+        assert b.etcd_fetch_status(uniq + "-ba") is False    # a has not published
+        a.etcd_publish()
+        assert b.etcd_fetch_status(uniq + "-ba", wait_ms=60000) is True
+        assert b.check_remote(uniq + "-ba")
+        b.etcd_fetch_async(uniq + "-nope", wait_ms=200)
+        with pytest.raises(kvlane.NotFound, match="waited 200 ms"):
+            b.etcd_fetch_status(uniq + "-nope", wait_ms=60000)
     finally:
         b.close()
         a.close()
