@@ -78,8 +78,6 @@ typedef struct kvli_etcd_read {
 
 #define KVLI_ETCD_READ_BATCH 64u       /* etcd allows 128 operations per transaction */
 #define KVLI_ETCD_LOADERS 4u           /* loader threads per agent (kvli_etcd_t.loaders) */
-/* A load queued this long while every loader is busy starts another. */
-#define KVLI_ETCD_LOAD_GROW_MS 20u
 
 typedef struct kvli_etcd_pub {
     struct kvli_etcd_pub *next;
@@ -126,10 +124,10 @@ typedef struct kvli_etcd {
     pthread_cond_t bg_cond;            /* a background fetch ended */
     pthread_t fetcher;
     bool fetcher_on;
-    /* Metadata read by background fetches, loaded by a loader thread, and
-     * by up to KVLI_ETCD_LOADERS when loads wait (KVLI_ETCD_LOAD_GROW_MS):
-     * a load connects to the peer, and one that cannot be reached must not
-     * hold the others up. */
+    /* Metadata read by background fetches, loaded by up to
+     * KVLI_ETCD_LOADERS loader threads, started as loads find none free: a
+     * load connects to the peer, so loads run side by side, and one that
+     * cannot be reached does not hold the others up. */
     struct kvli_etcd_load *loads, **loads_tail;
     pthread_cond_t load_cond;          /* a load was queued */
     struct kvli_etcd_loader {
@@ -1904,7 +1902,7 @@ typedef struct kvli_etcd_due {
 typedef struct kvli_etcd_load {
     struct kvli_etcd_load *next;
     kvli_etcd_bg_t *bg;
-    uint64_t seq, queued_ms;
+    uint64_t seq;
     void *blob;
     size_t len;
     int64_t rev;
@@ -1973,36 +1971,17 @@ static bool kvli_etcd_loader_start(kvli_etcd_t *s)
     return true;
 }
 
-/* Queue a load (under s->lock); false: no loader could be started (the
- * caller loads it itself). The fetcher starts more loaders when loads wait
- * (kvli_etcd_loaders_grow). */
+/* Queue a load (under s->lock), starting a loader when none is free;
+ * false: none runs and none could be started (the caller loads it). */
 static bool kvli_etcd_load_queue(kvli_etcd_t *s, kvli_etcd_load_t *ld)
 {
-    if (s->nloaders == 0 && !kvli_etcd_loader_start(s))
+    if (s->idle_loaders == 0 && !kvli_etcd_loader_start(s) && s->nloaders == 0)
         return false;
-    ld->queued_ms = kvli_clock_ms();
     ld->next = NULL;
     *s->loads_tail = ld;
     s->loads_tail = &ld->next;
     pthread_cond_signal(&s->load_cond);
     return true;
-}
-
-/* The fetcher (under s->lock): when the oldest queued load has waited
- * KVLI_ETCD_LOAD_GROW_MS with no loader free (one is held up by a peer
- * that does not answer, or many were found at once), start another; else
- * lower *next_p to when that would be due. */
-static void kvli_etcd_loaders_grow(kvli_etcd_t *s, uint64_t now, uint64_t *next_p)
-{
-    if (s->loads == NULL || s->idle_loaders > 0 || s->nloaders >= KVLI_ETCD_LOADERS)
-        return;
-    uint64_t due = s->loads->queued_ms + KVLI_ETCD_LOAD_GROW_MS;
-    if (now >= due)
-        /* started: look again a while later (loads may still wait); not
-         * started (no thread): try again in a second */
-        due = now + (kvli_etcd_loader_start(s) ? KVLI_ETCD_LOAD_GROW_MS : 1000u);
-    if (due < *next_p)
-        *next_p = due;
 }
 
 /* One background fetch's read came back (the fetcher, under no lock):
@@ -2099,11 +2078,9 @@ static void *kvli_etcd_fetcher_main(void *arg)
                 next = b->next_read;
             }
         }
-        kvli_etcd_loaders_grow(s, now, &next);
         if (n == 0) {
             /* until a put, a new fetch, the agent's end (all broadcast
-             * put_cond), the next read of a pending one or the time to
-             * start another loader */
+             * put_cond) or the next read of a pending one */
             if (next == UINT64_MAX) {
                 pthread_cond_wait(&s->put_cond, &s->lock);
             } else {
