@@ -1123,19 +1123,24 @@ static PyObject *kvlpy_agent_etcd_publish(kvlpy_agent_t *self, PyObject *args, P
     Py_RETURN_NONE;
 }
 
-static PyObject *kvlpy_agent_etcd_fetch(kvlpy_agent_t *self, PyObject *args, PyObject *kw)
+/* etcd_fetch (in the caller's thread) and etcd_fetch_async (in the
+ * agent's background threads): the same arguments. */
+static PyObject *kvlpy_agent_etcd_fetch_any(kvlpy_agent_t *self, PyObject *args, PyObject *kw,
+                                            int background)
 {
     static char *kwlist[] = {"name", "label", "wait_ms", NULL};
     const char *name, *label = NULL;
     unsigned long long wait_ms = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "s|zK:etcd_fetch", kwlist, &name, &label,
-                                     &wait_ms))
+    if (!PyArg_ParseTupleAndKeywords(args, kw, background ? "s|zK:etcd_fetch_async"
+                                                          : "s|zK:etcd_fetch",
+                                     kwlist, &name, &label, &wait_ms))
         return NULL;
     if (kvlpy_agent_enter(self) < 0)
         return NULL;
     kvl_status_t st;
     Py_BEGIN_ALLOW_THREADS
-    st = kvl_etcd_fetch(self->agent, name, label, wait_ms);
+    st = background ? kvl_etcd_fetch_async(self->agent, name, label, wait_ms)
+                    : kvl_etcd_fetch(self->agent, name, label, wait_ms);
     Py_END_ALLOW_THREADS
     kvlpy_agent_leave(self);
     if (st != KVL_OK)
@@ -1143,24 +1148,14 @@ static PyObject *kvlpy_agent_etcd_fetch(kvlpy_agent_t *self, PyObject *args, PyO
     Py_RETURN_NONE;
 }
 
+static PyObject *kvlpy_agent_etcd_fetch(kvlpy_agent_t *self, PyObject *args, PyObject *kw)
+{
+    return kvlpy_agent_etcd_fetch_any(self, args, kw, 0);
+}
+
 static PyObject *kvlpy_agent_etcd_fetch_async(kvlpy_agent_t *self, PyObject *args, PyObject *kw)
 {
-    static char *kwlist[] = {"name", "label", "wait_ms", NULL};
-    const char *name, *label = NULL;
-    unsigned long long wait_ms = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "s|zK:etcd_fetch_async", kwlist, &name, &label,
-                                     &wait_ms))
-        return NULL;
-    if (kvlpy_agent_enter(self) < 0)
-        return NULL;
-    kvl_status_t st;
-    Py_BEGIN_ALLOW_THREADS
-    st = kvl_etcd_fetch_async(self->agent, name, label, wait_ms);
-    Py_END_ALLOW_THREADS
-    kvlpy_agent_leave(self);
-    if (st != KVL_OK)
-        return kvlpy_raise(st, NULL);
-    Py_RETURN_NONE;
+    return kvlpy_agent_etcd_fetch_any(self, args, kw, 1);
 }
 
 static PyObject *kvlpy_agent_etcd_fetch_status(kvlpy_agent_t *self, PyObject *args, PyObject *kw)

@@ -50,6 +50,38 @@ static int wait_check(kvl_agent_t *a, const char *name, kvl_status_t want, int s
     return 0;
 }
 
+/* A child process whose agent `name` published under pfx (lease ttl),
+ * then waits to be killed, stopped (SIGSTOP) when stop. Fork before this
+ * process has threads. */
+static pid_t publisher(const char *name, const char *pfx, unsigned ttl, bool stop)
+{
+    int pfd[2];
+    KT_CHECK(pipe(pfd) == 0);
+    pid_t pid = fork();
+    KT_CHECK(pid >= 0);
+    if (pid == 0) {
+        close(pfd[0]);
+        kvl_agent_t *c = agent(name);
+        if (attach(c, etcd.url, pfx, ttl) != KVL_OK || kvl_etcd_publish(c, NULL) != KVL_OK)
+            _exit(2);
+        if (write(pfd[1], "x", 1) != 1)
+            _exit(3);
+        if (stop)
+            raise(SIGSTOP);
+        for (;;)
+            pause();
+    }
+    close(pfd[1]);
+    char ch;
+    KT_CHECK(read(pfd[0], &ch, 1) == 1);
+    close(pfd[0]);
+    if (stop) {
+        int wst;
+        KT_CHECK(waitpid(pid, &wst, WUNTRACED) == pid && WIFSTOPPED(wst));
+    }
+    return pid;
+}
+
 static void bad_input(void)
 {
     kvl_agent_t *a = agent("bad");
@@ -185,27 +217,7 @@ static void background(void)
 static void frozen_peer(void)
 {
     const char *pfx = "/kt/frozen";
-    int pfd[2];
-    KT_CHECK(pipe(pfd) == 0);
-    pid_t pid = fork();
-    KT_CHECK(pid >= 0);
-    if (pid == 0) {
-        close(pfd[0]);
-        kvl_agent_t *c = agent("fz-frozen");
-        if (attach(c, etcd.url, pfx, 30) != KVL_OK || kvl_etcd_publish(c, NULL) != KVL_OK)
-            _exit(2);
-        if (write(pfd[1], "x", 1) != 1)
-            _exit(3);
-        raise(SIGSTOP);
-        for (;;)
-            pause();
-    }
-    close(pfd[1]);
-    char ch;
-    KT_CHECK(read(pfd[0], &ch, 1) == 1);
-    close(pfd[0]);
-    int wst;
-    KT_CHECK(waitpid(pid, &wst, WUNTRACED) == pid && WIFSTOPPED(wst));
+    pid_t pid = publisher("fz-frozen", pfx, 30, true);
     kvl_agent_t *w, *fresh = agent("fz-fresh");
     kvl_agent_config_t cfg = {.field_mask = KVL_AGENT_CFG_BACKENDS | KVL_AGENT_CFG_TIMEOUT,
                               .create_backends = "", .timeout_ms = 60000};
@@ -341,24 +353,7 @@ static void lifecycle(void)
 
 static void killed_agent(void)
 {
-    int pfd[2];
-    KT_CHECK(pipe(pfd) == 0);
-    pid_t pid = fork();
-    KT_CHECK(pid >= 0);
-    if (pid == 0) {
-        close(pfd[0]);
-        kvl_agent_t *c = agent("gamma");
-        if (attach(c, etcd.url, "/kt/kill", 2) != KVL_OK || kvl_etcd_publish(c, NULL) != KVL_OK)
-            _exit(2);
-        if (write(pfd[1], "x", 1) != 1)
-            _exit(3);
-        for (;;)
-            pause();
-    }
-    close(pfd[1]);
-    char ch;
-    KT_CHECK(read(pfd[0], &ch, 1) == 1);
-    close(pfd[0]);
+    pid_t pid = publisher("gamma", "/kt/kill", 2, false);
     kvl_agent_t *a = agent("watcher");
     KT_OK(attach(a, etcd.url, "/kt/kill", 2));
     KT_OK(kvl_etcd_fetch(a, "gamma", NULL, 5000));
