@@ -129,11 +129,12 @@ kvl_status_t kvl_etcd_fetch(kvl_agent_t *agent, const char *name, const char *la
  * the keys of every background fetch that is due in one request, and
  * waits for peers that have not published yet through the watch, up to
  * wait_ms each; up to 4 others load what it found (a peer that cannot be
- * reached holds one of them up to the agent's timeout, not the others). kvl_remote_check(name) turns KVL_OK once the
- * metadata is loaded; kvl_etcd_fetch_status() says whether it is still
- * pending, loaded or why it failed (a failure is also logged, as NIXL
- * does). Asking again for a name that is pending restarts its wait with
- * the new label and wait_ms; for one that ended, fetches it again.
+ * reached holds one of them up to the agent's timeout, not the others).
+ * kvl_remote_check(name) turns KVL_OK once the metadata is loaded;
+ * kvl_etcd_fetch_status() says whether it is still pending, loaded or why
+ * it failed (a failure is also logged, as NIXL does). Asking again for a
+ * name that is pending restarts its wait with the new label and wait_ms;
+ * for one that ended, fetches it again.
  * Fails at once only for what kvl_etcd_fetch refuses before reading (not
  * attached, a bad name or label) and when its thread cannot start.
  */

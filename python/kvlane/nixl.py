@@ -1122,8 +1122,8 @@ class nixl_agent:
         if not ip_addr:
             if not self._etcd:
                 raise _no_central_store()
-            # As NIXL: asynchronous (the agent's one background fetch
-            # thread); check_remote_metadata(name) turns True once loaded
+            # As NIXL: asynchronous (the agent's background fetch
+            # threads); check_remote_metadata(name) turns True once loaded
             # (waiting up to 5 s for the peer to publish). A failure is
             # logged, by kvlane and by check_remote_metadata.
             name = _name(remote_agent)
@@ -1295,6 +1295,7 @@ class nixl_agent:
         """Destroy the agent now (also done at interpreter exit); files that
         path-mode registrations opened are closed after it."""
         self.agent.close()
+        self._etcd_pending.clear()
         self._file_close(list(self._path_fds.items()))
         self._path_fds.clear()
 
