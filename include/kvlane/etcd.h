@@ -146,7 +146,9 @@ kvl_status_t kvl_etcd_fetch_async(kvl_agent_t *agent, const char *name, const ch
  * to end (0: no wait): KVL_OK (loaded), KVL_IN_PROGRESS (still pending), or
  * the error it failed with, as kvl_etcd_fetch would have returned it
  * (KVL_ERR_NOT_FOUND: not published within its wait). KVL_ERR_STATE when
- * none was started for that name.
+ * none was started for that name, or its result was forgotten: an agent
+ * keeps those of its last 4096 background fetches (by name), the oldest
+ * ended ones going first.
  */
 kvl_status_t kvl_etcd_fetch_status(kvl_agent_t *agent, const char *name, uint64_t wait_ms);
 

@@ -60,7 +60,7 @@ typedef struct kvli_etcd_bg {
     bool busy;                         /* being read, or its metadata being loaded */
     kvli_etcd_waiter_t wt;             /* in s->waiters while it is pending */
     kvl_status_t st;                   /* KVL_IN_PROGRESS, KVL_OK or why it failed */
-    kvl_error_t *err;                  /* the failure (allocated with it, written on failure) */
+    kvl_error_t *err;                  /* the failure (allocated when it failed; NULL: no memory) */
 } kvli_etcd_bg_t;
 
 /* A read of one key, sent to etcd with the reads other threads of the
@@ -78,6 +78,9 @@ typedef struct kvli_etcd_read {
 
 #define KVLI_ETCD_READ_BATCH 64u       /* etcd allows 128 operations per transaction */
 #define KVLI_ETCD_LOADERS 4u           /* loader threads per agent (kvli_etcd_t.loaders) */
+/* Background fetches whose result is kept: past this many, the oldest
+ * ended ones are forgotten (peers come and go under new names). */
+#define KVLI_ETCD_BG_KEEP 4096u
 
 typedef struct kvli_etcd_pub {
     struct kvli_etcd_pub *next;
@@ -1734,7 +1737,7 @@ static bool kvli_etcd_fetch_end(kvli_etcd_t *s, kvli_etcd_waiter_t *wt, kvli_etc
     kvli_etcd_unwait(s, &bg->wt);
     bg->st = st;
     bg->next_read = 0;
-    if (st != KVL_OK)
+    if (st != KVL_OK && (bg->err != NULL || (bg->err = malloc(sizeof(*bg->err))) != NULL))
         memcpy(bg->err, err,
                offsetof(kvl_error_t, causes) + err->n_causes * sizeof(err->causes[0]));
     pthread_cond_broadcast(&s->bg_cond);
@@ -2137,11 +2140,29 @@ kvl_status_t kvl_etcd_fetch_async(kvl_agent_t *a, const char *name, const char *
     }
     /* in the order asked (the fetcher reads and loads them in this order) */
     kvli_etcd_bg_t **pp = &s->bgs, *b;
-    while (*pp != NULL && strcmp((*pp)->name, name) != 0)
+    unsigned nbg = 0;
+    while (*pp != NULL && strcmp((*pp)->name, name) != 0) {
         pp = &(*pp)->next;
-    if ((b = *pp) == NULL) {
-        if ((b = calloc(1, sizeof(*b))) == NULL || (b->err = malloc(sizeof(*b->err))) == NULL) {
-            free(b);
+        nbg++;
+    }
+    if ((b = *pp) == NULL && nbg >= KVLI_ETCD_BG_KEEP) {
+        /* forget the oldest ended ones (nothing refers to an ended fetch) */
+        for (kvli_etcd_bg_t **q = &s->bgs; *q != NULL && nbg >= KVLI_ETCD_BG_KEEP;) {
+            kvli_etcd_bg_t *o = *q;
+            if (o->st == KVL_IN_PROGRESS || o->busy) {
+                q = &o->next;
+                continue;
+            }
+            *q = o->next;
+            free(o->err);
+            free(o);
+            nbg--;
+        }
+        for (pp = &s->bgs; *pp != NULL;)
+            pp = &(*pp)->next;
+    }
+    if (b == NULL) {
+        if ((b = calloc(1, sizeof(*b))) == NULL) {
             pthread_mutex_unlock(&s->lock);
             return kvli_fail_simple(a, KVL_ERR_NO_MEMORY, NULL,
                                     "kvl_etcd_fetch_async: out of memory");
@@ -2197,9 +2218,12 @@ kvl_status_t kvl_etcd_fetch_status(kvl_agent_t *a, const char *name, uint64_t wa
            pthread_cond_timedwait(&s->bg_cond, &s->lock, &ts) != ETIMEDOUT)
         ;
     kvl_status_t st = b->st;
-    if (st != KVL_OK && st != KVL_IN_PROGRESS)
+    if (st != KVL_OK && st != KVL_IN_PROGRESS && b->err != NULL)
         memcpy(&err, b->err, offsetof(kvl_error_t, causes) +
                                  b->err->n_causes * sizeof(b->err->causes[0]));
+    else if (st != KVL_OK && st != KVL_IN_PROGRESS)
+        kvli_err(&err, st, 0, "the background fetch of agent '%.100s' failed; no memory was "
+                 "left to keep its error (logged when it failed)", name);
     pthread_mutex_unlock(&s->lock);
     if (st == KVL_OK || st == KVL_IN_PROGRESS)
         return st;

@@ -196,6 +196,25 @@ static void background(void)
     KT_OK(kvl_etcd_fetch_async(a, "bg-nobody", NULL, 60000));
     KT_OK(kvl_etcd_fetch_status(a, "bg-nobody", 60000));
     KT_OK(kvl_remote_check(a, "bg-nobody"));
+    /* results kept: the last 4096 (13 older ones above, all ended: the
+     * 4097 new names forget those and bg-x0, the oldest of the new) */
+    for (int i = 0; i < 4096; i++) {
+        char nm[32];
+        snprintf(nm, sizeof(nm), "bg-x%d", i);
+        KT_OK(kvl_etcd_fetch_async(a, nm, NULL, 0));
+    }
+    for (int i = 0; i < 4096; i++) {
+        char nm[32];
+        snprintf(nm, sizeof(nm), "bg-x%d", i);
+        KT_STATUS(kvl_etcd_fetch_status(a, nm, 60000), KVL_ERR_NOT_FOUND);
+    }
+    KT_OK(kvl_etcd_fetch_async(a, "bg-x4096", NULL, 0));
+    KT_STATUS(kvl_etcd_fetch_status(a, "bg-x4096", 60000), KVL_ERR_NOT_FOUND);
+    KT_STATUS(kvl_etcd_fetch_status(a, names[1], 0), KVL_ERR_STATE);
+    KT_STATUS(kvl_etcd_fetch_status(a, "bg-x0", 0), KVL_ERR_STATE);
+    KT_ERROR_HAS("started no background fetch of agent 'bg-x0'");
+    KT_STATUS(kvl_etcd_fetch_status(a, "bg-x1", 0), KVL_ERR_NOT_FOUND);
+    kt_log_clear();
     /* destroyed with a fetch pending: returns within a call's timeout */
     KT_OK(kvl_etcd_fetch_async(a, "bg-never", NULL, 60000));
     uint64_t t0 = kt_now_ms();
