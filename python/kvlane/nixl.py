@@ -1070,6 +1070,8 @@ class nixl_agent:
             try:
                 if self.agent.etcd_fetch_status(name):
                     self._etcd_pending.discard(name)
+            except StateError:
+                self._etcd_pending.discard(name)   # its result was forgotten (4096 newer)
             except Error as e:
                 self._etcd_pending.discard(name)
                 _fetch_failed(name, e)
