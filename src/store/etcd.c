@@ -1736,7 +1736,6 @@ static bool kvli_etcd_fetch_end(kvli_etcd_t *s, kvli_etcd_waiter_t *wt, kvli_etc
     }
     kvli_etcd_unwait(s, &bg->wt);
     bg->st = st;
-    bg->next_read = 0;
     if (st != KVL_OK && (bg->err != NULL || (bg->err = malloc(sizeof(*bg->err))) != NULL))
         memcpy(bg->err, err,
                offsetof(kvl_error_t, causes) + err->n_causes * sizeof(err->causes[0]));
@@ -2013,7 +2012,8 @@ static void kvli_etcd_bg_read(kvli_etcd_t *s, kvli_etcd_due_t *d, kvl_error_t *e
         kvli_err(err, KVL_ERR_NO_MEMORY, ENOMEM, "etcd: no memory to load the metadata of "
                  "agent '%s'", d->name);
         d->rd.st = KVL_ERR_NO_MEMORY;
-        memcpy(d->rd.err, err, sizeof(*err));
+    } else if (d->rd.st != KVL_ERR_NOT_FOUND) {
+        memcpy(err, d->rd.err, sizeof(*err)); /* the read failed */
     }
     uint64_t now = kvli_clock_ms();
     kvli_etcd_bg_t *b = d->bg;
@@ -2032,8 +2032,6 @@ static void kvli_etcd_bg_read(kvli_etcd_t *s, kvli_etcd_due_t *d, kvl_error_t *e
     } else {
         if (d->rd.st == KVL_ERR_NOT_FOUND)
             kvli_etcd_not_found(err, d->name, d->key, d->wait_ms);
-        else
-            memcpy(err, d->rd.err, sizeof(*err));
         ended = kvli_etcd_fetch_end(s, NULL, b, d->seq, d->rd.st, err);
     }
     pthread_mutex_unlock(&s->lock);
