@@ -115,7 +115,16 @@ static void initiators_killed(const char *backend)
            backend, ROUNDS, fds0, fds, maps0, maps);
     KT_CHECK(fds <= fds0 + 4);
     KT_CHECK(maps <= maps0 + 4);
-    KT_OK(kvl_mem_deregister(a, &d, 1));
+    /* the last writer's request stays in the target's hands until its dead
+     * connection is noticed, and deregistration says so (KVL_ERR_IN_USE,
+     * nothing deregistered): under load that can outlast the fd check, so
+     * wait for it (bounded) */
+    kvl_status_t st;
+    for (int w = 0; w < 4000 && (st = kvl_mem_deregister(a, &d, 1)) == KVL_ERR_IN_USE; w++) {
+        struct timespec ts = {0, 5000000};
+        nanosleep(&ts, NULL);
+    }
+    KT_OK(st);
     kvl_free(md);
     kvl_agent_destroy(a);
     free(buf);
