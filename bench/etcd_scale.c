@@ -97,6 +97,43 @@ static kvl_agent_t *join(unsigned i, void **mem)
     return a;
 }
 
+/* Drops of followed peers, counted from the library's log (INFO "dropped
+ * the metadata of"); followers wait on it instead of polling. Anything at
+ * WARN or above still goes to stderr. */
+static pthread_mutex_t g_drop_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t g_drop_cond = PTHREAD_COND_INITIALIZER;
+static uint64_t g_drops;
+
+static void on_log(kvl_log_level_t level, const char *component, const char *message, void *arg)
+{
+    (void)arg;
+    if (level <= KVL_LOG_WARN)
+        fprintf(stderr, "kvlane [%s] %s: %s\n", level == KVL_LOG_ERROR ? "error" : "warn",
+                component, message);
+    else if (strstr(message, "dropped the metadata of") != NULL) {
+        pthread_mutex_lock(&g_drop_lock);
+        g_drops++;
+        pthread_cond_broadcast(&g_drop_cond);
+        pthread_mutex_unlock(&g_drop_lock);
+    }
+}
+
+/* Wait until the drop count passes seen or ms pass; the count now. */
+static uint64_t drop_wait(uint64_t seen, unsigned ms)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    uint64_t ns = (uint64_t)ts.tv_nsec + (uint64_t)ms * 1000000u;
+    ts.tv_sec += (time_t)(ns / 1000000000u);
+    ts.tv_nsec = (long)(ns % 1000000000u);
+    pthread_mutex_lock(&g_drop_lock);
+    while (g_drops == seen && pthread_cond_timedwait(&g_drop_cond, &g_drop_lock, &ts) == 0)
+        ;
+    uint64_t now = g_drops;
+    pthread_mutex_unlock(&g_drop_lock);
+    return now;
+}
+
 /* The agents of one process wait here until all of them joined, to read
  * the process's CPU once for all. */
 static pthread_barrier_t g_joined;
@@ -156,11 +193,14 @@ static void *agent_main(void *arg)
             report("J %u %" PRIu64 " %" PRIu64 " %" PRIu64 " %" PRIu64 " %" PRIu64 "\n", i,
                    t1 - t0, t_pub - t0, cpu_us / g_k, g_t_setup - t0, g_t_attach - g_t_setup);
     }
-    /* Observing starts once every agent joined: the followers' polling
-     * (a wake-up every 2 ms in each agent) would otherwise take the CPU
-     * the joins are measured on. */
+    /* Observing starts once every agent joined. A follower checks its
+     * peers (kvl_remote_check, what an engine sees) when the library says
+     * it dropped a peer's metadata (drop_seen) and every 250 ms besides:
+     * 256 processes polling every few ms kept this machine's two cores
+     * busy, starving etcd into expiring live agents' leases. */
     if (!restarted && read(g_obs[0], &ch, 1) != 1)
         _exit(2);
+    uint64_t seen = 0;
     for (;;) {
         for (unsigned k = 0; k < g_peers; k++) {
             if (live[k] && kvl_remote_check(a, peers[k]) != KVL_OK) {
@@ -168,7 +208,7 @@ static void *agent_main(void *arg)
                 report("D %u %s %" PRIu64 "\n", i, peers[k] + 1, rt_ns());
             }
         }
-        usleep(2000);
+        seen = drop_wait(seen, 250);
     }
     return NULL;
 }
@@ -180,6 +220,9 @@ static void child(unsigned p, bool restarted)
     pthread_t th[64];
     if (pthread_barrier_init(&g_joined, NULL, g_k) != 0)
         _exit(4);
+    kvl_log_set_callback(on_log, NULL);
+    if (kvl_log_get_level() < KVL_LOG_INFO)
+        kvl_log_set_level(KVL_LOG_INFO);
     for (unsigned j = 0; j < g_k; j++) {
         args[j] = (agent_arg_t){p * g_k + j, restarted};
         if (pthread_create(&th[j], NULL, agent_main, &args[j]) != 0)
