@@ -672,36 +672,40 @@ static void kvli_etcd_event(kvli_etcd_t *s, json_object *ev)
     }
 }
 
-/* After the watch lost events (compaction): check every followed peer. */
-static void kvli_etcd_resync(kvli_etcd_t *s, CURL *h)
+/* After the watch on agent `name` lost events (etcd compacted past its
+ * revision): read its presence key now and act on it as on an event, so a
+ * restart or departure the watch missed is not missed for good. Only that
+ * peer: each peer has its own watch, which meets the compaction itself.
+ * false when etcd could not be read: the caller keeps the watch's old
+ * revision, so its resumption is refused as compacted again and the check
+ * is repeated (with the watch's backoff) until it succeeds. */
+static bool kvli_etcd_resync(kvli_etcd_t *s, CURL *h, const char *name)
 {
-    char names[64][KVL_NAME_MAX];
-    unsigned n = 0;
     pthread_mutex_lock(&s->lock);
-    for (kvli_etcd_follow_t *f = s->follows; f != NULL && n < 64; f = f->next, n++)
-        kvli_scopy(names[n], KVL_NAME_MAX, f->name);
+    bool followed = kvli_etcd_follow_find(s, name) != NULL;
     pthread_mutex_unlock(&s->lock);
-    for (unsigned i = 0; i < n; i++) {
-        char key[KVLI_ETCD_PREFIX_MAX + KVL_NAME_MAX + 8];
-        json_object *b = json_object_new_object(), *out = NULL, *kvs = NULL;
-        kvl_error_t err;
-        kvli_err_blank(&err);
-        kvli_etcd_pkey(s, names[i], key, sizeof(key));
-        kvli_etcd_put_key(b, "key", key);
-        kvl_status_t st = kvli_etcd_call(&s->cl, h, "/v3/kv/range", b, &out, NULL, 0, &err);
-        json_object_put(b);
-        if (st != KVL_OK)
-            continue;
-        if (json_object_object_get_ex(out, "kvs", &kvs) && json_object_array_length(kvs) > 0) {
-            json_object *ev = json_object_new_object();
-            json_object_object_add(ev, "kv", json_object_get(json_object_array_get_idx(kvs, 0)));
-            kvli_etcd_event(s, ev);
-            json_object_put(ev);
-        } else {
-            kvli_etcd_drop(s, names[i], "its etcd key is gone (found after the watch resumed)");
-        }
-        json_object_put(out);
+    if (!followed)
+        return true; /* awaited by a fetch, not loaded: nothing held to correct */
+    char key[KVLI_ETCD_PREFIX_MAX + KVL_NAME_MAX + 8];
+    json_object *b = json_object_new_object(), *out = NULL, *kvs = NULL;
+    kvl_error_t err;
+    kvli_err_blank(&err);
+    kvli_etcd_pkey(s, name, key, sizeof(key));
+    kvli_etcd_put_key(b, "key", key);
+    kvl_status_t st = kvli_etcd_call(&s->cl, h, "/v3/kv/range", b, &out, NULL, 0, &err);
+    json_object_put(b);
+    if (st != KVL_OK)
+        return false;
+    if (json_object_object_get_ex(out, "kvs", &kvs) && json_object_array_length(kvs) > 0) {
+        json_object *ev = json_object_new_object();
+        json_object_object_add(ev, "kv", json_object_get(json_object_array_get_idx(kvs, 0)));
+        kvli_etcd_event(s, ev);
+        json_object_put(ev);
+    } else {
+        kvli_etcd_drop(s, name, "its etcd key is gone (found after the watch resumed)");
     }
+    json_object_put(out);
+    return true;
 }
 
 /* One watch stream: the presence key of one agent this one follows or
@@ -714,6 +718,7 @@ typedef struct kvli_etcd_stream {
     char name[KVL_NAME_MAX];
     char body[1024];
     int64_t rev;                       /* next revision to watch from (0: now) */
+    int64_t compact_rev;               /* etcd's compaction, when it refused rev */
     bool running, created, compacted, failed, warned, wanted;
     uint64_t retry_ms;                 /* monotonic ms of the next start */
     unsigned backoff_ms;
@@ -753,7 +758,7 @@ static void kvli_etcd_line(kvli_etcd_stream_t *w, const char *line)
         w->failed = true;
     }
     if (compact > 0) {
-        w->rev = compact;
+        w->compact_rev = compact;
         w->compacted = true;
     }
     if (json_object_object_get_ex(r, "events", &evs)) {
@@ -839,10 +844,15 @@ static void kvli_etcd_stream_ended(kvli_etcd_t *s, kvli_etcd_stream_t *w, CURLco
     uint64_t now = kvli_clock_ms();
     if (w->compacted) {
         kvli_log(KVL_LOG_INFO, "etcd", "agent '%s': etcd compacted past the watch's "
-                 "revision; checking the followed agents", s->a->name);
-        kvli_etcd_resync(s, w->rh);
-        w->retry_ms = now;
-        return;
+                 "revision; checking agent '%s'", s->a->name, w->name);
+        if (kvli_etcd_resync(s, w->rh, w->name)) {
+            w->rev = w->compact_rev;
+            w->retry_ms = now;
+            return;
+        }
+        snprintf(w->fail, sizeof(w->fail), "etcd compacted past its revision and the check "
+                 "of agent '%s' could not read etcd", w->name);
+        w->failed = true;
     }
     if (w->failed && strstr(w->fail, "token") != NULL && s->cl.user[0] != '\0') {
         kvl_error_t err;
@@ -1150,10 +1160,14 @@ static void kvli_etcd_ws_msg(void *arg, const char *text, size_t len)
     }
     if (canceled && compact > 0) {
         kvli_log(KVL_LOG_INFO, "etcd", "agent '%s': etcd compacted past the watch's "
-                 "revision; checking the followed agents", c->s->a->name);
-        w->rev = compact;
-        w->sent = w->pending = false;
-        kvli_etcd_resync(c->s, c->rh);
+                 "revision; checking agent '%s'", c->s->a->name, w->name);
+        if (kvli_etcd_resync(c->s, c->rh, w->name)) {
+            w->rev = compact;
+            w->sent = w->pending = false;
+        } else {
+            kvli_etcd_ww_retry(c, w, "etcd compacted past its revision and the check of the "
+                                     "agent could not read etcd");
+        }
     } else if (canceled) {
         char why[200];
         snprintf(why, sizeof(why), "etcd canceled the watch: %.150s", reason);

@@ -9,10 +9,10 @@
  * and "stay" drops it; the link comes back; "part"'s keeper grants a new
  * lease and publishes again; "stay" fetches it again and the write works.
  * And a watch resumed after etcd compacted its history: "part" follows the
- * agent "other" (host E); while P is cut off, "other" restarts (a new
- * incarnation) and etcd is compacted past P's watch; once healed, P's
- * watch finds its revision compacted, P checks what it follows, and drops
- * "other"'s old incarnation.
+ * agents "other" and "still" (host E); while P is cut off, "other" restarts
+ * (a new incarnation) and etcd is compacted past P's watches; once healed,
+ * each watch finds its revision compacted, P checks that peer, drops
+ * "other"'s old incarnation and keeps "still".
  * KVL_TEST_LABELS: etcd netns
  */
 #include <errno.h>
@@ -77,10 +77,10 @@ static void part_main(int cmd, int rep)
             kvl_status_t st = kvl_etcd_publish(a, NULL);
             say(rep, "%s %llu %s", kvl_status_name(st), (unsigned long long)(kt_now_ms() - t0),
                 st == KVL_OK ? "" : kvl_last_error()->what);
-        } else if (strcmp(m, "follow") == 0) {
-            say(rep, "%s", kvl_status_name(kvl_etcd_fetch(a, "other", NULL, 10000)));
-        } else if (strcmp(m, "has") == 0) {
-            say(rep, "%s", kvl_status_name(kvl_remote_check(a, "other")));
+        } else if (strncmp(m, "follow ", 7) == 0) {
+            say(rep, "%s", kvl_status_name(kvl_etcd_fetch(a, m + 7, NULL, 10000)));
+        } else if (strncmp(m, "has ", 4) == 0) {
+            say(rep, "%s", kvl_status_name(kvl_remote_check(a, m + 4)));
         } else if (strcmp(m, "check") == 0) {
             long bad = kt_verify(buf, 4096, 91);
             say(rep, "%s", bad == -1 ? "verified" : "differs");
@@ -91,22 +91,22 @@ static void part_main(int cmd, int rep)
     _exit(0);
 }
 
-/* The agent "other" on host E, published under /kt/netns. */
-static kvl_agent_t *other_start(void)
+/* An agent on host E ("other", "still"), published under /kt/netns. */
+static kvl_agent_t *other_start(const char *name)
 {
-    kvl_agent_t *o = tcp_agent("other", net.ip[0]);
+    kvl_agent_t *o = tcp_agent(name, net.ip[0]);
     kvl_etcd_config_t ec = {.endpoints = etcd.url, .prefix = "/kt/netns", .lease_ttl_s = 3};
     KT_OK(kvl_etcd_attach(o, &ec));
     KT_OK(kvl_etcd_publish(o, NULL));
     return o;
 }
 
-/* Ask host P whether it still holds "other", until it answers want. */
-static int part_has_other(int cmd, int rep, const char *want, int seconds)
+/* Ask host P whether it still holds agent name, until it answers want. */
+static int part_has(int cmd, int rep, const char *name, const char *want, int seconds)
 {
     for (int i = 0; i < seconds * 10; i++) {
         uint64_t len;
-        say(cmd, "has");
+        say(cmd, "has %s", name);
         char *m = kt_recv_msg(rep, &len, 30000);
         KT_CHECK(m != NULL);
         int same = strcmp(m, want) == 0;
@@ -179,11 +179,13 @@ int main(void)
     KT_CHECK(m != NULL && strcmp(m, "verified") == 0);
     free(m);
     printf("across hosts: fetched through etcd, write verified\n");
-    kvl_agent_t *other = other_start();
-    say(cmd[1], "follow");
-    m = kt_recv_msg(rep[0], &len, 30000);
-    KT_CHECK(m != NULL && strcmp(m, "KVL_OK") == 0);
-    free(m);
+    kvl_agent_t *other = other_start("other"), *still = other_start("still");
+    for (int i = 0; i < 2; i++) {
+        say(cmd[1], "follow %s", i ? "still" : "other");
+        m = kt_recv_msg(rep[0], &len, 30000);
+        KT_CHECK(m != NULL && strcmp(m, "KVL_OK") == 0);
+        free(m);
+    }
 
     /* partition: E's end goes down; P's packets to etcd vanish */
     KT_CHECK(kt_sh("ip -n %s link set %s down", net.ns[0], net.veth[0]) == 0);
@@ -202,9 +204,9 @@ int main(void)
            "lease expiry\n");
     /* meanwhile "other" restarts and etcd forgets the events P's watch missed */
     kvl_agent_destroy(other);
-    other = other_start();
+    other = other_start("other");
     KT_CHECK(kt_etcd_compact(&etcd) == 0);
-    KT_CHECK(part_has_other(cmd[1], rep[0], "KVL_OK", 1)); /* P cannot know yet */
+    KT_CHECK(part_has(cmd[1], rep[0], "other", "KVL_OK", 1)); /* P cannot know yet */
 
     /* heal: part's keeper grants a new lease and publishes again */
     KT_CHECK(kt_sh("ip -n %s link set %s up", net.ns[0], net.veth[0]) == 0);
@@ -216,10 +218,14 @@ int main(void)
     KT_CHECK(m != NULL && strcmp(m, "verified") == 0);
     free(m);
     printf("healed: 'part' published again under a new lease, fetched again, write verified\n");
-    KT_CHECK(part_has_other(cmd[1], rep[0], "KVL_ERR_NOT_FOUND", 60));
-    printf("compacted: P's watch resumed past etcd's compaction, P checked and dropped the old "
-           "incarnation of 'other'\n");
+    KT_CHECK(part_has(cmd[1], rep[0], "other", "KVL_ERR_NOT_FOUND", 60));
+    /* "still" did not change: its own watch met the compaction too (its
+     * check found the same incarnation); P keeps it */
+    KT_CHECK(part_has(cmd[1], rep[0], "still", "KVL_OK", 1));
+    printf("compacted: P's watches resumed past etcd's compaction; P checked each peer, dropped "
+           "the old incarnation of 'other' and kept 'still'\n");
     kvl_agent_destroy(other);
+    kvl_agent_destroy(still);
 
     say(cmd[1], "exit");
     int st;
