@@ -30,6 +30,7 @@
 #include "store.h"
 
 #define KVLI_ETCD_LABEL_MAX 64u
+#define KVLI_ETCD_PUBS_MAX 16u /* labels one agent publishes (the keeper republishes them all) */
 #define KVLI_ETCD_PREFIX_MAX 200u
 
 typedef struct kvli_etcd_follow {
@@ -391,15 +392,15 @@ static kvl_status_t kvli_etcd_republish_labels(kvli_etcd_t *s, CURL *h,
  * deregistered region from it. Called by the keeper; err filled on failure. */
 static kvl_status_t kvli_etcd_republish(kvli_etcd_t *s, CURL *h, kvl_error_t *err)
 {
-    char labels[16][KVLI_ETCD_LABEL_MAX];
-    void *blobs[16] = {NULL};
-    size_t lens[16] = {0};
+    char labels[KVLI_ETCD_PUBS_MAX][KVLI_ETCD_LABEL_MAX];
+    void *blobs[KVLI_ETCD_PUBS_MAX] = {NULL};
+    size_t lens[KVLI_ETCD_PUBS_MAX] = {0};
     unsigned n = 0;
     int64_t lease;
     kvl_status_t st = KVL_OK;
     pthread_mutex_lock(&s->lock);
     lease = s->lease;
-    for (kvli_etcd_pub_t *p = s->pubs; p != NULL && n < 16; p = p->next) {
+    for (kvli_etcd_pub_t *p = s->pubs; p != NULL && n < KVLI_ETCD_PUBS_MAX; p = p->next) {
         if (p->blob != NULL && (blobs[n] = malloc(p->len)) == NULL) {
             st = KVL_ERR_NO_MEMORY;
             break;
@@ -1497,13 +1498,16 @@ static kvl_status_t kvli_etcd_publish(kvl_agent_t *a, const char *label, const v
     pthread_mutex_lock(&s->lock);
     int64_t lease = s->lease;
     unsigned npubs = 0;
-    for (kvli_etcd_pub_t *p = s->pubs; p != NULL; p = p->next)
+    bool again = false; /* a label published before: replaced, not added */
+    for (kvli_etcd_pub_t *p = s->pubs; p != NULL; p = p->next) {
         npubs++;
+        again = again || strcmp(p->label, label) == 0;
+    }
     pthread_mutex_unlock(&s->lock);
     kvl_status_t st = KVL_OK;
-    if (npubs >= 16) {
-        kvli_err(&err, KVL_ERR_INVALID_ARG, 0, "agent '%s' already publishes 16 labels in etcd",
-                 a->name);
+    if (npubs >= KVLI_ETCD_PUBS_MAX && !again) {
+        kvli_err(&err, KVL_ERR_INVALID_ARG, 0, "agent '%s' already publishes %u labels in etcd",
+                 a->name, KVLI_ETCD_PUBS_MAX);
         kvli_hint(&err, "reuse labels: publishing a label again replaces its metadata");
         st = KVL_ERR_INVALID_ARG;
     }

@@ -339,6 +339,33 @@ def test_core_partial_withdrawn(env, uniq):
         a.close()
 
 
+def test_core_label_limit(env, uniq):
+    """An agent publishes at most 16 labels (its default one included); a
+    label published again replaces its metadata even at the limit."""
+    a = kvlane.Agent(uniq + "-la", backends=("tcp",))
+    b = kvlane.Agent(uniq + "-lb", backends=("tcp",))
+    try:
+        for x in (a, b):
+            x.etcd_attach(env, prefix=f"/kvltest/{uniq}-lim", lease_ttl_s=10)
+        bufs = [np.zeros(4096, np.uint8) for _ in range(16)]
+        a.register_memory([(x.ctypes.data, 4096, -1) for x in bufs], "DRAM")
+        a.etcd_publish()
+        parts = [a.get_partial_metadata(kvlane.DList.from_descs([(x.ctypes.data, 64, -1)]))
+                 for x in bufs]
+        for i in range(15):
+            a.etcd_publish(f"l{i}", parts[i])
+        with pytest.raises(kvlane.InvalidArgument, match="already publishes 16 labels"):
+            a.etcd_publish("l15", parts[15])
+        a.etcd_publish("l3", parts[15])          # replaced: no new label
+        a.etcd_publish()                         # the default label again
+        b.etcd_fetch(uniq + "-la", wait_ms=30000)
+        b.etcd_fetch(uniq + "-la", "l3", wait_ms=30000)
+        assert b.check_remote(uniq + "-la")
+    finally:
+        b.close()
+        a.close()
+
+
 class _NoUpgradeProxy:
     """A TCP relay to etcd that answers WebSocket upgrades with 400, as an
     HTTP proxy without WebSocket support does; every other connection is
