@@ -15,6 +15,8 @@
  * host: the kernels read the index arrays in place from pinned host memory
  * mapped for the GPU (what the backend's warp kernel does for large
  * requests), instead of from GPU memory; compare with a run without it.
+ * Last, "bucketed" rows: the pairs put in destination order by buckets on
+ * the GPU first (two more launches), then gathered; timed together.
  */
 #include <cuda_runtime.h>
 #include <stdint.h>
@@ -165,6 +167,67 @@ __global__ void g_bulk(const unsigned long long *stab, const unsigned long long 
 #endif
 }
 
+/*
+ * Destination bucketing (an experiment for requests measured one at a time):
+ * put the pairs in the order of their destination index's high bits before
+ * the gather, so that the blocks written at once lie close together. Three
+ * launches: a histogram of the buckets whose last CTA scans it into offsets
+ * (and clears the counts for the next request), a scatter of the pairs into
+ * bucket order (order within a bucket is arrival order), then the gather.
+ */
+#define BK_BUCKETS 1024u
+
+__global__ void g_bk_hist(const unsigned *didx, unsigned long long n, unsigned shift,
+                          unsigned *cnt, unsigned *off, unsigned *done)
+{
+    __shared__ unsigned h[BK_BUCKETS];
+    __shared__ bool last;
+    for (unsigned j = threadIdx.x; j < BK_BUCKETS; j += blockDim.x)
+        h[j] = 0;
+    __syncthreads();
+    for (unsigned long long i = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (unsigned long long)gridDim.x * blockDim.x)
+        atomicAdd(&h[__ldg(&didx[i]) >> shift], 1u);
+    __syncthreads();
+    for (unsigned j = threadIdx.x; j < BK_BUCKETS; j += blockDim.x)
+        if (h[j] != 0)
+            atomicAdd(&cnt[j], h[j]);
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0)
+        last = atomicAdd(done, 1u) == gridDim.x - 1;
+    __syncthreads();
+    if (!last)
+        return;
+    /* the last CTA: exclusive scan of the counts (blockDim.x == BK_BUCKETS) */
+    __shared__ unsigned sc[BK_BUCKETS];
+    unsigned t = threadIdx.x;
+    unsigned v = atomicExch(&cnt[t], 0u); /* cleared for the next request */
+    sc[t] = v;
+    __syncthreads();
+    for (unsigned d = 1; d < BK_BUCKETS; d <<= 1) {
+        unsigned x = t >= d ? sc[t - d] : 0;
+        __syncthreads();
+        sc[t] += x;
+        __syncthreads();
+    }
+    off[t] = sc[t] - v;
+    if (t == 0)
+        *done = 0;
+}
+
+__global__ void g_bk_scatter(const unsigned *sidx, const unsigned *didx, unsigned long long n,
+                             unsigned shift, unsigned *off, unsigned *os, unsigned *od)
+{
+    for (unsigned long long i = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (unsigned long long)gridDim.x * blockDim.x) {
+        unsigned d = __ldg(&didx[i]), s = __ldg(&sidx[i]);
+        unsigned p = atomicAdd(&off[d >> shift], 1u);
+        os[p] = s;
+        od[p] = d;
+    }
+}
+
 typedef void (*kfn)(const unsigned long long *, const unsigned long long *, const unsigned *,
                     const unsigned *, unsigned long long, unsigned long long);
 
@@ -306,6 +369,59 @@ int main(int argc, char **argv)
                       cudaMemcpyDeviceToHost));
         printf("%-34s %9.3f ms %8.1f GB/s  %.3f of copy%s\n", s.name, t, bytes / t / 1e6, ref / t,
                c0[0] == 1 && c1[15] == 1 ? "" : "  WRONG BYTES");
+    }
+    {
+        /* bucketing: the key range is the destination list's length (n) */
+        unsigned shift = 0;
+        while ((n - 1) >> shift >= BK_BUCKETS)
+            shift++;
+        unsigned *cnt, *off, *done, *os, *od;
+        CK(cudaMalloc(&cnt, BK_BUCKETS * 4));
+        CK(cudaMalloc(&off, BK_BUCKETS * 4));
+        CK(cudaMalloc(&done, 4));
+        CK(cudaMalloc(&os, n * 4));
+        CK(cudaMalloc(&od, n * 4));
+        CK(cudaMemset(cnt, 0, BK_BUCKETS * 4));
+        CK(cudaMemset(done, 0, 4));
+        unsigned hg = (unsigned)(sms * 2), tg = (unsigned)((n + 1023) / 1024);
+        auto bucket = [&] {
+            g_bk_hist<<<hg, BK_BUCKETS>>>(didx, n, shift, cnt, off, done);
+            g_bk_scatter<<<tg, 1024>>>(sidx, didx, n, shift, off, os, od);
+        };
+        float tb = med(bucket);
+        CK(cudaGetLastError());
+        printf("%-34s %9.3f ms  (%u buckets of %llu pairs' destinations)\n",
+               "bucketing alone (hist+scan, scatter)", tb, BK_BUCKETS, 1ull << shift);
+        struct {
+            const char *name;
+            kfn fn;
+            unsigned threads;
+            int per_warp;
+        } g[] = {{"bucketed + cta512 x4 none", g_cta<4, HINT_NONE>, 512, 0},
+                 {"bucketed + cta512 x4 cs", g_cta<4, HINT_CS>, 512, 0},
+                 {"bucketed + warp x8 cs, 8 w/CTA", g_warp<8, HINT_CS>, 256, 1},
+                 {"bucketed + warp x8 none, 8 w/CTA", g_warp<8, HINT_NONE>, 256, 1}};
+        for (auto &x : g) {
+            unsigned long long per = x.per_warp ? x.threads / 32 : 1;
+            unsigned grid = (unsigned)((n + per - 1) / per);
+            CK(cudaMemset(b, 0, bytes));
+            float t = med([&] {
+                bucket();
+                x.fn<<<grid, x.threads>>>(stab, dtab, os, od, n, len);
+            });
+            CK(cudaGetLastError());
+            CK(cudaDeviceSynchronize());
+            /* every destination written: check a spread of them */
+            bool ok = true;
+            for (unsigned long long k = 0; k < n && ok; k += n / 61 + 1) {
+                unsigned char c[16];
+                CK(cudaMemcpy(c, b + (unsigned long long)di[k] * len + len - 16, 16,
+                              cudaMemcpyDeviceToHost));
+                ok = c[15] == 1;
+            }
+            printf("%-34s %9.3f ms %8.1f GB/s  %.3f of copy%s\n", x.name, t, bytes / t / 1e6,
+                   ref / t, ok ? "" : "  WRONG BYTES");
+        }
     }
     CK(cudaDeviceSynchronize());
     /* Spot check of the last shape: destination block di[0] holds source 0's bytes (all 1). */
