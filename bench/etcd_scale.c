@@ -190,8 +190,9 @@ static void *agent_main(void *arg)
         uint64_t cpu_us = (uint64_t)ru.ru_utime.tv_sec * 1000000u + (uint64_t)ru.ru_utime.tv_usec +
                           (uint64_t)ru.ru_stime.tv_sec * 1000000u + (uint64_t)ru.ru_stime.tv_usec;
         if (g_rate == 0 || i >= g_peers * g_k)
-            report("J %u %" PRIu64 " %" PRIu64 " %" PRIu64 " %" PRIu64 " %" PRIu64 "\n", i,
-                   t1 - t0, t_pub - t0, cpu_us / g_k, g_t_setup - t0, g_t_attach - g_t_setup);
+            report("J %u %" PRIu64 " %" PRIu64 " %" PRIu64 " %" PRIu64 " %" PRIu64 " %ld\n", i,
+                   t1 - t0, t_pub - t0, cpu_us / g_k, g_t_setup - t0, g_t_attach - g_t_setup,
+                   ru.ru_minflt / (long)g_k);
     }
     /* Observing starts once every agent joined. A follower checks its
      * peers (kvl_remote_check, what an engine sees) when the library says
@@ -320,7 +321,7 @@ static void pump(int ms, void (*fn)(const char *))
     }
 }
 
-static uint64_t *g_join, *g_pub, *g_cpu, *g_setup, *g_attach, *g_drop_t;
+static uint64_t *g_join, *g_pub, *g_cpu, *g_faults, *g_setup, *g_attach, *g_drop_t;
 static unsigned *g_drop_who;
 static size_t g_nj, g_nd;
 static uint64_t g_pub_at[4096];
@@ -328,9 +329,10 @@ static uint64_t g_pub_at[4096];
 static void on_line(const char *l)
 {
     unsigned i, who;
-    uint64_t a, b, c, d, e;
-    if (sscanf(l, "J %u %" SCNu64 " %" SCNu64 " %" SCNu64 " %" SCNu64 " %" SCNu64, &i, &a, &b,
-               &c, &d, &e) == 6) {
+    uint64_t a, b, c, d, e, f;
+    if (sscanf(l, "J %u %" SCNu64 " %" SCNu64 " %" SCNu64 " %" SCNu64 " %" SCNu64 " %" SCNu64,
+               &i, &a, &b, &c, &d, &e, &f) == 7) {
+        g_faults[g_nj] = f;
         g_setup[g_nj] = d;
         g_attach[g_nj] = e;
         g_join[g_nj] = a;
@@ -444,6 +446,7 @@ int main(int argc, char **argv)
     g_join = calloc(g_n, sizeof(uint64_t));
     g_pub = calloc(g_n, sizeof(uint64_t));
     g_cpu = calloc(g_n, sizeof(uint64_t));
+    g_faults = calloc(g_n, sizeof(uint64_t));
     g_setup = calloc(g_n, sizeof(uint64_t));
     g_attach = calloc(g_n, sizeof(uint64_t));
     g_drop_t = calloc(g_n * g_peers * 2, sizeof(uint64_t));
@@ -483,6 +486,11 @@ int main(int argc, char **argv)
     stats(g_k == 1 ? "CPU of one agent process until joined"
                    : "CPU of one agent until joined (its process's / agents)", g_cpu, g_nj, 1e3,
           "ms");
+    /* page faults: what a new process or thread costs most on some VMs
+     * (bench/os_costs measures one fault there) */
+    stats(g_k == 1 ? "page faults of one agent process until joined"
+                   : "page faults of one agent until joined (its process's / agents)", g_faults,
+          g_nj, 1, "");
 
     /* steady state: keepalives and idle watches only */
     for (unsigned i = 0; i < g_n; i++)
