@@ -103,7 +103,8 @@ typedef struct kvli_etcd {
     bool attached, stopping;
     int64_t lease;                     /* 0: none (not granted, lost or revoked) */
     bool lease_wanted;                 /* something is published: keep a lease */
-    bool down;                         /* the keeper could not reach etcd */
+    bool down;                         /* the keeper's calls fail */
+    bool unreached;                    /* ... because no endpoint answered */
     bool dirty;                        /* republish (regions changed) */
     kvli_etcd_waiter_t *waiters;
     kvli_etcd_pub_t *pubs;
@@ -533,19 +534,33 @@ static void *kvli_etcd_keeper_main(void *arg)
             st = kvli_etcd_republish(s, h, &err);
         pthread_mutex_unlock(&s->call_lock);
 
+        /* No endpoint answered (st TIMEOUT or REMOTE_DISCONNECT): the watch
+         * connection may be just as dead without knowing it (a cut link
+         * stays silent), so it is made again, and again once etcd answers
+         * (not waiting out its backoff). etcd answered with an error
+         * (overloaded: "request timed out", no leader): the connections
+         * work; making every follower's watches again would only add to
+         * the load of an etcd already behind. */
+        bool unreached = st == KVL_ERR_TIMEOUT || st == KVL_ERR_REMOTE_DISCONNECT;
         pthread_mutex_lock(&s->lock);
-        if (st != KVL_OK && !s->down && !s->stopping) {
+        if (st != KVL_OK && !s->stopping) {
+            if (!s->down)
+                kvli_log(KVL_LOG_WARN, "etcd", "agent '%s': etcd keepalive failed: %s; "
+                         "transfers already set up keep working, the lease is renewed and the "
+                         "metadata published again when etcd answers", s->a->name, err.what);
             s->down = true;
-            kvli_log(KVL_LOG_WARN, "etcd", "agent '%s': etcd keepalive failed: %s; transfers "
-                     "already set up keep working, the lease is renewed and the metadata "
-                     "published again when etcd answers", s->a->name, err.what);
-            s->watch_restart = true;
-            kvli_etcd_wake(s);
+            if (unreached && !s->unreached) {
+                s->unreached = true;
+                s->watch_restart = true;
+                kvli_etcd_wake(s);
+            }
         } else if (st == KVL_OK && s->down) {
-            s->down = false;
             kvli_log(KVL_LOG_INFO, "etcd", "agent '%s': etcd answers again", s->a->name);
-            s->watch_restart = true;
-            kvli_etcd_wake(s);
+            if (s->unreached) {
+                s->watch_restart = true;
+                kvli_etcd_wake(s);
+            }
+            s->down = s->unreached = false;
             pthread_cond_broadcast(&s->cond);
         }
     }

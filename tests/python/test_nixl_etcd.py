@@ -437,6 +437,135 @@ class _NoUpgradeProxy:
         self.lsock.close()
 
 
+class _KeepaliveFaultProxy:
+    """A relay to etcd that reads the HTTP requests of each connection one by
+    one (curl sends the next only once the answer before came back) and,
+    while fail is set, answers /v3/lease/keepalive itself with the 503 an
+    etcd whose apply loop is behind gives; everything else goes to etcd.
+    WebSocket connections (the agent's watches) are relayed as they are,
+    and counted."""
+
+    ANSWER = (b'{"error":"etcdserver: request timed out, waiting for the applied index '
+              b'took too long","code":14,"message":"etcdserver: request timed out, waiting '
+              b'for the applied index took too long"}')
+
+    def __init__(self, target):
+        import threading
+        host, port = target.rsplit("//", 1)[1].split(":")
+        self.target = (host, int(port))
+        self.upgrades = self.failed = self.passed = 0
+        self.fail = False
+        self.lsock = socket.socket()
+        self.lsock.bind(("127.0.0.1", 0))
+        self.lsock.listen(64)
+        self.url = f"http://127.0.0.1:{self.lsock.getsockname()[1]}"
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self):
+        import threading
+        while True:
+            try:
+                c, _ = self.lsock.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._serve, args=(c,), daemon=True).start()
+
+    @staticmethod
+    def _read_request(c, buf):
+        """One request (head and Content-Length body) from buf and c: the
+        request, its head in lower case, what is left; None at the end."""
+        while b"\r\n\r\n" not in buf:
+            d = c.recv(65536)
+            if not d:
+                return None
+            buf += d
+        head, rest = buf.split(b"\r\n\r\n", 1)
+        low = head.lower()
+        n = 0
+        for line in low.split(b"\r\n")[1:]:
+            if line.startswith(b"content-length:"):
+                n = int(line.split(b":", 1)[1])
+        while len(rest) < n:
+            d = c.recv(65536)
+            if not d:
+                return None
+            rest += d
+        return head + b"\r\n\r\n" + rest[:n], low, rest[n:]
+
+    def _serve(self, c):
+        import threading
+        u = socket.create_connection(self.target)
+        lock = threading.Lock()
+
+        def back():
+            _NoUpgradeProxy._pump(u, c)
+        buf = b""
+        first = True
+        while True:
+            r = self._read_request(c, buf)
+            if r is None:
+                break
+            req, low, buf = r
+            if first and b"upgrade: websocket" in low:
+                self.upgrades += 1
+                u.sendall(req + buf)
+                threading.Thread(target=back, daemon=True).start()
+                _NoUpgradeProxy._pump(c, u)
+                return
+            if first:
+                threading.Thread(target=back, daemon=True).start()
+            first = False
+            if low.startswith(b"post /v3/lease/keepalive ") and self.fail:
+                self.failed += 1
+                with lock:
+                    c.sendall(b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: "
+                              b"application/json\r\nContent-Length: %d\r\n\r\n"
+                              % len(self.ANSWER) + self.ANSWER)
+                continue
+            if low.startswith(b"post /v3/lease/keepalive "):
+                self.passed += 1
+            u.sendall(req)
+        for x in (c, u):
+            try:
+                x.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    def close(self):
+        self.lsock.close()
+
+
+def test_keepalive_answered_error_keeps_watches(etcd, uniq):
+    """etcd answering keepalives with an error (503: its apply loop is
+    behind, as when it is short of CPU) makes the agent retry until it is
+    renewed, but not make its watches again: the connection works, and
+    every follower re-creating its watches would only add to an overloaded
+    etcd's work. The watch still sees a departure afterwards."""
+    px = _KeepaliveFaultProxy(etcd)
+    a = kvlane.Agent(uniq + "-ka", backends=("tcp",))
+    b = kvlane.Agent(uniq + "-kb", backends=("tcp",))
+    try:
+        pfx = f"/kvltest/{uniq}-ka"
+        a.etcd_attach(px.url, prefix=pfx, lease_ttl_s=3)     # a keepalive every second
+        b.etcd_attach(etcd, prefix=pfx, lease_ttl_s=10)
+        b.etcd_publish()
+        a.etcd_fetch(uniq + "-kb", wait_ms=30000)
+        assert _until(lambda: px.upgrades >= 1)              # a's watch connection
+        watches = px.upgrades
+        px.fail = True
+        assert _until(lambda: px.failed >= 2)                # failed, and retried
+        passed = px.passed
+        px.fail = False
+        assert _until(lambda: px.passed > passed)            # renewed again
+        b.close()
+        assert _until(lambda: not a.check_remote(uniq + "-kb"))
+        assert px.upgrades == watches
+    finally:
+        b.close()
+        a.close()
+        px.close()
+
+
 def test_gateway_without_websockets(etcd, uniq):
     """Behind a proxy that refuses WebSocket upgrades, the watcher falls back
     to one plain HTTP stream per followed agent: restarts and departures
