@@ -196,7 +196,7 @@ static void *agent_main(void *arg)
     }
     /* Observing starts once every agent joined. A follower checks its
      * peers (kvl_remote_check, what an engine sees) when the library says
-     * it dropped a peer's metadata (drop_seen) and every 250 ms besides:
+     * it dropped a peer's metadata (drop_wait) and every 250 ms besides:
      * 256 processes polling every few ms kept this machine's two cores
      * busy, starving etcd into expiring live agents' leases. */
     if (!restarted && read(g_obs[0], &ch, 1) != 1)

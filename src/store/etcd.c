@@ -869,6 +869,7 @@ static void kvli_etcd_stream_ended(kvli_etcd_t *s, kvli_etcd_stream_t *w, CURLco
         snprintf(w->fail, sizeof(w->fail), "etcd compacted past its revision and the check "
                  "of agent '%s' could not read etcd", w->name);
         w->failed = true;
+        w->created = false; /* as a stream that never worked: backoff, next endpoint, WARN */
     }
     if (w->failed && strstr(w->fail, "token") != NULL && s->cl.user[0] != '\0') {
         kvl_error_t err;
