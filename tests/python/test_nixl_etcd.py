@@ -366,27 +366,23 @@ def test_core_label_limit(env, uniq):
         a.close()
 
 
-class _NoUpgradeProxy:
-    """A TCP relay to etcd that answers WebSocket upgrades with 400, as an
-    HTTP proxy without WebSocket support does; every other connection is
-    relayed byte for byte. Counts what the first request of each
-    connection asked for."""
+class _Relay:
+    """A TCP relay to etcd on a port of its own: each accepted connection
+    goes to _serve (in a thread)."""
 
     def __init__(self, target):
         import threading
         host, port = target.rsplit("//", 1)[1].split(":")
         self.target = (host, int(port))
-        self.upgrades = self.watch_posts = 0
         self.lsock = socket.socket()
         self.lsock.bind(("127.0.0.1", 0))
         self.lsock.listen(64)
         self.url = f"http://127.0.0.1:{self.lsock.getsockname()[1]}"
-        self.stop = False
         threading.Thread(target=self._accept, daemon=True).start()
 
     def _accept(self):
         import threading
-        while not self.stop:
+        while True:
             try:
                 c, _ = self.lsock.accept()
             except OSError:
@@ -408,6 +404,19 @@ class _NoUpgradeProxy:
                 s.shutdown(socket.SHUT_RDWR)
             except OSError:
                 pass
+
+    def close(self):
+        self.lsock.close()
+
+
+class _NoUpgradeProxy(_Relay):
+    """Answers WebSocket upgrades with 400, as an HTTP proxy without
+    WebSocket support does; every other connection is relayed byte for
+    byte. Counts what the first request of each connection asked for."""
+
+    def __init__(self, target):
+        self.upgrades = self.watch_posts = 0
+        super().__init__(target)
 
     def _serve(self, c):
         import threading
@@ -432,43 +441,23 @@ class _NoUpgradeProxy:
         threading.Thread(target=self._pump, args=(u, c), daemon=True).start()
         self._pump(c, u)
 
-    def close(self):
-        self.stop = True
-        self.lsock.close()
 
-
-class _KeepaliveFaultProxy:
-    """A relay to etcd that reads the HTTP requests of each connection one by
-    one (curl sends the next only once the answer before came back) and,
-    while fail is set, answers /v3/lease/keepalive itself with the 503 an
-    etcd whose apply loop is behind gives; everything else goes to etcd.
-    WebSocket connections (the agent's watches) are relayed as they are,
-    and counted."""
+class _KeepaliveFaultProxy(_Relay):
+    """Reads the HTTP requests of each connection one by one (curl sends
+    the next only once the answer before came back) and, while fail is set,
+    answers /v3/lease/keepalive itself with the 503 an etcd whose apply
+    loop is behind gives; everything else goes to etcd. WebSocket
+    connections (the agent's watches) are relayed as they are, and
+    counted."""
 
     ANSWER = (b'{"error":"etcdserver: request timed out, waiting for the applied index '
               b'took too long","code":14,"message":"etcdserver: request timed out, waiting '
               b'for the applied index took too long"}')
 
     def __init__(self, target):
-        import threading
-        host, port = target.rsplit("//", 1)[1].split(":")
-        self.target = (host, int(port))
         self.upgrades = self.failed = self.passed = 0
         self.fail = False
-        self.lsock = socket.socket()
-        self.lsock.bind(("127.0.0.1", 0))
-        self.lsock.listen(64)
-        self.url = f"http://127.0.0.1:{self.lsock.getsockname()[1]}"
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self):
-        import threading
-        while True:
-            try:
-                c, _ = self.lsock.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._serve, args=(c,), daemon=True).start()
+        super().__init__(target)
 
     @staticmethod
     def _read_request(c, buf):
@@ -495,10 +484,6 @@ class _KeepaliveFaultProxy:
     def _serve(self, c):
         import threading
         u = socket.create_connection(self.target)
-        lock = threading.Lock()
-
-        def back():
-            _NoUpgradeProxy._pump(u, c)
         buf = b""
         first = True
         while True:
@@ -509,18 +494,18 @@ class _KeepaliveFaultProxy:
             if first and b"upgrade: websocket" in low:
                 self.upgrades += 1
                 u.sendall(req + buf)
-                threading.Thread(target=back, daemon=True).start()
-                _NoUpgradeProxy._pump(c, u)
+                threading.Thread(target=self._pump, args=(u, c), daemon=True).start()
+                self._pump(c, u)
                 return
             if first:
-                threading.Thread(target=back, daemon=True).start()
+                threading.Thread(target=self._pump, args=(u, c), daemon=True).start()
             first = False
             if low.startswith(b"post /v3/lease/keepalive ") and self.fail:
+                # no answer from etcd is pending: curl waits for each one
                 self.failed += 1
-                with lock:
-                    c.sendall(b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: "
-                              b"application/json\r\nContent-Length: %d\r\n\r\n"
-                              % len(self.ANSWER) + self.ANSWER)
+                c.sendall(b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: "
+                          b"application/json\r\nContent-Length: %d\r\n\r\n"
+                          % len(self.ANSWER) + self.ANSWER)
                 continue
             if low.startswith(b"post /v3/lease/keepalive "):
                 self.passed += 1
@@ -530,9 +515,6 @@ class _KeepaliveFaultProxy:
                 x.shutdown(socket.SHUT_RDWR)
             except OSError:
                 pass
-
-    def close(self):
-        self.lsock.close()
 
 
 def test_keepalive_answered_error_keeps_watches(etcd, uniq):
