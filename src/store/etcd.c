@@ -521,9 +521,9 @@ static void *kvli_etcd_keeper_main(void *arg)
             if (lost) {
                 st = KVL_OK;
                 kvli_log(KVL_LOG_WARN, "etcd", "agent '%s': etcd lease %" PRIx64 " expired "
-                         "(etcd was out of reach longer than its TTL of %u s, or the lease was "
-                         "revoked): granting a new one and publishing again", s->a->name,
-                         (uint64_t)lease, s->ttl_s);
+                         "(etcd was out of reach or too busy to renew it for longer than its "
+                         "TTL of %u s, or the lease was revoked): granting a new one and "
+                         "publishing again", s->a->name, (uint64_t)lease, s->ttl_s);
                 pthread_mutex_lock(&s->lock);
                 if (s->lease == lease)
                     s->lease = 0;
