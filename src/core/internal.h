@@ -172,6 +172,7 @@ typedef struct kvli_remote {
      * into them, so they are freed (handles unloaded) with the remote. */
     struct kvli_rretired *retired;
     struct kvli_remote *next;
+    struct kvli_remote *hnext;        /* its chain in kvl_agent.rtab */
 } kvli_remote_t;
 
 typedef struct kvli_rretired {
@@ -304,6 +305,10 @@ struct kvl_agent {
     uint64_t next_alloc_id;
 
     kvli_remote_t *remotes;
+    /* remotes by name (remote.c): rtab_cap chains, a power of two; NULL
+     * (never grown, or no memory to) leaves lookups to the list */
+    kvli_remote_t **rtab;
+    size_t rtab_cap, nremotes;
     kvli_remote_t *self_rem;          /* made at first FILE transfer (remote.c) */
     struct kvl_prep *preps;
     struct kvl_xfer *xfers;

@@ -51,12 +51,60 @@ void kvli_remote_put(kvl_agent_t *a, kvli_remote_t *r)
         kvli_remote_free(a, r);
 }
 
+/* FNV-1a of a name: the chain of kvl_agent.rtab it hangs on. */
+static size_t kvli_remote_hash(const char *name)
+{
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (const unsigned char *p = (const unsigned char *)name; *p; p++)
+        h = (h ^ *p) * 0x100000001b3ull;
+    return (size_t)(h ^ (h >> 32));
+}
+
 kvli_remote_t *kvli_remote_find(kvl_agent_t *a, const char *name)
 {
+    if (a->rtab != NULL) {
+        for (kvli_remote_t *r = a->rtab[kvli_remote_hash(name) & (a->rtab_cap - 1)]; r;
+             r = r->hnext)
+            if (strcmp(r->name, name) == 0)
+                return r;
+        return NULL;
+    }
     for (kvli_remote_t *r = a->remotes; r; r = r->next)
         if (strcmp(r->name, name) == 0)
             return r;
     return NULL;
+}
+
+/* Add r to the list and the table (under lock). The table grows to twice
+ * the remotes held; when it cannot (no memory), lookups keep the list. */
+static void kvli_remote_link(kvl_agent_t *a, kvli_remote_t *r)
+{
+    r->next = a->remotes;
+    a->remotes = r;
+    a->nremotes++;
+    if (a->nremotes > a->rtab_cap / 2 && (a->rtab != NULL || a->rtab_cap == 0)) {
+        size_t cap = a->rtab_cap ? a->rtab_cap * 2 : 64;
+        kvli_remote_t **t = calloc(cap, sizeof(*t));
+        if (t == NULL) {
+            free(a->rtab); /* stale from here on: the list serves */
+            a->rtab = NULL;
+            a->rtab_cap = SIZE_MAX;
+            return;
+        }
+        for (kvli_remote_t *x = a->remotes->next; x; x = x->next) {
+            size_t i = kvli_remote_hash(x->name) & (cap - 1);
+            x->hnext = t[i];
+            t[i] = x;
+        }
+        free(a->rtab);
+        a->rtab = t;
+        a->rtab_cap = cap;
+    }
+    if (a->rtab != NULL) {
+        size_t i = kvli_remote_hash(r->name) & (a->rtab_cap - 1);
+        r->hnext = a->rtab[i];
+        a->rtab[i] = r;
+    }
 }
 
 kvli_remote_t *kvli_remote_acquire(kvl_agent_t *a, const char *name, kvl_error_t *err)
@@ -159,8 +207,16 @@ static void kvli_remote_unlink(kvl_agent_t *a, kvli_remote_t *r)
     for (kvli_remote_t **pp = &a->remotes; *pp; pp = &(*pp)->next)
         if (*pp == r) {
             *pp = r->next;
+            a->nremotes--;
             break;
         }
+    if (a->rtab != NULL)
+        for (kvli_remote_t **pp = &a->rtab[kvli_remote_hash(r->name) & (a->rtab_cap - 1)]; *pp;
+             pp = &(*pp)->hnext)
+            if (*pp == r) {
+                *pp = r->hnext;
+                break;
+            }
     atomic_store(&r->valid, false);
 }
 
@@ -543,8 +599,7 @@ kvl_status_t kvl_metadata_load(kvl_agent_t *a, const void *blob, size_t len, cha
         }
         kvli_remote_unlink(a, old);
     }
-    r->next = a->remotes;
-    a->remotes = r;
+    kvli_remote_link(a, r);
     pthread_mutex_unlock(&a->lock);
     if (old != NULL) {
         kvli_log(KVL_LOG_INFO, "core", "agent '%s': remote '%s' replaced (%s)", a->name, r->name,
@@ -690,4 +745,7 @@ void kvli_remotes_destroy(kvl_agent_t *a)
         kvli_remote_quiesce(a, r);
         kvli_remote_put(a, r);
     }
+    free(a->rtab);
+    a->rtab = NULL;
+    a->rtab_cap = 0;
 }

@@ -3,7 +3,7 @@
  * metadata (sorting, staleness by generation and incarnation, replacement,
  * refusal of a bad key undoing everything), lookups over overlapping
  * regions checked against brute force, listing, describing, removing, and
- * when the backends' handles go back.
+ * when the backends' handles go back; a thousand remotes found by name.
  */
 #include <string.h>
 #include "common/kt_stub.h"
@@ -280,12 +280,63 @@ static void test_describe(void)
     KT_CHECK(s1.unpeers == 1 && s2.unpeers == 1 && s3.unpeers == 0 && s4.unpeers == 0);
 }
 
+/* Many remotes: found by name through the agent's table as it grows,
+ * removed and replaced in it, every lookup checked against what was
+ * loaded. */
+static void test_many(void)
+{
+    enum { N = 1000 };
+    kvl_agent_t *a = bare("hub");
+    kt_stub_t s;
+    kt_stub_attach(a, &s, "s1", DRAM, DRAM, 0);
+    char names[N][16];
+    for (unsigned i = 0; i < N; i++) {
+        snprintf(names[i], sizeof(names[i]), "r%u", i);
+        kt_rmd_t m = peer_md(0x1000 + i, 1000000000ull, 1);
+        m.name = names[i];
+        kt_md_load(a, &m);
+    }
+    KT_CHECK(a->nremotes == N && a->rtab != NULL && a->rtab_cap >= 2 * N);
+    for (unsigned i = 0; i < N; i++) {
+        kvli_remote_t *r = kvli_remote_find(a, names[i]);
+        KT_CHECK(r != NULL && strcmp(r->name, names[i]) == 0 && r->incarnation == 0x1000 + i);
+    }
+    KT_CHECK(kvli_remote_find(a, "r1000") == NULL && kvli_remote_find(a, "") == NULL);
+    /* every third removed; every fifth replaced (a newer generation) */
+    for (unsigned i = 0; i < N; i += 3)
+        KT_OK(kvl_remote_remove(a, names[i]));
+    for (unsigned i = 0; i < N; i += 5) {
+        kt_rmd_t m = peer_md(0x1000 + i, 1000000000ull, 2);
+        m.name = names[i];
+        kt_md_load(a, &m);
+    }
+    size_t held = 0;
+    for (unsigned i = 0; i < N; i++) {
+        kvli_remote_t *r = kvli_remote_find(a, names[i]);
+        bool there = i % 3 != 0 || i % 5 == 0;
+        KT_CHECK((r != NULL) == there);
+        KT_CHECK(kvl_remote_check(a, names[i]) == (there ? KVL_OK : KVL_ERR_NOT_FOUND));
+        if (r != NULL) {
+            KT_CHECK(strcmp(r->name, names[i]) == 0 && r->generation == (i % 5 == 0 ? 2u : 1u));
+            held++;
+        }
+    }
+    KT_CHECK(a->nremotes == held);
+    size_t listed = 0;
+    for (kvli_remote_t *r = a->remotes; r != NULL; r = r->next)
+        listed++;
+    KT_CHECK(listed == held);
+    kvl_agent_destroy(a); /* unloads every one held */
+    KT_CHECK(s.unpeers == s.peers);
+}
+
 int main(void)
 {
     test_load_and_lookups();
     test_staleness();
     test_refused();
     test_describe();
+    test_many();
     printf("test_remote: passed\n");
     return 0;
 }
