@@ -76,29 +76,28 @@ kvli_remote_t *kvli_remote_find(kvl_agent_t *a, const char *name)
 }
 
 /* Add r to the list and the table (under lock). The table grows to twice
- * the remotes held; when it cannot (no memory), lookups keep the list. */
+ * the remotes held. Without memory to grow it, it stays as it is (longer
+ * chains); without memory for a first one, lookups keep the list. */
 static void kvli_remote_link(kvl_agent_t *a, kvli_remote_t *r)
 {
     r->next = a->remotes;
     a->remotes = r;
     a->nremotes++;
-    if (a->nremotes > a->rtab_cap / 2 && (a->rtab != NULL || a->rtab_cap == 0)) {
+    if (a->nremotes > a->rtab_cap / 2 && a->rtab_cap != SIZE_MAX) {
         size_t cap = a->rtab_cap ? a->rtab_cap * 2 : 64;
         kvli_remote_t **t = calloc(cap, sizeof(*t));
-        if (t == NULL) {
-            free(a->rtab); /* stale from here on: the list serves */
-            a->rtab = NULL;
-            a->rtab_cap = SIZE_MAX;
-            return;
+        if (t != NULL) {
+            for (kvli_remote_t *x = a->remotes->next; x; x = x->next) {
+                size_t i = kvli_remote_hash(x->name) & (cap - 1);
+                x->hnext = t[i];
+                t[i] = x;
+            }
+            free(a->rtab);
+            a->rtab = t;
+            a->rtab_cap = cap;
+        } else if (a->rtab == NULL) {
+            a->rtab_cap = SIZE_MAX; /* no table: the list serves for good */
         }
-        for (kvli_remote_t *x = a->remotes->next; x; x = x->next) {
-            size_t i = kvli_remote_hash(x->name) & (cap - 1);
-            x->hnext = t[i];
-            t[i] = x;
-        }
-        free(a->rtab);
-        a->rtab = t;
-        a->rtab_cap = cap;
     }
     if (a->rtab != NULL) {
         size_t i = kvli_remote_hash(r->name) & (a->rtab_cap - 1);
