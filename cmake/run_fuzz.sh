@@ -98,7 +98,7 @@ done
 failed=()
 for t in "${targets[@]}"; do
     name=$(basename "$t" .c)
-    "$cc" "${cflags[@]}" -fsanitize=fuzzer,address,undefined "$t" "${objs[@]}" \
+    "$cc" "${cflags[@]}" "${libcflags[@]}" -fsanitize=fuzzer,address,undefined "$t" "${objs[@]}" \
         "${liblibs[@]}" -pthread -ldl -lcrypto -o "$work/$name"
     corpus="$work/corpus/$name"
     mkdir -p "$corpus"

@@ -627,47 +627,23 @@ static void kvli_etcd_reload(kvli_etcd_t *s, const char *name, const char *label
 /* One event of the watch on the presence keys. */
 static void kvli_etcd_event(kvli_etcd_t *s, json_object *ev)
 {
-    json_object *kv = NULL, *t = NULL, *k = NULL, *v = NULL;
-    if (!json_object_object_get_ex(ev, "kv", &kv) || !json_object_object_get_ex(kv, "key", &k))
-        return;
-    bool del = json_object_object_get_ex(ev, "type", &t) &&
-               strcmp(json_object_get_string(t), "DELETE") == 0;
-    size_t kl = 0;
-    char *key = kvli_etcd_unb64(json_object_get_string(k), &kl);
-    if (key == NULL)
-        return;
-    key[kl] = '\0';
-    char pfx[KVLI_ETCD_PREFIX_MAX + 8], name[KVL_NAME_MAX] = "";
+    char pfx[KVLI_ETCD_PREFIX_MAX + 8];
+    kvli_etcd_ev_t e;
     kvli_etcd_pkey(s, "", pfx, sizeof(pfx));
-    size_t pl = strlen(pfx);
-    if (kl > pl && strncmp(key, pfx, pl) == 0 && kl - pl < sizeof(name))
-        kvli_scopy(name, sizeof(name), key + pl);
-    free(key);
-    if (name[0] == '\0' || strchr(name, '/') != NULL)
+    kvli_etcd_ev_kind_t kind = kvli_etcd_ev_parse(ev, pfx, &e);
+    if (kind == KVLI_ETCD_EV_NONE)
         return;
-    uint64_t inc = 0, gen = 0;
-    if (!del) {
-        size_t vl = 0;
-        char *val = json_object_object_get_ex(kv, "value", &v)
-                    ? kvli_etcd_unb64(json_object_get_string(v), &vl) : NULL;
-        if (val != NULL) {
-            val[vl] = '\0';
-            if (sscanf(val, "%" SCNx64 " %" SCNu64, &inc, &gen) != 2)
-                inc = 0;
-            free(val);
-        }
-    }
     pthread_mutex_lock(&s->lock);
-    if (!del) {
+    if (kind == KVLI_ETCD_EV_OK && !e.del) {
         for (kvli_etcd_waiter_t *w = s->waiters; w != NULL; w = w->next)
-            if (strcmp(w->name, name) == 0)
+            if (strcmp(w->name, e.name) == 0)
                 w->put = true;
         pthread_cond_broadcast(&s->put_cond);
     }
-    kvli_etcd_follow_t *f = kvli_etcd_follow_find(s, name);
+    kvli_etcd_follow_t *f = kvli_etcd_follow_find(s, e.name);
     /* An event older than what the fetch read (a stream opened for the
      * fetch's wait delivers it late) says nothing about what is loaded. */
-    bool mine = f != NULL && kvli_etcd_i64(kv, "mod_revision") >= f->rev;
+    bool mine = f != NULL && e.mod_rev >= f->rev;
     uint64_t held = mine ? f->incarnation : 0, held_gen = mine ? f->generation : 0;
     char label[KVLI_ETCD_LABEL_MAX] = "";
     if (mine)
@@ -675,16 +651,22 @@ static void kvli_etcd_event(kvli_etcd_t *s, json_object *ev)
     pthread_mutex_unlock(&s->lock);
     if (!mine)
         return;
-    if (del) {
-        kvli_etcd_drop(s, name, "its etcd key was deleted: it was destroyed, unpublished, or "
-                                "its lease expired");
-    } else if (inc != held) {
+    if (kind == KVLI_ETCD_EV_BAD) {
+        /* what it holds now cannot be told: not what was loaded */
+        kvli_log(KVL_LOG_WARN, "etcd", "agent '%s': agent '%s': %s; its metadata is dropped "
+                 "(does another program write under the prefix '%s', or a proxy rewrite etcd's "
+                 "answers?)", s->a->name, e.name, e.bad, s->prefix);
+        kvli_etcd_drop(s, e.name, e.bad);
+    } else if (e.del) {
+        kvli_etcd_drop(s, e.name, "its etcd key was deleted: it was destroyed, unpublished, or "
+                                  "its lease expired");
+    } else if (e.inc != held) {
         char why[128];
         snprintf(why, sizeof(why), "it restarted: incarnation %016" PRIx64 " replaced %016"
-                 PRIx64, inc, held);
-        kvli_etcd_drop(s, name, why);
-    } else if (gen > held_gen) {
-        kvli_etcd_reload(s, name, label, gen);
+                 PRIx64, e.inc, held);
+        kvli_etcd_drop(s, e.name, why);
+    } else if (e.gen > held_gen) {
+        kvli_etcd_reload(s, e.name, label, e.gen);
     }
 }
 
@@ -712,7 +694,7 @@ static bool kvli_etcd_resync(kvli_etcd_t *s, CURL *h, const char *name)
     json_object_put(b);
     if (st != KVL_OK)
         return false;
-    if (json_object_object_get_ex(out, "kvs", &kvs) && json_object_array_length(kvs) > 0) {
+    if ((kvs = kvli_etcd_arr(out, "kvs")) != NULL && json_object_array_length(kvs) > 0) {
         json_object *ev = json_object_new_object();
         json_object_object_add(ev, "kv", json_object_get(json_object_array_get_idx(kvs, 0)));
         kvli_etcd_event(s, ev);
@@ -722,6 +704,19 @@ static bool kvli_etcd_resync(kvli_etcd_t *s, CURL *h, const char *name)
     }
     json_object_put(out);
     return true;
+}
+
+/* The events of one watch answer, in order; *rev moves past the last. */
+static void kvli_etcd_events(kvli_etcd_t *s, json_object *evs, int64_t *rev)
+{
+    size_t n = evs != NULL ? json_object_array_length(evs) : 0;
+    for (size_t i = 0; i < n; i++) {
+        json_object *ev = json_object_array_get_idx(evs, i);
+        int64_t mr = kvli_etcd_i64(kvli_etcd_obj(ev, "kv"), "mod_revision");
+        kvli_etcd_event(s, ev);
+        if (mr > 0 && mr >= *rev)
+            *rev = mr + 1;
+    }
 }
 
 /* One watch stream: the presence key of one agent this one follows or
@@ -746,47 +741,27 @@ typedef struct kvli_etcd_stream {
 static void kvli_etcd_line(kvli_etcd_stream_t *w, const char *line)
 {
     kvli_etcd_t *s = w->s;
-    json_object *o = json_tokener_parse(line), *r = NULL, *evs = NULL;
+    kvli_etcd_wres_t r;
+    json_object *o = json_tokener_parse(line);
     if (o == NULL)
         return;
-    if (!json_object_object_get_ex(o, "result", &r)) {
-        int code = 0;
-        json_object *m = NULL, *c = NULL;
-        json_object_object_get_ex(o, "message", &m);
-        if (json_object_object_get_ex(o, "code", &c))
-            code = json_object_get_int(c);
-        snprintf(w->fail, sizeof(w->fail), "%s (gRPC code %d)",
-                 m ? json_object_get_string(m) : "an error", code);
+    if (!kvli_etcd_wres_parse(o, &r)) {
+        kvli_scopy(w->fail, sizeof(w->fail), r.fail);
         w->failed = true;
         json_object_put(o);
         return;
     }
-    if (json_object_object_get_ex(r, "created", NULL))
+    if (r.created)
         w->created = true;
-    int64_t compact = kvli_etcd_i64(r, "compact_revision");
-    json_object *cancel = NULL;
-    if (json_object_object_get_ex(r, "canceled", &cancel) && json_object_get_boolean(cancel) &&
-        compact <= 0) {
-        json_object *why = NULL;
-        json_object_object_get_ex(r, "cancel_reason", &why);
-        snprintf(w->fail, sizeof(w->fail), "etcd canceled the watch: %s",
-                 why ? json_object_get_string(why) : "no reason given");
+    if (r.canceled && r.compact <= 0) {
+        snprintf(w->fail, sizeof(w->fail), "etcd canceled the watch: %s", r.reason);
         w->failed = true;
     }
-    if (compact > 0) {
-        w->compact_rev = compact;
+    if (r.compact > 0) {
+        w->compact_rev = r.compact;
         w->compacted = true;
     }
-    if (json_object_object_get_ex(r, "events", &evs)) {
-        size_t n = json_object_array_length(evs);
-        for (size_t i = 0; i < n; i++) {
-            json_object *ev = json_object_array_get_idx(evs, i), *kv = NULL;
-            kvli_etcd_event(s, ev);
-            if (json_object_object_get_ex(ev, "kv", &kv) &&
-                kvli_etcd_i64(kv, "mod_revision") >= w->rev)
-                w->rev = kvli_etcd_i64(kv, "mod_revision") + 1;
-        }
-    }
+    kvli_etcd_events(s, r.events, &w->rev);
     json_object_put(o);
 }
 
@@ -809,7 +784,7 @@ static size_t kvli_etcd_stream_sink(char *data, size_t sz, size_t nm, void *arg)
 
 static void kvli_etcd_stream_start(kvli_etcd_t *s, CURLM *m, kvli_etcd_stream_t *w)
 {
-    char url[KVLI_ETCD_EP_LEN + 16], tok[512], auth[600];
+    char url[KVLI_ETCD_EP_LEN + 16], tok[KVLI_ETCD_TOKEN_MAX], auth[KVLI_ETCD_TOKEN_MAX + 32];
     char key[KVLI_ETCD_PREFIX_MAX + KVL_NAME_MAX + 8];
     json_object *b = json_object_new_object(), *cr = json_object_new_object();
     kvli_etcd_pkey(s, w->name, key, sizeof(key));
@@ -1138,36 +1113,25 @@ static void kvli_etcd_ww_retry(kvli_etcd_wsw_t *c, kvli_etcd_ww_t *w, const char
 static void kvli_etcd_ws_msg(void *arg, const char *text, size_t len)
 {
     kvli_etcd_wsw_t *c = arg;
-    json_object *o = json_tokener_parse(text), *r = NULL, *evs = NULL, *x = NULL;
+    kvli_etcd_wres_t r;
+    json_object *o = json_tokener_parse(text);
     (void)len;
     if (o == NULL)
         return;
-    if (!json_object_object_get_ex(o, "result", &r)) {
-        int code = 0;
-        json_object *m = NULL;
-        json_object_object_get_ex(o, "message", &m);
-        if (json_object_object_get_ex(o, "code", &x))
-            code = json_object_get_int(x);
-        snprintf(c->fail, sizeof(c->fail), "%s (gRPC code %d)",
-                 m ? json_object_get_string(m) : "an error", code);
+    if (!kvli_etcd_wres_parse(o, &r)) {
+        kvli_scopy(c->fail, sizeof(c->fail), r.fail);
         c->broken = true;
         json_object_put(o);
         return;
     }
-    bool created = json_object_object_get_ex(r, "created", &x) && json_object_get_boolean(x);
-    bool canceled = json_object_object_get_ex(r, "canceled", &x) && json_object_get_boolean(x);
-    int64_t compact = kvli_etcd_i64(r, "compact_revision");
-    const char *reason = json_object_object_get_ex(r, "cancel_reason", &x)
-                         ? json_object_get_string(x) : "no reason given";
-    kvli_etcd_ww_t *w = created ? kvli_etcd_ww_oldest(c)
-                                : kvli_etcd_ww_by_id(c, kvli_etcd_i64(r, "watch_id"));
+    kvli_etcd_ww_t *w = r.created ? kvli_etcd_ww_oldest(c) : kvli_etcd_ww_by_id(c, r.watch_id);
     if (w == NULL) {
         json_object_put(o); /* a watch cancelled since */
         return;
     }
-    if (created) {
+    if (r.created) {
         w->pending = false;
-        if (!canceled) {
+        if (!r.canceled) {
             w->backoff_ms = 100;
             if (w->warned)
                 kvli_log(KVL_LOG_INFO, "etcd", "agent '%s': etcd watch on agent '%s' resumed",
@@ -1175,31 +1139,23 @@ static void kvli_etcd_ws_msg(void *arg, const char *text, size_t len)
             w->warned = false;
         }
     }
-    if (canceled && compact > 0) {
+    if (r.canceled && r.compact > 0) {
         kvli_log(KVL_LOG_INFO, "etcd", "agent '%s': etcd compacted past the watch's "
                  "revision; checking agent '%s'", c->s->a->name, w->name);
         if (kvli_etcd_resync(c->s, c->rh, w->name)) {
-            w->rev = compact;
+            w->rev = r.compact;
             w->sent = w->pending = false;
         } else {
             kvli_etcd_ww_retry(c, w, "etcd compacted past its revision and the check of the "
                                      "agent could not read etcd");
         }
-    } else if (canceled) {
+    } else if (r.canceled) {
         char why[200];
-        snprintf(why, sizeof(why), "etcd canceled the watch: %.150s", reason);
+        snprintf(why, sizeof(why), "etcd canceled the watch: %.150s", r.reason);
         kvli_etcd_ww_retry(c, w, why);
     }
-    if (!canceled && json_object_object_get_ex(r, "events", &evs)) {
-        size_t n = json_object_array_length(evs);
-        for (size_t i = 0; i < n; i++) {
-            json_object *ev = json_object_array_get_idx(evs, i), *kv = NULL;
-            kvli_etcd_event(c->s, ev);
-            if (json_object_object_get_ex(ev, "kv", &kv) &&
-                kvli_etcd_i64(kv, "mod_revision") >= w->rev)
-                w->rev = kvli_etcd_i64(kv, "mod_revision") + 1;
-        }
-    }
+    if (!r.canceled)
+        kvli_etcd_events(c->s, r.events, &w->rev);
     json_object_put(o);
 }
 
@@ -1578,30 +1534,11 @@ kvl_status_t kvl_etcd_publish_partial(kvl_agent_t *a, const char *label, const v
     return kvli_etcd_publish(a, label, blob, len);
 }
 
-/* The metadata in one range answer: KVL_OK with *blob_p (malloc'ed), or
- * KVL_ERR_NOT_FOUND (no key, or an empty value: no metadata, as NIXL). */
-static kvl_status_t kvli_etcd_range_value(json_object *ans, void **blob_p, size_t *len_p)
-{
-    json_object *kvs = NULL, *v = NULL;
-    *blob_p = NULL;
-    *len_p = 0;
-    if (!json_object_object_get_ex(ans, "kvs", &kvs) || json_object_array_length(kvs) == 0 ||
-        !json_object_object_get_ex(json_object_array_get_idx(kvs, 0), "value", &v))
-        return KVL_ERR_NOT_FOUND;
-    *blob_p = kvli_etcd_unb64(json_object_get_string(v), len_p);
-    if (*blob_p == NULL || *len_p == 0) {
-        free(*blob_p);
-        *blob_p = NULL;
-        return KVL_ERR_NOT_FOUND;
-    }
-    return KVL_OK;
-}
-
 /* Read a batch of keys: one range, or one read-only transaction of ranges
  * (etcd answers it at one revision). Fills every read's result. */
 static void kvli_etcd_read_batch(kvli_etcd_t *s, CURL *h, kvli_etcd_read_t **batch, unsigned n)
 {
-    json_object *b = json_object_new_object(), *out = NULL, *hdr = NULL, *resps = NULL;
+    json_object *b = json_object_new_object(), *out = NULL, *resps = NULL;
     kvl_error_t err;
     kvli_err_blank(&err);
     if (n == 1) {
@@ -1619,31 +1556,37 @@ static void kvli_etcd_read_batch(kvli_etcd_t *s, CURL *h, kvli_etcd_read_t **bat
     kvl_status_t st = kvli_etcd_call(&s->cl, h, n == 1 ? "/v3/kv/range" : "/v3/kv/txn", b, &out,
                                      NULL, 0, &err);
     json_object_put(b);
-    if (st == KVL_OK && n > 1 && (!json_object_object_get_ex(out, "responses", &resps) ||
+    if (st == KVL_OK && n > 1 && ((resps = kvli_etcd_arr(out, "responses")) == NULL ||
                                   json_object_array_length(resps) != n)) {
         kvli_err(&err, KVL_ERR_REMOTE, EPROTO, "etcd answered a transaction of %u reads with "
                  "%zu answers", n, resps ? json_object_array_length(resps) : (size_t)0);
         kvli_hint(&err, "is that an etcd v3.4 or later? Check its log");
         st = KVL_ERR_REMOTE;
     }
-    json_object_object_get_ex(out, "header", &hdr);
-    int64_t rev = st == KVL_OK ? kvli_etcd_i64(hdr, "revision") : 0;
+    int64_t rev = st == KVL_OK ? kvli_etcd_i64(kvli_etcd_obj(out, "header"), "revision") : 0;
     for (unsigned i = 0; i < n; i++) {
         kvli_etcd_read_t *r = batch[i];
-        json_object *ans = out, *rr = NULL;
+        json_object *ans = n > 1 ? kvli_etcd_obj(json_object_array_get_idx(resps, i),
+                                                 "response_range") : out;
+        char why[96];
         r->rev = rev;
         r->st = st;
-        if (st != KVL_OK) {
-            if (r->err != NULL)
-                memcpy(r->err, &err, sizeof(err));
-            continue;
+        if (st == KVL_OK && ans == NULL) {
+            snprintf(why, sizeof(why), "etcd answered read %u of a transaction with no range", i);
+            r->st = KVL_ERR_REMOTE;
+        } else if (st == KVL_OK) {
+            r->st = kvli_etcd_range_value(ans, &r->blob, &r->len, why, sizeof(why));
         }
-        if (n > 1 && json_object_object_get_ex(json_object_array_get_idx(resps, i),
-                                               "response_range", &rr))
-            ans = rr;
-        else if (n > 1)
-            ans = NULL;
-        r->st = kvli_etcd_range_value(ans, &r->blob, &r->len);
+        if (st == KVL_OK && r->st == KVL_ERR_REMOTE) {
+            if (r->err != NULL) {
+                kvli_err(r->err, KVL_ERR_REMOTE, EPROTO, "reading key '%s': %s", r->key, why);
+                kvli_hint(r->err, "kvlane writes base64 JSON through etcd's gateway: another "
+                                  "program may write under that prefix, or a proxy rewrites "
+                                  "the answers");
+            }
+        } else if (st != KVL_OK && r->err != NULL) {
+            memcpy(r->err, &err, sizeof(err));
+        }
     }
     if (out != NULL)
         json_object_put(out);

@@ -139,8 +139,10 @@ char *kvli_etcd_b64(const void *p, size_t len)
 
 void *kvli_etcd_unb64(const char *s, size_t *len_p)
 {
-    size_t n = strlen(s);
     *len_p = 0;
+    if (s == NULL)
+        return NULL;
+    size_t n = strlen(s);
     if (n % 4 != 0 || n > INT32_MAX)
         return NULL;
     unsigned char *out = malloc(n / 4 * 3 + 1);
@@ -154,16 +156,6 @@ void *kvli_etcd_unb64(const char *s, size_t *len_p)
     size_t pad = (n >= 1 && s[n - 1] == '=') + (n >= 2 && s[n - 2] == '=');
     *len_p = (size_t)w - pad;
     return out;
-}
-
-int64_t kvli_etcd_i64(json_object *o, const char *field)
-{
-    json_object *f;
-    if (o == NULL || !json_object_object_get_ex(o, field, &f))
-        return 0;
-    if (json_object_is_type(f, json_type_string))
-        return (int64_t)strtoll(json_object_get_string(f), NULL, 10);
-    return json_object_get_int64(f);
 }
 
 void kvli_etcd_curl_setup(const kvli_etcd_client_t *c, CURL *h, uint64_t timeout_ms)
@@ -221,7 +213,7 @@ static int kvli_etcd_post(kvli_etcd_client_t *c, CURL *h, const char *ep, const 
                           char *why, size_t why_cap, const char **fix_p)
 {
     *fix_p = NULL;
-    char url[KVLI_ETCD_EP_LEN + 64], auth[600], errbuf[CURL_ERROR_SIZE] = "";
+    char url[KVLI_ETCD_EP_LEN + 64], auth[KVLI_ETCD_TOKEN_MAX + 32], errbuf[CURL_ERROR_SIZE] = "";
     kvli_etcd_buf_t b = {0};
     struct curl_slist *hd = NULL;
     CURL *own = NULL;
@@ -241,7 +233,7 @@ static int kvli_etcd_post(kvli_etcd_client_t *c, CURL *h, const char *ep, const 
     curl_easy_setopt(h, CURLOPT_ERRORBUFFER, errbuf);
     hd = curl_slist_append(hd, "Content-Type: application/json");
     if (with_token) {
-        char tok[512];
+        char tok[KVLI_ETCD_TOKEN_MAX];
         kvli_etcd_token(c, tok, sizeof(tok));
         if (tok[0] != '\0') {
             snprintf(auth, sizeof(auth), "Authorization: %s", tok);
@@ -285,19 +277,24 @@ static int kvli_etcd_post(kvli_etcd_client_t *c, CURL *h, const char *ep, const 
 /* The gateway's error object: {"error":..., "message":..., "code":N}. */
 static const char *kvli_etcd_errmsg(json_object *o, int *code_p)
 {
-    json_object *m, *cd;
-    *code_p = 0;
-    if (json_object_object_get_ex(o, "code", &cd))
-        *code_p = json_object_get_int(cd);
-    if (json_object_object_get_ex(o, "message", &m) || json_object_object_get_ex(o, "error", &m))
-        return json_object_get_string(m);
-    return NULL;
+    json_object *e = kvli_etcd_obj(o, "error"); /* a stream's {"error":{"grpc_code":..}} */
+    json_object *src = e != NULL ? e : o;
+    int64_t code = kvli_etcd_i64(src, "code");
+    if (code == 0)
+        code = kvli_etcd_i64(src, "grpc_code");
+    *code_p = code >= INT32_MIN && code <= INT32_MAX ? (int)code : -1;
+    const char *m = kvli_etcd_str(src, "message");
+    if (m == NULL)
+        m = kvli_etcd_str(o, "error");
+    if (m == NULL && (kvli_etcd_has(o, "message") || kvli_etcd_has(o, "error")))
+        m = "an error without a readable message";
+    return m;
 }
 
 static kvl_status_t kvli_etcd_auth_on(kvli_etcd_client_t *c, CURL *h, const char *ep,
                                       kvl_error_t *err)
 {
-    json_object *body = json_object_new_object(), *out = NULL, *tok;
+    json_object *body = json_object_new_object(), *out = NULL;
     char why[512];
     const char *fix;
     long http = 0;
@@ -319,10 +316,12 @@ static kvl_status_t kvli_etcd_auth_on(kvli_etcd_client_t *c, CURL *h, const char
         kvli_hint(err, "check that etcd runs there and the route to it");
         return KVL_ERR_REMOTE_DISCONNECT;
     }
-    const char *msg = kvli_etcd_errmsg(out, &code);
-    if (!json_object_object_get_ex(out, "token", &tok) || msg != NULL) {
+    const char *msg = kvli_etcd_errmsg(out, &code), *tok = kvli_etcd_str(out, "token");
+    if (tok == NULL || tok[0] == '\0' || strlen(tok) >= sizeof(c->token) || msg != NULL) {
         kvli_err(err, KVL_ERR_PERMISSION, 0, "etcd at %s refused user '%s': %s (gRPC code %d)",
-                 ep, c->user, msg ? msg : "no token in the answer", code);
+                 ep, c->user, msg ? msg : tok == NULL || tok[0] == '\0'
+                                      ? "no token in the answer" : "a token that does not fit",
+                 code);
         kvli_hint(err, msg && strstr(msg, "not enabled")
                   ? "etcd has authentication off: give no user (or enable it: etcdctl auth enable)"
                   : "check the user name and password (KVL_ETCD_USER, KVL_ETCD_PASSWORD or "
@@ -331,7 +330,7 @@ static kvl_status_t kvli_etcd_auth_on(kvli_etcd_client_t *c, CURL *h, const char
         return KVL_ERR_PERMISSION;
     }
     pthread_mutex_lock(&c->tok_lock);
-    kvli_scopy(c->token, sizeof(c->token), json_object_get_string(tok));
+    kvli_scopy(c->token, sizeof(c->token), tok);
     pthread_mutex_unlock(&c->tok_lock);
     json_object_put(out);
     return KVL_OK;

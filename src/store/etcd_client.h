@@ -22,6 +22,7 @@
 #define KVLI_ETCD_EP_LEN 256u
 #define KVLI_ETCD_REPLY_MAX (64u << 20) /* bytes of one answer */
 #define KVLI_ETCD_PATH_MAX 512u         /* a TLS file's path */
+#define KVLI_ETCD_TOKEN_MAX 2048u       /* an auth token (a JWT signed with RSA-4096 is ~900) */
 
 typedef struct kvli_etcd_client {
     char eps[KVLI_ETCD_EPS_MAX][KVLI_ETCD_EP_LEN]; /* "http://host:port", no trailing / */
@@ -30,7 +31,7 @@ typedef struct kvli_etcd_client {
     char user[128], password[128];                 /* user "" : no authentication */
     uint64_t timeout_ms;
     pthread_mutex_t tok_lock;
-    char token[512];                               /* "" until authenticated */
+    char token[KVLI_ETCD_TOKEN_MAX];               /* "" until authenticated */
     /* TLS (etcd_tls.c): "" when not given. tls: any file given, so every
      * endpoint is https. subject: the client certificate's. */
     char cacert[KVLI_ETCD_PATH_MAX], cert[KVLI_ETCD_PATH_MAX], key[KVLI_ETCD_PATH_MAX];
@@ -82,8 +83,53 @@ void kvli_etcd_token(kvli_etcd_client_t *c, char *buf, size_t cap);
 char *kvli_etcd_b64(const void *p, size_t len);
 void *kvli_etcd_unb64(const char *s, size_t *len_p);
 
-/* A JSON int64 field that the gateway writes as a string ("revision":"12"); 0 when absent. */
+/*
+ * etcd_parse.c: typed reads of what etcd answered. A field that is absent,
+ * a JSON null or of another type reads as absent (NULL, false, 0): json-c
+ * aborts the process when an array call meets another type.
+ */
+json_object *kvli_etcd_arr(json_object *o, const char *field);
+json_object *kvli_etcd_obj(json_object *o, const char *field);
+const char *kvli_etcd_str(json_object *o, const char *field);
+bool kvli_etcd_true(json_object *o, const char *field); /* a JSON true */
+bool kvli_etcd_has(json_object *o, const char *field);  /* present, whatever its value */
+/* An int64 field, which the gateway writes as a string ("revision":"12"):
+ * a JSON integer or a string of exactly a decimal int64; else 0. */
 int64_t kvli_etcd_i64(json_object *o, const char *field);
+
+/* The metadata in a range answer: KVL_OK with *blob_p (malloc'ed, *len_p
+ * bytes); KVL_ERR_NOT_FOUND: no key, or an empty value; KVL_ERR_REMOTE: a
+ * value that is not base64 (why). */
+kvl_status_t kvli_etcd_range_value(json_object *ans, void **blob_p, size_t *len_p, char *why,
+                                   size_t why_cap);
+
+/* One watch answer (a message on the WebSocket, or a line of an HTTP watch
+ * stream). events is borrowed from the parsed message. */
+typedef struct kvli_etcd_wres {
+    bool created, canceled;
+    int64_t watch_id, compact;         /* compact: etcd compacted past the asked revision */
+    char reason[160];                  /* cancel_reason, or "no reason given" */
+    json_object *events;               /* the events array, NULL when none */
+    char fail[256];                    /* when not a result: etcd's error, as text */
+} kvli_etcd_wres_t;
+/* false: o is no watch result (an error object, or no JSON object): fail
+ * says what etcd said. */
+bool kvli_etcd_wres_parse(json_object *o, kvli_etcd_wres_t *r);
+
+/* One watch event on a presence key under pfx ("<prefix>.inc/"). */
+typedef enum {
+    KVLI_ETCD_EV_NONE, /* not a presence key of an agent (ignored) */
+    KVLI_ETCD_EV_OK,   /* name, del, and for a put inc and gen */
+    KVLI_ETCD_EV_BAD   /* an agent's key whose value cannot be read (bad says what) */
+} kvli_etcd_ev_kind_t;
+typedef struct kvli_etcd_ev {
+    bool del;
+    char name[KVL_NAME_MAX];
+    uint64_t inc, gen;
+    int64_t mod_rev;                   /* filled whatever the kind (0: absent) */
+    char bad[128];
+} kvli_etcd_ev_t;
+kvli_etcd_ev_kind_t kvli_etcd_ev_parse(json_object *ev, const char *pfx, kvli_etcd_ev_t *e);
 
 /* Common curl options: timeouts, no signals, TCP keepalive, and c's TLS
  * files (c NULL: none). Every handle that talks to etcd goes through it. */
@@ -99,7 +145,35 @@ typedef struct kvli_etcd_ws {
     int fd;                            /* -1 when closed */
     char *in, *msg;                    /* received bytes; the message being reassembled */
     size_t in_len, in_cap, msg_len, msg_cap;
+    bool msg_on;                       /* a message is begun (its first frame came) */
 } kvli_etcd_ws_t;
+
+/* One frame received: header and payload (payload points into w->in). */
+typedef struct kvli_etcd_ws_frame {
+    unsigned fin, op;
+    const char *payload;
+    uint64_t len;
+    size_t size;                       /* header + payload */
+} kvli_etcd_ws_frame_t;
+
+/* The parts of kvli_etcd_ws_read that do no I/O (fuzzed):
+ * next: the first whole frame of w->in, checked as a client must check a
+ *   server's (RFC 6455: no mask, no reserved bits, known opcodes, control
+ *   frames whole and short, at most KVLI_ETCD_REPLY_MAX): 1 with *f, 0 when
+ *   more bytes are needed, -1 (why);
+ * collect: a data frame (opcode 0, 1, 2) into w->msg: 1 a whole message is
+ *   there (w->msg, w->msg_len, NUL-terminated; kvli_etcd_ws_taken after),
+ *   0 not yet, -1 (why: a continuation of nothing, a message inside one);
+ * consume: drop frame f from w->in.
+ * upgraded: head (the handshake answer up to its blank line) is the 101
+ *   answer with the accept value RFC 6455 derives from key. */
+int kvli_etcd_ws_next(const kvli_etcd_ws_t *w, kvli_etcd_ws_frame_t *f, char *why,
+                      size_t why_cap);
+int kvli_etcd_ws_collect(kvli_etcd_ws_t *w, const kvli_etcd_ws_frame_t *f, char *why,
+                         size_t why_cap);
+void kvli_etcd_ws_taken(kvli_etcd_ws_t *w);
+void kvli_etcd_ws_consume(kvli_etcd_ws_t *w, const kvli_etcd_ws_frame_t *f);
+bool kvli_etcd_ws_upgraded(const char *head, const char *key);
 
 typedef void (*kvli_etcd_ws_msg_fn)(void *arg, const char *text, size_t len);
 

@@ -76,17 +76,17 @@ static int kvli_probe_version(const kvli_etcd_client_t *c, const char *ep, uint6
     curl_easy_cleanup(h);
     if ((*fix_p = kvli_etcd_tls_explain(c, NULL, ep, CURLE_OK, body, why, why_cap)) != NULL)
         return -1;
-    json_object *o = json_tokener_parse(body), *sv = NULL, *cv = NULL;
-    if (o == NULL || !json_object_object_get_ex(o, "etcdserver", &sv)) {
+    json_object *o = json_tokener_parse(body);
+    const char *sv = kvli_etcd_str(o, "etcdserver"), *cv = kvli_etcd_str(o, "etcdcluster");
+    if (sv == NULL) {
         snprintf(why, why_cap, "GET /version answered something that is not etcd's (%.80s)",
                  body);
         if (o != NULL)
             json_object_put(o);
         return -2;
     }
-    kvli_scopy(server, cap, json_object_get_string(sv));
-    kvli_scopy(cluster, cap, json_object_object_get_ex(o, "etcdcluster", &cv)
-                                 ? json_object_get_string(cv) : "?");
+    kvli_scopy(server, cap, sv);
+    kvli_scopy(cluster, cap, cv != NULL ? cv : "?");
     json_object_put(o);
     return 0;
 }

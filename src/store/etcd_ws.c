@@ -116,10 +116,19 @@ static bool kvli_ws_header(const char *head, const char *name, char *val, size_t
     return false;
 }
 
+bool kvli_etcd_ws_upgraded(const char *head, const char *key)
+{
+    char want[64], got[64];
+    kvli_ws_accept_of(key, want, sizeof(want));
+    return want[0] != '\0' && strncmp(head, "HTTP/1.1 101 ", 13) == 0 &&
+           kvli_ws_header(head, "Sec-WebSocket-Accept", got, sizeof(got)) &&
+           strcmp(got, want) == 0;
+}
+
 int kvli_etcd_ws_open(kvli_etcd_ws_t *w, const kvli_etcd_client_t *c, const char *ep,
                       const char *path, uint64_t timeout_ms, char *why, size_t why_cap)
 {
-    char url[KVLI_ETCD_EP_LEN + 64], req[KVLI_ETCD_EP_LEN + 512], key[32], want[64], got[64];
+    char url[KVLI_ETCD_EP_LEN + 64], req[KVLI_ETCD_EP_LEN + 512], key[32];
     uint64_t deadline = kvli_clock_ms() + timeout_ms, rnd[2] = {kvli_random64(), kvli_random64()};
     curl_socket_t fd = CURL_SOCKET_BAD;
     char eb[CURL_ERROR_SIZE] = "";
@@ -181,10 +190,7 @@ int kvli_etcd_ws_open(kvli_etcd_ws_t *w, const kvli_etcd_client_t *c, const char
         }
     }
     *end = '\0';
-    kvli_ws_accept_of(key, want, sizeof(want));
-    if (strncmp(w->in, "HTTP/1.1 101", 12) != 0 ||
-        !kvli_ws_header(w->in, "Sec-WebSocket-Accept", got, sizeof(got)) ||
-        strcmp(got, want) != 0) {
+    if (!kvli_etcd_ws_upgraded(w->in, key)) {
         snprintf(why, why_cap, "no WebSocket upgrade (%.*s)", (int)strcspn(w->in, "\r"),
                  w->in);
         kvli_etcd_ws_close(w);
@@ -247,23 +253,30 @@ int kvli_etcd_ws_send(kvli_etcd_ws_t *w, const char *text, uint64_t timeout_ms, 
     return kvli_ws_frame(w, 1, text, strlen(text), kvli_clock_ms() + timeout_ms, why, why_cap);
 }
 
-/* The first whole frame in w->in: its length (header + payload), 0 when
- * more bytes are needed, -1 when it breaks the protocol (why). */
-static long long kvli_ws_parse(kvli_etcd_ws_t *w, unsigned *fin, unsigned *op, size_t *off,
-                               uint64_t *plen, char *why, size_t why_cap)
+int kvli_etcd_ws_next(const kvli_etcd_ws_t *w, kvli_etcd_ws_frame_t *f, char *why,
+                      size_t why_cap)
 {
     const unsigned char *p = (const unsigned char *)w->in;
     if (w->in_len < 2)
         return 0;
-    *fin = p[0] >> 7;
-    *op = p[0] & 0x0fu;
+    f->fin = p[0] >> 7;
+    f->op = p[0] & 0x0fu;
     if ((p[0] & 0x70u) != 0 || (p[1] & 0x80u) != 0) {
         snprintf(why, why_cap, "etcd sent a WebSocket frame with %s",
                  (p[1] & 0x80u) ? "a mask (servers must not mask)" : "reserved bits set");
         return -1;
     }
+    if (f->op > 2 && f->op != 8 && f->op != 9 && f->op != 10) {
+        snprintf(why, why_cap, "etcd sent a WebSocket frame of unknown opcode %u", f->op);
+        return -1;
+    }
     uint64_t len = p[1] & 0x7fu;
     size_t h = 2;
+    if (f->op >= 8 && (!f->fin || len > 125)) {
+        snprintf(why, why_cap, "etcd sent a WebSocket control frame (opcode %u) %s", f->op,
+                 f->fin ? "longer than 125 bytes" : "in fragments");
+        return -1;
+    }
     if (len >= 126) {
         size_t ext = len == 126 ? 2 : 8;
         if (w->in_len < 2 + ext)
@@ -280,9 +293,42 @@ static long long kvli_ws_parse(kvli_etcd_ws_t *w, unsigned *fin, unsigned *op, s
     }
     if (w->in_len < h + len)
         return 0;
-    *off = h;
-    *plen = len;
-    return (long long)(h + len);
+    f->payload = w->in + h;
+    f->len = len;
+    f->size = h + (size_t)len;
+    return 1;
+}
+
+int kvli_etcd_ws_collect(kvli_etcd_ws_t *w, const kvli_etcd_ws_frame_t *f, char *why,
+                         size_t why_cap)
+{
+    if (f->op == 0 && !w->msg_on) {
+        snprintf(why, why_cap, "etcd continued a WebSocket message it never began");
+        return -1;
+    }
+    if (f->op != 0 && w->msg_on) {
+        snprintf(why, why_cap, "etcd began a WebSocket message inside another");
+        return -1;
+    }
+    w->msg_on = true;
+    if (kvli_etcd_append(&w->msg, &w->msg_len, &w->msg_cap, f->payload, (size_t)f->len) != 0) {
+        snprintf(why, why_cap, "a message of more than %u MiB from etcd",
+                 KVLI_ETCD_REPLY_MAX >> 20);
+        return -1;
+    }
+    return f->fin ? 1 : 0;
+}
+
+void kvli_etcd_ws_taken(kvli_etcd_ws_t *w)
+{
+    w->msg_len = 0;
+    w->msg_on = false;
+}
+
+void kvli_etcd_ws_consume(kvli_etcd_ws_t *w, const kvli_etcd_ws_frame_t *f)
+{
+    memmove(w->in, w->in + f->size, w->in_len - f->size + 1); /* with its NUL */
+    w->in_len -= f->size;
 }
 
 int kvli_etcd_ws_read(kvli_etcd_ws_t *w, kvli_etcd_ws_msg_fn fn, void *arg, char *why,
@@ -294,39 +340,30 @@ int kvli_etcd_ws_read(kvli_etcd_ws_t *w, kvli_etcd_ws_msg_fn fn, void *arg, char
     if (r < 0)
         return -1;
     for (;;) {
-        unsigned fin = 0, op = 0;
-        size_t off = 0;
-        uint64_t len = 0;
-        long long fl = kvli_ws_parse(w, &fin, &op, &off, &len, why, why_cap);
-        if (fl <= 0)
-            return (int)fl;
-        const char *pl = w->in + off;
-        if (op == 8) {
-            unsigned code = len >= 2 ? ((unsigned char)pl[0] << 8 | (unsigned char)pl[1]) : 0;
+        kvli_etcd_ws_frame_t f;
+        r = kvli_etcd_ws_next(w, &f, why, why_cap);
+        if (r <= 0)
+            return r;
+        const char *pl = f.payload;
+        if (f.op == 8) {
+            unsigned code = f.len >= 2 ? ((unsigned char)pl[0] << 8 | (unsigned char)pl[1]) : 0;
+            int tl = f.len > 2 ? (int)(f.len - 2 > 100 ? 100 : f.len - 2) : 0;
             snprintf(why, why_cap, "etcd closed the WebSocket (code %u%s%.*s)", code,
-                     len > 2 ? ": " : "", len > 2 ? (int)(len - 2 > 100 ? 100 : len - 2) : 0,
-                     len > 2 ? pl + 2 : "");
+                     tl > 0 ? ": " : "", tl, tl > 0 ? pl + 2 : "");
             return -1;
         }
-        if (op == 9 && kvli_ws_frame(w, 10, pl, (size_t)len, kvli_clock_ms() + 2000, why,
-                                     why_cap) != 0)
+        if (f.op == 9 && kvli_ws_frame(w, 10, pl, (size_t)f.len, kvli_clock_ms() + 2000, why,
+                                       why_cap) != 0)
             return -1;
-        if (op == 0 || op == 1 || op == 2) {
-            if (op != 0 && w->msg_len > 0) {
-                snprintf(why, why_cap, "etcd began a WebSocket message inside another");
+        if (f.op <= 2) {
+            int c = kvli_etcd_ws_collect(w, &f, why, why_cap);
+            if (c < 0)
                 return -1;
-            }
-            if (kvli_etcd_append(&w->msg, &w->msg_len, &w->msg_cap, pl, (size_t)len) != 0) {
-                snprintf(why, why_cap, "a message of more than %u MiB from etcd",
-                         KVLI_ETCD_REPLY_MAX >> 20);
-                return -1;
-            }
-            if (fin) {
-                fn(arg, w->msg ? w->msg : "", w->msg_len);
-                w->msg_len = 0;
+            if (c == 1) {
+                fn(arg, w->msg != NULL ? w->msg : "", w->msg_len);
+                kvli_etcd_ws_taken(w);
             }
         }
-        memmove(w->in, w->in + fl, w->in_len - (size_t)fl + 1);
-        w->in_len -= (size_t)fl;
+        kvli_etcd_ws_consume(w, &f);
     }
 }

@@ -442,11 +442,12 @@ class _NoUpgradeProxy(_Relay):
         self._pump(c, u)
 
 
-class _KeepaliveFaultProxy(_Relay):
+class _AnswerProxy(_Relay):
     """Reads the HTTP requests of each connection one by one (curl sends
     the next only once the answer before came back) and, while fail is set,
     answers /v3/lease/keepalive itself with the 503 an etcd whose apply
-    loop is behind gives; everything else goes to etcd. WebSocket
+    loop is behind gives; a path in answers gets that body (HTTP 200)
+    instead of etcd's; everything else goes to etcd. WebSocket
     connections (the agent's watches) are relayed as they are, and
     counted."""
 
@@ -457,6 +458,8 @@ class _KeepaliveFaultProxy(_Relay):
     def __init__(self, target):
         self.upgrades = self.failed = self.passed = 0
         self.fail = False
+        self.answers = {}     # b"/v3/kv/range": body answered in etcd's place (HTTP 200)
+        self.canned = 0
         super().__init__(target)
 
     @staticmethod
@@ -509,6 +512,13 @@ class _KeepaliveFaultProxy(_Relay):
                 continue
             if low.startswith(b"post /v3/lease/keepalive "):
                 self.passed += 1
+            path = low.split(b" ", 2)[1] if low.startswith(b"post ") else b""
+            if path in self.answers:
+                self.canned += 1
+                body = self.answers[path]
+                c.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                          b"Content-Length: %d\r\n\r\n" % len(body) + body)
+                continue
             u.sendall(req)
         for x in (c, u):
             try:
@@ -523,7 +533,7 @@ def test_keepalive_answered_error_keeps_watches(etcd, uniq):
     renewed, but not make its watches again: the connection works, and
     every follower re-creating its watches would only add to an overloaded
     etcd's work. The watch still sees a departure afterwards."""
-    px = _KeepaliveFaultProxy(etcd)
+    px = _AnswerProxy(etcd)
     a = kvlane.Agent(uniq + "-ka", backends=("tcp",))
     b = kvlane.Agent(uniq + "-kb", backends=("tcp",))
     try:
@@ -542,6 +552,42 @@ def test_keepalive_answered_error_keeps_watches(etcd, uniq):
         b.close()
         assert _until(lambda: not a.check_remote(uniq + "-kb"))
         assert px.upgrades == watches
+    finally:
+        b.close()
+        a.close()
+        px.close()
+
+
+def test_malformed_answers_refused(etcd, uniq):
+    """Answers that are JSON but not what etcd's gateway writes (a proxy
+    rewriting them, another program on the port): json-c aborts the process
+    when an array call meets a null or an object, so {"kvs":null} once ended
+    the engine. Now each is refused or read as "no key", with the reason,
+    and the agent works on once etcd answers again."""
+    px = _AnswerProxy(etcd)
+    a = kvlane.Agent(uniq + "-ma", backends=("tcp",))
+    b = kvlane.Agent(uniq + "-mb", backends=("tcp",))
+    try:
+        pfx = f"/kvltest/{uniq}-ma"
+        a.etcd_attach(px.url, prefix=pfx, lease_ttl_s=10)
+        b.etcd_attach(etcd, prefix=pfx, lease_ttl_s=10)
+        b.etcd_publish()
+        for body in (b'{"kvs":null}', b'{"kvs":{}}', b'{"kvs":"x"}', b'{"kvs":[null]}',
+                     b'{"kvs":[{"key":"eA==","value":null}]}', b'{"header":[]}'):
+            px.answers = {b"/v3/kv/range": body}
+            with pytest.raises(kvlane.Error) as ei:
+                a.etcd_fetch(uniq + "-mb", wait_ms=300)
+            msg = str(ei.value)
+            assert "has no metadata of agent" in msg or "not a string" in msg, (body, msg)
+        px.answers = {b"/v3/kv/range": b'{"kvs":[{"key":"eA==","value":"!!!!"}]}'}
+        with pytest.raises(kvlane.Error) as ei:
+            a.etcd_fetch(uniq + "-mb", wait_ms=30000)              # refused at once
+        assert "value is not base64" in str(ei.value)
+        assert "another program may write under that prefix" in str(ei.value)
+        assert px.canned >= 7
+        px.answers = {}
+        a.etcd_fetch(uniq + "-mb", wait_ms=30000)
+        assert a.check_remote(uniq + "-mb")
     finally:
         b.close()
         a.close()
