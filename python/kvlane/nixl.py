@@ -12,6 +12,7 @@ docs/python.md ("kvlane.nixl") has the mapping table and every difference.
 """
 
 import enum
+import io
 import itertools
 import logging
 import os
@@ -431,6 +432,38 @@ class nixlXferDList(_DescList):
 
 nixl_reg_dlist = nixlRegDList
 nixl_xfer_dlist = nixlXferDList
+
+
+class _DescUnpickler(pickle.Unpickler):
+    """deserialize_descs's unpickler. The bytes come from a peer over the
+    network (vLLM, LMCache and Dynamo send descriptor lists so); pickle lets
+    them name any importable callable, os.system included, and NIXL
+    unpickles them as they are. kvlane lets them name only the
+    constructors of its descriptor lists and what NumPy arrays are rebuilt
+    with: a peer can send descriptors, not code."""
+
+    _ALLOWED = frozenset({
+        ("kvlane.nixl", "nixlRegDList"), ("kvlane.nixl", "_xfer_dlist"),
+        # NumPy arrays and scalars (numpy 1.x and 2.x module names)
+        ("numpy", "ndarray"), ("numpy", "dtype"),
+        ("numpy.core.multiarray", "_reconstruct"), ("numpy.core.multiarray", "scalar"),
+        ("numpy._core.multiarray", "_reconstruct"), ("numpy._core.multiarray", "scalar"),
+        # bytes in a protocol 2 pickle
+        ("_codecs", "encode"),
+    })
+
+    def find_class(self, module, name):
+        if (module, name) in self._ALLOWED:
+            return super().find_class(module, name)
+        raise pickle.UnpicklingError(
+            f"deserialize_descs: the bytes name {module}.{name}, which is not a descriptor "
+            f"list: kvlane unpickles only descriptor lists (nixlXferDList, nixlRegDList), "
+            f"lists, tuples, numbers, strings, bytes and NumPy arrays, never other objects; "
+            f"were they written by get_serialized_descs?")
+
+    def persistent_load(self, pid):
+        raise pickle.UnpicklingError("deserialize_descs: the bytes hold a persistent id, "
+                                     "which get_serialized_descs never writes")
 
 
 def _dev(kind, dev):
@@ -921,7 +954,14 @@ class nixl_agent:
         return pickle.dumps(descs)
 
     def deserialize_descs(self, serialized_descs):
-        return pickle.loads(serialized_descs)
+        """NIXL's: the pickle get_serialized_descs wrote (engines send it to
+        the peer). Unpickled by _DescUnpickler: only descriptor lists, lists,
+        tuples, numbers, strings, bytes and NumPy arrays, never an object
+        that names other code to run (pickle.UnpicklingError, naming it)."""
+        if not isinstance(serialized_descs, (bytes, bytearray, memoryview)):
+            raise TypeError(f"deserialize_descs: expects the bytes get_serialized_descs "
+                            f"returned, got {type(serialized_descs).__name__}")
+        return _DescUnpickler(io.BytesIO(serialized_descs)).load()
 
     # ---- memory ----
     def register_memory(self, reg_list, mem_type=None, backends=_EMPTY, *, is_sorted=False):

@@ -373,6 +373,48 @@ def test_query_memory_and_dlists(agent):
     assert len(built) == 5
 
 
+class _Evil:
+    """A pickle that runs a command when loaded (what a hostile peer sends)."""
+
+    def __init__(self, path):
+        self.path = path
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.path}",))
+
+
+def test_deserialize_descs_takes_descriptors_not_code(agent, tmp_path):
+    """Engines send get_serialized_descs's bytes to the peer, which passes
+    what arrives to deserialize_descs: NIXL unpickles it as it is, so a
+    hostile peer runs code in the engine. kvlane rebuilds descriptor lists,
+    plain rows and NumPy arrays, and refuses anything that names other code,
+    saying what it named."""
+    import pickle
+    x = agent.get_xfer_descs([(4096 * i, 4096, 0) for i in range(1, 5)], "VRAM")
+    r = agent.get_reg_descs([(8192, 4096, 1, "meta")], "DRAM")
+    rows = np.array([[4096, 4096, 0], [8192, 4096, 0]], dtype=np.uint64)
+    for obj in (x, r, [(1, 2, 0)], rows, [x, r]):
+        back = agent.deserialize_descs(agent.get_serialized_descs(obj))
+        if isinstance(obj, np.ndarray):
+            assert (back == obj).all() and back.dtype == obj.dtype
+        else:
+            assert back == obj
+    assert agent.deserialize_descs(pickle.dumps(r, protocol=2)) == r      # bytes via _codecs
+    assert agent.deserialize_descs(bytearray(agent.get_serialized_descs(x))) == x
+    marker = tmp_path / "ran"
+    for evil in (_Evil(marker), [x, _Evil(marker)], {"descs": _Evil(marker)}):
+        with pytest.raises(pickle.UnpicklingError, match="posix.system|os.system"):
+            agent.deserialize_descs(pickle.dumps(evil))
+    with pytest.raises(pickle.UnpicklingError, match="collections.OrderedDict"):
+        import collections
+        agent.deserialize_descs(pickle.dumps(collections.OrderedDict(a=1)))
+    assert not marker.exists()
+    with pytest.raises(TypeError, match="bytes get_serialized_descs returned"):
+        agent.deserialize_descs("not bytes")
+    with pytest.raises(pickle.UnpicklingError):
+        agent.deserialize_descs(b"garbage")
+
+
 def test_hicache_replaces_the_inner_agent(uniq):
     sys.path.insert(0, NIXL_PATH)
     try:
