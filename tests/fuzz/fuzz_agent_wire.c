@@ -6,9 +6,11 @@
  * (the connection stays open until then: a target drops the WRITEs of an
  * initiator that went away). The agent must answer or drop each
  * connection, never crash, write outside its registered buffer, or leak
- * (LeakSanitizer).
- * fuzz_tcp_proto.c covers the tcp parsers alone; this covers what the
- * targets do with what they parsed. The first byte picks the target. */
+ * (LeakSanitizer). fuzz_tcp_proto.c covers the tcp parsers alone; this
+ * covers what the targets do with what they parsed. The first byte picks
+ * the target: bit 2 the agent listener (one request: FETCH, PUSH of a
+ * metadata blob, INVALIDATE), else bit 0 tcp (0) or shm (1); bit 1 maps
+ * the addresses of WRITE and READ ranges into the registered buffer. */
 #include <inttypes.h>
 #include <poll.h>
 #include <stdbool.h>
@@ -36,7 +38,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 static kvl_agent_t *g_agent;
 static uint8_t *g_mem; /* GUARD | registered BUF_LEN | GUARD */
-static uint16_t g_port;
+static uint16_t g_port, g_lport; /* the tcp backend's port, the listener's */
 static char g_sock[96];
 
 /* A harness step that must work failed: say which and why, then stop. */
@@ -82,6 +84,10 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
         die("registering the buffer");
     snprintf(g_sock, sizeof(g_sock), "kvlane-shm-%d-%016" PRIx64, (int)getpid(),
              kvl_agent_incarnation(g_agent));
+    char bound[64];
+    if (kvl_agent_listen(g_agent, "127.0.0.1", 0, bound, sizeof(bound)) != KVL_OK)
+        die("kvl_agent_listen");
+    g_lport = (uint16_t)atoi(strrchr(bound, ':') + 1);
     return 0;
 }
 
@@ -189,6 +195,25 @@ static void answers(int fd, bool tcp)
     }
 }
 
+/* The agent listener: authenticated (purpose listener); the input is the
+ * one request a connection carries (FETCH, PUSH of a metadata blob,
+ * INVALIDATE). */
+static int listener_open(void)
+{
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons(g_lport),
+                             .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    kvl_error_t err;
+    int e = 0;
+    int fd = kvli_tcp_connect((struct sockaddr *)&sa, sizeof(sa), 5000, &e);
+    if (fd < 0)
+        die("connecting to the listener");
+    if (kvli_tcp_auth_client(fd, KVLI_AUTH_PURPOSE_LISTENER, NULL, 0,
+                             kvli_clock_ns() + 5000000000ull, "listener", "the listener",
+                             &err) != KVL_OK)
+        die("authenticating to the listener");
+    return fd;
+}
+
 static int tcp_open(void)
 {
     struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons(g_port),
@@ -251,6 +276,20 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     if (size < 1)
         return 0;
+    if ((data[0] & 4) != 0) {
+        /* the listener: one request, its reply, the close */
+        int lfd = listener_open();
+        (void)send(lfd, data + 1, size - 1, MSG_NOSIGNAL);
+        shutdown(lfd, SHUT_WR);
+        char sink[4096];
+        for (;;) {
+            struct pollfd p = {.fd = lfd, .events = POLLIN};
+            if (poll(&p, 1, 1000) <= 0 || read(lfd, sink, sizeof(sink)) <= 0)
+                break;
+        }
+        close(lfd);
+        return 0;
+    }
     bool tcp = (data[0] & 1) == 0;
     int fd = tcp ? tcp_open() : shm_open_conn();
     uint8_t *in = malloc(size - 1 + 128);
