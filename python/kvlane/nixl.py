@@ -1211,6 +1211,10 @@ class nixl_agent:
                           remote_indices, notif_msg=b"", backends=_EMPTY, skip_desc_merge=False):
         op = _op(operation)
         lp, rp = _prep(local_xfer_side), _prep(remote_xfer_side)
+        for what, idx in (("local_indices", local_indices), ("remote_indices", remote_indices)):
+            if idx is None:   # kvlane's own xfer_prepped reads None as 0..n-1; NIXL refuses it
+                raise TypeError(f"make_prepped_xfer: {what} is None: a list or 1-D NumPy "
+                                f"array of indices into the prepared list is needed")
         backend = self._one_bk(backends, "make_prepped_xfer")
 
         def make(notif):

@@ -285,6 +285,13 @@ static int kvlpy_array_from_buffer(PyObject *obj, int is_signed, const char *arg
         return -1;
     }
     a->has_view = 1;
+    if (a->view.ndim != 1) {
+        /* a (1, n) array is not n indices: flattening it would take a
+         * table for a list without saying so */
+        PyErr_Format(PyExc_TypeError, "%s: a 1-D array is needed, got one of %d dimensions",
+                     argname, a->view.ndim);
+        return -1;
+    }
     char c = kvlpy_format_char(a->view.format);
     Py_ssize_t isz = a->view.itemsize;
     a->n = isz > 0 ? a->view.len / isz : 0;
@@ -306,6 +313,16 @@ static int kvlpy_array_from_buffer(PyObject *obj, int is_signed, const char *arg
             for (Py_ssize_t i = 0; i < a->n; i++)
                 if (v[i] < 0) {
                     PyErr_Format(PyExc_ValueError, "%s[%zd] is negative", argname, i);
+                    return -1;
+                }
+        }
+        if (is_signed && !ok_signed) {
+            /* uint64 read as int64: a value past INT64_MAX would turn negative */
+            const uint64_t *v = a->data;
+            for (Py_ssize_t i = 0; i < a->n; i++)
+                if (v[i] > (uint64_t)INT64_MAX) {
+                    PyErr_Format(PyExc_ValueError, "%s[%zd] is %llu, past the largest index "
+                                 "(2**63 - 1)", argname, i, (unsigned long long)v[i]);
                     return -1;
                 }
         }

@@ -343,6 +343,34 @@ def test_garbage_refused(agent):
     assert t.mem_type == "DRAM" and t[1] == (b.ctypes.data, 4096, -1)
 
 
+def test_index_garbage_refused(agent):
+    """make_prepped_xfer's indices: what NIXL's binding refuses is refused
+    here too, by name, rather than read some other way: a 2-D array (once
+    flattened), None (kvlane's own xfer_prepped reads it as 0..n-1), uint64
+    values past int64 (once read as negative numbers), floats, strings."""
+    buf = np.zeros(16 * 4096, np.uint8)
+    agent.register_memory([(buf.ctypes.data, buf.nbytes, 0, "")], "DRAM")
+    rows = [(buf.ctypes.data + i * 4096, 4096, 0) for i in range(16)]
+    lp = agent.prep_xfer_dlist("", rows, "DRAM")
+    rp = agent.prep_xfer_dlist(agent.name, rows, "DRAM")
+    ok = [0, 1]
+    for bad, exc, text in ((np.array([[0, 1]]), TypeError, "1-D array is needed"),
+                           (None, TypeError, "local_indices is None"),
+                           (np.array([0, 2**63 + 5], np.uint64), ValueError,
+                            "past the largest index"),
+                           (np.array([0.0, 1.0]), TypeError, "integer array needed"),
+                           ([0.0, 1.0], ValueError, "64-bit integer needed"),
+                           ("01", ValueError, "64-bit integer needed"),
+                           (np.arange(4)[::2], TypeError, "C-contiguous")):
+        with pytest.raises(exc, match=text):
+            agent.make_prepped_xfer("WRITE", lp, bad, rp, ok)
+    with pytest.raises(TypeError, match="remote_indices is None"):
+        agent.make_prepped_xfer("WRITE", lp, ok, rp, None)
+    for good in ([0, 1], np.array([0, 1], np.int32), np.array([0, 1], np.uint64),
+                 np.array([0, 1], np.int8)):
+        agent.release_xfer_handle(agent.make_prepped_xfer("WRITE", lp, good, rp, ok))
+
+
 # ---- 7. query_memory, lists, pickling -----------------------------------------------------
 
 def test_query_memory_and_dlists(agent):
