@@ -15,6 +15,7 @@ import enum
 import io
 import itertools
 import logging
+import operator
 import os
 import pickle
 import sys
@@ -492,6 +493,20 @@ def _check_width(rows, width, what):
                 f"{what} descriptor {i}: {len(t)}-tuple {t!r}; NIXL's {what} descriptors are "
                 + ("(addr, len, dev, meta) 4-tuples" if width == 4 else
                    "(addr, len, dev) 3-tuples"))
+        if width == 4:
+            # what NIXL's binding takes: an int device, a str (or bytes) meta;
+            # an int meta would otherwise become that many zero bytes
+            try:
+                operator.index(t[2])
+            except TypeError:
+                raise as_nixl(InvalidArgument(
+                    f"{what} descriptor {i}: device {t[2]!r} is not an integer"),
+                    TypeError) from None
+            if len(t) == 4 and not isinstance(t[3], (str, bytes, bytearray)):
+                raise as_nixl(InvalidArgument(
+                    f"{what} descriptor {i}: meta {t[3]!r} is not a str or bytes",
+                    hint="pass '' when there is nothing to say (NIXL's meta is a string)"),
+                    TypeError)
 
 
 def _array_rows(arr, what):

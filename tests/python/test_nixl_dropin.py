@@ -331,6 +331,13 @@ def test_garbage_refused(agent):
         agent.get_xfer_descs([[1, 2, 0]], "DRAM")
     with pytest.raises(kvlane.InvalidArgument, match="memory type"):
         agent.get_xfer_descs([(1, 2, 0)], "GPU")
+    # NIXL's binding takes an int device and a str meta: an int meta once
+    # became that many zero bytes, a str device was ignored for DRAM
+    with pytest.raises(TypeError, match="meta 5 is not a str or bytes"):
+        agent.get_reg_descs([(4096, 4096, 0, 5)], "DRAM")
+    with pytest.raises(TypeError, match="device '0' is not an integer"):
+        agent.register_memory([(4096, 4096, "0", "")], "DRAM")
+    assert agent.get_reg_descs([(4096, 4096, np.int64(0), b"m")], "DRAM")[0][3] == b"m"
     a, b = np.zeros(4096, np.uint8), np.zeros(4096, np.uint8)
     mixed = [FakeTensor(a, FakeDevice("cpu")), FakeTensor(b, FakeDevice("cuda", 0))]
     with pytest.raises(kvlane.InvalidArgument, match="two devices"):
