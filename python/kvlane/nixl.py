@@ -263,6 +263,9 @@ class nixl_agent_config:
             raise TypeError(f"backends must be a list of backend names, got {backends!r}")
         if not isinstance(num_threads, int) or num_threads < 0:
             raise TypeError(f"num_threads must be a non-negative int, got {num_threads!r}")
+        if isinstance(listen_port, bool) or not isinstance(listen_port, int) or \
+                not 0 <= listen_port <= 65535:
+            raise TypeError(f"listen_port must be an int in 0..65535, got {listen_port!r}")
         self.backends = list(backends)
         self.enable_pthread = enable_prog_thread
         self.enable_listen = enable_listen_thread
@@ -1341,9 +1344,12 @@ class nixl_agent:
 
     def check_remote_xfer_done(self, remote_agent_name, lookup_tag, backends=_EMPTY,
                                tag_is_prefix=True):
+        if not isinstance(lookup_tag, (str, bytes, bytearray)):
+            raise TypeError(f"check_remote_xfer_done: lookup_tag must be bytes or str, got "
+                            f"{type(lookup_tag).__name__}")
         self.update_notifs()
         name = _name(remote_agent_name)
-        tag = lookup_tag.encode() if isinstance(lookup_tag, str) else lookup_tag
+        tag = lookup_tag.encode() if isinstance(lookup_tag, str) else bytes(lookup_tag)
         msgs = self.notifs.get(name, [])
         for i, m in enumerate(msgs):
             if (tag_is_prefix and m.startswith(tag)) or (not tag_is_prefix and tag in m):
@@ -1434,7 +1440,9 @@ def _msg(msg):
         return None
     if isinstance(msg, str):
         msg = msg.encode()
-    return msg if len(msg) else None
+    if not isinstance(msg, (bytes, bytearray, memoryview)):
+        raise TypeError(f"notif_msg must be bytes or str, got {type(msg).__name__} {msg!r:.60}")
+    return bytes(msg) if len(msg) else None
 
 
 def _op(operation):

@@ -373,6 +373,18 @@ def test_index_garbage_refused(agent):
             agent.make_prepped_xfer("WRITE", lp, bad, rp, ok)
     with pytest.raises(TypeError, match="remote_indices is None"):
         agent.make_prepped_xfer("WRITE", lp, ok, rp, None)
+    with pytest.raises(TypeError, match="notif_msg must be bytes or str, got int"):
+        agent.make_prepped_xfer("WRITE", lp, ok, rp, ok, 5)
+    h = agent.make_prepped_xfer("WRITE", lp, ok, rp, ok, bytearray(b"tag"))
+    with pytest.raises(TypeError, match="notif_msg must be bytes or str"):
+        agent.transfer(h, 5.0)
+    agent.release_xfer_handle(h)
+    with pytest.raises(TypeError, match="lookup_tag must be bytes or str"):
+        agent.check_remote_xfer_done(agent.name, 5)
+    with pytest.raises(TypeError, match="listen_port must be an int"):
+        nixl_agent_config(True, True, "8888")
+    with pytest.raises(TypeError, match="listen_port must be an int"):
+        nixl_agent_config(listen_port=70000)
     for good in ([0, 1], np.array([0, 1], np.int32), np.array([0, 1], np.uint64),
                  np.array([0, 1], np.int8)):
         agent.release_xfer_handle(agent.make_prepped_xfer("WRITE", lp, good, rp, ok))
