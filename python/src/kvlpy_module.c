@@ -317,9 +317,13 @@ static int kvlpy_array_from_buffer(PyObject *obj, int is_signed, const char *arg
                 }
         }
         if (is_signed && !ok_signed) {
-            /* uint64 read as int64: a value past INT64_MAX would turn negative */
+            /* uint64 read as int64: a value past INT64_MAX would turn negative
+             * (one OR over the array, vectorized; the culprit looked up after) */
             const uint64_t *v = a->data;
+            uint64_t any = 0;
             for (Py_ssize_t i = 0; i < a->n; i++)
+                any |= v[i];
+            for (Py_ssize_t i = 0; (any >> 63) != 0 && i < a->n; i++)
                 if (v[i] > (uint64_t)INT64_MAX) {
                     PyErr_Format(PyExc_ValueError, "%s[%zd] is %llu, past the largest index "
                                  "(2**63 - 1)", argname, i, (unsigned long long)v[i]);
