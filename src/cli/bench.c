@@ -173,6 +173,8 @@ static int kvl_build(const kvl_bench_cfg_t *c, uint64_t block, uint64_t lbase, u
     kvl_dlist_create(KVL_MEM_DRAM, 0, &ls->l);
     kvl_dlist_create(KVL_MEM_DRAM, 0, &ls->r);
     if (strcmp(c->pattern, "contiguous") == 0) {
+        if (block > len)
+            return -2;
         for (uint64_t o = 0; o + block <= len; o += block)
             if (kvl_dlist_add(ls->l, lbase + o, block, KVL_DEV_ANY) ||
                 kvl_dlist_add(ls->r, rbase + o, block, KVL_DEV_ANY))
@@ -219,6 +221,7 @@ typedef struct {
     unsigned nlat;
     pthread_barrier_t *bar;
     kvl_status_t st;
+    kvl_error_t *err;                  /* a copy of this thread's error when st failed */
 } kvl_worker_t;
 
 static void *kvl_bench_worker(void *arg)
@@ -227,11 +230,10 @@ static void *kvl_bench_worker(void *arg)
     const kvl_bench_cfg_t *c = w->c;
     kvl_xfer_params_t xp = {.field_mask = KVL_XFER_PARAM_BACKEND, .backend = w->backend};
     double t0 = kvl_thread_cpu();
-    for (unsigned b = 0; b < c->batch; b++) {
+    for (unsigned b = 0; b < c->batch && w->st == KVL_OK; b++)
         w->st = kvl_xfer_create(w->a, c->op, w->ls.l, "bench-target", w->ls.r, &xp, &w->x[b]);
-        if (w->st != KVL_OK)
-            return NULL;
-    }
+    /* a failed create still meets every barrier below (w->st stops the
+     * work): the measuring thread waits on them for all threads */
     w->prep_cpu = kvl_thread_cpu() - t0;
     for (unsigned it = 0; it < c->warmup + c->iters; it++) {
         pthread_barrier_wait(w->bar);
@@ -249,6 +251,8 @@ static void *kvl_bench_worker(void *arg)
             w->lat[w->nlat++] = kvl_cli_now() - ts;
         pthread_barrier_wait(w->bar);
     }
+    if (w->st != KVL_OK && (w->err = malloc(sizeof(*w->err))) != NULL)
+        memcpy(w->err, kvl_last_error(), sizeof(*w->err)); /* errors are kept per thread */
     return NULL;
 }
 
@@ -293,9 +297,13 @@ static int kvl_measure(const kvl_bench_cfg_t *c, kvl_agent_t *a, const char *bac
     for (unsigned t = 0; t < nt; t++) {
         pthread_join(th[t], NULL);
         if (w[t].st != KVL_OK && !failed) {
-            kvl_cli_print_error("transfer");
+            char buf[8192] = "(no memory was left to keep the error)";
+            if (w[t].err != NULL)
+                kvl_error_render(w[t].err, buf, sizeof(buf));
+            fprintf(stderr, "kvlane: transfer failed:\n%s\n", buf);
             failed = 1;
         }
+        free(w[t].err);
         for (unsigned i = 0; i < w[t].nlat; i++)
             all[n++] = w[t].lat[i];
         row->prep_ns += w[t].prep_cpu;
@@ -377,12 +385,24 @@ static int kvl_measure(const kvl_bench_cfg_t *c, kvl_agent_t *a, const char *bac
 
 /* ---- output ---- */
 
-static void kvl_write_csv(const char *path, const kvl_row_t *rows, int n, const kvl_bench_cfg_t *c)
+/* Close an output file: 0, or -1 having said why (a full disk shows here). */
+static int kvl_out_close(FILE *f, const char *path)
+{
+    int bad = ferror(f);
+    if (fclose(f) != 0 || bad) {
+        fprintf(stderr, "kvlane bench: cannot write %s: %s\n", path,
+                strerror(errno ? errno : EIO));
+        return -1;
+    }
+    return 0;
+}
+
+static int kvl_write_csv(const char *path, const kvl_row_t *rows, int n, const kvl_bench_cfg_t *c)
 {
     FILE *f = fopen(path, "w");
     if (f == NULL) {
         fprintf(stderr, "kvlane bench: cannot write %s: %s\n", path, strerror(errno));
-        return;
+        return -1;
     }
     fprintf(f, "backend,op,pattern,block_bytes,entries,blocks,bytes,batch,threads,gbps,p50_us,p99_us,"
                "prep_ns_per_desc,post_ns_per_desc,path,verified\n");
@@ -392,15 +412,15 @@ static void kvl_write_csv(const char *path, const kvl_row_t *rows, int n, const 
                 rows[i].entries, rows[i].blocks, rows[i].bytes, c->batch, c->threads, rows[i].gbps,
                 rows[i].p50_us, rows[i].p99_us, rows[i].prep_ns, rows[i].post_ns, rows[i].path,
                 rows[i].verified > 0 ? "yes" : rows[i].verified < 0 ? "FAILED" : "not checked");
-    fclose(f);
+    return kvl_out_close(f, path);
 }
 
-static void kvl_write_json(const char *path, const kvl_row_t *rows, int n, const kvl_bench_cfg_t *c)
+static int kvl_write_json(const char *path, const kvl_row_t *rows, int n, const kvl_bench_cfg_t *c)
 {
     FILE *f = fopen(path, "w");
     if (f == NULL) {
         fprintf(stderr, "kvlane bench: cannot write %s: %s\n", path, strerror(errno));
-        return;
+        return -1;
     }
     fprintf(f, "{\"op\":\"%s\",\"pattern\":\"%s\",\"batch\":%u,\"threads\":%u,\"iters\":%u,\"rows\":[",
             c->op == KVL_READ ? "read" : "write", c->pattern, c->batch, c->threads, c->iters);
@@ -413,7 +433,7 @@ static void kvl_write_json(const char *path, const kvl_row_t *rows, int n, const
                 rows[i].bytes, rows[i].gbps, rows[i].p50_us, rows[i].p99_us, rows[i].prep_ns,
                 rows[i].post_ns, rows[i].path, rows[i].verified > 0 ? "true" : "false");
     fprintf(f, "\n]}\n");
-    fclose(f);
+    return kvl_out_close(f, path);
 }
 
 static int kvl_plot(const char *png, const kvl_row_t *rows, int n)
@@ -536,6 +556,13 @@ int kvl_cli_bench(int argc, char **argv)
             fprintf(stderr, "kvlane bench: bad value '%s' for --%s\n", optarg, opts[li].name);
             return 2;
         }
+        /* the bounds of the counts: refused, never cut down or wrapped */
+        uint64_t most = strchr("nt", o) ? 64 : strchr("wi", o) ? 1000000 : strchr("LHDTB", o) ? 65536 : 0;
+        if (most != 0 && v > most) {
+            fprintf(stderr, "kvlane bench: --%s %s is more than %" PRIu64 "\n", opts[li].name,
+                    optarg, most);
+            return 2;
+        }
         switch (o) {
         case 'b': snprintf(c.backends, sizeof(c.backends), "%s", optarg); break;
         case 'o':
@@ -577,8 +604,8 @@ int kvl_cli_bench(int argc, char **argv)
         case 'D': c.model.head_dim = (unsigned)v, c.have_model = 1; break;
         case 'T': c.model.tokens_per_block = (unsigned)v, c.have_model = 1; break;
         case 'B': c.model.dtype_bytes = (unsigned)v, c.have_model = 1; break;
-        case 'n': c.batch = (unsigned)(v > 64 ? 64 : v); break;
-        case 't': c.threads = (unsigned)(v > 64 ? 64 : v); break;
+        case 'n': c.batch = (unsigned)v; break;
+        case 't': c.threads = (unsigned)v; break;
         case 'w': c.warmup = (unsigned)v; break;
         case 'i': c.iters = (unsigned)v; break;
         case 'v': c.verify = 1; break;
@@ -612,7 +639,19 @@ int kvl_cli_bench(int argc, char **argv)
         }
         if (!strcmp(c.pattern, "contiguous"))
             c.pattern = "kv";
-        c.sizes[0] = (uint64_t)m->kv_heads * m->head_dim * m->tokens_per_block * m->dtype_bytes;
+        uint64_t bs = m->kv_heads;
+        if (__builtin_mul_overflow(bs, (uint64_t)m->head_dim, &bs) ||
+            __builtin_mul_overflow(bs, (uint64_t)m->tokens_per_block, &bs) ||
+            __builtin_mul_overflow(bs, (uint64_t)m->dtype_bytes, &bs) ||
+            __builtin_mul_overflow(bs, 2ull * m->layers, &(uint64_t){0}) ||
+            bs * 2ull * m->layers > c.total) {
+            fprintf(stderr, "kvlane bench: the shape's KV of one block (%u layers x 2 x %u heads x "
+                            "%u dims x %u tokens x %u bytes) does not fit --size %" PRIu64 "\n",
+                    m->layers, m->kv_heads, m->head_dim, m->tokens_per_block, m->dtype_bytes,
+                    c.total);
+            return 2;
+        }
+        c.sizes[0] = bs;
         c.nsizes = 1;
     }
     if (c.nsizes == 0) {
@@ -620,7 +659,19 @@ int kvl_cli_bench(int argc, char **argv)
         for (size_t i = 0; i < 6; i++)
             c.sizes[c.nsizes++] = sweep[i];
     }
+    if (c.total < (uint64_t)c.threads * 4096) {
+        fprintf(stderr, "kvlane bench: --size %" PRIu64 " is less than 4 KiB for each of the %u "
+                        "thread(s)\n", c.total, c.threads);
+        return 2;
+    }
     c.total -= c.total % ((uint64_t)c.threads * 4096);
+    for (int i = 0; i < c.nsizes; i++)
+        if (c.sizes[i] > c.total / c.threads) {
+            fprintf(stderr, "kvlane bench: %" PRIu64 "-byte blocks do not fit the %" PRIu64
+                            " bytes each thread moves (--size %" PRIu64 ", --threads %u)\n",
+                    c.sizes[i], c.total / c.threads, c.total, c.threads);
+            return 2;
+        }
 
     /* The target: our own process (exec'ed before any kvlane thread runs),
      * or a remote one through its listener. */
@@ -743,12 +794,17 @@ int kvl_cli_bench(int argc, char **argv)
                rows[i].backend, rows[i].pattern, rows[i].block, rows[i].entries, rows[i].gbps,
                rows[i].p50_us, rows[i].p99_us, rows[i].prep_ns, rows[i].post_ns, rows[i].path,
                rows[i].verified > 0 ? "yes" : rows[i].verified < 0 ? "FAILED" : "-");
-    if (c.csv)
-        kvl_write_csv(c.csv, rows, nrows, &c);
-    if (c.json)
-        kvl_write_json(c.json, rows, nrows, &c);
-    if (c.plot && nrows > 0 && kvl_plot(c.plot, rows, nrows) == 0)
-        printf("plot: %s\n", c.plot);
+    /* an output asked for and not written fails the command */
+    if (c.csv && kvl_write_csv(c.csv, rows, nrows, &c) != 0)
+        rc = 1;
+    if (c.json && kvl_write_json(c.json, rows, nrows, &c) != 0)
+        rc = 1;
+    if (c.plot && nrows > 0) {
+        if (kvl_plot(c.plot, rows, nrows) == 0)
+            printf("plot: %s\n", c.plot);
+        else
+            rc = 1;
+    }
     kvl_mem_deregister(a, &ld, 1);
     kvl_agent_destroy(a);
     if (pid > 0) {

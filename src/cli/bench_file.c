@@ -219,6 +219,13 @@ int kvl_cli_bench_file(int argc, char **argv)
             fprintf(stderr, "kvlane bench: bad value '%s' for --%s\n", optarg, opts[li].name);
             return 2;
         }
+        /* the bounds of the counts: refused, never cut down or wrapped */
+        uint64_t most = o == 'i' ? 1000000 : o == 'n' ? 1u << 24 : o == 'B' ? 1u << 24 : 0;
+        if (most != 0 && v > most) {
+            fprintf(stderr, "kvlane bench: --%s %s is more than %llu\n", opts[li].name, optarg,
+                    (unsigned long long)most);
+            return 2;
+        }
         switch (o) {
         case 'b':
             if (strcmp(optarg, "posix") != 0) {
@@ -294,7 +301,13 @@ int kvl_cli_bench_file(int argc, char **argv)
     /* the largest buffer and file the rows need */
     uint64_t need = 0;
     for (int i = 0; i < c.nsizes; i++) {
-        uint64_t n = random ? c.count * c.sizes[i] : c.total;
+        uint64_t n = c.total;
+        if (random && __builtin_mul_overflow(c.count, c.sizes[i], &n)) {
+            fprintf(stderr, "kvlane bench: --count %llu blocks of %llu bytes is more than 2^64 "
+                            "bytes\n", (unsigned long long)c.count,
+                    (unsigned long long)c.sizes[i]);
+            return 2;
+        }
         if (n > need)
             need = n;
     }

@@ -1,6 +1,7 @@
 /* Helpers shared by the CLI's subcommands. */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <limits.h>
 #include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -13,16 +14,23 @@
 int kvl_cli_parse_size(const char *s, uint64_t *out)
 {
     char *end;
+    /* digits first: strtoull would take "-5" as 2^64 - 5, and spaces or a '+' */
+    if (s == NULL || *s < '0' || *s > '9')
+        return -1;
     errno = 0;
     unsigned long long v = strtoull(s, &end, 10);
     if (errno || end == s)
         return -1;
+    unsigned shift = 0;
     switch (*end) {
-    case 'k': case 'K': v <<= 10; end++; break;
-    case 'm': case 'M': v <<= 20; end++; break;
-    case 'g': case 'G': v <<= 30; end++; break;
+    case 'k': case 'K': shift = 10; end++; break;
+    case 'm': case 'M': shift = 20; end++; break;
+    case 'g': case 'G': shift = 30; end++; break;
     default: break;
     }
+    if (shift != 0 && v > (ULLONG_MAX >> shift))
+        return -1; /* past 2^64 bytes */
+    v <<= shift;
     if (*end == 'i' || *end == 'B')
         end++;
     if (*end == 'B')

@@ -47,4 +47,31 @@ if "$bin" bench --pattern zigzag 2>"$tmp/err"; then exit 1; fi
 grep -q 'takes contiguous, kv or strided' "$tmp/err"
 if "$bin" bench --model gpt-9 2>"$tmp/err"; then exit 1; fi
 grep -q "unknown model 'gpt-9'" "$tmp/err"
+# counts and sizes out of range: refused with exit 2, never wrapped, cut down,
+# crashed (--iters -1 was a segfault) or hung (a block larger than a thread's
+# share waited forever); each bounded by timeout so a hang fails the test
+refuse() { # <text the error must hold> <bench arguments...>
+    local want=$1 rc=0
+    shift
+    timeout 60 "$bin" bench "$@" >"$tmp/out" 2>"$tmp/err" || rc=$?
+    if [ "$rc" -ne 2 ] || ! grep -qF -- "$want" "$tmp/err"; then
+        echo "bench $*: exit $rc (want 2 and '$want'):"; cat "$tmp/err"; exit 1
+    fi
+}
+refuse "bad value '-1' for --iters" --iters -1 --size 1M --block-size 4K
+refuse "--iters 4294967296 is more than 1000000" --iters 4294967296
+refuse "--threads 100 is more than 64" --threads 100
+refuse "--batch 65 is more than 64" --batch 65
+refuse "bad value '-5' for --size" --size -5
+refuse "bad value '99999999999G' for --size" --size 99999999999G
+refuse "is less than 4 KiB for each of the 2 thread(s)" --size 4K --threads 2
+refuse "4194304-byte blocks do not fit the 1048576 bytes each thread moves" --size 1M --block-size 4M
+refuse "does not fit --size" --layers 65536 --kv-heads 65536 --head-dim 65536 \
+    --tokens-per-block 65536 --dtype-bytes 1
+refuse "--iters 2000000 is more than 1000000" --backend posix --iters 2000000
+# an output that cannot be written fails the run (exit 1), after the table
+rc=0
+"$bin" bench --size 1M --block-size 64K --iters 1 --warmup 0 --csv "$tmp/no/such/dir/b.csv" \
+    >"$tmp/out" 2>"$tmp/err" || rc=$?
+[ "$rc" -eq 1 ] && grep -q "cannot write $tmp/no/such/dir/b.csv" "$tmp/err" && grep -q '^shm ' "$tmp/out"
 echo "bench: ok"
