@@ -418,6 +418,15 @@ int kvl_cli_demo(int argc, char **argv)
             fprintf(stderr, "kvlane demo: bad value '%s' for --%s\n", optarg, opts[li].name);
             return 2;
         }
+        /* bounds: a count is refused, never wrapped (--timeout-ms past 2^31
+         * turned negative) */
+        uint64_t most = o == 'l' ? 65536 : o == 'n' || o == 'x' ? UINT32_MAX
+                        : o == 't' ? 86400000 : o == 'p' ? 1000000 : 0;
+        if (most != 0 && v > most) {
+            fprintf(stderr, "kvlane demo: --%s %s is more than %" PRIu64 "\n", opts[li].name,
+                    optarg, most);
+            return 2;
+        }
         switch (o) {
         case 'l': c.layers = v; break;
         case 'n': c.blocks = v; break;
@@ -430,8 +439,21 @@ int kvl_cli_demo(int argc, char **argv)
     }
     if (c.xfer_blocks == 0)
         c.xfer_blocks = c.blocks;
-    if (c.xfer_blocks > c.blocks || c.block_size % 8 || c.blocks > UINT32_MAX) {
-        fprintf(stderr, "kvlane demo: need xfer-blocks <= blocks and block-size a multiple of 8\n");
+    if (c.xfer_blocks > c.blocks) {
+        fprintf(stderr, "kvlane demo: --xfer-blocks %" PRIu64 " is more than the %" PRIu64
+                        " blocks of a layer (--blocks)\n", c.xfer_blocks, c.blocks);
+        return 2;
+    }
+    if (c.block_size % 8) {
+        fprintf(stderr, "kvlane demo: --block-size %" PRIu64 " is not a multiple of 8\n",
+                c.block_size);
+        return 2;
+    }
+    uint64_t kv;
+    if (__builtin_mul_overflow(c.layers * 2, c.blocks, &kv) ||
+        __builtin_mul_overflow(kv, c.block_size, &kv)) {
+        fprintf(stderr, "kvlane demo: a KV cache of %" PRIu64 " x 2 x %" PRIu64 " x %" PRIu64
+                        " bytes is more than 2^64 bytes\n", c.layers, c.blocks, c.block_size);
         return 2;
     }
     printf("kvlane demo: backend %s, %s memory, KV cache %" PRIu64 " x 2 x %" PRIu64 " x %" PRIu64

@@ -287,6 +287,15 @@ static void kvl_check_peer(const char *peer)
         kvl_check("net.peer", KVL_FAIL, "pass --peer host:port", "'%s' is not host:port", peer);
         return;
     }
+    char *pend = NULL;
+    errno = 0;
+    long port = colon[1] >= '0' && colon[1] <= '9' ? strtol(colon + 1, &pend, 10) : -1;
+    if (port < 1 || port > 65535 || errno != 0 || pend == NULL || *pend != '\0') {
+        /* getaddrinfo takes "99999" and connects to it modulo 65536 */
+        kvl_check("net.peer", KVL_FAIL, "pass --peer host:port with a port of 1..65535",
+                  "'%s': the port '%s' is not 1..65535", peer, colon + 1);
+        return;
+    }
     memcpy(host, peer, (size_t)(colon - peer));
     host[colon - peer] = '\0';
     if (host[0] == '[') { /* [v6]:port */
@@ -943,7 +952,19 @@ int kvl_cli_doctor(int argc, char **argv)
                 return 2;
             }
             break;
-        case 'd': dev = (int32_t)strtol(optarg, NULL, 10); break;
+        case 'd': {
+            /* a CUDA ordinal: digits only (strtol read "abc" as 0, "-3" as -3) */
+            char *end = NULL;
+            errno = 0;
+            long d = optarg[0] >= '0' && optarg[0] <= '9' ? strtol(optarg, &end, 10) : -1;
+            if (d < 0 || errno != 0 || end == NULL || *end != '\0' || d > 4095) {
+                fprintf(stderr, "kvlane doctor: bad --device '%s' (a CUDA ordinal as the engine "
+                                "sees it: 0, 1, ...)\n", optarg);
+                return 2;
+            }
+            dev = (int32_t)d;
+            break;
+        }
         case 's':
             if (kvl_cli_parse_size(optarg, &size) != 0) {
                 fprintf(stderr, "kvlane doctor: bad --size '%s'\n", optarg);
@@ -955,7 +976,21 @@ int kvl_cli_doctor(int argc, char **argv)
         case 'A': tls_files[0] = optarg; break;
         case 'C': tls_files[1] = optarg; break;
         case 'K': tls_files[2] = optarg; break;
-        case 'b': only = optarg; break;
+        case 'b': {
+            const char *const *n = kvl_backend_names();
+            while (*n != NULL && strcmp(*n, optarg) != 0)
+                n++;
+            if (*n == NULL) { /* a name that matches nothing would smoke-test nothing */
+                fprintf(stderr, "kvlane doctor: unknown backend '%s' for --backend (known:",
+                        optarg);
+                for (n = kvl_backend_names(); *n != NULL; n++)
+                    fprintf(stderr, " %s", *n);
+                fprintf(stderr, ")\n");
+                return 2;
+            }
+            only = optarg;
+            break;
+        }
         case 'n': smoke = 0; break;
         case 'D': fdir = optarg; break;
         case 'h': kvl_doctor_usage(stdout); return 0;
