@@ -110,13 +110,17 @@ static int kvl_bench_target(const char *backends, uint64_t size, int shareable, 
     if (listen != NULL) {
         char host[256], bound[300];
         const char *c = strrchr(listen, ':');
-        if (c == NULL || (size_t)(c - listen) >= sizeof(host)) {
+        char *end = NULL;
+        long port = c != NULL && c[1] >= '0' && c[1] <= '9' ? strtol(c + 1, &end, 10) : -1;
+        if (c == NULL || (size_t)(c - listen) >= sizeof(host) || port < 0 || port > 65535 ||
+            end == NULL || *end != '\0') {
+            /* atoi read "99999" as a port modulo 65536 */
             fprintf(stderr, "kvlane bench: --serve takes HOST:PORT\n");
             return 2;
         }
         memcpy(host, listen, (size_t)(c - listen));
         host[c - listen] = 0;
-        if (kvl_agent_listen(a, host, (uint16_t)atoi(c + 1), bound, sizeof(bound)) != KVL_OK)
+        if (kvl_agent_listen(a, host, (uint16_t)port, bound, sizeof(bound)) != KVL_OK)
             kvl_bench_die("kvl_agent_listen");
         printf("kvlane bench: serving %.1f MiB as agent 'bench-target' on %s (backends %s); "
                "Ctrl-C to stop\n", (double)size / (1 << 20), bound, backends);
