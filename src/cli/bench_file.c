@@ -280,7 +280,17 @@ int kvl_cli_bench_file(int argc, char **argv)
             }
             c.vram = strcasecmp(optarg, "VRAM") == 0;
             break;
-        case 'D': c.dev = atoi(optarg); break;
+        case 'D': {
+            char *end = NULL;
+            long d = optarg[0] >= '0' && optarg[0] <= '9' ? strtol(optarg, &end, 10) : -1;
+            if (d < 0 || d > 4095 || end == NULL || *end != '\0') { /* atoi read "abc" as 0 */
+                fprintf(stderr, "kvlane bench: bad --device '%s' (a CUDA ordinal: 0, 1, ...)\n",
+                        optarg);
+                return 2;
+            }
+            c.dev = (int)d;
+            break;
+        }
         case 'h': kvl_fbench_usage(stdout); return 0;
         default: kvl_fbench_usage(stderr); return 2;
         }

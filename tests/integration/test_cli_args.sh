@@ -33,4 +33,5 @@ refuse 2 "the port '99999' is not 1..65535" doctor --no-smoke --peer 127.0.0.1:9
 refuse 2 "bad --size '-1'" doctor --no-smoke --size -1
 refuse 2 "--serve takes HOST:PORT" bench --serve 127.0.0.1:99999 --size 1M
 refuse 2 "--serve takes HOST:PORT" bench --serve 127.0.0.1:7x --size 1M
+refuse 2 "bad --device 'abc'" bench --backend posix --mem VRAM --device abc
 echo "cli args: ok"
