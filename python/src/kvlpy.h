@@ -103,6 +103,10 @@ typedef struct {
 long kvlpy_getpid(void);
 
 int kvlpy_array_get(PyObject *obj, int is_signed, const char *argname, kvlpy_array_t *a);
+/* "O&" converters: an unsigned 64- / 32-bit argument, refused (OverflowError,
+ * TypeError) when negative, too large or not an integer. */
+int kvlpy_u64_arg(PyObject *o, void *out);
+int kvlpy_u32_arg(PyObject *o, void *out);
 void kvlpy_array_free(kvlpy_array_t *a);
 
 /* Regions/descriptors: a sequence of (addr, len[, dev[, anything]]) or an

@@ -120,9 +120,10 @@ static int kvlpy_agent_init(kvlpy_agent_t *self, PyObject *args, PyObject *kw)
     unsigned long long timeout_ms = 0, notif_max_bytes = 0, notif_max_msgs = 0;
     const char *secret = NULL;
     unsigned int workers = 0, notif_peer_percent = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "s|OKzIKKI:Agent", kwlist, &name, &backends,
-                                     &timeout_ms, &secret, &workers, &notif_max_bytes,
-                                     &notif_max_msgs, &notif_peer_percent))
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "s|OO&zO&O&O&O&:Agent", kwlist, &name, &backends,
+                                     kvlpy_u64_arg, &timeout_ms, &secret, kvlpy_u32_arg,
+                                     &workers, kvlpy_u64_arg, &notif_max_bytes, kvlpy_u64_arg,
+                                     &notif_max_msgs, kvlpy_u32_arg, &notif_peer_percent))
         return -1;
     if (self->agent != NULL) {
         kvlpy_raise_msg(KVL_ERR_EXISTS, "Agent.__init__ called twice", NULL);
@@ -575,7 +576,7 @@ static PyObject *kvlpy_agent_deregister(kvlpy_agent_t *self, PyObject *args, PyO
 static PyObject *kvlpy_agent_query_range(kvlpy_agent_t *self, PyObject *args)
 {
     unsigned long long addr, len;
-    if (!PyArg_ParseTuple(args, "KK:query_range", &addr, &len))
+    if (!PyArg_ParseTuple(args, "O&O&:query_range", kvlpy_u64_arg, &addr, kvlpy_u64_arg, &len))
         return NULL;
     if (kvlpy_agent_enter(self) < 0)
         return NULL;
@@ -1076,8 +1077,9 @@ static PyObject *kvlpy_agent_etcd_attach(kvlpy_agent_t *self, PyObject *args, Py
                         .verify_name = 1};
     unsigned long long tmo = 0;
     int ttl = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "s|zizzKzzzp:etcd_attach", kwlist, &c.endpoints,
-                                     &c.prefix, &ttl, &c.user, &c.password, &tmo, &t.ca_file,
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "s|zizzO&zzzp:etcd_attach", kwlist, &c.endpoints,
+                                     &c.prefix, &ttl, &c.user, &c.password, kvlpy_u64_arg, &tmo,
+                                     &t.ca_file,
                                      &t.cert_file, &t.key_file, &t.verify_name))
         return NULL;
     if (ttl < 0) {
@@ -1131,9 +1133,9 @@ static PyObject *kvlpy_agent_etcd_fetch_any(kvlpy_agent_t *self, PyObject *args,
     static char *kwlist[] = {"name", "label", "wait_ms", NULL};
     const char *name, *label = NULL;
     unsigned long long wait_ms = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, background ? "s|zK:etcd_fetch_async"
-                                                          : "s|zK:etcd_fetch",
-                                     kwlist, &name, &label, &wait_ms))
+    if (!PyArg_ParseTupleAndKeywords(args, kw, background ? "s|zO&:etcd_fetch_async"
+                                                          : "s|zO&:etcd_fetch",
+                                     kwlist, &name, &label, kvlpy_u64_arg, &wait_ms))
         return NULL;
     if (kvlpy_agent_enter(self) < 0)
         return NULL;
@@ -1163,7 +1165,8 @@ static PyObject *kvlpy_agent_etcd_fetch_status(kvlpy_agent_t *self, PyObject *ar
     static char *kwlist[] = {"name", "wait_ms", NULL};
     const char *name;
     unsigned long long wait_ms = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "s|K:etcd_fetch_status", kwlist, &name, &wait_ms))
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "s|O&:etcd_fetch_status", kwlist, &name,
+                                     kvlpy_u64_arg, &wait_ms))
         return NULL;
     if (kvlpy_agent_enter(self) < 0)
         return NULL;

@@ -53,7 +53,8 @@ static PyObject *kvlpy_dlist_add(kvlpy_dlist_t *self, PyObject *args, PyObject *
     static char *kwlist[] = {"addr", "len", "dev", NULL};
     unsigned long long addr, len;
     int dev = KVL_DEV_ANY;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "KK|i:add", kwlist, &addr, &len, &dev) ||
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O&O&|i:add", kwlist, kvlpy_u64_arg, &addr,
+                                     kvlpy_u64_arg, &len, &dev) ||
         kvlpy_dlist_ok(self) < 0)
         return NULL;
     kvl_error_clear();
@@ -65,8 +66,9 @@ static PyObject *kvlpy_dlist_add_strided(kvlpy_dlist_t *self, PyObject *args, Py
     static char *kwlist[] = {"base", "stride", "count", "len", "dev", NULL};
     unsigned long long base, stride, count, len;
     int dev = KVL_DEV_ANY;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "KKKK|i:add_strided", kwlist, &base, &stride,
-                                     &count, &len, &dev) ||
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O&O&O&O&|i:add_strided", kwlist, kvlpy_u64_arg,
+                                     &base, kvlpy_u64_arg, &stride, kvlpy_u64_arg, &count,
+                                     kvlpy_u64_arg, &len, &dev) ||
         kvlpy_dlist_ok(self) < 0)
         return NULL;
     kvl_error_clear();
@@ -81,8 +83,8 @@ static PyObject *kvlpy_dlist_add_array(kvlpy_dlist_t *self, PyObject *args, PyOb
     PyObject *addrs_o, *lens_o = Py_None;
     unsigned long long len = 0;
     int dev = KVL_DEV_ANY;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|OKi:add_array", kwlist, &addrs_o, &lens_o,
-                                     &len, &dev) ||
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|OO&i:add_array", kwlist, &addrs_o, &lens_o,
+                                     kvlpy_u64_arg, &len, &dev) ||
         kvlpy_dlist_ok(self) < 0)
         return NULL;
     if (PyLong_Check(lens_o)) {
@@ -122,8 +124,9 @@ static PyObject *kvlpy_dlist_add_strided_array(kvlpy_dlist_t *self, PyObject *ar
     PyObject *bases_o;
     unsigned long long stride, count, len;
     int dev = KVL_DEV_ANY;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "OKKK|i:add_strided_array", kwlist, &bases_o,
-                                     &stride, &count, &len, &dev) ||
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OO&O&O&|i:add_strided_array", kwlist, &bases_o,
+                                     kvlpy_u64_arg, &stride, kvlpy_u64_arg, &count,
+                                     kvlpy_u64_arg, &len, &dev) ||
         kvlpy_dlist_ok(self) < 0)
         return NULL;
     kvlpy_array_t bases;

@@ -4,6 +4,7 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <pthread.h>
+#include <limits.h>
 #include <string.h>
 #include <unistd.h>
 #include "kvlpy.h"
@@ -352,6 +353,47 @@ static int kvlpy_array_from_buffer(PyObject *obj, int is_signed, const char *arg
         return -1;
     }
     return 0;
+}
+
+/* "O&" converters for unsigned arguments: 'K' and 'I' would take -1 as
+ * 2^64 - 1 (or 2^32 - 1) and cut larger values down without a word. */
+static int kvlpy_uint_arg(PyObject *o, unsigned long long most, const char *range,
+                          unsigned long long *v)
+{
+    PyObject *ix = PyNumber_Index(o);
+    if (ix == NULL) {
+        PyErr_Format(PyExc_TypeError, "an integer is needed, got %.100s",
+                     Py_TYPE(o)->tp_name);
+        return 0;
+    }
+    *v = PyLong_AsUnsignedLongLong(ix);
+    if (*v == (unsigned long long)-1 && PyErr_Occurred()) {
+        PyErr_Clear();
+        *v = 0;
+        PyErr_Format(PyExc_OverflowError, "%R is not an integer in %s", ix, range);
+        Py_DECREF(ix);
+        return 0;
+    }
+    Py_DECREF(ix);
+    if (*v > most) {
+        PyErr_Format(PyExc_OverflowError, "%llu is not an integer in %s", *v, range);
+        return 0;
+    }
+    return 1;
+}
+
+int kvlpy_u64_arg(PyObject *o, void *out)
+{
+    return kvlpy_uint_arg(o, ULLONG_MAX, "0..2**64 - 1", out);
+}
+
+int kvlpy_u32_arg(PyObject *o, void *out)
+{
+    unsigned long long v;
+    if (!kvlpy_uint_arg(o, UINT32_MAX, "0..2**32 - 1", &v))
+        return 0;
+    *(unsigned int *)out = (unsigned int)v;
+    return 1;
 }
 
 int kvlpy_array_get(PyObject *obj, int is_signed, const char *argname, kvlpy_array_t *a)

@@ -250,9 +250,9 @@ PyObject *kvlpy_agent_create_xfer(kvlpy_agent_t *self, PyObject *args, PyObject 
     kvlpy_dlist_t *local, *rlist;
     const char *backend = NULL;
     unsigned long long timeout_ms = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "OO!UO!|OzK:create_xfer", kwlist, &op_o,
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OO!UO!|OzO&:create_xfer", kwlist, &op_o,
                                      &kvlpy_dlist_type, &local, &remote, &kvlpy_dlist_type,
-                                     &rlist, &notif, &backend, &timeout_ms))
+                                     &rlist, &notif, &backend, kvlpy_u64_arg, &timeout_ms))
         return NULL;
     kvl_xfer_op_t op;
     if (kvlpy_op_get(op_o, &op) < 0)
@@ -290,9 +290,9 @@ PyObject *kvlpy_agent_create_xfer_prepped(kvlpy_agent_t *self, PyObject *args, P
     kvlpy_prep_t *lp, *rp;
     const char *backend = NULL;
     unsigned long long timeout_ms = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "OO!OO!O|OzK:create_xfer_prepped", kwlist, &op_o,
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OO!OO!O|OzO&:create_xfer_prepped", kwlist, &op_o,
                                      &kvlpy_prep_type, &lp, &lidx_o, &kvlpy_prep_type, &rp,
-                                     &ridx_o, &notif, &backend, &timeout_ms))
+                                     &ridx_o, &notif, &backend, kvlpy_u64_arg, &timeout_ms))
         return NULL;
     kvl_xfer_op_t op;
     if (kvlpy_op_get(op_o, &op) < 0)

@@ -350,6 +350,25 @@ def test_garbage_refused(agent):
     assert t.mem_type == "DRAM" and t[1] == (b.ctypes.data, 4096, -1)
 
 
+def test_unsigned_arguments_not_wrapped():
+    """Unsigned arguments of the C module were parsed with 'K' / 'I', which
+    take -1 as 2**64 - 1 and 2**64 as 0 without a word."""
+    d = kvlane.DList("DRAM")
+    with pytest.raises(OverflowError, match="-1 is not an integer in 0..2"):
+        d.add(-1, 4096)
+    with pytest.raises(OverflowError, match="18446744073709551616 is not an integer"):
+        d.add(2**64, 4096)
+    with pytest.raises(OverflowError):
+        d.add_strided(4096, 4096, -2, 64)
+    with pytest.raises(TypeError, match="an integer is needed, got float"):
+        d.add(4096, 1.5)
+    assert len(d) == 0
+    d.add(2**64 - 8192, 4096)                     # the top of the range is still taken
+    for kw in ({"timeout_ms": -1}, {"workers": -1}, {"notif_peer_percent": 2**32}):
+        with pytest.raises(OverflowError):
+            kvlane.Agent("unsigned-args", **kw)
+
+
 def test_index_garbage_refused(agent):
     """make_prepped_xfer's indices: what NIXL's binding refuses is refused
     here too, by name, rather than read some other way: a 2-D array (once
