@@ -367,6 +367,10 @@ def test_unsigned_arguments_not_wrapped():
     for kw in ({"timeout_ms": -1}, {"workers": -1}, {"notif_peer_percent": 2**32}):
         with pytest.raises(OverflowError):
             kvlane.Agent("unsigned-args", **kw)
+    # a NaN timeout compared false with everything and waited forever
+    with kvlane.Agent("nan-wait") as a:
+        with pytest.raises(ValueError, match="timeout_ms is NaN"):
+            a.wait_notif(float("nan"))
 
 
 def test_index_garbage_refused(agent):
