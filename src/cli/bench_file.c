@@ -401,8 +401,14 @@ int kvl_cli_bench_file(int argc, char **argv)
         kvl_cli_print_error("kvl_mem_register");
         goto out;
     }
-    if (c.csv && (csv = fopen(c.csv, "w")) != NULL)
+    if (c.csv != NULL) {
+        if ((csv = fopen(c.csv, "w")) == NULL) { /* asked for: not run without it */
+            fprintf(stderr, "kvlane bench: cannot write %s: %s\n", c.csv, strerror(errno));
+            rc = 2;
+            goto out;
+        }
         fprintf(csv, "op,pattern,block,blocks,bytes,gbps,path\n");
+    }
     if (!c.quiet) {
         char blocks[64] = "all distinct";
         if (c.bufs)
@@ -462,8 +468,11 @@ int kvl_cli_bench_file(int argc, char **argv)
     }
     rc = 0;
 out:
-    if (csv)
-        fclose(csv);
+    if (csv != NULL && (ferror(csv) | fclose(csv)) != 0) {
+        fprintf(stderr, "kvlane bench: cannot write %s: %s\n", c.csv, strerror(errno ? errno : EIO));
+        if (rc == 0)
+            rc = 1;
+    }
     kvl_agent_destroy(a);
     if (c.vram)
         kvl_cli_gpu_free(c.dev, (uint64_t)(uintptr_t)buf);

@@ -34,4 +34,6 @@ refuse 2 "bad --size '-1'" doctor --no-smoke --size -1
 refuse 2 "--serve takes HOST:PORT" bench --serve 127.0.0.1:99999 --size 1M
 refuse 2 "--serve takes HOST:PORT" bench --serve 127.0.0.1:7x --size 1M
 refuse 2 "bad --device 'abc'" bench --backend posix --mem VRAM --device abc
+refuse 2 "cannot write $tmp/no/dir/f.csv" bench --backend posix --csv "$tmp/no/dir/f.csv" \
+    --size 4M --block-size 1M --iters 1
 echo "cli args: ok"
