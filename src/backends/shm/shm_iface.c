@@ -500,6 +500,7 @@ static void kvli_shm_close(void *bk)
     kvli_shm_worker_fini(&iface->inline_w);
     /* The core releases everything first; this only guards against leaks. */
     kvli_shm_xfer_cancel_queued_all(iface);
+    free(atomic_load(&iface->spare));
     for (c = iface->conns; c != NULL; c = nc) {
         nc = c->next;
         kvli_shm_conn_free(iface, c);

@@ -275,6 +275,10 @@ static kvl_status_t kvli_shm_run_cma(kvli_shm_run_t *run, kvl_error_t *err)
             ? process_vm_writev(run->peer->pid, l + first, cnt, r + first, cnt, 0)
             : process_vm_readv(run->peer->pid, l + first, cnt, r + first, cnt, 0);
         int e = errno;
+        if (got > 0 && first == 0 && (uint64_t)got == run->bytes) {
+            run->moved += (uint64_t)got; /* all of it in one call: the usual case */
+            break;
+        }
         if (got > 0) {
             /* Paired pieces have equal lengths, so both arrays advance alike. */
             kvli_iov_advance(r + first, n - first, (size_t)got);
@@ -613,6 +617,24 @@ static kvl_status_t kvli_shm_run_held(kvli_shm_worker_t *w, kvli_shm_xpriv_t *xp
     return st;
 }
 
+/* A zeroed transfer state: the spare one when there is, else a new one. */
+static kvli_shm_xpriv_t *kvli_shm_xpriv_get(kvli_shm_iface_t *iface)
+{
+    kvli_shm_xpriv_t *xp = atomic_exchange(&iface->spare, NULL);
+    if (xp == NULL)
+        return calloc(1, sizeof(*xp));
+    memset(xp, 0, sizeof(*xp));
+    return xp;
+}
+
+/* xp is no longer reachable from anything: keep it as the spare or free it. */
+static void kvli_shm_xpriv_put(kvli_shm_iface_t *iface, kvli_shm_xpriv_t *xp)
+{
+    kvli_shm_xpriv_t *none = NULL;
+    if (!atomic_compare_exchange_strong(&iface->spare, &none, xp))
+        free(xp);
+}
+
 /* Hand the result to the core, then let xfer_cancel() waiters go. */
 static void kvli_shm_finish(kvli_shm_iface_t *iface, kvli_shm_xpriv_t *xp,
                             kvl_status_t st, const kvl_error_t *err)
@@ -642,7 +664,7 @@ static void kvli_shm_finish(kvli_shm_iface_t *iface, kvli_shm_xpriv_t *xp,
     pthread_cond_broadcast(&iface->cond);
     if (xp->waiters == 0) {
         pthread_mutex_unlock(&iface->lock);
-        free(xp);
+        kvli_shm_xpriv_put(iface, xp);
         return;
     }
     pthread_mutex_unlock(&iface->lock);
@@ -736,7 +758,7 @@ kvl_status_t kvli_shm_xfer_post(void *bk, kvl_bk_xfer_t *x, kvl_error_t *err)
     peer = x->peer;
     if (atomic_load(&peer->dead))
         return kvli_shm_peer_disconnect_error(peer, 0, 0, 0, err);
-    xp = calloc(1, sizeof(*xp));
+    xp = kvli_shm_xpriv_get(iface);
     if (xp == NULL) {
         kvl_bk_error_set(err, KVL_ERR_NO_MEMORY, ENOMEM, KVLI_SHM_NAME, -1,
                          "calloc(%zu) failed", sizeof(*xp));
