@@ -107,6 +107,15 @@ int kvlpy_array_get(PyObject *obj, int is_signed, const char *argname, kvlpy_arr
  * TypeError) when negative, too large or not an integer. */
 int kvlpy_u64_arg(PyObject *o, void *out);
 int kvlpy_u32_arg(PyObject *o, void *out);
+/* A device id as libkvlane takes it (int32_t: -1 any, else a GPU ordinal
+ * or NUMA node; the library judges the value). One outside int32_t is
+ * refused (OverflowError naming it), never cut to 32 bits, where 2**32
+ * would become device 0. i >= 0 names the descriptor it came from. 0 ok,
+ * -1 with the exception set. */
+int kvlpy_dev_i64(long long v, Py_ssize_t i, int32_t *out);
+int kvlpy_dev_obj(PyObject *o, Py_ssize_t i, int32_t *out);
+/* The same as an "O&" converter (out: int32_t *). */
+int kvlpy_dev_arg(PyObject *o, void *out);
 void kvlpy_array_free(kvlpy_array_t *a);
 
 /* Regions/descriptors: a sequence of (addr, len[, dev[, anything]]) or an

@@ -470,11 +470,7 @@ static int kvlpy_dev_override(PyObject *o, int32_t *dev)
 {
     if (o == Py_None)
         return 0;
-    long v = PyLong_AsLong(o);
-    if (v == -1 && PyErr_Occurred())
-        return -1;
-    *dev = (int32_t)v;
-    return 0;
+    return kvlpy_dev_obj(o, -1, dev);
 }
 
 static PyObject *kvlpy_agent_register(kvlpy_agent_t *self, PyObject *args, PyObject *kw)

@@ -177,8 +177,15 @@ static PyObject *kvlpy_dlist_add_table(kvlpy_dlist_t *self, PyObject *obj, int32
     uint64_t *addrs = kvlpy_scratch, *lens = kvlpy_scratch + n;
     const uint64_t *t = v.buf;
     for (size_t i = 0; i < n; i++) {
+        int32_t d;
         addrs[i] = t[i * w];
         lens[i] = t[i * w + 1];
+        /* checked before anything is added: a refused list adds nothing */
+        if (!force && w == 3 && kvlpy_dev_i64((long long)(int64_t)t[i * w + 2],
+                                              (Py_ssize_t)i, &d) < 0) {
+            PyBuffer_Release(&v);
+            return NULL;
+        }
     }
     kvl_status_t st = KVL_OK;
     kvl_error_clear();
@@ -207,16 +214,13 @@ static PyObject *kvlpy_dlist_add_descs(kvlpy_dlist_t *self, PyObject *args, PyOb
         kvlpy_dlist_ok(self) < 0)
         return NULL;
     int force = dev_o != Py_None;
-    long dev = KVL_DEV_ANY;
-    if (force) {
-        dev = PyLong_AsLong(dev_o);
-        if (dev == -1 && PyErr_Occurred())
-            return NULL;
-    }
+    int32_t dev = KVL_DEV_ANY;
+    if (force && kvlpy_dev_obj(dev_o, -1, &dev) < 0)
+        return NULL;
     if (PyObject_CheckBuffer(descs))
-        return kvlpy_dlist_add_table(self, descs, (int32_t)dev, force);
+        return kvlpy_dlist_add_table(self, descs, dev, force);
     size_t n;
-    kvl_mem_desc_t *d = kvlpy_regions_get(descs, (int32_t)dev, force, &n);
+    kvl_mem_desc_t *d = kvlpy_regions_get(descs, dev, force, &n);
     if (d == NULL)
         return NULL;
     kvl_status_t st = KVL_OK;

@@ -396,6 +396,59 @@ int kvlpy_u32_arg(PyObject *o, void *out)
     return 1;
 }
 
+#define KVLPY_DEV_RANGE "is not a 32-bit device id (-1 for any device, else a GPU ordinal " \
+                        "or NUMA node from 0 to 2147483647)"
+
+/* i >= 0: the descriptor it came from, named in the message. */
+int kvlpy_dev_i64(long long v, Py_ssize_t i, int32_t *out)
+{
+    if (v < INT32_MIN || v > INT32_MAX) {
+        if (i >= 0)
+            PyErr_Format(PyExc_OverflowError, "descriptor %zd: device id %lld " KVLPY_DEV_RANGE,
+                         i, v);
+        else
+            PyErr_Format(PyExc_OverflowError, "device id %lld " KVLPY_DEV_RANGE, v);
+        return -1;
+    }
+    *out = (int32_t)v;
+    return 0;
+}
+
+int kvlpy_dev_obj(PyObject *o, Py_ssize_t i, int32_t *out)
+{
+    PyObject *ix = PyNumber_Index(o);
+    if (ix == NULL) {
+        PyErr_Clear();
+        if (i >= 0)
+            PyErr_Format(PyExc_TypeError, "descriptor %zd: a device id must be an integer, "
+                         "got %.100s", i, Py_TYPE(o)->tp_name);
+        else
+            PyErr_Format(PyExc_TypeError, "a device id must be an integer, got %.100s",
+                         Py_TYPE(o)->tp_name);
+        return -1;
+    }
+    int over = 0;
+    long long v = PyLong_AsLongLongAndOverflow(ix, &over);
+    if (over) {
+        if (i >= 0)
+            PyErr_Format(PyExc_OverflowError, "descriptor %zd: device id %R " KVLPY_DEV_RANGE,
+                         i, ix);
+        else
+            PyErr_Format(PyExc_OverflowError, "device id %R " KVLPY_DEV_RANGE, ix);
+        Py_DECREF(ix);
+        return -1;
+    }
+    Py_DECREF(ix);
+    if (v == -1 && PyErr_Occurred())
+        return -1;
+    return kvlpy_dev_i64(v, i, out);
+}
+
+int kvlpy_dev_arg(PyObject *o, void *out)
+{
+    return kvlpy_dev_obj(o, -1, out) == 0;
+}
+
 int kvlpy_array_get(PyObject *obj, int is_signed, const char *argname, kvlpy_array_t *a)
 {
     memset(a, 0, sizeof(*a));
@@ -506,7 +559,13 @@ kvl_mem_desc_t *kvlpy_regions_get(PyObject *obj, int32_t def_dev, int force_dev,
         for (Py_ssize_t i = 0; i < n; i++) {
             out[i].addr = p[i * w];
             out[i].len = p[i * w + 1];
-            out[i].dev = (w == 3 && !force_dev) ? (int32_t)(int64_t)p[i * w + 2] : def_dev;
+            out[i].dev = def_dev;
+            if (w == 3 && !force_dev &&
+                kvlpy_dev_i64((long long)(int64_t)p[i * w + 2], i, &out[i].dev) < 0) {
+                PyBuffer_Release(&v);
+                PyMem_Free(out);
+                return NULL;
+            }
         }
         PyBuffer_Release(&v);
         *n_p = (size_t)n;
@@ -534,21 +593,18 @@ kvl_mem_desc_t *kvlpy_regions_get(PyObject *obj, int32_t def_dev, int force_dev,
             goto fail;
         }
         PyObject **f = PySequence_Fast_ITEMS(ts);
-        uint64_t dev = (uint64_t)(int64_t)def_dev;
         if (kvlpy_u64(f[0], &out[i].addr) < 0 || kvlpy_u64(f[1], &out[i].len) < 0)
             goto fail_item;
+        out[i].dev = def_dev;
         if (tn >= 3 && !force_dev) {
-            long d = PyLong_AsLong(f[2]);
-            if (d == -1 && PyErr_Occurred())
-                goto fail_item;
-            dev = (uint64_t)(int64_t)d;
+            if (kvlpy_dev_obj(f[2], i, &out[i].dev) < 0)
+                goto fail;
         }
-        out[i].dev = (int32_t)(int64_t)dev;
         continue;
     fail_item:
         PyErr_Clear();
         PyErr_Format(PyExc_ValueError, "descriptor %zd: addr and len must be non-negative "
-                                       "64-bit integers and dev an int, got %.100R", i, t);
+                                       "64-bit integers, got %.100R", i, t);
         goto fail;
     }
     Py_DECREF(seq);

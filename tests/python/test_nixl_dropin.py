@@ -373,6 +373,42 @@ def test_unsigned_arguments_not_wrapped():
             a.wait_notif(float("nan"))
 
 
+def test_device_ids_not_wrapped():
+    """Device ids were cut to 32 bits: (addr, len, 2**32) registered on
+    device 0 without a word, 2**31 was reported as device -2147483648. Every
+    way a device id enters the C module now refuses one past int32 by name
+    and adds or registers nothing."""
+    buf = np.zeros(4 * 4096, np.uint8)
+    base = buf.ctypes.data
+    with kvlane.Agent("dev-wrap") as a:
+        for dev in (2**31, 2**32, -2**31 - 1, 2**70):
+            with pytest.raises(OverflowError, match=f"device id {dev} is not a 32-bit device"):
+                a.register_memory((base, 4096, dev), kind="DRAM")
+        with pytest.raises(OverflowError, match="descriptor 1: device id 4294967296"):
+            a.register_memory([(base, 4096, 0), (base + 4096, 4096, 2**32)], kind="DRAM")
+        with pytest.raises(OverflowError, match="^device id 4294967296"):
+            a.register_memory((base, 4096, 0), kind="DRAM", dev=2**32)
+        with pytest.raises(TypeError, match="descriptor 0: a device id must be an integer"):
+            a.register_memory((base, 4096, "cuda:0"), kind="DRAM")
+        with pytest.raises(kvlane.NotFound):  # the refused lists registered nothing
+            a.deregister_memory((base, 4096, 0))
+        assert a.register_memory((base, 4096, 0), kind="DRAM").ok
+    d = kvlane.DList("VRAM")
+    with pytest.raises(OverflowError, match="descriptor 0: device id 4294967296"):
+        d.add_descs([(base, 4096, 2**32)])
+    with pytest.raises(OverflowError, match="descriptor 1: device id 8589934592"):
+        d.add_descs(np.array([[base, 4096, 0], [base + 4096, 4096, 2**33]], np.int64))
+    with pytest.raises(OverflowError, match="^device id 4294967296"):
+        d.add_descs([(base, 4096, 0)], dev=2**32)
+    assert len(d) == 0
+    d.add_descs(np.array([[base, 4096, 2**31 - 1]], np.int64))  # the top of the range is taken
+    assert d.get(0)[4] == 2**31 - 1
+    # through nixl._api: a VRAM descriptor's device is kept, so it is checked
+    na = nixl_agent("dev-wrap-nixl")
+    with pytest.raises(OverflowError, match="device id 4294967296"):
+        na.get_xfer_descs([(base, 4096, 2**32)], "VRAM")
+
+
 def test_index_garbage_refused(agent):
     """make_prepped_xfer's indices: what NIXL's binding refuses is refused
     here too, by name, rather than read some other way: a 2-D array (once
