@@ -1,6 +1,8 @@
 """kvlane.Agent, DList and RegistrationReport: the Python face of libkvlane."""
 
 import math
+import numbers
+import operator
 
 from . import _kvlane
 from .errors import UsageError, UnsupportedError, InvalidArgument
@@ -151,11 +153,16 @@ def memory_of(obj):
     protocol (bytearray, mmap, memoryview: DRAM). dev is -1 (detect) when
     the object does not say; kind is None for plain tuples (detect).
     """
-    if isinstance(obj, (tuple, list)) and obj and isinstance(obj[0], int):
+    # int or a NumPy integer (engines compute addresses with NumPy)
+    if isinstance(obj, (tuple, list)) and obj and isinstance(obj[0], numbers.Integral):
         if not 2 <= len(obj) <= 4:
             raise InvalidArgument(f"a region tuple is (addr, len[, dev]), got {obj!r}")
         dev = obj[2] if len(obj) > 2 else -1
-        return int(obj[0]), int(obj[1]), int(dev), None
+        try:  # not int(): it would take a len of 16.5 as 16
+            return operator.index(obj[0]), operator.index(obj[1]), operator.index(dev), None
+        except TypeError:
+            raise InvalidArgument(f"a region tuple is (addr, len[, dev]) of integers, "
+                                  f"got {obj!r}") from None
     data_ptr = getattr(obj, "data_ptr", None)
     device = getattr(obj, "device", None)
     if callable(data_ptr) and device is not None and hasattr(device, "type"):
@@ -185,6 +192,8 @@ def memory_of(obj):
         isz = _itemsize(ai["typestr"])
         _check_contiguous(shape, ai.get("strides"), isz, "array")
         return int(ai["data"][0]), math.prod(shape) * isz, -1, "DRAM"
+    if isinstance(obj, tuple) and obj and isinstance(obj[0], (float, str, bytes)):
+        raise InvalidArgument(f"a region tuple is (addr, len[, dev]) of integers, got {obj!r}")
     try:
         addr, nbytes, _ro = _kvlane.buffer_info(obj)
     except (TypeError, BufferError):
@@ -196,7 +205,7 @@ def memory_of(obj):
 
 def _regions(mem, kind):
     """(regions for the C call, kind, objects to keep alive)."""
-    if isinstance(mem, (tuple, list)) and mem and isinstance(mem[0], int):
+    if isinstance(mem, (tuple, list)) and mem and isinstance(mem[0], numbers.Integral):
         mem = [mem]
     if isinstance(mem, list) or (isinstance(mem, tuple) and mem and
                                  isinstance(mem[0], (tuple, list))):

@@ -409,6 +409,22 @@ def test_device_ids_not_wrapped():
         na.get_xfer_descs([(base, 4096, 2**32)], "VRAM")
 
 
+def test_region_tuples_take_numpy_ints_only_as_ints():
+    """One region tuple with a NumPy integer address (engines compute them
+    with NumPy) was refused as "cannot register a tuple"; a float length
+    would have been cut to an int. Both now go by the integer rules."""
+    buf = np.zeros(2 * 4096, np.uint8)
+    base = buf.ctypes.data
+    with kvlane.Agent("np-ints") as a:
+        assert a.register_memory((np.int64(base), np.uint64(4096), np.int32(0)), kind="DRAM").ok
+        a.deregister_memory((np.int64(base), 4096, 0))
+        for bad in ((1.5, 4096, 0), ("0x1000", 4096, 0)):
+            with pytest.raises(kvlane.InvalidArgument, match="of integers, got"):
+                kvlane._agent.memory_of(bad)
+        with pytest.raises(ValueError, match="addr and len must be non-negative 64-bit"):
+            a.register_memory((base, 16.5, 0), kind="DRAM")
+
+
 def test_index_garbage_refused(agent):
     """make_prepped_xfer's indices: what NIXL's binding refuses is refused
     here too, by name, rather than read some other way: a 2-D array (once
