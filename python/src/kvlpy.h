@@ -114,8 +114,6 @@ int kvlpy_u32_arg(PyObject *o, void *out);
  * -1 with the exception set. */
 int kvlpy_dev_i64(long long v, Py_ssize_t i, int32_t *out);
 int kvlpy_dev_obj(PyObject *o, Py_ssize_t i, int32_t *out);
-/* The same as an "O&" converter (out: int32_t *). */
-int kvlpy_dev_arg(PyObject *o, void *out);
 void kvlpy_array_free(kvlpy_array_t *a);
 
 /* Regions/descriptors: a sequence of (addr, len[, dev[, anything]]) or an

@@ -444,11 +444,6 @@ int kvlpy_dev_obj(PyObject *o, Py_ssize_t i, int32_t *out)
     return kvlpy_dev_i64(v, i, out);
 }
 
-int kvlpy_dev_arg(PyObject *o, void *out)
-{
-    return kvlpy_dev_obj(o, -1, out) == 0;
-}
-
 int kvlpy_array_get(PyObject *obj, int is_signed, const char *argname, kvlpy_array_t *a)
 {
     memset(a, 0, sizeof(*a));
