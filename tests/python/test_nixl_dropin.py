@@ -405,8 +405,11 @@ def test_device_ids_not_wrapped():
     assert d.get(0)[4] == 2**31 - 1
     # through nixl._api: a VRAM descriptor's device is kept, so it is checked
     na = nixl_agent("dev-wrap-nixl")
-    with pytest.raises(OverflowError, match="device id 4294967296"):
-        na.get_xfer_descs([(base, 4096, 2**32)], "VRAM")
+    try:
+        with pytest.raises(OverflowError, match="device id 4294967296"):
+            na.get_xfer_descs([(base, 4096, 2**32)], "VRAM")
+    finally:
+        na.close()
 
 
 def test_region_tuples_take_numpy_ints_only_as_ints():
