@@ -114,6 +114,9 @@ int kvlpy_u32_arg(PyObject *o, void *out);
  * -1 with the exception set. */
 int kvlpy_dev_i64(long long v, Py_ssize_t i, int32_t *out);
 int kvlpy_dev_obj(PyObject *o, Py_ssize_t i, int32_t *out);
+/* 1 (ValueError set) when a wait's timeout_ms is NaN, which compares false
+ * with everything and once waited forever; else 0. */
+int kvlpy_timeout_nan(double timeout_ms);
 void kvlpy_array_free(kvlpy_array_t *a);
 
 /* Regions/descriptors: a sequence of (addr, len[, dev[, anything]]) or an

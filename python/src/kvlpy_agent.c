@@ -2,7 +2,6 @@
  * kvlane._kvlane.Agent: agent, backends, registration, metadata,
  * notifications and the listener.
  */
-#include <math.h>
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
@@ -907,9 +906,8 @@ static PyObject *kvlpy_agent_wait_notif(kvlpy_agent_t *self, PyObject *args)
     double timeout_ms = -1;
     if (!PyArg_ParseTuple(args, "|d:wait_notif", &timeout_ms))
         return NULL;
-    if (isnan(timeout_ms)) /* NaN compares false with everything: it waited forever */
-        return PyErr_Format(PyExc_ValueError, "timeout_ms is NaN: pass milliseconds, or -1 "
-                            "to wait without a bound");
+    if (kvlpy_timeout_nan(timeout_ms))
+        return NULL;
     struct timespec t0;
     clock_gettime(CLOCK_MONOTONIC, &t0);
     for (;;) {

@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <pthread.h>
 #include <limits.h>
+#include <math.h>
 #include <string.h>
 #include <unistd.h>
 #include "kvlpy.h"
@@ -442,6 +443,15 @@ int kvlpy_dev_obj(PyObject *o, Py_ssize_t i, int32_t *out)
     if (v == -1 && PyErr_Occurred())
         return -1;
     return kvlpy_dev_i64(v, i, out);
+}
+
+int kvlpy_timeout_nan(double timeout_ms)
+{
+    if (!isnan(timeout_ms))
+        return 0;
+    PyErr_SetString(PyExc_ValueError, "timeout_ms is NaN: pass milliseconds, or -1 to wait "
+                    "without a bound");
+    return 1;
 }
 
 int kvlpy_array_get(PyObject *obj, int is_signed, const char *argname, kvlpy_array_t *a)

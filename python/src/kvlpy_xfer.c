@@ -1,7 +1,6 @@
 /*
  * kvlane._kvlane.Prep and Xfer: prepared lists and transfers.
  */
-#include <math.h>
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
@@ -423,9 +422,8 @@ static PyObject *kvlpy_xfer_wait(kvlpy_xfer_t *self, PyObject *args, PyObject *k
     double timeout_ms = -1;
     if (!PyArg_ParseTupleAndKeywords(args, kw, "|d:wait", kwlist, &timeout_ms))
         return NULL;
-    if (isnan(timeout_ms)) /* NaN compares false with everything: it waited forever */
-        return PyErr_Format(PyExc_ValueError, "timeout_ms is NaN: pass milliseconds, or -1 "
-                            "to wait without a bound");
+    if (kvlpy_timeout_nan(timeout_ms))
+        return NULL;
     struct timespec t0;
     clock_gettime(CLOCK_MONOTONIC, &t0);
     for (;;) {

@@ -110,10 +110,9 @@ static int kvl_bench_target(const char *backends, uint64_t size, int shareable, 
     if (listen != NULL) {
         char host[256], bound[300];
         const char *c = strrchr(listen, ':');
-        char *end = NULL;
-        long port = c != NULL && c[1] >= '0' && c[1] <= '9' ? strtol(c + 1, &end, 10) : -1;
-        if (c == NULL || (size_t)(c - listen) >= sizeof(host) || port < 0 || port > 65535 ||
-            end == NULL || *end != '\0') {
+        uint64_t port = 0;
+        if (c == NULL || (size_t)(c - listen) >= sizeof(host) ||
+            kvl_cli_parse_uint(c + 1, 65535, &port) != 0) {
             /* atoi read "99999" as a port modulo 65536 */
             fprintf(stderr, "kvlane bench: --serve takes HOST:PORT\n");
             return 2;

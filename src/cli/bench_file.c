@@ -281,9 +281,8 @@ int kvl_cli_bench_file(int argc, char **argv)
             c.vram = strcasecmp(optarg, "VRAM") == 0;
             break;
         case 'D': {
-            char *end = NULL;
-            long d = optarg[0] >= '0' && optarg[0] <= '9' ? strtol(optarg, &end, 10) : -1;
-            if (d < 0 || d > 4095 || end == NULL || *end != '\0') { /* atoi read "abc" as 0 */
+            uint64_t d;
+            if (kvl_cli_parse_uint(optarg, 4095, &d) != 0) { /* atoi read "abc" as 0 */
                 fprintf(stderr, "kvlane bench: bad --device '%s' (a CUDA ordinal: 0, 1, ...)\n",
                         optarg);
                 return 2;

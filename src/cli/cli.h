@@ -11,6 +11,9 @@ int kvl_cli_bench(int argc, char **argv);
 
 /* Helpers shared by subcommands (cli_util.c). */
 int kvl_cli_parse_size(const char *s, uint64_t *out);
+/* A plain decimal of digits only, at most `most` (a port, a device
+ * ordinal): no sign, space, suffix or wrap. 0 ok, -1 refused. */
+int kvl_cli_parse_uint(const char *s, uint64_t most, uint64_t *out);
 void kvl_cli_print_error(const char *what);
 int kvl_cli_write_all(int fd, const void *buf, size_t len);
 /* Read exactly len bytes within timeout_ms; 0 ok, -1 error/timeout. */

@@ -41,6 +41,19 @@ int kvl_cli_parse_size(const char *s, uint64_t *out)
     return 0;
 }
 
+int kvl_cli_parse_uint(const char *s, uint64_t most, uint64_t *out)
+{
+    char *end;
+    if (s == NULL || *s < '0' || *s > '9') /* strtoull takes "-5" and " 5" */
+        return -1;
+    errno = 0;
+    unsigned long long v = strtoull(s, &end, 10);
+    if (errno != 0 || *end != '\0' || v > most)
+        return -1;
+    *out = v;
+    return 0;
+}
+
 void kvl_cli_print_error(const char *what)
 {
     char buf[8192];

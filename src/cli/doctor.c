@@ -287,10 +287,8 @@ static void kvl_check_peer(const char *peer)
         kvl_check("net.peer", KVL_FAIL, "pass --peer host:port", "'%s' is not host:port", peer);
         return;
     }
-    char *pend = NULL;
-    errno = 0;
-    long port = colon[1] >= '0' && colon[1] <= '9' ? strtol(colon + 1, &pend, 10) : -1;
-    if (port < 1 || port > 65535 || errno != 0 || pend == NULL || *pend != '\0') {
+    uint64_t port;
+    if (kvl_cli_parse_uint(colon + 1, 65535, &port) != 0 || port == 0) {
         /* getaddrinfo takes "99999" and connects to it modulo 65536 */
         kvl_check("net.peer", KVL_FAIL, "pass --peer host:port with a port of 1..65535",
                   "'%s': the port '%s' is not 1..65535", peer, colon + 1);
@@ -954,10 +952,8 @@ int kvl_cli_doctor(int argc, char **argv)
             break;
         case 'd': {
             /* a CUDA ordinal: digits only (strtol read "abc" as 0, "-3" as -3) */
-            char *end = NULL;
-            errno = 0;
-            long d = optarg[0] >= '0' && optarg[0] <= '9' ? strtol(optarg, &end, 10) : -1;
-            if (d < 0 || errno != 0 || end == NULL || *end != '\0' || d > 4095) {
+            uint64_t d;
+            if (kvl_cli_parse_uint(optarg, 4095, &d) != 0) {
                 fprintf(stderr, "kvlane doctor: bad --device '%s' (a CUDA ordinal as the engine "
                                 "sees it: 0, 1, ...)\n", optarg);
                 return 2;
