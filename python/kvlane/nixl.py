@@ -484,6 +484,13 @@ def _xfer_dlist(mem_type, descs):
 def _check_width(rows, width, what):
     """NIXL's tuple shapes: 3-tuples for transfers, 4-tuples for
     registrations (kvlane also takes 3-tuples there: the meta is empty)."""
+    if width == 4:
+        for t in rows:
+            if not (type(t) is tuple and len(t) == 4 and type(t[2]) is int and
+                    type(t[3]) is str):
+                break
+        else:
+            return  # what engines pass: (int, int, int, str); the C module checks the ints
     ok = (3, 4) if width == 4 else (3,)
     for i, t in enumerate(rows):
         if not isinstance(t, tuple):
@@ -540,7 +547,7 @@ def _add_xfer_rows(dl, descs, kind):
 
 
 def _reg_rows(descs):
-    if _is_ndarray(descs):
+    if type(descs) is not list and _is_ndarray(descs):
         return _array_rows(descs, "registration")
     if not isinstance(descs, (list, tuple)):
         raise InvalidArgument(f"registration descriptors: a list of (addr, len, dev, meta) "
@@ -592,6 +599,8 @@ def _tensor_rows(tensors, mem_type, what):
 def _to_reg(descs, mem_type):
     if isinstance(descs, nixlRegDList):
         return descs
+    if type(descs) is list and descs and type(descs[0]) is tuple and mem_type is not None:
+        return nixlRegDList(mem_type, descs)    # tuples, as engines pass them
     if isinstance(descs, nixlXferDList):
         return nixlRegDList(descs.mem_type, descs.descs())
     if _is_tensor(descs):
@@ -1018,7 +1027,9 @@ class nixl_agent:
             self.agent._deregister(rows, -1 if descs.mem_type == "DRAM" else None)
         except Error as e:
             raise as_nixl(e, nixlBackendError) from None
-        self._file_close([(i, self._path_fds.pop(i)) for i in closing if i in self._path_fds])
+        if closing:
+            self._file_close([(i, self._path_fds.pop(i)) for i in closing
+                              if i in self._path_fds])
 
     # ---- FILE registrations ----
     def _file_rows(self, descs):

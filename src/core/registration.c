@@ -4,6 +4,7 @@
  */
 #include <errno.h>
 #include <fcntl.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -581,6 +582,42 @@ static void kvli_region_drop(kvl_agent_t *a, kvli_region_t *r)
     kvli_region_put(r);
 }
 
+/* The report of one region, its entry right after it: the last one freed
+ * is kept for the next registration (engines register buffer by buffer,
+ * and each report of ~17 KiB was a malloc and a free). */
+typedef struct {
+    kvl_reg_report_t rep;
+    kvl_reg_entry_t entry;
+} kvli_report1_t;
+
+_Static_assert(offsetof(kvli_report1_t, entry) == sizeof(kvl_reg_report_t),
+               "a one-region report's entry follows its header");
+
+static _Atomic(kvli_report1_t *) kvli_report1_spare;
+
+static kvl_reg_report_t *kvli_report_alloc(size_t n)
+{
+    kvl_reg_report_t *rep;
+    if (n == 1) {
+        kvli_report1_t *r1 = atomic_exchange(&kvli_report1_spare, NULL);
+        if (r1 == NULL && (r1 = malloc(sizeof(*r1))) == NULL)
+            return NULL;
+        rep = &r1->rep;
+        rep->entries = &r1->entry;
+    } else {
+        rep = calloc(1, sizeof(*rep));
+        if (rep == NULL)
+            return NULL;
+        rep->entries = kvli_buf_alloc(n * sizeof(*rep->entries));
+        if (rep->entries == NULL) {
+            free(rep);
+            return NULL;
+        }
+    }
+    rep->n_entries = n;
+    return rep;
+}
+
 kvl_status_t kvl_mem_register(kvl_agent_t *a, const kvl_mem_desc_t *regions, size_t n,
                               const kvl_reg_params_t *params, kvl_reg_report_t **report_p)
 {
@@ -596,15 +633,10 @@ kvl_status_t kvl_mem_register(kvl_agent_t *a, const kvl_mem_desc_t *regions, siz
                                                         : n == 0 ? "no regions (n = 0)"
                                                                  : "regions is NULL");
     if (report_p) {
-        rep = calloc(1, sizeof(*rep));
-        if (rep)
-            rep->entries = kvli_buf_alloc(n * sizeof(*rep->entries));
-        if (rep == NULL || rep->entries == NULL) {
-            free(rep);
+        rep = kvli_report_alloc(n);
+        if (rep == NULL)
             return kvli_fail_simple(a, KVL_ERR_NO_MEMORY, NULL,
                                     "kvl_mem_register: cannot allocate a report for %zu regions", n);
-        }
-        rep->n_entries = n;
         /* Each entry is ~17 KiB (8 outcomes of whole diagnoses) of which a
          * registration writes the header and an outcome or two: only those
          * are initialised, in pages the buffer cache has already faulted
@@ -1001,6 +1033,10 @@ void kvl_reg_report_free(kvl_reg_report_t *rep)
 {
     if (rep == NULL)
         return;
+    if (rep->n_entries == 1 && rep->entries == (kvl_reg_entry_t *)(void *)(rep + 1)) {
+        free(atomic_exchange(&kvli_report1_spare, (kvli_report1_t *)(void *)rep));
+        return;
+    }
     kvli_buf_free(rep->entries, rep->n_entries * sizeof(*rep->entries));
     free(rep);
 }

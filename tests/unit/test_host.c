@@ -69,6 +69,12 @@ static void ranges(void)
      * probe of the two ends (they are not in adjacent pages) */
     KT_CHECK(kvli_host_readable(at(5, 0), 3 * (uint64_t)pg, &bad) == ENOMEM);
     KT_CHECK(kvli_host_readable(at(5, 0), 2 * (uint64_t)pg, &bad) == ENOMEM); /* page 6 */
+    /* past two pages: msync and the two end bytes, no probe table */
+    KT_CHECK(kvli_host_readable(at(0, 1), 3 * (uint64_t)pg - 2, &bad) == 0);
+    bad = 0;
+    KT_CHECK(kvli_host_readable(at(0, 0), 4 * (uint64_t)pg, &bad) == EFAULT &&
+             bad == at(3, (size_t)pg - 1));
+    KT_CHECK(kvli_host_readable(at(4, 0), 3 * (uint64_t)pg, &bad) == ENOMEM);
 
     /* Single probes leave their bytes in the pipe until 4 KiB gather:
      * thousands of them, with failures among them, keep their answers. */

@@ -70,9 +70,8 @@ kvl_status_t kvli_shm_md_reg(void *bk, const kvl_region_info_t *r, void **mh_p,
         free(mh);
         return st;
     }
-    if (detail != NULL && detail_len > 0)
-        snprintf(detail, detail_len, "%s", mh->shareable ? "mmap (shareable allocation)"
-                                                         : "cma (cross-memory attach)");
+    kvl_bk_detail_str(detail, detail_len, mh->shareable ? "mmap (shareable allocation)"
+                                                        : "cma (cross-memory attach)");
     *mh_p = mh;
     return KVL_OK;
 }
