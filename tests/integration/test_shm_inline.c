@@ -8,14 +8,18 @@
  *      overtake it (it is queued behind it: when the small one is done, so
  *      is the large one) and lands last in the bytes both touch;
  *   3. inline_max=0 hands everything to the workers; inline_max=64K leaves
- *      a 128 KiB WRITE to them too (post never says KVL_OK for them is not
- *      asserted: a worker may be fast; the data and order are);
- *   4. a bad inline_max is refused, naming the parameter;
+ *      a 128 KiB WRITE to them too; inline_max=auto (the default) may run
+ *      it either way (post never says KVL_OK for them is not asserted: a
+ *      worker may be fast; the data and order are);
+ *   4. a bad inline_max is refused, naming the parameter; auto is the
+ *      default, and its bound is the measured hand-off delay times the
+ *      measured copy rate, within [64 KiB, 1 MiB];
  *   5. after the target deregisters, an inline WRITE fails with the
  *      revocation's error and nothing lands (the guard table applies).
  * Nothing here depends on timing. */
 #include <string.h>
 #include "common/kvltest.h"
+#include "backends/shm/shm.h"
 
 #define BUF (8u << 20)
 
@@ -134,7 +138,7 @@ static void order(const char *params)
         KT_OK(kvl_xfer_wait(big, 30000));
         /* the small one's bytes won where both wrote */
         KT_CHECK(kt_peer_verify(&p, 0, 4096, 22) == -1);
-        kvl_status_t sm = kvl_xfer_post(mid); /* 128 KiB: above inline_max */
+        kvl_status_t sm = kvl_xfer_post(mid); /* 128 KiB: above a fixed 64K */
         if (sm == KVL_IN_PROGRESS)
             sm = kvl_xfer_wait(mid, 30000);
         KT_STATUS(sm, KVL_OK);
@@ -152,13 +156,41 @@ static void bad_param(void)
     kvl_agent_t *a = kt_agent("inl-bad", NULL, NULL);
     kvl_param_t pr[] = {{"inline_max", "lots"}, {NULL, NULL}};
     KT_STATUS(kvl_backend_create(a, "shm", pr, 1, NULL), KVL_ERR_INVALID_ARG);
-    KT_ERROR_HAS("parameter inline_max=\"lots\" is not a byte count from 0 to 16M");
+    KT_ERROR_HAS("parameter inline_max=\"lots\" is not auto or a byte count from 0 to 16M");
     kvl_param_t big[] = {{"inline_max", "32M"}, {NULL, NULL}};
     KT_STATUS(kvl_backend_create(a, "shm", big, 1, NULL), KVL_ERR_INVALID_ARG);
     KT_ERROR_HAS("inline_max=\"32M\"");
     kvl_param_t ok[] = {{"inline_max", "4K"}, {NULL, NULL}};
     KT_OK(kvl_backend_create(a, "shm", ok, 1, NULL));
     kvl_agent_destroy(a);
+    a = kt_agent("inl-auto", NULL, NULL);
+    kvl_param_t au[] = {{"inline_max", "auto"}, {NULL, NULL}};
+    KT_OK(kvl_backend_create(a, "shm", au, 1, NULL));
+    kvl_agent_destroy(a);
+    const kvl_param_t *def = kvl_backend_params("shm");
+    int seen = 0;
+    for (; def != NULL && def->key != NULL; def++)
+        if (strcmp(def->key, "inline_max") == 0)
+            seen = strcmp(def->value, "auto") == 0;
+    KT_CHECK(seen);
+}
+
+/* inline_max=auto: delay (ns) x rate (bytes per us), within [64 KiB, 1 MiB]. */
+static void auto_bound(void)
+{
+    KT_CHECK(kvli_shm_inline_bound(0, 0) == 64u << 10);          /* nothing measured */
+    KT_CHECK(kvli_shm_inline_bound(10000, 0) == 64u << 10);
+    KT_CHECK(kvli_shm_inline_bound(10000, 20000) == 200000);     /* 10 us x 20 GB/s */
+    KT_CHECK(kvli_shm_inline_bound(3000, 10000) == 64u << 10);   /* 30 KB: the floor */
+    KT_CHECK(kvli_shm_inline_bound(100000, 100000) == 1u << 20); /* 10 MB: the cap */
+    KT_CHECK(kvli_shm_inline_bound(UINT64_MAX, UINT64_MAX) == 1u << 20); /* no overflow */
+    KT_CHECK(kvli_shm_inline_bound(UINT64_MAX, 1) == 1u << 20);
+    KT_CHECK(kvli_shm_avg8(0, 80) == 80);                         /* the first sample */
+    KT_CHECK(kvli_shm_avg8(80, 160) == 90);
+    uint64_t avg = 0;
+    for (int i = 0; i < 200; i++)
+        avg = kvli_shm_avg8(avg, i == 0 ? 1000000 : 8000);       /* one outlier forgotten */
+    KT_CHECK(avg >= 8000 && avg < 8100);
 }
 
 int main(void)
@@ -167,7 +199,9 @@ int main(void)
     small_done_at_post(0);
     order(NULL);
     order("inline_max=0");
+    order("inline_max=64K");
     bad_param();
+    auto_bound();
     printf("ok\n");
     return 0;
 }

@@ -210,6 +210,8 @@ struct kvli_shm_xpriv {
     uint64_t sock_moved;
     uint64_t sock_inflight;          /* WRITE bytes of requests given up unanswered:
                                       * they may still land */
+    uint64_t queued_ns;              /* a sample for inline_max=auto: when it was
+                                      * queued to idle workers (0: none) */
 };
 
 struct kvli_shm_worker {
@@ -245,8 +247,15 @@ struct kvli_shm_iface {
     unsigned nworkers;
     kvli_shm_worker_t *workers;
     /* Small transfers run in the poster's thread (inline_max bytes at most,
-     * 0: never), one at a time, with this worker's arrays. */
+     * 0: never), one at a time, with this worker's arrays. inline_max=auto
+     * (inline_adapt): the bound is inline_auto, learnt from the transfers
+     * handed to the workers while the backend was idle (kvli_shm_learn). */
     uint64_t inline_max;
+    int inline_adapt;
+    _Atomic uint64_t inline_auto;    /* bytes */
+    _Atomic uint64_t wake_ns;        /* post to a worker's start, averaged */
+    _Atomic uint64_t rate_bpus;      /* the workers' copies, bytes per us, averaged */
+    _Atomic uint64_t inline_logged;  /* the bound last logged (debug) */
     pthread_mutex_t inline_lock;
     kvli_shm_worker_t inline_w;
     /* One finished transfer's state kept for the next post (saves a
@@ -270,6 +279,34 @@ struct kvli_shm_iface {
     size_t scratch_len;
     void **pins;
 };
+
+/*
+ * inline_max=auto. Handing a transfer to a worker delays it by a wake-up
+ * (~12 us on a 2-vCPU VM, a few us on a bare host); running it in the
+ * poster's thread blocks the poster for its copy. A transfer runs inline
+ * when its copy should take no longer than that delay: the bound is the
+ * measured delay times the measured copy rate, kept within [64 KiB, 1 MiB]
+ * (64 KiB until a first measurement).
+ */
+#define KVLI_SHM_INLINE_MIN (64ull << 10)
+#define KVLI_SHM_INLINE_CAP (1ull << 20)
+
+static inline uint64_t kvli_shm_inline_bound(uint64_t wake_ns, uint64_t bytes_per_us)
+{
+    uint64_t b;
+    if (wake_ns == 0 || bytes_per_us == 0)
+        return KVLI_SHM_INLINE_MIN;
+    if (wake_ns > KVLI_SHM_INLINE_CAP * 1000 / bytes_per_us)
+        return KVLI_SHM_INLINE_CAP;      /* also: no overflow below */
+    b = wake_ns * bytes_per_us / 1000;
+    return b < KVLI_SHM_INLINE_MIN ? KVLI_SHM_INLINE_MIN : b;
+}
+
+/* A running average giving each new sample 1/8 (the first is taken whole). */
+static inline uint64_t kvli_shm_avg8(uint64_t avg, uint64_t sample)
+{
+    return avg == 0 ? sample : avg - avg / 8 + sample / 8;
+}
 
 /* shm_iface.c */
 /* shm_target.c: connections peers opened to us (progress thread only). */

@@ -28,7 +28,7 @@ static const kvl_param_t kvli_shm_params[] = {
     { "cma", "auto" },
     { "socket_dir", "" },
     { "allow_uids", "self" },     /* self | any | comma-separated uids besides ours */
-    { "inline_max", "65536" },    /* bytes a transfer may have to run in the poster's thread */
+    { "inline_max", "auto" },     /* bytes a transfer may have to run in the poster's thread */
     { NULL, NULL }
 };
 
@@ -256,13 +256,15 @@ static kvl_status_t kvli_shm_parse_params(kvli_shm_iface_t *iface,
         } else if (strcmp(k, "socket_dir") == 0) {
             *dir_p = v;
         } else if (strcmp(k, "inline_max") == 0) {
-            uint64_t b;
-            if (kvli_shm_parse_bytes(v, &b) != 0 || b > (16ull << 20)) {
+            uint64_t b = KVLI_SHM_INLINE_CAP;
+            iface->inline_adapt = strcmp(v, "auto") == 0;
+            if (!iface->inline_adapt && (kvli_shm_parse_bytes(v, &b) != 0 || b > (16ull << 20))) {
                 kvl_bk_error_set(err, KVL_ERR_INVALID_ARG, 0, KVLI_SHM_NAME, -1,
-                                 "parameter inline_max=\"%.100s\" is not a byte count from 0 "
-                                 "to 16M", v);
-                kvl_bk_error_hint(err, "e.g. inline_max=64K (the default) or 0 to hand every "
-                                  "transfer to the copy workers");
+                                 "parameter inline_max=\"%.100s\" is not auto or a byte count "
+                                 "from 0 to 16M", v);
+                kvl_bk_error_hint(err, "inline_max=auto (the default: bounded by this host's "
+                                  "measured hand-off delay, 64K to 1M), a fixed bound such as "
+                                  "64K, or 0 to hand every transfer to the copy workers");
                 return KVL_ERR_INVALID_ARG;
             }
             iface->inline_max = b;
@@ -390,7 +392,12 @@ static kvl_status_t kvli_shm_open(kvl_bk_ctx_t *ctx, const kvl_param_t *params,
     iface->listen_fd = -1;
     kvli_progress_init(&iface->pg, ctx, KVLI_SHM_NAME);
     iface->nworkers = ctx->workers ? ctx->workers : 1;
-    iface->inline_max = 64u << 10;
+    iface->inline_max = KVLI_SHM_INLINE_CAP;
+    iface->inline_adapt = 1;
+    atomic_init(&iface->inline_auto, KVLI_SHM_INLINE_MIN);
+    atomic_init(&iface->wake_ns, 0);
+    atomic_init(&iface->rate_bpus, 0);
+    atomic_init(&iface->inline_logged, KVLI_SHM_INLINE_MIN);
 
     st = kvli_shm_parse_params(iface, params, n, &dir, err);
     if (st != KVL_OK)
@@ -462,9 +469,12 @@ static kvl_status_t kvli_shm_open(kvl_bk_ctx_t *ctx, const kvl_param_t *params,
     st = kvli_progress_start(&iface->pg, &kvli_shm_progress_ops, iface, err);
     if (st != KVL_OK)
         goto err_close;
-    ctx->log(ctx, KVL_LOG_DEBUG, "listening on %s%s, cma=%s, %u copy worker(s)",
-             iface->abstract ? "@" : "", iface->sock_name,
-             iface->cma_off ? "off" : "auto", iface->nworkers);
+    char inl[64] = "auto (64 KiB until measured)";
+    if (!iface->inline_adapt)
+        snprintf(inl, sizeof(inl), "%" PRIu64 " bytes", iface->inline_max);
+    ctx->log(ctx, KVL_LOG_DEBUG, "listening on %s%s, cma=%s, %u copy worker(s), inline_max=%s",
+             iface->abstract ? "@" : "", iface->sock_name, iface->cma_off ? "off" : "auto",
+             iface->nworkers, inl);
     *bk_p = iface;
     return KVL_OK;
 

@@ -13,6 +13,7 @@
 #include <sys/uio.h>
 #include "common/errname.h"
 #include "common/chunk.h"
+#include "common/clock.h"
 #include "shm.h"
 #include "shm_proto.h"
 
@@ -670,6 +671,81 @@ static void kvli_shm_finish(kvli_shm_iface_t *iface, kvli_shm_xpriv_t *xp,
     pthread_mutex_unlock(&iface->lock);
 }
 
+/* The most bytes a transfer may have to run in the poster's thread. */
+static uint64_t kvli_shm_inline_limit(kvli_shm_iface_t *iface)
+{
+    uint64_t learnt;
+    if (!iface->inline_adapt)
+        return iface->inline_max;
+    learnt = atomic_load_explicit(&iface->inline_auto, memory_order_relaxed);
+    return learnt < iface->inline_max ? learnt : iface->inline_max;
+}
+
+/* Transfers up to this size and segment count, handed to idle workers,
+ * are the samples of inline_max=auto (larger ones are not: the segment
+ * walk below would cost more than it tells). */
+#define KVLI_SHM_LEARN_BYTES (8ull << 20)
+#define KVLI_SHM_LEARN_SEGS 4096u
+#define KVLI_SHM_LEARN_WAKE_NS 250000u
+
+/*
+ * Whether x may run in the poster's thread: every segment on a direct
+ * path (a shared mapping or cross-memory attach: no socket round trips),
+ * and nothing else of this backend posted, queued or running, so it cannot
+ * overtake an earlier transfer; and at most `most` bytes. 1: it may; 2:
+ * all but its size (a sample for inline_max=auto); 0: no. Under iface->lock.
+ */
+static int kvli_shm_inline_ok(kvli_shm_iface_t *iface, const kvl_bk_xfer_t *x,
+                              const kvli_shm_peer_t *peer, uint64_t most)
+{
+    int small = x->total_bytes <= most;
+    if (!small && (!iface->inline_adapt || x->total_bytes > KVLI_SHM_LEARN_BYTES ||
+                   x->nsegs > KVLI_SHM_LEARN_SEGS))
+        return 0;
+    if (iface->xfers != NULL || peer->guard == NULL)
+        return 0;
+    for (size_t i = 0; i < x->nsegs; i++) {
+        const kvli_shm_rh_t *rh = x->rmh[x->segs[i].rreg];
+        if (rh->map == NULL && !peer->cma_ok)
+            return 0;
+    }
+    return small ? 1 : 2;
+}
+
+/*
+ * inline_max=auto: a worker ran xp, queued to it while the backend was
+ * idle, from start_ns to end_ns. The wake-up it waited and the rate it
+ * copied at move the bound (kvli_shm_inline_bound); a change to half or
+ * double the bound last logged is logged at debug level. Relaxed atomics: workers may race,
+ * and a lost sample only delays the average.
+ */
+static void kvli_shm_learn(kvli_shm_iface_t *iface, const kvli_shm_xpriv_t *xp,
+                           uint64_t start_ns, uint64_t end_ns)
+{
+    uint64_t wake, rate, bound, was;
+    /* a worker that took longer to start was not idle on a free core (a
+     * cold start, a preempted thread): not the hand-off this bound is for */
+    if (end_ns <= start_ns || start_ns < xp->queued_ns ||
+        start_ns - xp->queued_ns > KVLI_SHM_LEARN_WAKE_NS)
+        return;
+    wake = kvli_shm_avg8(atomic_load_explicit(&iface->wake_ns, memory_order_relaxed),
+                         start_ns - xp->queued_ns);
+    rate = kvli_shm_avg8(atomic_load_explicit(&iface->rate_bpus, memory_order_relaxed),
+                         xp->x->total_bytes * 1000 / (end_ns - start_ns));
+    atomic_store_explicit(&iface->wake_ns, wake, memory_order_relaxed);
+    atomic_store_explicit(&iface->rate_bpus, rate, memory_order_relaxed);
+    bound = kvli_shm_inline_bound(wake, rate);
+    atomic_store_explicit(&iface->inline_auto, bound, memory_order_relaxed);
+    was = atomic_load_explicit(&iface->inline_logged, memory_order_relaxed);
+    if (bound >= 2 * was || 2 * bound <= was) {
+        atomic_store_explicit(&iface->inline_logged, bound, memory_order_relaxed);
+        iface->ctx->log(iface->ctx, KVL_LOG_DEBUG,
+                        "transfers up to %" PRIu64 " KiB now run in the poster's thread "
+                        "(inline_max=auto: hand-off delay %" PRIu64 " us, copies at %" PRIu64
+                        " MB/s)", bound >> 10, wake / 1000, rate);
+    }
+}
+
 void *kvli_shm_xfer_worker(void *arg)
 {
     kvli_shm_worker_t *w = arg;
@@ -693,29 +769,13 @@ void *kvli_shm_xfer_worker(void *arg)
         xp->peer->running++; /* its fds and mappings stay while we use them */
         pthread_mutex_unlock(&iface->lock);
 
+        uint64_t start_ns = xp->queued_ns ? kvli_clock_ns() : 0;
         st = kvli_shm_run_held(w, xp, &err);
+        if (start_ns != 0 && st == KVL_OK)
+            kvli_shm_learn(iface, xp, start_ns, kvli_clock_ns());
         kvli_shm_finish(iface, xp, st, &err);
     }
     return NULL;
-}
-
-/*
- * Whether x may run in the poster's thread: small (inline_max), every
- * segment on a direct path (a shared mapping or cross-memory attach: no
- * socket round trips), and nothing else of this backend posted, queued or
- * running, so it cannot overtake an earlier transfer. Under iface->lock.
- */
-static int kvli_shm_inline_ok(kvli_shm_iface_t *iface, const kvl_bk_xfer_t *x,
-                              const kvli_shm_peer_t *peer)
-{
-    if (x->total_bytes > iface->inline_max || iface->xfers != NULL || peer->guard == NULL)
-        return 0;
-    for (size_t i = 0; i < x->nsegs; i++) {
-        const kvli_shm_rh_t *rh = x->rmh[x->segs[i].rreg];
-        if (rh->map == NULL && !peer->cma_ok)
-            return 0;
-    }
-    return 1;
 }
 
 /* Run xp now, in this thread, as a worker would (iface->lock held on entry,
@@ -779,12 +839,15 @@ kvl_status_t kvli_shm_xfer_post(void *bk, kvl_bk_xfer_t *x, kvl_error_t *err)
         kvl_bk_error_hint(err, "do not post transfers while the agent is destroyed");
         return KVL_ERR_STATE;
     }
-    if (iface->inline_max > 0 && kvli_shm_inline_ok(iface, x, peer) &&
-        pthread_mutex_trylock(&iface->inline_lock) == 0) {
+    uint64_t most = kvli_shm_inline_limit(iface);
+    int inl = most > 0 ? kvli_shm_inline_ok(iface, x, peer, most) : 0;
+    if (inl == 1 && pthread_mutex_trylock(&iface->inline_lock) == 0) {
         /* Small and direct: done before post returns, no thread hand-off. */
         kvli_shm_run_inline(iface, xp);
         return KVL_OK;
     }
+    if (inl == 2)
+        xp->queued_ns = kvli_clock_ns();
     xp->next_all = iface->xfers;
     iface->xfers = xp;
     if (iface->q_tail != NULL)
