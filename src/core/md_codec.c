@@ -355,8 +355,9 @@ fail:
     kvli_md_release(md);
 fail_hint:
     if (!err->hint[0])
-        kvli_hint(err, "pass the exact bytes kvl_metadata_get() produced on the remote agent "
-                       "(binary-safe transport, no text re-encoding)");
+        kvli_hint(err, "pass the exact bytes the remote agent's kvl_metadata_get() produced "
+                       "(Python: get_metadata(), or get_agent_metadata() through nixl), "
+                       "through a binary-safe transport, without text re-encoding");
     return KVL_ERR_BAD_METADATA;
 }
 
