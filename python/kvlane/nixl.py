@@ -320,7 +320,10 @@ class nixlRegDList(_DescList):
     def __init__(self, mem_type, descs=0):
         self.mem_type = _mem(mem_type)
         self.report = None
-        if isinstance(descs, int):
+        if type(descs) is list:     # engines' shape, first
+            _check_width(descs, 4, "registration")
+            self._descs = list(descs)
+        elif isinstance(descs, int):
             self._descs = []
         else:
             self._descs = _reg_rows(descs)
@@ -547,7 +550,7 @@ def _add_xfer_rows(dl, descs, kind):
 
 
 def _reg_rows(descs):
-    if type(descs) is not list and _is_ndarray(descs):
+    if _is_ndarray(descs):
         return _array_rows(descs, "registration")
     if not isinstance(descs, (list, tuple)):
         raise InvalidArgument(f"registration descriptors: a list of (addr, len, dev, meta) "
@@ -993,8 +996,8 @@ class nixl_agent:
     # ---- memory ----
     def register_memory(self, reg_list, mem_type=None, backends=_EMPTY, *, is_sorted=False):
         descs = self.get_reg_descs(reg_list, mem_type)
-        bk = self._bk(backends, "register_memory")
-        if descs.descCount() == 0:
+        bk = None if backends is _EMPTY else self._bk(backends, "register_memory")
+        if len(descs._descs) == 0:
             return descs
         rows, opened = descs._descs, []
         if descs.mem_type == "FILE":
@@ -1012,8 +1015,9 @@ class nixl_agent:
 
     def deregister_memory(self, dereg_list, backends=_EMPTY):
         descs = self.get_reg_descs(dereg_list)
-        self._bk(backends, "deregister_memory")
-        if descs.descCount() == 0:
+        if backends is not _EMPTY:
+            self._bk(backends, "deregister_memory")
+        if len(descs._descs) == 0:
             return
         rows, closing = descs._descs, []
         if descs.mem_type == "FILE" and self._path_fds:
