@@ -715,9 +715,9 @@ static int kvli_shm_inline_ok(kvli_shm_iface_t *iface, const kvl_bk_xfer_t *x,
 /*
  * inline_max=auto: a worker ran xp, queued to it while the backend was
  * idle, from start_ns to end_ns. The wake-up it waited and the rate it
- * copied at move the bound (kvli_shm_inline_bound); a change to half or
- * double the bound last logged is logged at debug level. Relaxed atomics: workers may race,
- * and a lost sample only delays the average.
+ * copied at move the bound (kvli_shm_inline_bound); a bound half or double
+ * the one last logged is logged at debug level. Relaxed atomics: workers
+ * may race, and a lost sample only delays the average.
  */
 static void kvli_shm_learn(kvli_shm_iface_t *iface, const kvli_shm_xpriv_t *xp,
                            uint64_t start_ns, uint64_t end_ns)
