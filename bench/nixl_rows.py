@@ -401,42 +401,37 @@ class Bench:
         ts.sort()
         return {"lat_p50": ts[len(ts) // 2] / 1e3, "lat_p99": ts[len(ts) * 99 // 100] / 1e3}
 
-    # -- row 5: one region of 1 MiB
-    def reg1(self):
+    def _reg_dereg(self, descs, times, warm):
+        """Median ns of register_memory(descs) and of deregistering what it
+        returned, over `times` pairs after `warm` untimed ones."""
         a = self.agent
-        if not hasattr(self, "mib"):
-            self.mib = np.ones(MiB, np.uint8)
-        descs = [(self.mib.ctypes.data, MiB, 0, "")]
         r, d = [], []
-        for i in range(520):
+        for i in range(warm + times):
             t0 = time.perf_counter_ns()
             reg = a.register_memory(descs, "DRAM")
             t1 = time.perf_counter_ns()
             a.deregister_memory(reg)
             t2 = time.perf_counter_ns()
-            if i >= 20:
+            if i >= warm:
                 r.append(t1 - t0)
                 d.append(t2 - t1)
-        return {"reg1": statistics.median(r) / 1e3, "dereg1": statistics.median(d) / 1e3}
+        return statistics.median(r), statistics.median(d)
+
+    # -- row 5: one region of 1 MiB
+    def reg1(self):
+        if not hasattr(self, "mib"):
+            self.mib = np.ones(MiB, np.uint8)
+        r, d = self._reg_dereg([(self.mib.ctypes.data, MiB, 0, "")], 500, 20)
+        return {"reg1": r / 1e3, "dereg1": d / 1e3}
 
     # -- row 6: 1000 regions in one call
     def reg1000(self):
-        a = self.agent
         if not hasattr(self, "thousand"):
             self.thousand = np.ones(1000 * 8 * KiB, np.uint8)
         base = self.thousand.ctypes.data
         descs = [(base + i * 8 * KiB, 4 * KiB, 0, "") for i in range(1000)]
-        r, d = [], []
-        for i in range(11):
-            t0 = time.perf_counter_ns()
-            reg = a.register_memory(descs, "DRAM")
-            t1 = time.perf_counter_ns()
-            a.deregister_memory(reg)
-            t2 = time.perf_counter_ns()
-            if i:
-                r.append(t1 - t0)
-                d.append(t2 - t1)
-        return {"reg1000": statistics.median(r) / 1e6, "dereg1000": statistics.median(d) / 1e6}
+        r, d = self._reg_dereg(descs, 10, 1)
+        return {"reg1000": r / 1e6, "dereg1000": d / 1e6}
 
     # -- row 7: make_prepped_xfer of 1024 descriptors, alone
     def make(self):
