@@ -685,7 +685,7 @@ static uint64_t kvli_shm_inline_limit(kvli_shm_iface_t *iface)
  * are the samples of inline_max=auto (larger ones are not: the segment
  * walk below would cost more than it tells). */
 #define KVLI_SHM_LEARN_BYTES (8ull << 20)
-#define KVLI_SHM_LEARN_SEGS 4096u
+#define KVLI_SHM_LEARN_SEGS 1024u
 #define KVLI_SHM_LEARN_WAKE_NS 250000u
 
 /*
