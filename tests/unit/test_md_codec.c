@@ -136,7 +136,8 @@ static void expect_refused(wb_t *w, const char *want)
         KT_CHECK(0);
     }
     KT_CHECK(out.regions == NULL && out.n_regions == 0); /* nothing to free */
-    KT_CHECK(strstr(err.hint, "pass the exact bytes the remote agent's kvl_metadata_get() produced") == err.hint);
+    KT_CHECK(strstr(err.hint, "pass the exact bytes the remote agent's kvl_metadata_get() "
+                              "produced") == err.hint);
     free(w->p);
 }
 
