@@ -58,21 +58,22 @@ static inline uint64_t kvl_bk_file_offset(uint64_t addr)
 }
 
 /*
- * A registration detail that is a constant string: copied, cut to fit,
- * without snprintf (three times slower in processes that load libquadmath,
- * as NumPy's BLAS does through libgfortran: its printf handlers send every
- * format down glibc's slow path).
+ * Copy src (NULL: "") into dst of cap bytes, cut to fit, NUL-terminated:
+ * for constant texts such as a registration's detail, instead of
+ * snprintf("%s"), which is three times slower in processes that load
+ * libquadmath, as NumPy's BLAS does through libgfortran (its printf
+ * handlers send every format down glibc's slow path). The core's
+ * kvli_scopy is this.
  */
-static inline void kvl_bk_detail_str(char *detail, size_t detail_len, const char *s)
+static inline void kvl_bk_scopy(char *dst, size_t cap, const char *src)
 {
-    size_t n = 0;
-    if (detail == NULL || detail_len == 0)
+    size_t n;
+    if (dst == NULL || cap == 0)
         return;
-    while (n + 1 < detail_len && s[n] != '\0') {
-        detail[n] = s[n];
-        n++;
-    }
-    detail[n] = '\0';
+    n = src ? strnlen(src, cap - 1) : 0;
+    if (n)
+        memcpy(dst, src, n);
+    dst[n] = '\0';
 }
 
 /* A registered range as the core sees it. */

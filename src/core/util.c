@@ -83,13 +83,7 @@ bool kvli_add_overflows(uint64_t a, uint64_t b)
 
 void kvli_scopy(char *dst, size_t cap, const char *src)
 {
-    size_t n;
-    if (cap == 0)
-        return;
-    n = src ? strnlen(src, cap - 1) : 0;
-    if (n)
-        memcpy(dst, src, n);
-    dst[n] = '\0';
+    kvl_bk_scopy(dst, cap, src);
 }
 
 /*

@@ -13,14 +13,17 @@ NIXL_PATH = os.environ.get("KVL_NIXL_PATH") or os.path.join(
     os.environ.get("KVL_BUILD", os.path.join(SRC, "build")), "python-nixl")
 
 
-def test_nixl_rows_smoke(tmp_path):
+def _run(*args, timeout):
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([NIXL_PATH, env.get("PYTHONPATH", "")])
+    return subprocess.run([sys.executable, os.path.join(SRC, "bench", "nixl_rows.py"), *args],
+                          capture_output=True, timeout=timeout, env=env)
+
+
+def test_nixl_rows_smoke(tmp_path):
     out_json = tmp_path / "rows.json"
-    r = subprocess.run([sys.executable, os.path.join(SRC, "bench", "nixl_rows.py"),
-                        "--rows", "write4k,kv,reg1,descs", "--rounds", "1",
-                        "--json", str(out_json)],
-                       capture_output=True, timeout=300, env=env)
+    r = _run("--rows", "write4k,kv,reg1,descs", "--rounds", "1", "--json", str(out_json),
+             timeout=300)
     out = r.stdout.decode()
     assert r.returncode == 0, out + r.stderr.decode()
     assert "all landed" in out
@@ -33,9 +36,6 @@ def test_nixl_rows_smoke(tmp_path):
 
 
 def test_nixl_rows_refuses_unknown_row():
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([NIXL_PATH, env.get("PYTHONPATH", "")])
-    r = subprocess.run([sys.executable, os.path.join(SRC, "bench", "nixl_rows.py"),
-                        "--rows", "nosuchrow"], capture_output=True, timeout=60, env=env)
+    r = _run("--rows", "nosuchrow", timeout=60)
     assert r.returncode != 0
     assert b"nosuchrow" in r.stdout + r.stderr

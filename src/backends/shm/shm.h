@@ -248,8 +248,9 @@ struct kvli_shm_iface {
     kvli_shm_worker_t *workers;
     /* Small transfers run in the poster's thread (inline_max bytes at most,
      * 0: never), one at a time, with this worker's arrays. inline_max=auto
-     * (inline_adapt): the bound is inline_auto, learnt from the transfers
-     * handed to the workers while the backend was idle (kvli_shm_learn). */
+     * (inline_adapt): the bound is inline_auto instead, learnt from the
+     * transfers handed to the workers while the backend was idle
+     * (kvli_shm_learn). */
     uint64_t inline_max;
     int inline_adapt;
     _Atomic uint64_t inline_auto;    /* bytes */

@@ -256,7 +256,7 @@ static kvl_status_t kvli_shm_parse_params(kvli_shm_iface_t *iface,
         } else if (strcmp(k, "socket_dir") == 0) {
             *dir_p = v;
         } else if (strcmp(k, "inline_max") == 0) {
-            uint64_t b = KVLI_SHM_INLINE_CAP;
+            uint64_t b = 0;
             iface->inline_adapt = strcmp(v, "auto") == 0;
             if (!iface->inline_adapt && (kvli_shm_parse_bytes(v, &b) != 0 || b > (16ull << 20))) {
                 kvl_bk_error_set(err, KVL_ERR_INVALID_ARG, 0, KVLI_SHM_NAME, -1,
@@ -392,7 +392,6 @@ static kvl_status_t kvli_shm_open(kvl_bk_ctx_t *ctx, const kvl_param_t *params,
     iface->listen_fd = -1;
     kvli_progress_init(&iface->pg, ctx, KVLI_SHM_NAME);
     iface->nworkers = ctx->workers ? ctx->workers : 1;
-    iface->inline_max = KVLI_SHM_INLINE_CAP;
     iface->inline_adapt = 1;
     atomic_init(&iface->inline_auto, KVLI_SHM_INLINE_MIN);
     atomic_init(&iface->wake_ns, 0);

@@ -70,7 +70,7 @@ kvl_status_t kvli_shm_md_reg(void *bk, const kvl_region_info_t *r, void **mh_p,
         free(mh);
         return st;
     }
-    kvl_bk_detail_str(detail, detail_len, mh->shareable ? "mmap (shareable allocation)"
+    kvl_bk_scopy(detail, detail_len, mh->shareable ? "mmap (shareable allocation)"
                                                         : "cma (cross-memory attach)");
     *mh_p = mh;
     return KVL_OK;

@@ -674,11 +674,8 @@ static void kvli_shm_finish(kvli_shm_iface_t *iface, kvli_shm_xpriv_t *xp,
 /* The most bytes a transfer may have to run in the poster's thread. */
 static uint64_t kvli_shm_inline_limit(kvli_shm_iface_t *iface)
 {
-    uint64_t learnt;
-    if (!iface->inline_adapt)
-        return iface->inline_max;
-    learnt = atomic_load_explicit(&iface->inline_auto, memory_order_relaxed);
-    return learnt < iface->inline_max ? learnt : iface->inline_max;
+    return iface->inline_adapt ? atomic_load_explicit(&iface->inline_auto, memory_order_relaxed)
+                               : iface->inline_max;
 }
 
 /* Transfers up to this size and segment count, handed to idle workers,

@@ -65,7 +65,7 @@ kvl_status_t kvli_tcp_md_reg(void *bk, const kvl_region_info_t *r, void **mh_p, 
     mh->dev = r->dev;
     if (staged) /* buffers now, not in the first transfer */
         kvli_bounce_expect(&iface->bounce, &iface->pg);
-    kvl_bk_detail_str(detail, detail_len, staged
+    kvl_bk_scopy(detail, detail_len, staged
                       ? "staged: VRAM <-> pinned host buffers (CUDA copies) <-> socket, pipelined"
                       : "socket (sendmsg/recvmsg from/into this memory)");
     *mh_p = mh;
