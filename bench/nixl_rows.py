@@ -8,7 +8,7 @@ figure that BASELINES.md records: a constant, measured elsewhere (2-vCPU VM,
 NIXL 1.4 with UCX 1.22), never in this run.
 
     PYTHONPATH=build/python-nixl:build/python python3 bench/nixl_rows.py \\
-        [--rows 1,kv,lat] [--rounds N] [--big-gib G] [--json FILE]
+        [--rows 1,kv,lat] [--rounds N] [--big-gib G] [--json FILE] [--ucx-param K=V]
 
 Two processes on one host, DRAM (NumPy buffers), NIXL's default
 configuration (backends=["UCX"]). This script starts its peer (the target
@@ -256,7 +256,12 @@ class Bench:
     def __init__(self, api, sel, args):
         self.api, self.sel, self.args = api, sel, args
         self.rng = np.random.default_rng(18)
-        self.agent = api.nixl_agent("rows-init", api.nixl_agent_config(backends=["UCX"]))
+        if args.ucx_param:
+            # backends=[] then create_backend("UCX", params): how an engine passes them
+            self.agent = api.nixl_agent("rows-init", api.nixl_agent_config(backends=[]))
+            self.agent.create_backend("UCX", dict(args.ucx_param))
+        else:
+            self.agent = api.nixl_agent("rows-init", api.nixl_agent_config(backends=["UCX"]))
         self.peer = None
         self.backend = None
         self.lists = {}
@@ -553,6 +558,10 @@ def main():
     ap.add_argument("--big-gib", type=float, default=4.0,
                     help="size of row 9's registration in GiB (default 4)")
     ap.add_argument("--json", metavar="FILE", help="also write the rows to FILE as JSON")
+    ap.add_argument("--ucx-param", metavar="KEY=VALUE", action="append", default=[],
+                    help="this side's UCX backend parameter, repeatable (with kvlane's "
+                    "package e.g. cuda.pin_host=sync); the agent then starts with "
+                    "backends=[] and create_backend(\"UCX\", {...})")
     ap.add_argument("--peer", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--peer-bytes", type=int, help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -561,6 +570,11 @@ def main():
     if args.rounds < 1:
         ap.error("--rounds must be at least 1")
     sel = parse_rows(args.rows, ap.error)
+    for i, kv in enumerate(args.ucx_param):
+        k, eq, v = kv.partition("=")
+        if not k or not eq:
+            ap.error(f"--ucx-param {kv!r}: expected KEY=VALUE")
+        args.ucx_param[i] = (k, v)
 
     import nixl
     import nixl._api as api
@@ -569,6 +583,9 @@ def main():
     print(f"      nixl._api {api.__file__}; nixl_agent from {api.nixl_agent.__module__}; "
           + (f"kvlane {shim} (kvlane's package, not NIXL)" if shim else
              f"version {getattr(nixl, '__version__', '?')}"))
+    if args.ucx_param:
+        print("UCX backend parameters (this side): "
+              + ", ".join(f"{k}={v}" for k, v in args.ucx_param))
     print(f"host: {os.cpu_count()} CPUs, load {' '.join(f'{x:.2f}' for x in os.getloadavg())}, "
           f"python {sys.version.split()[0]}, numpy {np.__version__}")
 

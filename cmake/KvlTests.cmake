@@ -105,14 +105,17 @@ foreach(_kind unit integration)
 endforeach()
 
 # ---- a stand-in CUDA driver and libcufile (tests/fakes/fake_gpu.c) ---------
-# for test_posix_gds_fake: GPUDirect Storage's code path without a GPU.
+# for test_posix_gds_fake (GPUDirect Storage's code path without a GPU) and
+# test_cuda_pin_fake (the cuda backend pinning host memory).
 add_library(kvl_fake_gpu MODULE "${CMAKE_SOURCE_DIR}/tests/fakes/fake_gpu.c")
 set_target_properties(kvl_fake_gpu PROPERTIES LIBRARY_OUTPUT_DIRECTORY "${CMAKE_BINARY_DIR}/tests")
 target_compile_options(kvl_fake_gpu PRIVATE -Wno-missing-prototypes)
 target_link_libraries(kvl_fake_gpu PRIVATE Threads::Threads)
-if(TARGET test_posix_gds_fake)
-  add_dependencies(test_posix_gds_fake kvl_fake_gpu)
-endif()
+foreach(_t test_posix_gds_fake test_cuda_pin_fake)
+  if(TARGET ${_t})
+    add_dependencies(${_t} kvl_fake_gpu)
+  endif()
+endforeach()
 
 # ---- shell integration tests ----------------------------------------------
 file(GLOB _sh CONFIGURE_DEPENDS "${CMAKE_SOURCE_DIR}/tests/integration/test_*.sh")

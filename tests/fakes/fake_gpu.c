@@ -15,7 +15,10 @@
  *   io_fail      cuFileRead/Write fail (CU_FILE_IO_ERROR)
  *   read_zero    cuFileRead returns 0 (the end of the file)
  *   half         cuFileRead/Write move half of what is asked (4 KiB multiples)
- * kvl_fake_gpu_stats() counts the calls.
+ *   hostreg_fail cuMemHostRegister fails (CUDA_ERROR_OUT_OF_MEMORY)
+ * kvl_fake_gpu_stats() counts the calls; kvl_fake_gpu_hostreg() tells the
+ * page-locked host ranges and kvl_fake_gpu_gate() holds cuMemHostRegister
+ * (test_cuda_pin_fake).
  */
 #include <fcntl.h>
 #include <pthread.h>
@@ -60,6 +63,14 @@ static int find(dptr_t p, size_t len)
     return -1;
 }
 
+/* Host registration: the live page-locked ranges; cuMemHostRegister fails
+ * under "hostreg_fail" and waits while the gate is shut (kvl_fake_gpu_gate). */
+enum { MAXH = 2048 };
+static struct { uintptr_t base; size_t size; } hregs[MAXH];
+static long hreg_calls, hreg_done, hunreg_done, hreg_waiting;
+static int hgate_shut;
+static pthread_cond_t hgate_cond = PTHREAD_COND_INITIALIZER;
+
 /* ---- the CUDA driver ---- */
 int cuInit(unsigned f) { (void)f; return 0; }
 int cuDriverGetVersion(int *v) { *v = 13000; return 0; }
@@ -91,8 +102,15 @@ int cuCtxPopCurrent_v2(void **c)
 int cuPointerGetAttribute(void *data, int attr, dptr_t p)
 {
     pthread_mutex_lock(&lock);
-    int i = find(p, 1);
+    int i = find(p, 1), host = 0;
+    for (int h = 0; i < 0 && h < MAXH; h++)
+        host |= hregs[h].size && p >= hregs[h].base && p < hregs[h].base + hregs[h].size;
     pthread_mutex_unlock(&lock);
+    if (host) { /* page-locked host memory: MEMORY_TYPE HOST, the rest zero */
+        uint64_t v = attr == 2 ? 1 : 0;
+        memcpy(data, &v, attr == 1 || attr == 7 || attr == 11 || attr == 12 ? 8 : 4);
+        return 0;
+    }
     if (i < 0)
         return 1; /* CUDA_ERROR_INVALID_VALUE: not CUDA memory */
     uint64_t v = 0;
@@ -155,8 +173,76 @@ int cuMemHostAlloc(void **p, size_t n, unsigned f)
     return *p ? 0 : 2;
 }
 int cuMemFreeHost(void *p) { free(p); return 0; }
-int cuMemHostRegister_v2(void *p, size_t n, unsigned f) { (void)p, (void)n, (void)f; return 801; }
-int cuMemHostUnregister(void *p) { (void)p; return 801; }
+void kvl_fake_gpu_gate(int shut)
+{
+    pthread_mutex_lock(&lock);
+    hgate_shut = shut;
+    pthread_cond_broadcast(&hgate_cond);
+    pthread_mutex_unlock(&lock);
+}
+
+/* out: calls, pinned, unpinned, waiting at the gate, live ranges; and
+ * whether [p, p+1) lies in a live range */
+int kvl_fake_gpu_hostreg(long out[5], const void *p)
+{
+    int in = 0;
+    long live = 0;
+    pthread_mutex_lock(&lock);
+    for (int i = 0; i < MAXH; i++)
+        if (hregs[i].size) {
+            live++;
+            if ((uintptr_t)p >= hregs[i].base && (uintptr_t)p < hregs[i].base + hregs[i].size)
+                in = 1;
+        }
+    out[0] = hreg_calls, out[1] = hreg_done, out[2] = hunreg_done, out[3] = hreg_waiting;
+    out[4] = live;
+    pthread_mutex_unlock(&lock);
+    return in;
+}
+
+int cuMemHostRegister_v2(void *p, size_t n, unsigned f)
+{
+    uintptr_t b = (uintptr_t)p;
+    int r = 0, slot = -1;
+    (void)f;
+    pthread_mutex_lock(&lock);
+    hreg_calls++;
+    hreg_waiting++;
+    while (hgate_shut)
+        pthread_cond_wait(&hgate_cond, &lock);
+    hreg_waiting--;
+    for (int i = 0; i < MAXH; i++) {
+        if (hregs[i].size == 0 && slot < 0)
+            slot = i;
+        if (hregs[i].size && b < hregs[i].base + hregs[i].size && hregs[i].base < b + n)
+            r = 712; /* CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED */
+    }
+    if (mode("hostreg_fail") || n == 0)
+        r = 2; /* CUDA_ERROR_OUT_OF_MEMORY */
+    else if (r == 0 && slot < 0)
+        r = 2;
+    if (r == 0) {
+        hregs[slot].base = b, hregs[slot].size = n;
+        hreg_done++;
+    }
+    pthread_mutex_unlock(&lock);
+    return r;
+}
+
+int cuMemHostUnregister(void *p)
+{
+    int r = 713; /* CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED */
+    pthread_mutex_lock(&lock);
+    for (int i = 0; i < MAXH; i++)
+        if (hregs[i].size && hregs[i].base == (uintptr_t)p) {
+            hregs[i].size = 0;
+            hunreg_done++;
+            r = 0;
+            break;
+        }
+    pthread_mutex_unlock(&lock);
+    return r;
+}
 int cuMemcpyAsync(dptr_t d, dptr_t s, size_t n, void *st)
 {
     (void)st;

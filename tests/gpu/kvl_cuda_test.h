@@ -48,6 +48,7 @@ typedef struct kt_cuda {
     kt_cu_res (*MemsetD8)(kt_cu_ptr, unsigned char, size_t);
     kt_cu_res (*MemHostAlloc)(void **, size_t, unsigned);
     kt_cu_res (*MemFreeHost)(void *);
+    kt_cu_res (*MemHostGetFlags)(unsigned *, void *); /* 0: the address is page-locked */
     kt_cu_res (*MemCreate)(unsigned long long *, size_t, const kt_cu_prop *, unsigned long long);
     kt_cu_res (*MemRelease)(unsigned long long);
     kt_cu_res (*MemAddressReserve)(kt_cu_ptr *, size_t, size_t, kt_cu_ptr, unsigned long long);
@@ -105,6 +106,7 @@ static inline int kt_cuda_open(kt_cuda_t *c, char *why, size_t cap)
     KT_SYM(MemsetD8, "cuMemsetD8_v2");
     KT_SYM(MemHostAlloc, "cuMemHostAlloc");
     KT_SYM(MemFreeHost, "cuMemFreeHost");
+    KT_SYM(MemHostGetFlags, "cuMemHostGetFlags");
     KT_SYM(MemCreate, "cuMemCreate");
     KT_SYM(MemRelease, "cuMemRelease");
     KT_SYM(MemAddressReserve, "cuMemAddressReserve");

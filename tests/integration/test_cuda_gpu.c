@@ -6,7 +6,9 @@
  * built), notifications only after the data, cancel truth. One process:
  * wrong declared device, a range crossing its allocation, freed memory (at
  * registration and at post), pinned host memory classified as DRAM,
- * registration and a transfer with no current context on the thread.
+ * registration and a transfer with no current context on the thread,
+ * pageable host memory pinned in the background (pin_host=auto) and
+ * unlocked by its deregistration.
  * Requests as engines make them: prepared lists of 16 KiB blocks, the first
  * indexed transfer right after preparation, then many new transfers of
  * random tables (16 to 4096 pairs, READ and WRITE), every byte checked
@@ -484,6 +486,83 @@ static int run_pair(int scn)
 }
 
 /* ---- one process: registration checks ---- */
+/* Whether the driver knows p as page-locked host memory. */
+static int page_locked(void *p)
+{
+    unsigned fl;
+    return cu.MemHostGetFlags(&fl, p) == 0;
+}
+
+/* pin_host=auto (the default): pageable host memory registered and moved to
+ * the GPU at once (before or after its pin lands: the same bytes), pinned
+ * by the backend's pin thread, unlocked when the deregistration returns; 64
+ * rounds of register + deregister leave nothing locked. */
+static void pin_checks(void)
+{
+    const size_t hl = 64 * MB;
+    unsigned char *h = aligned_alloc(4096, hl), *back = malloc(hl);
+    KT_CHECK(h != NULL && back != NULL);
+    for (size_t i = 0; i < hl; i++)
+        h[i] = (unsigned char)(i * 7 + 3);
+    kvl_agent_t *a = mk_agent("pinner"), *b = mk_agent("tgt");
+    kt_cu_ptr d;
+    KT_CHECK(cu.MemAlloc(&d, hl) == 0);
+    reg(b, d, hl, KVL_MEM_VRAM, 0);
+    kvl_mem_desc_t hm = {(uint64_t)(uintptr_t)h, hl, KVL_DEV_ANY};
+    kvl_reg_params_t hp = {.field_mask = KVL_REG_PARAM_KIND, .kind = KVL_MEM_DRAM};
+    kvl_reg_report_t *rep = NULL;
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    KT_OK(kvl_mem_register(a, &hm, 1, &hp, &rep));
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    char text[4096];
+    kvl_reg_report_render(rep, text, sizeof(text));
+    printf("%sregistering 64 MiB of pageable host memory took %.1f us\n", text,
+           (double)(t1.tv_sec - t0.tv_sec) * 1e6 + (double)(t1.tv_nsec - t0.tv_nsec) / 1e3);
+    KT_CHECK(strstr(text, "pinned by cuMemHostRegister in the background") != NULL);
+    kvl_reg_report_free(rep);
+    void *blob;
+    size_t bl;
+    char nm[64];
+    KT_OK(kvl_metadata_get(b, &blob, &bl));
+    KT_OK(kvl_metadata_load(a, blob, bl, nm, sizeof(nm)));
+    kvl_free(blob);
+    kvl_dlist_t *l, *r;
+    KT_OK(kvl_dlist_create(KVL_MEM_DRAM, 1, &l));
+    KT_OK(kvl_dlist_create(KVL_MEM_VRAM, 1, &r));
+    KT_OK(kvl_dlist_add(l, hm.addr, hl, KVL_DEV_ANY));
+    KT_OK(kvl_dlist_add(r, d, hl, KVL_DEV_ANY));
+    kvl_xfer_t *x = mkx(a, KVL_WRITE, l, r, NULL);
+    run_x(x, "WRITE host -> GPU right after registering");
+    KT_CHECK(cu.MemcpyDtoH(back, d, hl) == 0);
+    KT_CHECK(memcmp(back, h, hl) == 0);
+    for (int i = 0; i < 60000 && !page_locked(h); i++)
+        usleep(1000);
+    KT_CHECK(page_locked(h) && page_locked(h + hl - 1));
+    memset(back, 0, hl);
+    KT_CHECK(cu.MemcpyHtoD(d, back, hl) == 0);
+    run_x(x, "WRITE host -> GPU, pinned");
+    KT_CHECK(cu.MemcpyDtoH(back, d, hl) == 0);
+    KT_CHECK(memcmp(back, h, hl) == 0);
+    kvl_xfer_release(x);
+    KT_OK(kvl_mem_deregister(a, &hm, 1));
+    KT_CHECK(!page_locked(h));
+    for (int i = 0; i < 64; i++) {
+        KT_OK(kvl_mem_register(a, &hm, 1, &hp, NULL));
+        KT_OK(kvl_mem_deregister(a, &hm, 1));
+        KT_CHECK(!page_locked(h) && !page_locked(h + hl - 1));
+    }
+    printf("pin_host=auto: copied before and after the pin, unlocked at deregistration, "
+           "64 register/deregister rounds left nothing locked\n");
+    kvl_dlist_destroy(l);
+    kvl_dlist_destroy(r);
+    kvl_agent_destroy(a);
+    kvl_agent_destroy(b);
+    KT_CHECK(cu.MemFree(d) == 0);
+    free(h);
+    free(back);
+}
+
 static void local_checks(void)
 {
     kt_cu_ptr d, d2, gone;
@@ -530,6 +609,8 @@ static void local_checks(void)
     printf("%s", text);
     KT_CHECK(strstr(text, "pinned host memory") != NULL);
     kvl_reg_report_free(rep);
+
+    pin_checks();
 
     /* freed while registered: refused at post, no crash (same-process peer).
      * Registration and the transfer run with NO current context on this

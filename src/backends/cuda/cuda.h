@@ -265,11 +265,27 @@ typedef struct kvli_cuda_mh {
     CUipcMemHandle ipc;              /* legacy */
     int pinned_here;                 /* host: we called cuMemHostRegister */
     uint64_t pin_base, pin_len;
+    int pin_async;                   /* host: handed to the pin thread (cuda_pin.c) */
+    int pin_state;                   /* KVLI_CUDA_PIN_* (iface->pin_lock) */
+    struct kvli_cuda_mh *pin_prev, *pin_next; /* the pin queue (iface->pin_lock) */
     uint64_t shm_id, shm_off, shm_size;
 } kvli_cuda_mh_t;
 
 typedef struct kvli_cuda_iface kvli_cuda_iface_t;
 typedef struct kvli_cuda_peer kvli_cuda_peer_t;
+
+/* ---- pinning registered host memory (cuda_pin.c) ---- */
+enum { KVLI_CUDA_PINH_OFF = 0, KVLI_CUDA_PINH_AUTO = 1, KVLI_CUDA_PINH_SYNC = 2 }; /* pin_host */
+enum { KVLI_CUDA_PIN_NONE = 0, KVLI_CUDA_PIN_QUEUED = 1, KVLI_CUDA_PIN_BUSY = 2 };
+
+void kvli_cuda_pin_init(kvli_cuda_iface_t *iface);
+/* Stop and join the pin thread (after every region is deregistered). */
+void kvli_cuda_pin_fini(kvli_cuda_iface_t *iface);
+/* Pin a pageable host region as pin_host says (auto: queue it; sync: now);
+ * what became of it in det. */
+void kvli_cuda_pin_host(kvli_cuda_iface_t *iface, kvli_cuda_mh_t *mh, char *det, size_t dl);
+/* At deregistration: dequeue, or wait for the pin in progress, then unpin. */
+void kvli_cuda_pin_drop(kvli_cuda_iface_t *iface, kvli_cuda_mh_t *mh);
 
 /* A peer's memory mapped here, shared by its regions (legacy, memfd). */
 typedef struct kvli_cuda_map {
@@ -558,7 +574,7 @@ struct kvli_cuda_iface {
     kvl_bk_ctx_t *ctx;
     const kvli_cuda_drv_t *drv;
     uint64_t timeout_ms;
-    int pin_host;                    /* param pin_host=auto|off */
+    int pin_host;                    /* param pin_host: KVLI_CUDA_PINH_* */
     int kernel_off;                  /* param kernel=auto|off */
     char boot_id[40];
     struct sockaddr_un addr;
@@ -577,6 +593,12 @@ struct kvli_cuda_iface {
     kvli_cuda_devres_t dres[KVLI_CUDA_MAX_DEVICES];
     uint8_t *scratch;
     size_t scratch_len;
+    /* pin_host=auto: the pin thread and its queue (cuda_pin.c) */
+    pthread_mutex_t pin_lock;
+    pthread_cond_t pin_cond;
+    kvli_cuda_mh_t *pin_head, *pin_tail;
+    pthread_t pin_thread;
+    int pin_started, pin_stop;
 };
 
 kvl_status_t kvli_cuda_xfer_post(void *bk, kvl_bk_xfer_t *x, kvl_error_t *err);

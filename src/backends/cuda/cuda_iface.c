@@ -148,28 +148,31 @@ static void kvli_cuda_probe(void (*report)(void *arg, const char *check, int sta
 static kvl_status_t kvli_cuda_parse_params(kvli_cuda_iface_t *iface, const kvl_param_t *params,
                                            size_t n, kvl_error_t *err)
 {
-    iface->pin_host = 1;
+    iface->pin_host = KVLI_CUDA_PINH_AUTO;
     for (size_t i = 0; i < n && params != NULL && params[i].key != NULL; i++) {
         const char *k = params[i].key, *v = params[i].value ? params[i].value : "";
-        int *slot = strcmp(k, "pin_host") == 0 ? &iface->pin_host
-                    : strcmp(k, "kernel") == 0 ? &iface->kernel_off : NULL;
-        if (slot == NULL) {
+        int pin = strcmp(k, "pin_host") == 0;
+        if (!pin && strcmp(k, "kernel") != 0) {
             kvl_bk_error_set(err, KVL_ERR_INVALID_ARG, 0, KVLI_CUDA_NAME, -1,
                              "unknown parameter \"%.64s\" (the cuda backend knows: pin_host, "
                              "kernel)", k);
             kvl_bk_error_hint(err, "remove it or fix its spelling");
             return KVL_ERR_INVALID_ARG;
         }
-        if (strcmp(v, "auto") != 0 && strcmp(v, "off") != 0) {
+        if (strcmp(v, "auto") != 0 && strcmp(v, "off") != 0 && !(pin && strcmp(v, "sync") == 0)) {
             kvl_bk_error_set(err, KVL_ERR_INVALID_ARG, 0, KVLI_CUDA_NAME, -1,
-                             "parameter %s=\"%.64s\" is not one of auto, off", k, v);
+                             "parameter %s=\"%.64s\" is not one of %s", k, v,
+                             pin ? "auto, sync, off" : "auto, off");
             kvl_bk_error_hint(err, "pin_host=auto pins registered host memory "
-                              "(cuMemHostRegister); kernel=auto uses the gather kernel for "
-                              "many small GPU blocks");
+                              "(cuMemHostRegister) in the background, sync in the registering "
+                              "call; kernel=auto uses the gather kernel for many small GPU "
+                              "blocks");
             return KVL_ERR_INVALID_ARG;
         }
-        if (slot == &iface->pin_host)
-            iface->pin_host = strcmp(v, "auto") == 0;
+        if (pin)
+            iface->pin_host = strcmp(v, "auto") == 0   ? KVLI_CUDA_PINH_AUTO
+                              : strcmp(v, "sync") == 0 ? KVLI_CUDA_PINH_SYNC
+                                                       : KVLI_CUDA_PINH_OFF;
         else
             iface->kernel_off = strcmp(v, "off") == 0;
     }
@@ -220,6 +223,7 @@ static kvl_status_t kvli_cuda_open(kvl_bk_ctx_t *ctx, const kvl_param_t *params,
         return KVL_ERR_SYSTEM;
     }
     kvli_lock_init(&iface->lock, &iface->cond);
+    kvli_cuda_pin_init(iface);
     iface->scratch_len = KVLI_CUDA_SCRATCH;
     iface->scratch = malloc(iface->scratch_len);
     if (iface->scratch == NULL) {
@@ -257,6 +261,7 @@ static void kvli_cuda_close(void *bk)
     if (iface == NULL)
         return;
     kvli_progress_stop(&iface->pg);
+    kvli_cuda_pin_fini(iface);
     /* The core released peers, regions and transfers first; guard leaks. */
     while (iface->peers != NULL)
         kvli_cuda_chan_peer_unload(iface, iface->peers);

@@ -373,7 +373,7 @@ kvl_status_t kvli_cuda_md_reg(void *bk, const kvl_region_info_t *r, void **mh_p,
     const kvli_cuda_drv_t *d = iface->drv;
     kvli_cuda_mh_t *mh;
     kvl_status_t st;
-    char eb[160], det[384] = "";
+    char det[384] = "";
 
     if (r == NULL || mh_p == NULL || r->len == 0 || r->addr + r->len < r->addr) {
         kvl_bk_error_set(err, KVL_ERR_INVALID_ARG, 0, KVLI_CUDA_NAME, -1,
@@ -424,30 +424,7 @@ kvl_status_t kvli_cuda_md_reg(void *bk, const kvl_region_info_t *r, void **mh_p,
             snprintf(det, sizeof(det), "pageable host memory (pin_host=off): GPU copies are "
                      "staged by the driver");
         } else {
-            uint64_t ps = kvli_host_pagesize();
-            uint64_t b = r->addr & ~(ps - 1), e = (r->addr + r->len + ps - 1) & ~(ps - 1);
-            CUresult cr = kvli_cuda_drv_push(0);
-            if (cr == KVLI_CUDA_SUCCESS) {
-                cr = d->cuMemHostRegister((void *)(uintptr_t)b, (size_t)(e - b),
-                                          KVLI_CU_HOSTREG_PORTABLE | KVLI_CU_HOSTREG_DEVICEMAP);
-                kvli_cuda_drv_pop();
-            }
-            if (cr == KVLI_CUDA_SUCCESS) {
-                mh->pinned_here = 1;
-                mh->pin_base = b;
-                mh->pin_len = e - b;
-                snprintf(det, sizeof(det), "host memory pinned with cuMemHostRegister");
-            } else if (cr == KVLI_CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED) {
-                snprintf(det, sizeof(det), "host memory (a page-locked range overlaps it)");
-            } else {
-                iface->ctx->log(iface->ctx, KVL_LOG_WARN,
-                                "cuMemHostRegister(0x%" PRIx64 ", %" PRIu64 ") = %s: GPU copies "
-                                "of this region are staged by the driver (slower); check the "
-                                "locked-memory limit (ulimit -l)", b, e - b,
-                                kvli_cuda_drv_errstr(cr, eb, sizeof(eb)));
-                snprintf(det, sizeof(det), "pageable host memory (cuMemHostRegister = %.150s)",
-                         eb);
-            }
+            kvli_cuda_pin_host(iface, mh, det, sizeof(det));
         }
         if (mh->exportable)
             snprintf(det + strlen(det), sizeof(det) - strlen(det),
@@ -465,10 +442,7 @@ void kvli_cuda_md_dereg(void *bk, void *mh_h)
     kvli_cuda_mh_t *mh = mh_h;
     if (mh == NULL)
         return;
-    if (mh->pinned_here && kvli_cuda_drv_push(0) == KVLI_CUDA_SUCCESS) {
-        iface->drv->cuMemHostUnregister((void *)(uintptr_t)mh->pin_base);
-        kvli_cuda_drv_pop();
-    }
+    kvli_cuda_pin_drop(iface, mh);
     free(mh);
 }
 
