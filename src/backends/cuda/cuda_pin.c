@@ -119,7 +119,7 @@ void kvli_cuda_pin_host(kvli_cuda_iface_t *iface, kvli_cuda_mh_t *mh, char *det,
         if (!iface->pin_started && !iface->pin_stop &&
             (e = pthread_create(&iface->pin_thread, NULL, kvli_cuda_pin_main, iface)) == 0)
             iface->pin_started = 1;
-        if (iface->pin_started) {
+        if (iface->pin_started && !iface->pin_stop) {
             mh->pin_prev = iface->pin_tail;
             mh->pin_next = NULL;
             if (iface->pin_tail != NULL)
@@ -136,9 +136,10 @@ void kvli_cuda_pin_host(kvli_cuda_iface_t *iface, kvli_cuda_mh_t *mh, char *det,
             return;
         }
         pthread_mutex_unlock(&iface->pin_lock);
-        iface->ctx->log(iface->ctx, KVL_LOG_WARN, "pthread_create(pin thread) = %s (%s): "
-                        "host memory is pinned in the registering call (pin_host=sync)",
-                        kvli_errno_name(e), strerror(e));
+        if (e != 0)
+            iface->ctx->log(iface->ctx, KVL_LOG_WARN, "pthread_create(pin thread) = %s (%s): "
+                            "host memory is pinned in the registering call (pin_host=sync)",
+                            kvli_errno_name(e), strerror(e));
     }
     switch (kvli_cuda_pin_range(iface, mh, eb, sizeof(eb))) {
     case 0:
