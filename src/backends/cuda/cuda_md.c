@@ -415,14 +415,14 @@ kvl_status_t kvli_cuda_md_reg(void *bk, const kvl_region_info_t *r, void **mh_p,
             mh->shm_off = r->shm_off;
             mh->shm_size = r->shm_size;
         } else {
-            snprintf(mh->why_local, sizeof(mh->why_local),
-                     "host memory not from kvl_mem_alloc: peers' GPUs cannot map it");
+            kvl_bk_scopy(mh->why_local, sizeof(mh->why_local),
+                         "host memory not from kvl_mem_alloc: peers' GPUs cannot map it");
         }
         if (t == KVLI_CU_MEMTYPE_HOST) {
-            snprintf(det, sizeof(det), "pinned host memory (page-locked already)");
+            kvl_bk_scopy(det, sizeof(det), "pinned host memory (page-locked already)");
         } else if (!iface->pin_host) {
-            snprintf(det, sizeof(det), "pageable host memory (pin_host=off): GPU copies are "
-                     "staged by the driver");
+            kvl_bk_scopy(det, sizeof(det), "pageable host memory (pin_host=off): GPU copies are "
+                         "staged by the driver");
         } else {
             kvli_cuda_pin_host(iface, mh, det, sizeof(det));
         }
@@ -430,8 +430,7 @@ kvl_status_t kvli_cuda_md_reg(void *bk, const kvl_region_info_t *r, void **mh_p,
             snprintf(det + strlen(det), sizeof(det) - strlen(det),
                      "; shareable allocation: peers map it");
     }
-    if (detail != NULL && detail_len > 0)
-        snprintf(detail, detail_len, "%s", det);
+    kvl_bk_scopy(detail, detail_len, det);
     *mh_p = mh;
     return KVL_OK;
 }

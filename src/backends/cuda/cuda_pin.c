@@ -131,8 +131,8 @@ void kvli_cuda_pin_host(kvli_cuda_iface_t *iface, kvli_cuda_mh_t *mh, char *det,
             mh->pin_async = 1;
             pthread_cond_broadcast(&iface->pin_cond);
             pthread_mutex_unlock(&iface->pin_lock);
-            snprintf(det, dl, "host memory, pinned by cuMemHostRegister in the background "
-                     "(GPU copies are staged by the driver until then)");
+            kvl_bk_scopy(det, dl, "host memory, pinned by cuMemHostRegister in the background "
+                         "(GPU copies are staged by the driver until then)");
             return;
         }
         pthread_mutex_unlock(&iface->pin_lock);
@@ -143,10 +143,10 @@ void kvli_cuda_pin_host(kvli_cuda_iface_t *iface, kvli_cuda_mh_t *mh, char *det,
     }
     switch (kvli_cuda_pin_range(iface, mh, eb, sizeof(eb))) {
     case 0:
-        snprintf(det, dl, "host memory pinned with cuMemHostRegister");
+        kvl_bk_scopy(det, dl, "host memory pinned with cuMemHostRegister");
         break;
     case 1:
-        snprintf(det, dl, "host memory (a page-locked range overlaps it)");
+        kvl_bk_scopy(det, dl, "host memory (a page-locked range overlaps it)");
         break;
     default:
         snprintf(det, dl, "pageable host memory (cuMemHostRegister = %.150s)", eb);
