@@ -65,65 +65,107 @@ static void kvli_hold_self_files(kvl_xfer_t *x, const kvl_prep_t *rp, const bool
     }
 }
 
+/*
+ * Whether backend b cannot move this transfer: 0 it can; 1 it cannot, and
+ * with why (not NULL) the reason. The picking pass runs without why, so a
+ * transfer that finds its backend formats nothing; only a failed pick
+ * builds the error (one more pass).
+ */
+static int kvli_bk_refuses(const kvl_agent_t *a, unsigned b, const kvl_prep_t *lp,
+                           const kvl_prep_t *rp, const bool *lused, const bool *rused, char *why,
+                           size_t cap)
+{
+    const struct kvl_backend *bk = a->bks[b];
+    const kvli_remote_t *rem = rp->rem;
+    if (!(bk->ops->mem_local & KVL_MEM_BIT(lp->kind))) {
+        if (why)
+            snprintf(why, cap, "does not serve local %s memory", kvl_mem_kind_name(lp->kind));
+        return 1;
+    }
+    if (!(bk->ops->mem_remote & KVL_MEM_BIT(rp->kind))) {
+        if (why)
+            snprintf(why, cap, "cannot reach remote %s memory", kvl_mem_kind_name(rp->kind));
+        return 1;
+    }
+    if (!rp->self_files && rem->peer[b] == NULL) {
+        if (why)
+            snprintf(why, cap, "peer not reachable: %s",
+                     rem->unreachable[b][0] ? rem->unreachable[b] : "no connection info");
+        return 1;
+    }
+    for (size_t i = 0; i < lp->nregs; i++) {
+        const kvli_region_t *r = lp->regs[i];
+        if (lused[i] && !(r->bk_mask & (1u << b))) {
+            if (why)
+                snprintf(why, cap, "local region 0x%llx+%llu is not registered on it",
+                         (unsigned long long)r->addr, (unsigned long long)r->len);
+            return 1;
+        }
+    }
+    for (size_t i = 0; rp->self_files && i < rp->nregs; i++) {
+        const kvli_region_t *r = rp->regs[i];
+        if (rused[i] && !(r->bk_mask & (1u << b))) {
+            if (why)
+                snprintf(why, cap, "file range (fd %d, offset %llu, len %llu) is not "
+                         "registered on it", (int)r->dev,
+                         (unsigned long long)kvli_file_off(r->addr), (unsigned long long)r->len);
+            return 1;
+        }
+    }
+    for (size_t i = 0; !rp->self_files && i < rp->nregs; i++) {
+        const kvli_rregion_t *g = rp->regs[i];
+        if (rused[i] && g->rh[b] == NULL) {
+            if (why)
+                snprintf(why, cap, "remote region 0x%llx+%llu carries no key for it",
+                         (unsigned long long)g->addr, (unsigned long long)g->len);
+            return 1;
+        }
+    }
+    return 0;
+}
+
 static kvl_status_t kvli_pick_backend(kvl_agent_t *a, kvl_xfer_t *x, const kvl_prep_t *lp,
                                       const kvl_prep_t *rp, const bool *lused, const bool *rused,
                                       const char *want, kvl_error_t *err)
 {
     kvli_remote_t *rem = rp->rem;
-    if (rp->self_files)
-        kvli_err(err, KVL_ERR_NO_BACKEND, 0, "no backend of agent '%s' can move %s memory to "
-                 "and from its files", a->name, kvl_mem_kind_name(lp->kind));
-    else
-        kvli_err(err, KVL_ERR_NO_BACKEND, 0, "no backend can move %s -> %s between agent '%s' "
-                 "and agent '%s'", kvl_mem_kind_name(lp->kind), kvl_mem_kind_name(rp->kind),
-                 a->name, rem->name);
-    kvli_scopy(err->agent, sizeof(err->agent), rem->name);
     /* VRAM on either side: backends that reach it directly come first, those
-     * that stage it through host memory (tcp) after them. */
+     * that stage it through host memory (tcp) after them. Pass 0 picks;
+     * pass 1, when nothing was picked, says why of each. */
     bool vram = lp->kind == KVL_MEM_VRAM || rp->kind == KVL_MEM_VRAM;
-    for (unsigned k = 0; k < 2 * a->nbks; k++) {
-        unsigned b = k % a->nbks;
-        struct kvl_backend *bk = a->bks[b];
-        bool staged = vram && (bk->ops->caps & KVL_BK_CAP_STAGED_VRAM);
-        char why[256] = "";
-        if (want && strcmp(want, bk->ops->name) != 0)
-            continue;
-        if ((k < a->nbks) == staged)
-            continue; /* first round: direct backends; second: staging ones */
-        if (!(bk->ops->mem_local & KVL_MEM_BIT(lp->kind)))
-            snprintf(why, sizeof(why), "does not serve local %s memory", kvl_mem_kind_name(lp->kind));
-        else if (!(bk->ops->mem_remote & KVL_MEM_BIT(rp->kind)))
-            snprintf(why, sizeof(why), "cannot reach remote %s memory", kvl_mem_kind_name(rp->kind));
-        else if (!rp->self_files && rem->peer[b] == NULL)
-            snprintf(why, sizeof(why), "peer not reachable: %s",
-                     rem->unreachable[b][0] ? rem->unreachable[b] : "no connection info");
-        for (size_t i = 0; !why[0] && i < lp->nregs; i++) {
-            const kvli_region_t *r = lp->regs[i];
-            if (lused[i] && !(r->bk_mask & (1u << b)))
-                snprintf(why, sizeof(why), "local region 0x%llx+%llu is not registered on it",
-                         (unsigned long long)r->addr, (unsigned long long)r->len);
+    for (int pass = 0; pass < 2; pass++) {
+        if (pass == 1) {
+            if (rp->self_files)
+                kvli_err(err, KVL_ERR_NO_BACKEND, 0, "no backend of agent '%s' can move %s "
+                         "memory to and from its files", a->name, kvl_mem_kind_name(lp->kind));
+            else
+                kvli_err(err, KVL_ERR_NO_BACKEND, 0, "no backend can move %s -> %s between "
+                         "agent '%s' and agent '%s'", kvl_mem_kind_name(lp->kind),
+                         kvl_mem_kind_name(rp->kind), a->name, rem->name);
+            kvli_scopy(err->agent, sizeof(err->agent), rem->name);
         }
-        for (size_t i = 0; !why[0] && rp->self_files && i < rp->nregs; i++) {
-            const kvli_region_t *r = rp->regs[i];
-            if (rused[i] && !(r->bk_mask & (1u << b)))
-                snprintf(why, sizeof(why), "file range (fd %d, offset %llu, len %llu) is not "
-                         "registered on it", (int)r->dev,
-                         (unsigned long long)kvli_file_off(r->addr), (unsigned long long)r->len);
+        for (unsigned k = 0; k < 2 * a->nbks; k++) {
+            unsigned b = k % a->nbks;
+            struct kvl_backend *bk = a->bks[b];
+            bool staged = vram && (bk->ops->caps & KVL_BK_CAP_STAGED_VRAM);
+            char why[256] = "";
+            if (want && strcmp(want, bk->ops->name) != 0)
+                continue;
+            if ((k < a->nbks) == staged)
+                continue; /* first round: direct backends; second: staging ones */
+            if (pass == 0) {
+                if (!kvli_bk_refuses(a, b, lp, rp, lused, rused, NULL, 0)) {
+                    x->bk = bk;
+                    return KVL_OK;
+                }
+                continue;
+            }
+            kvli_bk_refuses(a, b, lp, rp, lused, rused, why, sizeof(why));
+            kvl_error_t c;
+            kvl_bk_error_set(&c, KVL_ERR_UNSUPPORTED, 0, bk->ops->name, -1, "%s", why);
+            c.hint[0] = '\0';
+            kvli_err_add_cause(err, &c);
         }
-        for (size_t i = 0; !why[0] && !rp->self_files && i < rp->nregs; i++) {
-            const kvli_rregion_t *g = rp->regs[i];
-            if (rused[i] && g->rh[b] == NULL)
-                snprintf(why, sizeof(why), "remote region 0x%llx+%llu carries no key for it",
-                         (unsigned long long)g->addr, (unsigned long long)g->len);
-        }
-        if (!why[0]) {
-            x->bk = bk;
-            return KVL_OK;
-        }
-        kvl_error_t c;
-        kvl_bk_error_set(&c, KVL_ERR_UNSUPPORTED, 0, bk->ops->name, -1, "%s", why);
-        c.hint[0] = '\0';
-        kvli_err_add_cause(err, &c);
     }
     if (want && err->n_causes == 0)
         snprintf(err->what, sizeof(err->what), "backend '%s' requested for the transfer is not "
