@@ -178,9 +178,11 @@ static kvl_status_t kvli_pick_backend(kvl_agent_t *a, kvl_xfer_t *x, const kvl_p
 /* A transfer object before its backend is picked (NULL: out of memory). */
 static kvl_xfer_t *kvli_xfer_new(kvl_agent_t *a, kvl_xfer_op_t op)
 {
-    kvl_xfer_t *x = calloc(1, sizeof(*x));
+    kvl_xfer_t *x = malloc(sizeof(*x));
     if (x == NULL)
         return NULL;
+    memset(x, 0, offsetof(kvl_xfer_t, err)); /* err: see struct kvl_xfer */
+    x->err.code = KVL_OK;
     x->agent = a;
     x->op = op;
     pthread_mutex_init(&x->lock, NULL);
