@@ -598,17 +598,31 @@ static void local_checks(void)
     KT_CHECK(st != KVL_OK);
     KT_ERROR_HAS("not GPU memory, or freed");
 
-    /* pinned host memory is DRAM */
+    /* pinned host memory is DRAM; pin_host=sync asks the driver at
+     * registration and says it is page-locked already */
     void *pinned = NULL;
     KT_CHECK(cu.MemHostAlloc(&pinned, 4 * MB, 0) == 0);
     kvl_mem_desc_t hm = {(uint64_t)(uintptr_t)pinned, 4 * MB, KVL_DEV_ANY};
     kvl_reg_report_t *rep;
-    KT_OK(kvl_mem_register(a, &hm, 1, NULL, &rep));
+    kvl_agent_t *sy;
+    kvl_agent_config_t none = {.field_mask = KVL_AGENT_CFG_BACKENDS, .create_backends = ""};
+    kvl_param_t sync_prm = {"pin_host", "sync"};
+    KT_OK(kvl_agent_create("sync", &none, &sy));
+    KT_OK(kvl_backend_create(sy, "cuda", &sync_prm, 1, NULL));
+    KT_OK(kvl_mem_register(sy, &hm, 1, NULL, &rep));
     KT_CHECK(rep->entries[0].kind == KVL_MEM_DRAM);
     kvl_reg_report_render(rep, text, sizeof(text));
     printf("%s", text);
-    KT_CHECK(strstr(text, "pinned host memory") != NULL);
+    KT_CHECK(strstr(text, "pinned host memory (page-locked already)") != NULL);
     kvl_reg_report_free(rep);
+    kvl_agent_destroy(sy);
+    KT_CHECK(page_locked(pinned)); /* not ours: still locked */
+    /* the default (auto) leaves it alone too, at its deregistration as well */
+    KT_OK(kvl_mem_register(a, &hm, 1, NULL, &rep));
+    KT_CHECK(rep->entries[0].kind == KVL_MEM_DRAM);
+    kvl_reg_report_free(rep);
+    KT_OK(kvl_mem_deregister(a, &hm, 1));
+    KT_CHECK(page_locked(pinned));
 
     pin_checks();
 

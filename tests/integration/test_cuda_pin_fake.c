@@ -7,6 +7,7 @@
  *    report says it happens in the background), the pin lands, and
  *    deregistration unpins;
  *  - a region still queued when it is deregistered is never pinned;
+ *  - memory page-locked already is neither pinned nor unlocked;
  *  - a region being pinned when it is deregistered is waited for and
  *    unpinned: nothing this backend locked stays locked after the
  *    deregistration returns;
@@ -32,6 +33,8 @@ enum { RLEN = 1 << 20, MANY = 1000, MANY_LEN = 4096 };
 
 static int (*fake_hostreg)(long *, const void *);
 static void (*fake_gate)(int);
+static int (*fake_lock)(void *, size_t, unsigned);  /* cuMemHostRegister itself */
+static int (*fake_unlock)(void *);                  /* cuMemHostUnregister */
 
 static pthread_mutex_t log_lock = PTHREAD_MUTEX_INITIALIZER;
 static char warned[1024];
@@ -170,6 +173,33 @@ static void gate(void)
     free(y);
 }
 
+/* Memory page-locked by someone else (cudaHostAlloc; here the stand-in's
+ * cuMemHostRegister called directly) is neither pinned again nor unlocked
+ * by the deregistration. */
+static void foreign(void)
+{
+    char det[2100];
+    long h0[H_N], h1[H_N];
+    unsigned char *p = buf(RLEN), *q = buf(RLEN);
+    KT_CHECK(fake_lock(p, RLEN, 0) == 0);
+    kvl_agent_t *a = agent("auto");
+    pinned(NULL, h0);
+    reg(a, p, RLEN, det, sizeof(det));
+    reg(a, q, RLEN, det, sizeof(det));
+    await(is_pinned, q, "pinned"); /* one thread, in order: p was looked at first */
+    pinned(NULL, h1);
+    KT_CHECK(h1[H_CALLS] - h0[H_CALLS] == 1); /* q only */
+    dereg(a, p, RLEN);
+    KT_CHECK(pinned(p, NULL)); /* still the owner's */
+    dereg(a, q, RLEN);
+    KT_CHECK(!pinned(q, NULL));
+    printf("page-locked already: left alone, still locked after its deregistration\n");
+    kvl_agent_destroy(a);
+    KT_CHECK(fake_unlock(p) == 0);
+    free(p);
+    free(q);
+}
+
 static void many(void)
 {
     long h0[H_N], h1[H_N];
@@ -270,10 +300,13 @@ int main(void)
     KT_CHECK(h != NULL);
     *(void **)&fake_hostreg = dlsym(h, "kvl_fake_gpu_hostreg");
     *(void **)&fake_gate = dlsym(h, "kvl_fake_gpu_gate");
-    KT_CHECK(fake_hostreg != NULL && fake_gate != NULL);
+    *(void **)&fake_lock = dlsym(h, "cuMemHostRegister_v2");
+    *(void **)&fake_unlock = dlsym(h, "cuMemHostUnregister");
+    KT_CHECK(fake_hostreg != NULL && fake_gate != NULL && fake_lock != NULL && fake_unlock);
     kvl_log_set_callback(on_log, NULL);
     background();
     gate();
+    foreign();
     many();
     modes();
     printf("test_cuda_pin_fake: ok\n");

@@ -278,6 +278,9 @@ typedef struct kvli_cuda_peer kvli_cuda_peer_t;
 enum { KVLI_CUDA_PINH_OFF = 0, KVLI_CUDA_PINH_AUTO = 1, KVLI_CUDA_PINH_SYNC = 2 }; /* pin_host */
 enum { KVLI_CUDA_PIN_NONE = 0, KVLI_CUDA_PIN_QUEUED = 1, KVLI_CUDA_PIN_BUSY = 2 };
 
+/* CU_POINTER_ATTRIBUTE_MEMORY_TYPE of addr (KVLI_CU_MEMTYPE_*), 0 when the
+ * driver does not know it (cuda_md.c). */
+unsigned kvli_cuda_memtype(const kvli_cuda_drv_t *d, uint64_t addr, CUresult *r_p);
 void kvli_cuda_pin_init(kvli_cuda_iface_t *iface);
 /* Stop and join the pin thread (after every region is deregistered). */
 void kvli_cuda_pin_fini(kvli_cuda_iface_t *iface);
