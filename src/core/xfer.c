@@ -148,7 +148,6 @@ static kvl_status_t kvli_pick_backend(kvl_agent_t *a, kvl_xfer_t *x, const kvl_p
             unsigned b = k % a->nbks;
             struct kvl_backend *bk = a->bks[b];
             bool staged = vram && (bk->ops->caps & KVL_BK_CAP_STAGED_VRAM);
-            char why[256] = "";
             if (want && strcmp(want, bk->ops->name) != 0)
                 continue;
             if ((k < a->nbks) == staged)
@@ -160,6 +159,7 @@ static kvl_status_t kvli_pick_backend(kvl_agent_t *a, kvl_xfer_t *x, const kvl_p
                 }
                 continue;
             }
+            char why[256] = "";
             kvli_bk_refuses(a, b, lp, rp, lused, rused, why, sizeof(why));
             kvl_error_t c;
             kvl_bk_error_set(&c, KVL_ERR_UNSUPPORTED, 0, bk->ops->name, -1, "%s", why);
