@@ -325,7 +325,9 @@ kvl_status_t kvli_md_decode(const void *blob, size_t len, kvli_md_t *md, kvl_err
             kvli_r_bad(&r, "region %u has %u keys for %u backends", i, nk, md->n_backends);
             goto fail;
         }
-        for (unsigned k = 0; k < nk; k++) {
+        /* Keys come in backend order, as the encoder writes them: one
+         * encoding per metadata (what decodes re-encodes to the same bytes). */
+        for (unsigned k = 0, prev = 0; k < nk; k++) {
             unsigned b = (unsigned)kvli_rle(&r, 1, "key backend");
             unsigned kl = (unsigned)kvli_rle(&r, 2, "key length");
             if (r.failed)
@@ -335,6 +337,12 @@ kvl_status_t kvli_md_decode(const void *blob, size_t len, kvli_md_t *md, kvl_err
                            b >= md->n_backends ? "no such backend" : "twice");
                 goto fail;
             }
+            if (k > 0 && b < prev) {
+                kvli_r_bad(&r, "region %u key %u names backend %u after backend %u (keys come "
+                           "in backend order)", i, k, b, prev);
+                goto fail;
+            }
+            prev = b;
             if (kl > KVL_BK_KEY_MAX) {
                 kvli_r_bad(&r, "region %u key of %u bytes exceeds %d", i, kl, KVL_BK_KEY_MAX);
                 goto fail;

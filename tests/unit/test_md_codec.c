@@ -149,8 +149,8 @@ static void test_structure_refused(void)
     agent_part(&w, 7, 2);
     put(&w, 1, 4);
     region(&w, 0x1000, 0x100, KVL_MEM_VRAM, 3, 2);
-    key(&w, 1, 4);
     key(&w, 0, 0);
+    key(&w, 1, 4);
     seal(&w);
     kvli_md_t out;
     kvl_error_t err;
@@ -249,6 +249,14 @@ static void test_structure_refused(void)
     key(&w, 1, 1);
     key(&w, 1, 1);
     expect_refused(&w, "region 0 key 1 names backend 1 (twice)");
+    w = header(20, 0);
+    agent_part(&w, 7, 2);
+    put(&w, 1, 4);
+    region(&w, 0x1000, 16, KVL_MEM_DRAM, 0, 2);
+    key(&w, 1, 1);
+    key(&w, 0, 1);
+    expect_refused(&w, "region 0 key 1 names backend 0 after backend 1 (keys come in backend "
+                       "order)");
     w = header(20, 0);
     agent_part(&w, 7, 1);
     put(&w, 1, 4);
