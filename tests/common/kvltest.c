@@ -152,6 +152,16 @@ void kt_netns_join(const char *ns)
     close(fd);
 }
 
+void kt_md_load_from(kvl_agent_t *into, kvl_agent_t *from)
+{
+    void *blob;
+    size_t len;
+    KT_OK(kvl_metadata_get(from, &blob, &len));
+    kvl_status_t st = kvl_metadata_load(into, blob, len, NULL, 0);
+    kvl_free(blob);
+    KT_OK(st);
+}
+
 void kt_write_wait(kvl_agent_t *from, const char *to, const void *src, uint64_t dst,
                    uint64_t len, int wait_ms)
 {

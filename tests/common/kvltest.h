@@ -56,6 +56,8 @@ void kt_netns_pair(kt_netns_pair_t *n, const char tag[2], int net);
 void kt_netns_remove(void);
 /* This thread (the process, before any thread exists) joins namespace ns. */
 void kt_netns_join(const char *ns);
+/* into loads from's metadata (two agents of this process), checked KVL_OK. */
+void kt_md_load_from(kvl_agent_t *into, kvl_agent_t *from);
 /* One WRITE of len bytes from src here to dst at agent `to`, waited for
  * (bounded by wait_ms), checked KVL_OK. */
 void kt_write_wait(kvl_agent_t *from, const char *to, const void *src, uint64_t dst,

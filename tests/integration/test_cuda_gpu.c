@@ -486,17 +486,6 @@ static int run_pair(int scn)
 }
 
 /* ---- one process: registration checks ---- */
-/* a loads b's metadata (two agents of this process). */
-static void introduce(kvl_agent_t *a, kvl_agent_t *b)
-{
-    void *blob;
-    size_t bl;
-    char nm[64];
-    KT_OK(kvl_metadata_get(b, &blob, &bl));
-    KT_OK(kvl_metadata_load(a, blob, bl, nm, sizeof(nm)));
-    kvl_free(blob);
-}
-
 /* Whether the driver knows p as page-locked host memory. */
 static int page_locked(void *p)
 {
@@ -532,7 +521,7 @@ static void pin_checks(void)
            (double)(t1.tv_sec - t0.tv_sec) * 1e6 + (double)(t1.tv_nsec - t0.tv_nsec) / 1e3);
     KT_CHECK(strstr(text, "pinned by cuMemHostRegister in the background") != NULL);
     kvl_reg_report_free(rep);
-    introduce(a, b);
+    kt_md_load_from(a, b);
     kvl_dlist_t *l, *r;
     KT_OK(kvl_dlist_create(KVL_MEM_DRAM, 1, &l));
     KT_OK(kvl_dlist_create(KVL_MEM_VRAM, 1, &r));
@@ -643,7 +632,7 @@ static void local_checks(void)
     KT_CHECK(cu.CtxSetCurrent(NULL) == 0);
     reg(b, d2, 8 * MB, KVL_MEM_VRAM, 0);
     reg(a, d, 8 * MB, KVL_MEM_VRAM, 0);
-    introduce(a, b);
+    kt_md_load_from(a, b);
     kvl_dlist_t *l, *r;
     KT_OK(kvl_dlist_create(KVL_MEM_VRAM, 1, &l));
     KT_OK(kvl_dlist_create(KVL_MEM_VRAM, 1, &r));
@@ -678,7 +667,7 @@ static void local_checks(void)
         b = mk_agent("tgt");
         reg(a, s, big, KVL_MEM_VRAM, 0);
         reg(b, t, big, KVL_MEM_VRAM, 0);
-        introduce(a, b);
+        kt_md_load_from(a, b);
         KT_OK(kvl_dlist_create(KVL_MEM_VRAM, 1, &l));
         KT_OK(kvl_dlist_create(KVL_MEM_VRAM, 1, &r));
         KT_OK(kvl_dlist_add_strided(l, s, 32768, big / 32768, 16384, KVL_DEV_ANY));

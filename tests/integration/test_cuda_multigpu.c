@@ -111,16 +111,6 @@ static void run(kvl_agent_t *a, const char *peer, kvl_xfer_op_t op, kvl_dlist_t 
     kvl_xfer_release(x);
 }
 
-static void load(kvl_agent_t *into, kvl_agent_t *from)
-{
-    void *blob;
-    size_t bl;
-    char nm[64];
-    KT_OK(kvl_metadata_get(from, &blob, &bl));
-    KT_OK(kvl_metadata_load(into, blob, bl, nm, sizeof(nm)));
-    kvl_free(blob);
-}
-
 /* ---- A: one process, both devices ---- */
 static void one_process(void)
 {
@@ -153,7 +143,7 @@ static void one_process(void)
     reg(a, m0, BIG, 0, 0);
     KT_CHECK(cu.CtxSetCurrent(c0) == 0);
     reg(b, m1, BIG, KVL_DEV_ANY, d1);
-    load(a, b);
+    kt_md_load_from(a, b);
 
     kvl_dlist_t *l = list(m0, 0, 0, BIG), *r = list(m1, d1, 0, BIG);
     KT_CHECK(cu.CtxSetCurrent(c1) == 0);
