@@ -70,6 +70,7 @@ _MEM_LATER = {"BLOCK": "BLOCK memory (raw block devices) is not served by kvlane
               "OBJ": "OBJ memory (object stores) is not served by kvlane",
               nixl_mem_t.BLK_SEG: "BLOCK memory (raw block devices) is not served by kvlane",
               nixl_mem_t.OBJ_SEG: "OBJ memory (object stores) is not served by kvlane"}
+_MEM_STR = {k: v for k, v in _MEM.items() if type(k) is str}
 _SEG = {"DRAM": nixl_mem_t.DRAM_SEG, "VRAM": nixl_mem_t.VRAM_SEG, "FILE": nixl_mem_t.FILE_SEG}
 
 
@@ -315,11 +316,13 @@ class nixlRegDList(_DescList):
     registered. NIXL's constructors: (mem_type[, init_size]),
     (mem_type, (N, 3) array), (mem_type, [(addr, len, dev, meta), ...])."""
 
-    __slots__ = ("mem_type", "_descs", "report", "__weakref__")
+    __slots__ = ("mem_type", "_descs", "_rep", "__weakref__")
 
     def __init__(self, mem_type, descs=0):
-        self.mem_type = _mem(mem_type)
-        self.report = None
+        self.mem_type = _MEM_STR.get(mem_type) if type(mem_type) is str else None
+        if self.mem_type is None:
+            self.mem_type = _mem(mem_type)
+        self._rep = None
         if type(descs) is list:     # engines' shape, first
             _check_width(descs, 4, "registration")
             self._descs = list(descs)
@@ -327,6 +330,19 @@ class nixlRegDList(_DescList):
             self._descs = []
         else:
             self._descs = _reg_rows(descs)
+
+    @property
+    def report(self):
+        """kvlane's RegistrationReport of the registration that returned
+        this list (None before), read from the C report on first use."""
+        r = self._rep
+        if r is not None and not isinstance(r, RegistrationReport):
+            r = self._rep = RegistrationReport._from_tuple(r)
+        return r
+
+    @report.setter
+    def report(self, value):
+        self._rep = value
 
     def descCount(self):
         return len(self._descs)
@@ -995,29 +1011,42 @@ class nixl_agent:
 
     # ---- memory ----
     def register_memory(self, reg_list, mem_type=None, backends=_EMPTY, *, is_sorted=False):
-        descs = self.get_reg_descs(reg_list, mem_type)
+        descs = _to_reg(reg_list, mem_type)
         bk = None if backends is _EMPTY else self._bk(backends, "register_memory")
-        if len(descs._descs) == 0:
+        rows = descs._descs
+        if not rows:
             return descs
-        rows, opened = descs._descs, []
-        if descs.mem_type == "FILE":
+        kind = descs.mem_type
+        if kind == "DRAM":          # engines' case, first: NIXL's DRAM device id is no NUMA node
+            try:
+                descs._rep = self.agent._register(rows, kind, bk, False, -1)
+            except Error as e:
+                raise as_nixl(e, nixlBackendError) from None
+            return descs
+        opened = []
+        if kind == "FILE":
             rows, opened = self._file_rows(descs)
         try:
-            rep = self.agent._register(rows, descs.mem_type, bk, False,
-                                       -1 if descs.mem_type == "DRAM" else None)
+            rep = self.agent._register(rows, kind, bk, False, None)
         except Error as e:
             self._file_close(opened)
             raise as_nixl(e, nixlBackendError) from None
         for dev_id, fd in opened:
             self._path_fds[dev_id] = fd
-        descs.report = RegistrationReport._from_tuple(rep)
+        descs._rep = rep            # a RegistrationReport on first use of descs.report
         return descs
 
     def deregister_memory(self, dereg_list, backends=_EMPTY):
-        descs = self.get_reg_descs(dereg_list)
+        descs = dereg_list if type(dereg_list) is nixlRegDList else _to_reg(dereg_list, None)
         if backends is not _EMPTY:
             self._bk(backends, "deregister_memory")
-        if len(descs._descs) == 0:
+        if not descs._descs:
+            return
+        if descs.mem_type == "DRAM":
+            try:
+                self.agent._deregister(descs._descs, -1)
+            except Error as e:
+                raise as_nixl(e, nixlBackendError) from None
             return
         rows, closing = descs._descs, []
         if descs.mem_type == "FILE" and self._path_fds:
@@ -1028,7 +1057,7 @@ class nixl_agent:
                     closing.append(int(d[2]))
                 rows.append((int(d[0]), int(d[1]), int(d[2]) if fd is None else fd))
         try:
-            self.agent._deregister(rows, -1 if descs.mem_type == "DRAM" else None)
+            self.agent._deregister(rows, None)
         except Error as e:
             raise as_nixl(e, nixlBackendError) from None
         if closing:

@@ -488,11 +488,11 @@ static PyObject *kvlpy_agent_register(kvlpy_agent_t *self, PyObject *args, PyObj
         return NULL;
     prm.policy = strict ? KVL_REG_ALL : KVL_REG_ANY;
     const char *names[16];
-    PyObject *keep = PyList_New(0);
-    if (keep == NULL)
-        return NULL;
-    if (kvlpy_names_get(bk_o, names, 16, &prm.n_backends, keep) < 0) {
-        Py_DECREF(keep);
+    PyObject *keep = NULL; /* the names' strings, when backends are named */
+    if (bk_o != NULL && bk_o != Py_None &&
+        ((keep = PyList_New(0)) == NULL ||
+         kvlpy_names_get(bk_o, names, 16, &prm.n_backends, keep) < 0)) {
+        Py_XDECREF(keep);
         return NULL;
     }
     if (prm.n_backends) {
@@ -502,12 +502,12 @@ static PyObject *kvlpy_agent_register(kvlpy_agent_t *self, PyObject *args, PyObj
     size_t n;
     kvl_mem_desc_t *d = kvlpy_regions_get(regions, dev, dev_o != Py_None, &n);
     if (d == NULL) {
-        Py_DECREF(keep);
+        Py_XDECREF(keep);
         return NULL;
     }
     if (kvlpy_agent_enter(self) < 0) {
         PyMem_Free(d);
-        Py_DECREF(keep);
+        Py_XDECREF(keep);
         return NULL;
     }
     kvl_reg_report_t *rep = NULL;
@@ -524,7 +524,7 @@ static PyObject *kvlpy_agent_register(kvlpy_agent_t *self, PyObject *args, PyObj
     }
     kvlpy_agent_leave(self);
     PyMem_Free(d);
-    Py_DECREF(keep);
+    Py_XDECREF(keep);
     PyObject *r = kvlpy_report_wrap(rep);
     if (st != KVL_OK) {
         if (r == NULL) {

@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <string.h>
 #include <unistd.h>
+#include <sys/ioctl.h>
 #include <sys/mman.h>
 #include <stdlib.h>
 #include <sys/statvfs.h>
@@ -284,7 +285,9 @@ uint64_t kvli_host_pagesize(void)
     return v;
 }
 
-void kvli_host_readable_many(kvli_host_range_t *r, size_t n)
+/* The check by probes (any kernel): msync for holes, end bytes for
+ * readability. */
+static void kvli_host_readable_probe(kvli_host_range_t *r, size_t n)
 {
     uint64_t pg = kvli_host_pagesize();
     /* One range within one page or two adjacent ones (a single small
@@ -335,6 +338,157 @@ void kvli_host_readable_many(kvli_host_range_t *r, size_t n)
     kvli_host_probe_run(p, r);
     free(p);
     free(ord);
+}
+
+/*
+ * PROCMAP_QUERY (Linux 6.11 and later): an ioctl on /proc/self/maps that
+ * describes the mapping at an address: its start and end, whether it is
+ * readable, and its file (inode 0: anonymous memory). One query answers
+ * for a whole range inside one private anonymous mapping (malloc, NumPy,
+ * PyTorch CPU tensors: what engines register) where the probes take an
+ * msync and a writev, and it finds an unreadable page anywhere in the
+ * range, not only at its ends. Declared here: Debian 12's kernel headers
+ * predate it. File mappings (memfd, /dev/shm, files) go to the probes,
+ * whose end-byte reads also catch a range past the end of its file.
+ */
+struct kvli_procmap_query {
+    uint64_t size, query_flags, query_addr;
+    uint64_t vma_start, vma_end, vma_flags, vma_page_size, vma_offset, inode;
+    uint32_t dev_major, dev_minor, vma_name_size, build_id_size;
+    uint64_t vma_name_addr, build_id_addr;
+};
+_Static_assert(sizeof(struct kvli_procmap_query) == 104, "struct procmap_query of Linux 6.11");
+#define KVLI_PROCMAP_QUERY _IOWR('f', 17, struct kvli_procmap_query)
+#define KVLI_PROCMAP_READABLE 0x01u
+
+/* This process's /proc/self/maps, opened at the first check; a forked
+ * child's inherited descriptor describes its parent, so the child opens
+ * its own (kvli_host_pid is refreshed at fork). */
+static pthread_mutex_t kvli_host_maps_lock = PTHREAD_MUTEX_INITIALIZER;
+static int kvli_host_maps_fd = -1;
+static _Atomic pid_t kvli_host_maps_owner = -1; /* set (release) once fd is this process's */
+static bool kvli_host_maps_none; /* no PROCMAP_QUERY here: never ask again */
+
+static int kvli_host_maps(void)
+{
+    pid_t me = kvli_host_pid();
+    /* the fd is never closed while owner is this process: no lock to read it */
+    if (atomic_load_explicit(&kvli_host_maps_owner, memory_order_acquire) == me)
+        return kvli_host_maps_fd;
+    pthread_mutex_lock(&kvli_host_maps_lock);
+    if (kvli_host_maps_owner != me && !kvli_host_maps_none) {
+        if (kvli_host_maps_fd >= 0)
+            close(kvli_host_maps_fd); /* the parent's, inherited */
+        kvli_host_maps_fd = open("/proc/self/maps", O_RDONLY | O_CLOEXEC);
+        kvli_host_maps_owner = -1;
+        if (kvli_host_maps_fd >= 0) {
+            /* this function's own code is mapped: any failure means the
+             * kernel has no such query (ENOTTY before 6.11) */
+            struct kvli_procmap_query q = {.size = sizeof(q),
+                                           .query_addr = (uint64_t)(uintptr_t)&kvli_host_maps};
+            if (ioctl(kvli_host_maps_fd, KVLI_PROCMAP_QUERY, &q) == 0) {
+                atomic_store_explicit(&kvli_host_maps_owner, me, memory_order_release);
+            } else {
+                close(kvli_host_maps_fd);
+                kvli_host_maps_fd = -1;
+                kvli_host_maps_none = true;
+            }
+        } else if (errno == ENOENT || errno == EACCES) {
+            kvli_host_maps_none = true; /* no /proc: EMFILE and the like are tried again */
+        }
+    }
+    int fd = kvli_host_maps_owner == me ? kvli_host_maps_fd : -1;
+    pthread_mutex_unlock(&kvli_host_maps_lock);
+    return fd;
+}
+
+int kvli_host_maps_query_available(void)
+{
+    return kvli_host_maps() >= 0;
+}
+
+/* The mapping a list's last query found. */
+typedef struct {
+    uint64_t start, end;
+    bool readable, anon, valid;
+} kvli_host_vma_t;
+
+/* Decide range r by mappings: 1 with r->err (and r->bad) set, 0 when the
+ * probes must (a file mapping, a failed query, more queries than *budget). */
+static int kvli_host_vma_range(int fd, kvli_host_range_t *r, kvli_host_vma_t *c, unsigned *budget)
+{
+    uint64_t at = r->addr, end = r->addr + r->len;
+    if (r->len == 0 || end < r->addr)
+        return 0;
+    while (at < end) {
+        if (!c->valid || at < c->start || at >= c->end) {
+            if (*budget == 0)
+                return 0;
+            (*budget)--;
+            struct kvli_procmap_query q = {.size = sizeof(q), .query_addr = at};
+            if (ioctl(fd, KVLI_PROCMAP_QUERY, &q) != 0) {
+                c->valid = false;
+                if (errno != ENOENT)
+                    return 0;
+                r->err = ENOMEM; /* nothing mapped at 'at' */
+                r->bad = 0;
+                return 1;
+            }
+            *c = (kvli_host_vma_t){q.vma_start, q.vma_end, (q.vma_flags & KVLI_PROCMAP_READABLE) != 0,
+                                   q.inode == 0 && q.dev_major == 0 && q.dev_minor == 0, true};
+            if (at < c->start || at >= c->end) { /* not what was asked: trust nothing */
+                c->valid = false;
+                return 0;
+            }
+        }
+        if (!c->readable) {
+            r->err = EFAULT;
+            r->bad = at;
+            return 1;
+        }
+        if (!c->anon)
+            return 0;
+        at = c->end;
+    }
+    r->err = 0;
+    r->bad = 0;
+    return 1;
+}
+
+void kvli_host_readable_many(kvli_host_range_t *r, size_t n)
+{
+    int fd = kvli_host_maps();
+    if (fd < 0) {
+        kvli_host_readable_probe(r, n);
+        return;
+    }
+    /* Ranges of few mappings cost one query each mapping; a list scattered
+     * over many mappings goes to the probes (one msync per run, batched
+     * probes) past 64 queries. */
+    kvli_host_vma_t c = {0};
+    unsigned budget = 64;
+    size_t left = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (kvli_host_vma_range(fd, &r[i], &c, &budget) == 0) {
+            r[i].err = -1;
+            left++;
+        }
+    }
+    if (left == 0)
+        return;
+    kvli_host_range_t *u = left < n ? malloc(left * sizeof(*u)) : NULL;
+    if (u == NULL) {
+        kvli_host_readable_probe(r, n); /* all of them (or no memory to pick) */
+        return;
+    }
+    for (size_t i = 0, k = 0; i < n; i++)
+        if (r[i].err == -1)
+            u[k++] = r[i];
+    kvli_host_readable_probe(u, left);
+    for (size_t i = 0, k = 0; i < n; i++)
+        if (r[i].err == -1)
+            r[i] = u[k++];
+    free(u);
 }
 
 int kvli_host_readable(uint64_t addr, uint64_t len, uint64_t *bad_p)

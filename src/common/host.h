@@ -20,10 +20,14 @@ int kvli_host_dev_shm_size(uint64_t *total_p, uint64_t *avail_p);
 void kvli_host_dev_shm(char *buf, size_t cap);
 
 /* Whether [addr, addr+len) is host memory this process can read, checked
- * without touching it (no fault): 0; ENOMEM when part of it is not mapped
- * (msync); EFAULT when it is mapped but a byte at one end cannot be read
- * (*bad_p says which: an inaccessible mapping, such as the range the CUDA
- * driver keeps reserved after freeing GPU memory). */
+ * without touching it (no fault): 0; ENOMEM when part of it is not mapped;
+ * EFAULT when it is mapped but a byte cannot be read (*bad_p says which: an
+ * inaccessible mapping, such as the range the CUDA driver keeps reserved
+ * after freeing GPU memory). Where the kernel has PROCMAP_QUERY (Linux
+ * 6.11) anonymous mappings are looked up (one ioctl a mapping; every page
+ * is covered and *bad_p is the first byte that cannot be read); otherwise,
+ * and for file mappings, msync finds holes and the two end bytes are
+ * probed (*bad_p: the end that failed). */
 int kvli_host_readable(uint64_t addr, uint64_t len, uint64_t *bad_p);
 /* The page size (sysconf once). */
 uint64_t kvli_host_pagesize(void);
@@ -40,5 +44,7 @@ typedef struct kvli_host_range {
     uint64_t bad;
 } kvli_host_range_t;
 void kvli_host_readable_many(kvli_host_range_t *r, size_t n);
+/* 1 when this process checks ranges by PROCMAP_QUERY (tests). */
+int kvli_host_maps_query_available(void);
 
 #endif

@@ -36,21 +36,29 @@ static bool kvli_numa_node_exists(int32_t node)
 
 /* The host-memory check of a registration list, made for the whole rest
  * of the list when its first host range needs it: a list of 1,000 slices
- * of one buffer costs one msync and two process_vm_readv, not 1,000 of
- * each. */
+ * of one buffer costs one query of its mapping (or one msync and one
+ * batch of probes), not 1,000 of each. */
 typedef struct {
     const kvl_mem_desc_t *regions;
     size_t n;
     size_t from;              /* checked: [from, n); none when ranges is NULL */
     kvli_host_range_t *ranges;
+    kvli_host_range_t one;    /* ranges when one is left: no malloc */
 } kvli_hostchk_t;
+
+static void kvli_hostchk_free(kvli_hostchk_t *hc)
+{
+    if (hc->ranges != &hc->one)
+        free(hc->ranges);
+    hc->ranges = NULL;
+}
 
 static int kvli_hostchk(kvli_hostchk_t *hc, size_t k, uint64_t *bad_p)
 {
     if (hc->ranges == NULL || k < hc->from) {
-        free(hc->ranges);
+        kvli_hostchk_free(hc);
         hc->from = k;
-        hc->ranges = malloc((hc->n - k) * sizeof(*hc->ranges));
+        hc->ranges = hc->n - k == 1 ? &hc->one : malloc((hc->n - k) * sizeof(*hc->ranges));
         if (hc->ranges == NULL)
             return kvli_host_readable(hc->regions[k].addr, hc->regions[k].len, bad_p);
         for (size_t i = k; i < hc->n; i++)
@@ -171,19 +179,16 @@ static kvl_status_t kvli_mem_classify(kvl_agent_t *a, kvli_hostchk_t *hc, size_t
         }
         return KVL_ERR_NO_BACKEND;
     }
-    /* Host memory: the range must be mapped in this process (msync checks
-     * the whole range with one call and fails with ENOMEM on any hole), and
-     * readable: the CUDA driver keeps freed GPU ranges reserved as
-     * inaccessible (PROT_NONE) mappings, and such a "DRAM" region would fail
-     * every transfer later. */
-    uint64_t pg = kvli_host_pagesize();
-    uint64_t start = d->addr & ~(pg - 1), unreadable = 0;
+    /* Host memory: the range must be mapped in this process (a hole is
+     * ENOMEM), and readable: the CUDA driver keeps freed GPU ranges
+     * reserved as inaccessible (PROT_NONE) mappings, and such a "DRAM"
+     * region would fail every transfer later (kvli_host_readable_many). */
+    uint64_t unreadable = 0;
     int he = kvli_hostchk(hc, at, &unreadable);
     if (he == ENOMEM) {
         kvli_err(err, KVL_ERR_INVALID_ARG, he,
-                 "msync(0x%llx, %llu, MS_ASYNC) failed: the range is not (fully) mapped in "
-                 "this process",
-                 (unsigned long long)start, (unsigned long long)(d->addr + d->len - start));
+                 "0x%llx+%llu: the range is not (fully) mapped in this process",
+                 (unsigned long long)d->addr, (unsigned long long)d->len);
         kvli_hint(err, "pass the address and length of memory this process allocated; a GPU "
                        "pointer needs the cuda backend");
         return KVL_ERR_INVALID_ARG;
@@ -686,7 +691,7 @@ kvl_status_t kvl_mem_register(kvl_agent_t *a, const kvl_mem_desc_t *regions, siz
         regions = keyed;
     }
 
-    kvli_hostchk_t hc = {regions, n, 0, NULL};
+    kvli_hostchk_t hc = {.regions = regions, .n = n};
     pthread_mutex_lock(&a->lock);
     size_t k;
     for (k = 0; k < n; k++) {
@@ -739,7 +744,7 @@ kvl_status_t kvl_mem_register(kvl_agent_t *a, const kvl_mem_desc_t *regions, siz
         atomic_fetch_add(&a->generation, 1);
     }
     pthread_mutex_unlock(&a->lock);
-    free(hc.ranges);
+    kvli_hostchk_free(&hc);
     free(done);
     if (keyed != NULL) {
         /* Reports and errors speak of what the caller gave. */

@@ -1,11 +1,15 @@
 /* The host-memory check registration runs on every DRAM range
- * (src/common/host.c): mapped (msync over runs of touching ranges) and
- * readable at both ends (one-byte probes written to a pipe, or read with
- * process_vm_readv where no pipe can be made). Checked on pages made
- * unreadable and unmapped on purpose, on more pages than one probe call
- * takes, in children under a seccomp filter that refuses process_vm_readv
- * and without file descriptors for a pipe, and through kvl_mem_register on
- * a 1,000-region list. */
+ * (src/common/host.c). Where the kernel has PROCMAP_QUERY (Linux 6.11),
+ * anonymous mappings are looked up: every page of a range is covered. For
+ * file mappings, and on older kernels: mapped (msync over runs of touching
+ * ranges) and readable at both ends (one-byte probes written to a pipe, or
+ * read with process_vm_readv where no pipe can be made). Checked on pages
+ * made unreadable and unmapped on purpose, on more pages than one probe
+ * call takes, on a list spread over more mappings than the queries take,
+ * on a file mapping that runs past its file, in a forked child that
+ * unmapped what its parent still has, in children under a seccomp filter
+ * that refuses process_vm_readv or the query's ioctl, and without file
+ * descriptors, and through kvl_mem_register on a 1,000-region list. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <stddef.h>
@@ -24,6 +28,7 @@
 
 static long pg;
 static char *base; /* 8 pages: 3 unreadable, 6 unmapped */
+static int byquery; /* PROCMAP_QUERY answers (else the probes) */
 
 static uint64_t at(size_t page, size_t off)
 {
@@ -41,8 +46,19 @@ static void layout(void)
     KT_CHECK(munmap(base + 6 * pg, (size_t)pg) == 0);
 }
 
+/* Where a range with an unreadable page fails: the first byte that cannot
+ * be read (queries), or the end byte that does not read (probes). */
+static uint64_t bad_byte(uint64_t first, uint64_t end)
+{
+    return byquery ? first : end;
+}
+
 static void ranges(void)
 {
+    byquery = kvli_host_maps_query_available();
+    printf("pid %d: checks by %s\n", (int)getpid(),
+           byquery ? "PROCMAP_QUERY" : "msync and probes");
+    fflush(stdout);
     kvli_host_range_t r[] = {
         {at(0, 0), 2 * (uint64_t)pg, -1, 1},   /* 0 ok */
         {at(2, 100), 200, -1, 1},              /* 1 ok, touches 0 */
@@ -56,14 +72,15 @@ static void ranges(void)
     kvli_host_readable_many(r, sizeof(r) / sizeof(r[0]));
     KT_CHECK(r[0].err == 0 && r[1].err == 0 && r[5].err == 0 && r[7].err == 0);
     KT_CHECK(r[2].err == EFAULT && r[2].bad == at(3, 0));
-    KT_CHECK(r[3].err == EFAULT && r[3].bad == at(3, (size_t)pg - 1));
+    KT_CHECK(r[3].err == EFAULT && r[3].bad == bad_byte(at(3, 0), at(3, (size_t)pg - 1)));
     KT_CHECK(r[4].err == ENOMEM);
     KT_CHECK(r[6].err == ENOMEM);
 
     /* One range: the same answers. */
     uint64_t bad = 0;
     KT_CHECK(kvli_host_readable(at(0, 5), 100, &bad) == 0);
-    KT_CHECK(kvli_host_readable(at(2, 5), (uint64_t)pg, &bad) == EFAULT && bad == at(3, 4));
+    KT_CHECK(kvli_host_readable(at(2, 5), (uint64_t)pg, &bad) == EFAULT &&
+             bad == bad_byte(at(3, 0), at(3, 4)));
     KT_CHECK(kvli_host_readable(at(6, 0), 1, &bad) == ENOMEM);
     /* ends readable in pages 5 and 7, page 6 unmapped between: not one
      * probe of the two ends (they are not in adjacent pages) */
@@ -73,8 +90,13 @@ static void ranges(void)
     KT_CHECK(kvli_host_readable(at(0, 1), 3 * (uint64_t)pg - 2, &bad) == 0);
     bad = 0;
     KT_CHECK(kvli_host_readable(at(0, 0), 4 * (uint64_t)pg, &bad) == EFAULT &&
-             bad == at(3, (size_t)pg - 1));
+             bad == bad_byte(at(3, 0), at(3, (size_t)pg - 1)));
     KT_CHECK(kvli_host_readable(at(4, 0), 3 * (uint64_t)pg, &bad) == ENOMEM);
+    /* pages 2 to 4: both ends read, the middle page does not; the queries
+     * see it, the probes of the ends cannot */
+    bad = 0;
+    int mid = kvli_host_readable(at(2, 0), 3 * (uint64_t)pg, &bad);
+    KT_CHECK(byquery ? mid == EFAULT && bad == at(3, 0) : mid == 0);
 
     /* Single probes leave their bytes in the pipe until 4 KiB gather:
      * thousands of them, with failures among them, keep their answers. */
@@ -123,27 +145,107 @@ static void many_pages(void)
     munmap(m, (size_t)NP * (size_t)pg);
 }
 
-/* The same checks where process_vm_readv is refused (EPERM), as a
- * container's seccomp profile may: the pipe probes answer. */
-static int seccomp_child(void)
+/* A list whose ranges lie in 150 mappings (neighbouring pages alternate
+ * between read-only and read-write, so no two merge): the first 64 are
+ * looked up, the rest go to the probes; one unreadable page among the
+ * probed ones fails alone. */
+static void many_mappings(void)
+{
+    enum { NM = 150, BAD = 140 };
+    char *m = mmap(NULL, (size_t)NM * (size_t)pg, PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    KT_CHECK(m != MAP_FAILED);
+    memset(m, 1, (size_t)NM * (size_t)pg);
+    for (size_t i = 1; i < NM; i += 2)
+        KT_CHECK(mprotect(m + i * (size_t)pg, (size_t)pg, PROT_READ) == 0);
+    KT_CHECK(mprotect(m + (size_t)BAD * (size_t)pg, (size_t)pg, PROT_NONE) == 0);
+    static kvli_host_range_t r[NM];
+    for (size_t i = 0; i < NM; i++)
+        r[i] = (kvli_host_range_t){(uint64_t)(uintptr_t)(m + i * (size_t)pg + 16),
+                                   (uint64_t)pg - 32, -1, 0};
+    kvli_host_readable_many(r, NM);
+    for (size_t i = 0; i < NM; i++)
+        KT_CHECK(i == BAD ? r[i].err == EFAULT && r[i].bad == r[i].addr : r[i].err == 0);
+    munmap(m, (size_t)NM * (size_t)pg);
+}
+
+/* A file mapping of two pages over a one-page file: the second page is
+ * mapped and readable as far as the mapping says, but reading it faults
+ * (SIGBUS): file mappings go to the probes, whose read of the end byte
+ * fails. */
+static void file_past_end(void)
+{
+    int fd = memfd_create("kvl-test-host", MFD_CLOEXEC);
+    KT_CHECK(fd >= 0 && ftruncate(fd, pg) == 0);
+    char *m = mmap(NULL, 2 * (size_t)pg, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    KT_CHECK(m != MAP_FAILED);
+    uint64_t bad = 0, a = (uint64_t)(uintptr_t)m;
+    KT_CHECK(kvli_host_readable(a + 8, (uint64_t)pg - 8, &bad) == 0);
+    KT_CHECK(kvli_host_readable(a + 8, (uint64_t)pg, &bad) == EFAULT && bad == a + (uint64_t)pg + 7);
+    munmap(m, 2 * (size_t)pg);
+    close(fd);
+}
+
+/* The same checks where a system call is refused, as a container's seccomp
+ * profile may: process_vm_readv (EPERM: the pipe probes answer), or ioctl
+ * (ENOTTY, what a kernel before 6.11 answers PROCMAP_QUERY: msync and the
+ * probes answer). */
+static int seccomp_refuse(int nr, int eno, const char *what)
 {
     struct sock_filter f[] = {
         BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, nr)),
-        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, __NR_process_vm_readv, 0, 1),
-        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | (EPERM & SECCOMP_RET_DATA)),
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, (unsigned)nr, 0, 1),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | ((unsigned)eno & SECCOMP_RET_DATA)),
         BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
     };
     struct sock_fprog prog = {(unsigned short)(sizeof(f) / sizeof(f[0])), f};
     if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 ||
         prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &prog) != 0) {
-        printf("seccomp filter not installed (errno %d): not checked\n", errno);
+        printf("seccomp filter refusing %s not installed (errno %d): not checked\n", what, errno);
         return 0;
     }
+    return 1;
+}
+
+static int seccomp_child(void)
+{
+    if (!seccomp_refuse(__NR_process_vm_readv, EPERM, "process_vm_readv"))
+        return 0;
     char c;
     struct iovec l = {&c, 1}, rv = {base, 1};
     KT_CHECK(process_vm_readv(getpid(), &l, 1, &rv, 1, 0) < 0 && errno == EPERM);
     ranges();
     many_pages();
+    return 0;
+}
+
+static int no_query_child(void)
+{
+    if (!seccomp_refuse(__NR_ioctl, ENOTTY, "ioctl"))
+        return 0;
+    KT_CHECK(!kvli_host_maps_query_available());
+    ranges();
+    many_pages();
+    many_mappings();
+    file_past_end();
+    return 0;
+}
+
+/* A forked child inherits its parent's /proc/self/maps descriptor, which
+ * describes the parent: the child must look at its own mappings. It
+ * unmaps pages 0 to 2, which the parent keeps; its checks find the hole,
+ * and a mapping only the child has passes. */
+static int forked_child(void)
+{
+    KT_CHECK(munmap(base, 3 * (size_t)pg) == 0);
+    uint64_t bad = 0;
+    KT_CHECK(kvli_host_readable(at(0, 5), 100, &bad) == ENOMEM);
+    KT_CHECK(kvli_host_readable(at(1, 0), 3 * (uint64_t)pg, &bad) == ENOMEM);
+    KT_CHECK(kvli_host_readable(at(4, 0), (uint64_t)pg, &bad) == 0);
+    char *own = mmap(NULL, 4 * (size_t)pg, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
+                     -1, 0);
+    KT_CHECK(own != MAP_FAILED);
+    KT_CHECK(kvli_host_readable((uint64_t)(uintptr_t)own + 1, 4 * (uint64_t)pg - 2, &bad) == 0);
     return 0;
 }
 
@@ -204,8 +306,15 @@ int main(void)
     layout();
     ranges();
     many_pages();
+    many_mappings();
+    file_past_end();
     through_registration();
+    in_child(forked_child);
+    /* the parent's view is its own again: pages 0 to 2 are still here */
+    uint64_t bad = 0;
+    KT_CHECK(kvli_host_readable(at(0, 5), 3 * (uint64_t)pg - 10, &bad) == 0);
     in_child(seccomp_child);
+    in_child(no_query_child);
     in_child(nofile_child);
     printf("ok\n");
     return 0;
