@@ -71,6 +71,7 @@ _MEM_LATER = {"BLOCK": "BLOCK memory (raw block devices) is not served by kvlane
               nixl_mem_t.BLK_SEG: "BLOCK memory (raw block devices) is not served by kvlane",
               nixl_mem_t.OBJ_SEG: "OBJ memory (object stores) is not served by kvlane"}
 _MEM_STR = {k: v for k, v in _MEM.items() if type(k) is str}
+_new_object = object.__new__
 _SEG = {"DRAM": nixl_mem_t.DRAM_SEG, "VRAM": nixl_mem_t.VRAM_SEG, "FILE": nixl_mem_t.FILE_SEG}
 
 
@@ -500,16 +501,20 @@ def _xfer_dlist(mem_type, descs):
     return nixlXferDList(mem_type, list(descs))
 
 
+def _engine_rows(rows):
+    """Whether rows are what engines pass to register_memory: (int, int,
+    int, str) tuples (the C module checks the address and length)."""
+    for t in rows:
+        if not (type(t) is tuple and len(t) == 4 and type(t[2]) is int and type(t[3]) is str):
+            return False
+    return True
+
+
 def _check_width(rows, width, what):
     """NIXL's tuple shapes: 3-tuples for transfers, 4-tuples for
     registrations (kvlane also takes 3-tuples there: the meta is empty)."""
-    if width == 4:
-        for t in rows:
-            if not (type(t) is tuple and len(t) == 4 and type(t[2]) is int and
-                    type(t[3]) is str):
-                break
-        else:
-            return  # what engines pass: (int, int, int, str); the C module checks the ints
+    if width == 4 and _engine_rows(rows):
+        return
     ok = (3, 4) if width == 4 else (3,)
     for i, t in enumerate(rows):
         if not isinstance(t, tuple):
@@ -619,7 +624,14 @@ def _to_reg(descs, mem_type):
     if isinstance(descs, nixlRegDList):
         return descs
     if type(descs) is list and descs and type(descs[0]) is tuple and mem_type is not None:
-        return nixlRegDList(mem_type, descs)    # tuples, as engines pass them
+        # tuples, as engines pass them: built without __init__ (a registration's
+        # fixed cost) when the memory type is a name and the rows have NIXL's shape
+        kind = _MEM_STR.get(mem_type) if type(mem_type) is str else None
+        if kind is not None and _engine_rows(descs):
+            d = _new_object(nixlRegDList)
+            d.mem_type, d._rep, d._descs = kind, None, descs.copy()
+            return d
+        return nixlRegDList(mem_type, descs)
     if isinstance(descs, nixlXferDList):
         return nixlRegDList(descs.mem_type, descs.descs())
     if _is_tensor(descs):
