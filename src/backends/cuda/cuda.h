@@ -261,7 +261,7 @@ typedef struct kvli_cuda_mh {
     uint64_t buffer_id;              /* VRAM: detects free + reuse */
     uint32_t nchunks;                /* VMM chunks the region spans */
     int exportable;                  /* peers can map it */
-    char why_local[240];             /* when !exportable */
+    char why_local[240];             /* VRAM, when !exportable */
     CUipcMemHandle ipc;              /* legacy */
     int pinned_here;                 /* host: we called cuMemHostRegister */
     uint64_t pin_base, pin_len;
@@ -602,6 +602,7 @@ struct kvli_cuda_iface {
     kvli_cuda_mh_t *pin_head, *pin_tail;
     pthread_t pin_thread;
     int pin_started, pin_stop;
+    int pin_idle;                    /* the thread waits for work: wake it */
 };
 
 kvl_status_t kvli_cuda_xfer_post(void *bk, kvl_bk_xfer_t *x, kvl_error_t *err);

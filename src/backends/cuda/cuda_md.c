@@ -373,8 +373,9 @@ kvl_status_t kvli_cuda_md_reg(void *bk, const kvl_region_info_t *r, void **mh_p,
     const kvli_cuda_drv_t *d = iface->drv;
     kvli_cuda_mh_t *mh;
     kvl_status_t st;
-    char det[384] = "";
+    char det[384];
 
+    det[0] = '\0';
     if (r == NULL || mh_p == NULL || r->len == 0 || r->addr + r->len < r->addr) {
         kvl_bk_error_set(err, KVL_ERR_INVALID_ARG, 0, KVLI_CUDA_NAME, -1,
                          "register [0x%" PRIx64 ", +%" PRIu64 "): empty or wrapping range",
@@ -408,14 +409,11 @@ kvl_status_t kvli_cuda_md_reg(void *bk, const kvl_region_info_t *r, void **mh_p,
     } else {
         mh->kind = KVLI_CUDA_MEM_HOST;
         mh->dev = -1;
-        if (r->shm_fd >= 0) {
+        if (r->shm_fd >= 0) { /* otherwise peers' GPUs cannot map it */
             mh->exportable = 1;
             mh->shm_id = r->shm_id;
             mh->shm_off = r->shm_off;
             mh->shm_size = r->shm_size;
-        } else {
-            kvl_bk_scopy(mh->why_local, sizeof(mh->why_local),
-                         "host memory not from kvl_mem_alloc: peers' GPUs cannot map it");
         }
         /* No driver call here but with pin_host=sync: asking the driver
          * whether the range is page-locked already costs ~2 us a region

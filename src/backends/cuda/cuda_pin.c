@@ -65,8 +65,11 @@ static void *kvli_cuda_pin_main(void *arg)
     char eb[160];
     pthread_mutex_lock(&iface->pin_lock);
     for (;;) {
-        while (iface->pin_head == NULL && !iface->pin_stop)
+        while (iface->pin_head == NULL && !iface->pin_stop) {
+            iface->pin_idle = 1;
             pthread_cond_wait(&iface->pin_cond, &iface->pin_lock);
+            iface->pin_idle = 0;
+        }
         if (iface->pin_stop)
             break;
         kvli_cuda_mh_t *mh = iface->pin_head;
@@ -94,7 +97,7 @@ void kvli_cuda_pin_init(kvli_cuda_iface_t *iface)
 {
     kvli_lock_init(&iface->pin_lock, &iface->pin_cond);
     iface->pin_head = iface->pin_tail = NULL;
-    iface->pin_started = iface->pin_stop = 0;
+    iface->pin_started = iface->pin_stop = iface->pin_idle = 0;
 }
 
 void kvli_cuda_pin_fini(kvli_cuda_iface_t *iface)
@@ -135,7 +138,13 @@ void kvli_cuda_pin_host(kvli_cuda_iface_t *iface, kvli_cuda_mh_t *mh, char *det,
             iface->pin_tail = mh;
             mh->pin_state = KVLI_CUDA_PIN_QUEUED;
             mh->pin_async = 1;
-            pthread_cond_broadcast(&iface->pin_cond);
+            /* a busy thread looks at the queue before it waits again: only
+             * an idle one needs waking (one wake-up for a list, not a
+             * system call a region) */
+            if (iface->pin_idle) {
+                iface->pin_idle = 0;
+                pthread_cond_broadcast(&iface->pin_cond);
+            }
             pthread_mutex_unlock(&iface->pin_lock);
             kvl_bk_scopy(det, dl, "host memory, pinned by cuMemHostRegister in the background "
                          "unless page-locked already (GPU copies are staged by the driver "
