@@ -12,6 +12,7 @@
 #include <sys/ioctl.h>
 #include <sys/mman.h>
 #include <stdlib.h>
+#include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <sys/uio.h>
 #include "errname.h"
@@ -96,18 +97,29 @@ static int kvli_host_pipe_probe(const struct iovec *iov, size_t n)
     static int fds[2] = {-1, -1};
     static pid_t owner = -1;
     static size_t held; /* bytes in the pipe */
+    static ino_t ino;   /* the pipe's (both ends share it) */
     ssize_t w;
     int rc;
     if (n > 1024)
         return -1;
     pthread_mutex_lock(&lock);
     if (owner != kvli_host_pid()) {
-        if (fds[0] >= 0) { /* the parent's pipe, inherited: ours to close */
-            close(fds[0]);
-            close(fds[1]);
-        }
-        if (pipe2(fds, O_CLOEXEC | O_NONBLOCK) != 0)
+        /* the parent's pipe, inherited: ours to close, unless the child
+         * closed those numbers and reused them */
+        struct stat st;
+        for (int k = 0; k < 2; k++)
+            if (fds[k] >= 0 && fstat(fds[k], &st) == 0 && S_ISFIFO(st.st_mode) && st.st_ino == ino)
+                close(fds[k]);
+        int made = pipe2(fds, O_CLOEXEC | O_NONBLOCK) == 0;
+        if (!made || fstat(fds[0], &st) != 0) {
+            if (made) {
+                close(fds[0]);
+                close(fds[1]);
+            }
             fds[0] = fds[1] = -1;
+        } else {
+            ino = st.st_ino;
+        }
         owner = fds[0] >= 0 ? kvli_host_pid() : -1;
         held = 0;
     }
@@ -363,9 +375,15 @@ _Static_assert(sizeof(struct kvli_procmap_query) == 104, "struct procmap_query o
 
 /* This process's /proc/self/maps, opened at the first check; a forked
  * child's inherited descriptor describes its parent, so the child opens
- * its own (kvli_host_pid is refreshed at fork). */
+ * its own (kvli_host_pid is refreshed at fork) and closes the inherited
+ * one only if that number still names the file opened (the child may have
+ * closed it and reused the number). A descriptor closed behind kvlane's
+ * back (EBADF, or ENOTTY from whatever took its number) is let go, never
+ * closed, and the next check opens a new one. */
 static pthread_mutex_t kvli_host_maps_lock = PTHREAD_MUTEX_INITIALIZER;
-static int kvli_host_maps_fd = -1;
+static _Atomic int kvli_host_maps_fd = -1; /* read without the lock once owned */
+static dev_t kvli_host_maps_dev;
+static ino_t kvli_host_maps_ino;
 static _Atomic pid_t kvli_host_maps_owner = -1; /* set (release) once fd is this process's */
 static bool kvli_host_maps_none; /* no PROCMAP_QUERY here: never ask again */
 
@@ -377,10 +395,19 @@ static int kvli_host_maps(void)
         return kvli_host_maps_fd;
     pthread_mutex_lock(&kvli_host_maps_lock);
     if (kvli_host_maps_owner != me && !kvli_host_maps_none) {
-        if (kvli_host_maps_fd >= 0)
+        struct stat st;
+        if (kvli_host_maps_fd >= 0 && fstat(kvli_host_maps_fd, &st) == 0 &&
+            st.st_dev == kvli_host_maps_dev && st.st_ino == kvli_host_maps_ino)
             close(kvli_host_maps_fd); /* the parent's, inherited */
         kvli_host_maps_fd = open("/proc/self/maps", O_RDONLY | O_CLOEXEC);
         kvli_host_maps_owner = -1;
+        if (kvli_host_maps_fd >= 0 && fstat(kvli_host_maps_fd, &st) == 0) {
+            kvli_host_maps_dev = st.st_dev;
+            kvli_host_maps_ino = st.st_ino;
+        } else if (kvli_host_maps_fd >= 0) {
+            close(kvli_host_maps_fd);
+            kvli_host_maps_fd = -1;
+        }
         if (kvli_host_maps_fd >= 0) {
             /* this function's own code is mapped: any failure means the
              * kernel has no such query (ENOTTY before 6.11) */
@@ -400,6 +427,18 @@ static int kvli_host_maps(void)
     int fd = kvli_host_maps_owner == me ? kvli_host_maps_fd : -1;
     pthread_mutex_unlock(&kvli_host_maps_lock);
     return fd;
+}
+
+/* fd stopped answering as /proc/self/maps: let it go (not closed: the
+ * number may be someone else's now). */
+static void kvli_host_maps_lost(int fd)
+{
+    pthread_mutex_lock(&kvli_host_maps_lock);
+    if (kvli_host_maps_fd == fd && kvli_host_maps_owner == kvli_host_pid()) {
+        kvli_host_maps_owner = -1;
+        kvli_host_maps_fd = -1;
+    }
+    pthread_mutex_unlock(&kvli_host_maps_lock);
 }
 
 int kvli_host_maps_query_available(void)
@@ -428,7 +467,10 @@ static int kvli_host_vma_range(int fd, kvli_host_range_t *r, kvli_host_vma_t *c,
             struct kvli_procmap_query q = {.size = sizeof(q), .query_addr = at};
             if (ioctl(fd, KVLI_PROCMAP_QUERY, &q) != 0) {
                 c->valid = false;
-                if (errno != ENOENT)
+                int e = errno;
+                if (e == EBADF || e == ENOTTY)
+                    kvli_host_maps_lost(fd);
+                if (e != ENOENT)
                     return 0;
                 r->err = ENOMEM; /* nothing mapped at 'at' */
                 r->bad = 0;

@@ -7,17 +7,20 @@
  * made unreadable and unmapped on purpose, on more pages than one probe
  * call takes, on a list spread over more mappings than the queries take,
  * on a file mapping that runs past its file, in a forked child that
- * unmapped what its parent still has, in children under a seccomp filter
+ * unmapped what its parent still has, after the descriptor kvlane holds
+ * was closed and its number reused behind its back (and the probe pipe's), in children under a seccomp filter
  * that refuses process_vm_readv or the query's ioctl, and without file
  * descriptors, and through kvl_mem_register on a 1,000-region list. */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <fcntl.h>
 #include <stddef.h>
 #include <string.h>
 #include <unistd.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/uio.h>
 #include <sys/wait.h>
@@ -231,6 +234,71 @@ static int no_query_child(void)
     return 0;
 }
 
+/* The number of the descriptor kvlane holds on this process's
+ * /proc/<pid>/maps, or -1. */
+static int maps_fd(void)
+{
+    char want[64], path[64], got[64];
+    snprintf(want, sizeof(want), "/proc/%d/maps", (int)getpid());
+    for (int fd = 0; fd < 1024; fd++) {
+        snprintf(path, sizeof(path), "/proc/self/fd/%d", fd);
+        ssize_t n = readlink(path, got, sizeof(got) - 1);
+        if (n > 0 && (size_t)n == strlen(want) && memcmp(got, want, (size_t)n) == 0)
+            return fd;
+    }
+    return -1;
+}
+
+/* The descriptor closed behind kvlane's back and its number taken by a
+ * pipe: kvlane answers by the probes, lets the number go without closing
+ * it (the pipe stays open), and opens a new descriptor next time. */
+static int lost_fd_child(void)
+{
+    if (!kvli_host_maps_query_available()) {
+        printf("no PROCMAP_QUERY here: a lost descriptor not checked\n");
+        return 0;
+    }
+    int fd = maps_fd(), p[2];
+    KT_CHECK(fd >= 0 && pipe(p) == 0 && dup2(p[0], fd) == fd);
+    uint64_t bad = 0;
+    KT_CHECK(kvli_host_readable(at(0, 5), 100, &bad) == 0);
+    KT_CHECK(kvli_host_readable(at(6, 0), 8, &bad) == ENOMEM);
+    struct stat was, is;
+    KT_CHECK(fstat(p[0], &was) == 0 && fstat(fd, &is) == 0 && was.st_ino == is.st_ino);
+    KT_CHECK(kvli_host_maps_query_available());
+    KT_CHECK(maps_fd() >= 0 && maps_fd() != fd);
+    ranges();
+    return 0;
+}
+
+/* The child closes the probe pipe it inherited and its numbers go to
+ * files of its own: kvlane's first probe in the child makes a new pipe and
+ * leaves those files open. */
+static int reused_pipe_child(void)
+{
+    int reused[4], n = 0, dn = open("/dev/null", O_RDONLY | O_CLOEXEC);
+    char path[64], got[64];
+    KT_CHECK(dn >= 0);
+    for (int fd = 3; fd < 1024 && n < 4; fd++) {
+        snprintf(path, sizeof(path), "/proc/self/fd/%d", fd);
+        ssize_t k = readlink(path, got, sizeof(got) - 1);
+        if (k > 5 && memcmp(got, "pipe:", 5) == 0) {
+            KT_CHECK(dup2(dn, fd) == fd); /* closes the pipe end, takes its number */
+            reused[n++] = fd;
+        }
+    }
+    if (n == 0) {
+        printf("no inherited probe pipe: not checked\n");
+        return 0;
+    }
+    file_past_end(); /* the probes of a file mapping */
+    struct stat st, null;
+    KT_CHECK(stat("/dev/null", &null) == 0);
+    for (int i = 0; i < n; i++)
+        KT_CHECK(fstat(reused[i], &st) == 0 && st.st_rdev == null.st_rdev);
+    return 0;
+}
+
 /* A forked child inherits its parent's /proc/self/maps descriptor, which
  * describes the parent: the child must look at its own mappings. It
  * unmaps pages 0 to 2, which the parent keeps; its checks find the hole,
@@ -313,6 +381,8 @@ int main(void)
     /* the parent's view is its own again: pages 0 to 2 are still here */
     uint64_t bad = 0;
     KT_CHECK(kvli_host_readable(at(0, 5), 3 * (uint64_t)pg - 10, &bad) == 0);
+    in_child(lost_fd_child);
+    in_child(reused_pipe_child);
     in_child(seccomp_child);
     in_child(no_query_child);
     in_child(nofile_child);
