@@ -72,6 +72,7 @@ _MEM_LATER = {"BLOCK": "BLOCK memory (raw block devices) is not served by kvlane
               nixl_mem_t.OBJ_SEG: "OBJ memory (object stores) is not served by kvlane"}
 _MEM_STR = {k: v for k, v in _MEM.items() if type(k) is str}
 _new_object = object.__new__
+_time_ns = time.time_ns
 _SEG = {"DRAM": nixl_mem_t.DRAM_SEG, "VRAM": nixl_mem_t.VRAM_SEG, "FILE": nixl_mem_t.FILE_SEG}
 
 
@@ -1318,8 +1319,10 @@ class nixl_agent:
                                hint="time transfers with get_xfer_telemetry, or `kvlane bench`")
 
     def transfer(self, handle, notif_msg=b""):
-        h = _xh(handle)
-        notif = _msg(notif_msg)
+        # engines' call, first: their handle, no message (b"" or None)
+        h = handle if type(handle) is nixl_xfer_handle else _xh(handle)
+        notif = (None if notif_msg is None or (type(notif_msg) is bytes and not notif_msg)
+                 else _msg(notif_msg))
         if notif is not None and notif != h.notif:
             if h.xfer and h.xfer.state == "POSTED":
                 raise as_nixl(StateError("transfer: the handle is still in progress; a new "
@@ -1331,7 +1334,7 @@ class nixl_agent:
             h.xfer = h._make(notif)
             h.notif = notif
             old.release()
-        h.start_us = time.time_ns() // 1000
+        h.start_us = _time_ns() // 1000
         h.error = None
         try:
             return "DONE" if h.xfer.post() else "PROC"
@@ -1344,7 +1347,7 @@ class nixl_agent:
             raise
 
     def check_xfer_state(self, handle):
-        h = _xh(handle)
+        h = handle if type(handle) is nixl_xfer_handle else _xh(handle)
         try:
             return "DONE" if h.xfer.test() else "PROC"
         except StateError as e:
