@@ -775,7 +775,27 @@ static PyObject *kvlpy_rdma_usable(PyObject *mod, PyObject *unused)
 
 static PyObject *kvlpy_listener_built(PyObject *mod, PyObject *unused);
 
+/* engine_rows(rows) -> whether rows is a list of exactly (int, int, int,
+ * str) 4-tuples: what engines pass to register_memory, taken without the
+ * per-row checks of other shapes (kvlane.nixl). */
+static PyObject *kvlpy_engine_rows(PyObject *mod, PyObject *rows)
+{
+    (void)mod;
+    if (!PyList_CheckExact(rows))
+        Py_RETURN_FALSE;
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(rows); i++) {
+        PyObject *t = PyList_GET_ITEM(rows, i);
+        if (!PyTuple_CheckExact(t) || PyTuple_GET_SIZE(t) != 4 ||
+            !PyLong_CheckExact(PyTuple_GET_ITEM(t, 2)) ||
+            !PyUnicode_CheckExact(PyTuple_GET_ITEM(t, 3)))
+            Py_RETURN_FALSE;
+    }
+    Py_RETURN_TRUE;
+}
+
 static PyMethodDef kvlpy_module_methods[] = {
+    {"engine_rows", kvlpy_engine_rows, METH_O,
+     "engine_rows(rows) -> True for a list of (int, int, int, str) tuples."},
     {"_set_error_factory", kvlpy_set_error_factory, METH_O, "Install the exception factory."},
     {"buffer_info", kvlpy_buffer_info, METH_O,
      "buffer_info(obj) -> (address, nbytes, readonly) of a contiguous buffer."},
