@@ -338,6 +338,18 @@ def test_garbage_refused(agent):
     with pytest.raises(TypeError, match="device '0' is not an integer"):
         agent.register_memory([(4096, 4096, "0", "")], "DRAM")
     assert agent.get_reg_descs([(4096, 4096, np.int64(0), b"m")], "DRAM")[0][3] == b"m"
+    # engines' (int, int, int, str) rows are recognised in C and skip the
+    # per-row checks: the list registered is a copy, and a bad row after
+    # good ones is still refused by them
+    buf = np.zeros(8192, np.uint8)
+    rows = [(buf.ctypes.data, 4096, 0, "")]
+    reg = agent.register_memory(rows, "DRAM")
+    rows.append((buf.ctypes.data + 4096, 4096, 0, ""))
+    assert len(reg) == 1 and reg.report.ok and reg.report.entries[0].len == 4096
+    agent.deregister_memory(reg)
+    with pytest.raises(TypeError, match="descriptor 1: device '0' is not an integer"):
+        agent.register_memory([(buf.ctypes.data, 4096, 0, ""),
+                               (buf.ctypes.data + 4096, 4096, "0", "")], "DRAM")
     a, b = np.zeros(4096, np.uint8), np.zeros(4096, np.uint8)
     mixed = [FakeTensor(a, FakeDevice("cpu")), FakeTensor(b, FakeDevice("cuda", 0))]
     with pytest.raises(kvlane.InvalidArgument, match="two devices"):
