@@ -8,14 +8,19 @@
  * listener here, each with one round trip. The composite's CPU against
  * bench/etcd_scale's "CPU of one agent process until joined" says how much
  * of an agent's join is the machine's price for these operations (see
- * docs/performance.md, etcd section). Medians of many runs.
+ * docs/performance.md, etcd section). Last, the price of a system call
+ * (getppid) on each CPU the process may run on: on a VM whose vCPUs are not
+ * alike, a row heavy in system calls measures the vCPU it landed on
+ * (docs/performance.md, session 20). Medians of many runs.
  *
  *   build/bench/os_costs [reps]
  */
+#define _GNU_SOURCE
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -262,5 +267,27 @@ int main(int argc, char **argv)
     }
     printf("%-52s %9.2f ms\n", "join-shaped child (9 threads, 10 connections): CPU",
            (double)median(v, n) / 1e3);
+
+    cpu_set_t all, one;
+    if (sched_getaffinity(0, sizeof(all), &all) != 0)
+        return 0;
+    for (int c = 0; c < CPU_SETSIZE; c++) {
+        if (!CPU_ISSET(c, &all))
+            continue;
+        CPU_ZERO(&one);
+        CPU_SET(c, &one);
+        if (sched_setaffinity(0, sizeof(one), &one) != 0)
+            continue;
+        for (int r = 0; r < reps; r++) {
+            uint64_t t0 = now_ns();
+            for (int k = 0; k < 100; k++)
+                (void)getppid();
+            v[r] = (now_ns() - t0) / 100;
+        }
+        char what[64];
+        snprintf(what, sizeof(what), "a system call (getppid) on CPU %d", c);
+        printf("%-52s %9.3f us\n", what, (double)median(v, reps) / 1e3);
+    }
+    (void)sched_setaffinity(0, sizeof(all), &all);
     return 0;
 }
