@@ -8,9 +8,10 @@
  * call takes, on a list spread over more mappings than the queries take,
  * on a file mapping that runs past its file, in a forked child that
  * unmapped what its parent still has, after the descriptor kvlane holds
- * was closed and its number reused behind its back (and the probe pipe's), in children under a seccomp filter
- * that refuses process_vm_readv or the query's ioctl, and without file
- * descriptors, and through kvl_mem_register on a 1,000-region list. */
+ * (and the probe pipe) was closed and its number reused behind its back,
+ * in children under a seccomp filter that refuses process_vm_readv or the
+ * query's ioctl, and without file descriptors, and through
+ * kvl_mem_register on a 1,000-region list. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
