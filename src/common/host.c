@@ -476,7 +476,8 @@ static int kvli_host_vma_range(int fd, kvli_host_range_t *r, kvli_host_vma_t *c,
                 r->bad = 0;
                 return 1;
             }
-            *c = (kvli_host_vma_t){q.vma_start, q.vma_end, (q.vma_flags & KVLI_PROCMAP_READABLE) != 0,
+            *c = (kvli_host_vma_t){q.vma_start, q.vma_end,
+                                   (q.vma_flags & KVLI_PROCMAP_READABLE) != 0,
                                    q.inode == 0 && q.dev_major == 0 && q.dev_minor == 0, true};
             if (at < c->start || at >= c->end) { /* not what was asked: trust nothing */
                 c->valid = false;

@@ -185,7 +185,8 @@ static void file_past_end(void)
     KT_CHECK(m != MAP_FAILED);
     uint64_t bad = 0, a = (uint64_t)(uintptr_t)m;
     KT_CHECK(kvli_host_readable(a + 8, (uint64_t)pg - 8, &bad) == 0);
-    KT_CHECK(kvli_host_readable(a + 8, (uint64_t)pg, &bad) == EFAULT && bad == a + (uint64_t)pg + 7);
+    KT_CHECK(kvli_host_readable(a + 8, (uint64_t)pg, &bad) == EFAULT &&
+             bad == a + (uint64_t)pg + 7);
     munmap(m, 2 * (size_t)pg);
     close(fd);
 }
