@@ -321,9 +321,7 @@ class nixlRegDList(_DescList):
     __slots__ = ("mem_type", "_descs", "_rep", "__weakref__")
 
     def __init__(self, mem_type, descs=0):
-        self.mem_type = _MEM_STR.get(mem_type) if type(mem_type) is str else None
-        if self.mem_type is None:
-            self.mem_type = _mem(mem_type)
+        self.mem_type = _mem(mem_type)
         self._rep = None
         if type(descs) is list:     # engines' shape, first
             _check_width(descs, 4, "registration")
@@ -1026,24 +1024,19 @@ class nixl_agent:
         rows = descs._descs
         if not rows:
             return descs
-        kind = descs.mem_type
-        if kind == "DRAM":          # engines' case, first: NIXL's DRAM device id is no NUMA node
-            try:
-                descs._rep = self.agent._register(rows, kind, bk, False, -1)
-            except Error as e:
-                raise as_nixl(e, nixlBackendError) from None
-            return descs
-        opened = []
+        kind, opened = descs.mem_type, ()
         if kind == "FILE":
             rows, opened = self._file_rows(descs)
         try:
-            rep = self.agent._register(rows, kind, bk, False, None)
+            # a RegistrationReport on first use of descs.report; NIXL's DRAM
+            # device id is no NUMA node
+            descs._rep = self.agent._register(rows, kind, bk, False,
+                                              -1 if kind == "DRAM" else None)
         except Error as e:
             self._file_close(opened)
             raise as_nixl(e, nixlBackendError) from None
         for dev_id, fd in opened:
             self._path_fds[dev_id] = fd
-        descs._rep = rep            # a RegistrationReport on first use of descs.report
         return descs
 
     def deregister_memory(self, dereg_list, backends=_EMPTY):
@@ -1051,12 +1044,6 @@ class nixl_agent:
         if backends is not _EMPTY:
             self._bk(backends, "deregister_memory")
         if not descs._descs:
-            return
-        if descs.mem_type == "DRAM":
-            try:
-                self.agent._deregister(descs._descs, -1)
-            except Error as e:
-                raise as_nixl(e, nixlBackendError) from None
             return
         rows, closing = descs._descs, []
         if descs.mem_type == "FILE" and self._path_fds:
@@ -1067,7 +1054,7 @@ class nixl_agent:
                     closing.append(int(d[2]))
                 rows.append((int(d[0]), int(d[1]), int(d[2]) if fd is None else fd))
         try:
-            self.agent._deregister(rows, None)
+            self.agent._deregister(rows, -1 if descs.mem_type == "DRAM" else None)
         except Error as e:
             raise as_nixl(e, nixlBackendError) from None
         if closing:

@@ -84,6 +84,15 @@ static pid_t kvli_host_pid(void)
  */
 #define KVLI_HOST_PIPE_KEEP 4096u
 
+/* Whether fd still names the file kvlane opened as (dev, ino): a forked
+ * child closes a descriptor it inherited only then (it may have closed the
+ * number and reused it for a file of its own). */
+static bool kvli_host_fd_is(int fd, dev_t dev, ino_t ino)
+{
+    struct stat st;
+    return fd >= 0 && fstat(fd, &st) == 0 && st.st_dev == dev && st.st_ino == ino;
+}
+
 static void kvli_host_pipe_drain(int fd)
 {
     char sink[1024];
@@ -97,7 +106,8 @@ static int kvli_host_pipe_probe(const struct iovec *iov, size_t n)
     static int fds[2] = {-1, -1};
     static pid_t owner = -1;
     static size_t held; /* bytes in the pipe */
-    static ino_t ino;   /* the pipe's (both ends share it) */
+    static dev_t dev;   /* the pipe's (both ends share them) */
+    static ino_t ino;
     ssize_t w;
     int rc;
     if (n > 1024)
@@ -108,7 +118,7 @@ static int kvli_host_pipe_probe(const struct iovec *iov, size_t n)
          * closed those numbers and reused them */
         struct stat st;
         for (int k = 0; k < 2; k++)
-            if (fds[k] >= 0 && fstat(fds[k], &st) == 0 && S_ISFIFO(st.st_mode) && st.st_ino == ino)
+            if (kvli_host_fd_is(fds[k], dev, ino))
                 close(fds[k]);
         int made = pipe2(fds, O_CLOEXEC | O_NONBLOCK) == 0;
         if (!made || fstat(fds[0], &st) != 0) {
@@ -118,6 +128,7 @@ static int kvli_host_pipe_probe(const struct iovec *iov, size_t n)
             }
             fds[0] = fds[1] = -1;
         } else {
+            dev = st.st_dev;
             ino = st.st_ino;
         }
         owner = fds[0] >= 0 ? kvli_host_pid() : -1;
@@ -376,10 +387,10 @@ _Static_assert(sizeof(struct kvli_procmap_query) == 104, "struct procmap_query o
 /* This process's /proc/self/maps, opened at the first check; a forked
  * child's inherited descriptor describes its parent, so the child opens
  * its own (kvli_host_pid is refreshed at fork) and closes the inherited
- * one only if that number still names the file opened (the child may have
- * closed it and reused the number). A descriptor closed behind kvlane's
- * back (EBADF, or ENOTTY from whatever took its number) is let go, never
- * closed, and the next check opens a new one. */
+ * one only if that number still names the file opened (kvli_host_fd_is).
+ * A descriptor closed behind kvlane's back (EBADF, or ENOTTY from whatever
+ * took its number) is let go, never closed, and the next check opens a new
+ * one. */
 static pthread_mutex_t kvli_host_maps_lock = PTHREAD_MUTEX_INITIALIZER;
 static _Atomic int kvli_host_maps_fd = -1; /* read without the lock once owned */
 static dev_t kvli_host_maps_dev;
@@ -396,8 +407,7 @@ static int kvli_host_maps(void)
     pthread_mutex_lock(&kvli_host_maps_lock);
     if (kvli_host_maps_owner != me && !kvli_host_maps_none) {
         struct stat st;
-        if (kvli_host_maps_fd >= 0 && fstat(kvli_host_maps_fd, &st) == 0 &&
-            st.st_dev == kvli_host_maps_dev && st.st_ino == kvli_host_maps_ino)
+        if (kvli_host_fd_is(kvli_host_maps_fd, kvli_host_maps_dev, kvli_host_maps_ino))
             close(kvli_host_maps_fd); /* the parent's, inherited */
         kvli_host_maps_fd = open("/proc/self/maps", O_RDONLY | O_CLOEXEC);
         kvli_host_maps_owner = -1;
