@@ -739,8 +739,11 @@ class nixl_xfer_handle:
 _EMPTY = ()
 
 
-class nixl_agent:
-    """NIXL's Python agent on kvlane (see the module docstring)."""
+class nixl_agent(_kvlane.NixlAgentBase):
+    """NIXL's Python agent on kvlane (see the module docstring).
+    register_memory and deregister_memory come from the C base class for
+    the shapes engines pass; it calls _register_memory_py and
+    _deregister_memory_py below for every other call."""
 
     def __init__(self, agent_name, nixl_conf=None, instantiate_all=False):
         if nixl_conf is not None and instantiate_all:
@@ -1018,7 +1021,7 @@ class nixl_agent:
         return _DescUnpickler(io.BytesIO(serialized_descs)).load()
 
     # ---- memory ----
-    def register_memory(self, reg_list, mem_type=None, backends=_EMPTY, *, is_sorted=False):
+    def _register_memory_py(self, reg_list, mem_type=None, backends=_EMPTY, *, is_sorted=False):
         descs = reg_list if type(reg_list) is nixlRegDList else _to_reg(reg_list, mem_type)
         bk = None if backends is _EMPTY else self._bk(backends, "register_memory")
         rows = descs._descs
@@ -1039,7 +1042,7 @@ class nixl_agent:
             self._path_fds[dev_id] = fd
         return descs
 
-    def deregister_memory(self, dereg_list, backends=_EMPTY):
+    def _deregister_memory_py(self, dereg_list, backends=_EMPTY):
         descs = dereg_list if type(dereg_list) is nixlRegDList else _to_reg(dereg_list, None)
         if backends is not _EMPTY:
             self._bk(backends, "deregister_memory")
@@ -1562,3 +1565,10 @@ def _no_central_store():
     return UnsupportedError(what, hint="set NIXL_ETCD_ENDPOINTS before creating the nixl_agent, "
                                        "pass the peer listener's ip_addr and port, or exchange "
                                        "get_agent_metadata() bytes yourself")
+
+
+# nixl_agent's C base (register_memory, deregister_memory) reads these:
+# the list class it returns, the memory type names, how a failed
+# registration becomes a nixlBackendError, and the "left out" sentinel.
+_kvlane._nixl_bind(nixlRegDList, _MEM_STR, lambda e: as_nixl(e, nixlBackendError), Error,
+                   _EMPTY)

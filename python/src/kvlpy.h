@@ -73,6 +73,15 @@ extern PyTypeObject kvlpy_dlist_type;
 extern PyTypeObject kvlpy_prep_type;
 extern PyTypeObject kvlpy_xfer_type;
 extern PyTypeObject kvlpy_report_type;
+extern PyTypeObject kvlpy_nixl_base_type;
+
+/* ---- kvlane.nixl's C part (kvlpy_nixl.c) ---- */
+
+/* _nixl_bind(): hands NixlAgentBase what it needs from kvlane.nixl. */
+PyObject *kvlpy_nixl_bind(PyObject *mod, PyObject *args);
+/* 1 when rows is a list of (int, int, int, str) tuples, as engines pass to
+ * register_memory (taken without the per-row checks of other shapes). */
+int kvlpy_engine_rows_ok(PyObject *rows);
 
 /* ---- errors (kvlpy_module.c) ---- */
 
@@ -133,6 +142,14 @@ int kvlpy_kind_get(PyObject *obj, kvl_mem_kind_t *kind_p);
  * Returns -1 with an exception set when closed. */
 int kvlpy_agent_enter(kvlpy_agent_t *a);
 void kvlpy_agent_leave(kvlpy_agent_t *a);
+/* Register regions (as kvlpy_regions_get reads them; dev and force_dev as
+ * there) with prm: the report object (None when the library made none), or
+ * NULL with kvlane's exception set, the report attached. */
+PyObject *kvlpy_agent_register_rows(kvlpy_agent_t *self, PyObject *regions,
+                                    const kvl_reg_params_t *prm, int32_t dev, int force_dev);
+/* Deregister them: None, or NULL with the exception set. */
+PyObject *kvlpy_agent_deregister_rows(kvlpy_agent_t *self, PyObject *regions, int32_t dev,
+                                      int force_dev);
 /* Close every live agent, newest first (the atexit hook). */
 void kvlpy_agents_shutdown(void);
 

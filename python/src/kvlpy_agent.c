@@ -472,6 +472,45 @@ static int kvlpy_dev_override(PyObject *o, int32_t *dev)
     return kvlpy_dev_obj(o, -1, dev);
 }
 
+PyObject *kvlpy_agent_register_rows(kvlpy_agent_t *self, PyObject *regions,
+                                    const kvl_reg_params_t *prm, int32_t dev, int force_dev)
+{
+    size_t n;
+    kvl_mem_desc_t *d = kvlpy_regions_get(regions, dev, force_dev, &n);
+    if (d == NULL)
+        return NULL;
+    if (kvlpy_agent_enter(self) < 0) {
+        PyMem_Free(d);
+        return NULL;
+    }
+    kvl_reg_report_t *rep = NULL;
+    kvl_status_t st;
+    Py_BEGIN_ALLOW_THREADS
+    st = kvl_mem_register(self->agent, d, n, prm, &rep);
+    Py_END_ALLOW_THREADS
+    kvl_error_t *err = NULL;
+    if (st != KVL_OK) {
+        /* Building the report may call into libkvlane: keep the error. */
+        err = PyMem_Malloc(sizeof(*err));
+        if (err)
+            memcpy(err, kvl_last_error(), sizeof(*err));
+    }
+    kvlpy_agent_leave(self);
+    PyMem_Free(d);
+    PyObject *r = kvlpy_report_wrap(rep);
+    if (st != KVL_OK) {
+        if (r == NULL) {
+            PyErr_Clear();
+            r = Py_NewRef(Py_None);
+        }
+        kvlpy_raise_err(err, st, r);
+        PyMem_Free(err);
+        Py_DECREF(r);
+        return NULL;
+    }
+    return r;
+}
+
 static PyObject *kvlpy_agent_register(kvlpy_agent_t *self, PyObject *args, PyObject *kw)
 {
     static char *kwlist[] = {"regions", "kind", "backends", "strict", "dev", NULL};
@@ -499,57 +538,16 @@ static PyObject *kvlpy_agent_register(kvlpy_agent_t *self, PyObject *args, PyObj
         prm.field_mask |= KVL_REG_PARAM_BACKENDS;
         prm.backends = names;
     }
-    size_t n;
-    kvl_mem_desc_t *d = kvlpy_regions_get(regions, dev, dev_o != Py_None, &n);
-    if (d == NULL) {
-        Py_XDECREF(keep);
-        return NULL;
-    }
-    if (kvlpy_agent_enter(self) < 0) {
-        PyMem_Free(d);
-        Py_XDECREF(keep);
-        return NULL;
-    }
-    kvl_reg_report_t *rep = NULL;
-    kvl_status_t st;
-    Py_BEGIN_ALLOW_THREADS
-    st = kvl_mem_register(self->agent, d, n, &prm, &rep);
-    Py_END_ALLOW_THREADS
-    kvl_error_t *err = NULL;
-    if (st != KVL_OK) {
-        /* Building the report may call into libkvlane: keep the error. */
-        err = PyMem_Malloc(sizeof(*err));
-        if (err)
-            memcpy(err, kvl_last_error(), sizeof(*err));
-    }
-    kvlpy_agent_leave(self);
-    PyMem_Free(d);
+    PyObject *r = kvlpy_agent_register_rows(self, regions, &prm, dev, dev_o != Py_None);
     Py_XDECREF(keep);
-    PyObject *r = kvlpy_report_wrap(rep);
-    if (st != KVL_OK) {
-        if (r == NULL) {
-            PyErr_Clear();
-            r = Py_NewRef(Py_None);
-        }
-        kvlpy_raise_err(err, st, r);
-        PyMem_Free(err);
-        Py_DECREF(r);
-        return NULL;
-    }
     return r;
 }
 
-static PyObject *kvlpy_agent_deregister(kvlpy_agent_t *self, PyObject *args, PyObject *kw)
+PyObject *kvlpy_agent_deregister_rows(kvlpy_agent_t *self, PyObject *regions, int32_t dev,
+                                      int force_dev)
 {
-    static char *kwlist[] = {"regions", "dev", NULL};
-    PyObject *regions, *dev_o = Py_None;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|O:_deregister", kwlist, &regions, &dev_o))
-        return NULL;
-    int32_t dev = KVL_DEV_ANY;
-    if (kvlpy_dev_override(dev_o, &dev) < 0)
-        return NULL;
     size_t n;
-    kvl_mem_desc_t *d = kvlpy_regions_get(regions, dev, dev_o != Py_None, &n);
+    kvl_mem_desc_t *d = kvlpy_regions_get(regions, dev, force_dev, &n);
     if (d == NULL)
         return NULL;
     if (kvlpy_agent_enter(self) < 0) {
@@ -565,6 +563,18 @@ static PyObject *kvlpy_agent_deregister(kvlpy_agent_t *self, PyObject *args, PyO
     if (st != KVL_OK)
         return kvlpy_raise(st, NULL);
     Py_RETURN_NONE;
+}
+
+static PyObject *kvlpy_agent_deregister(kvlpy_agent_t *self, PyObject *args, PyObject *kw)
+{
+    static char *kwlist[] = {"regions", "dev", NULL};
+    PyObject *regions, *dev_o = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|O:_deregister", kwlist, &regions, &dev_o))
+        return NULL;
+    int32_t dev = KVL_DEV_ANY;
+    if (kvlpy_dev_override(dev_o, &dev) < 0)
+        return NULL;
+    return kvlpy_agent_deregister_rows(self, regions, dev, dev_o != Py_None);
 }
 
 /* query_range(addr, len) -> None, or (kind, dev, addr, len, [backends]) of the

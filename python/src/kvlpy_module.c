@@ -781,21 +781,15 @@ static PyObject *kvlpy_listener_built(PyObject *mod, PyObject *unused);
 static PyObject *kvlpy_engine_rows(PyObject *mod, PyObject *rows)
 {
     (void)mod;
-    if (!PyList_CheckExact(rows))
-        Py_RETURN_FALSE;
-    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(rows); i++) {
-        PyObject *t = PyList_GET_ITEM(rows, i);
-        if (!PyTuple_CheckExact(t) || PyTuple_GET_SIZE(t) != 4 ||
-            !PyLong_CheckExact(PyTuple_GET_ITEM(t, 2)) ||
-            !PyUnicode_CheckExact(PyTuple_GET_ITEM(t, 3)))
-            Py_RETURN_FALSE;
-    }
-    Py_RETURN_TRUE;
+    return PyBool_FromLong(kvlpy_engine_rows_ok(rows));
 }
 
 static PyMethodDef kvlpy_module_methods[] = {
     {"engine_rows", kvlpy_engine_rows, METH_O,
      "engine_rows(rows) -> True for a list of (int, int, int, str) tuples."},
+    {"_nixl_bind", kvlpy_nixl_bind, METH_VARARGS,
+     "_nixl_bind(nixlRegDList, mem_str, as_error, Error, empty): what NixlAgentBase "
+     "needs from kvlane.nixl."},
     {"_set_error_factory", kvlpy_set_error_factory, METH_O, "Install the exception factory."},
     {"buffer_info", kvlpy_buffer_info, METH_O,
      "buffer_info(obj) -> (address, nbytes, readonly) of a contiguous buffer."},
@@ -849,14 +843,14 @@ PyMODINIT_FUNC PyInit__kvlane(void)
         return PyErr_Format(PyExc_ImportError, "pthread_atfork failed: kvlane cannot notice "
                             "a fork of this process");
     PyTypeObject *types[] = {&kvlpy_agent_type, &kvlpy_dlist_type, &kvlpy_prep_type,
-                             &kvlpy_xfer_type, &kvlpy_report_type};
+                             &kvlpy_xfer_type, &kvlpy_report_type, &kvlpy_nixl_base_type};
     for (size_t i = 0; i < sizeof(types) / sizeof(types[0]); i++)
         if (PyType_Ready(types[i]) < 0)
             return NULL;
     PyObject *m = PyModule_Create(&kvlpy_module);
     if (m == NULL)
         return NULL;
-    const char *names[] = {"Agent", "DList", "Prep", "Xfer", "RegReport"};
+    const char *names[] = {"Agent", "DList", "Prep", "Xfer", "RegReport", "NixlAgentBase"};
     for (size_t i = 0; i < sizeof(types) / sizeof(types[0]); i++)
         if (PyModule_AddObjectRef(m, names[i], (PyObject *)types[i]) < 0)
             goto fail;

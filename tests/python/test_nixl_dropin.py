@@ -311,6 +311,101 @@ def test_exceptions_are_nixl_classes(agent):
         agent.estimate_xfer_cost(h)
 
 
+def test_register_paths_agree(agent):
+    """register_memory / deregister_memory take engines' shapes in C
+    (NixlAgentBase) and hand every other call to the Python methods: both
+    give the same lists, reports and exceptions."""
+    buf = np.zeros(1 << 16, np.uint8)
+    base = buf.ctypes.data
+    calls = []
+
+    def spy(name):
+        real = getattr(type(agent), name)
+        agent.__dict__[name] = lambda *a, **k: (calls.append(name), real(agent, *a, **k))[1]
+    spy("_register_memory_py")
+    spy("_deregister_memory_py")
+
+    def c_path(fn, *args, **kw):
+        del calls[:]
+        r = fn(*args, **kw)
+        assert calls == [], f"{fn.__name__}{args, kw} left the C path"
+        return r
+
+    def py_path(fn, *args, **kw):
+        del calls[:]
+        r = fn(*args, **kw)
+        assert len(calls) == 1, f"{fn.__name__}{args, kw} did not reach Python"
+        return r
+
+    rows = [(base, 4096, 0, "a"), (base + 8192, 4096, 0, "")]
+    shapes = [((rows, "DRAM"), {}), ((rows,), {"mem_type": "cpu"}),
+              ((rows, "DRAM"), {"is_sorted": True}), ((rows, "DRAM", None), {}),
+              ((rows,), {"mem_type": "DRAM", "backends": None})]
+    for args, kw in shapes:
+        reg = c_path(agent.register_memory, *args, **kw)
+        assert type(reg) is kn.nixlRegDList and reg.mem_type == "DRAM" and reg.descs() == \
+            [(base, 4096, 0), (base + 8192, 4096, 0)] and reg[0][3] == b"a"
+        assert reg._descs is not rows and reg.report.ok and len(reg.report.entries) == 2
+        assert agent.agent.query_range(base + 8192, 4096)[0] == "DRAM"
+        assert c_path(agent.deregister_memory, reg) is None
+        assert agent.agent.query_range(base + 8192, 4096) is None
+    # a list made by get_reg_descs, and the same list again
+    descs = agent.get_reg_descs(rows, "DRAM")
+    assert c_path(agent.register_memory, descs) is descs and descs.report.ok
+    c_path(agent.deregister_memory, descs, backends=None)
+    # the Python path: named backends, keywords for the list, FILE, tensors
+    reg = py_path(agent.register_memory, rows, "DRAM", ["UCX"])
+    py_path(agent.deregister_memory, reg, ["UCX"])
+    reg = py_path(agent.register_memory, reg_list=rows, mem_type="DRAM")
+    py_path(agent.deregister_memory, dereg_list=reg)
+    reg = py_path(agent.register_memory, [FakeTensor(buf, FakeDevice("cpu"))])
+    c_path(agent.deregister_memory, reg)              # what it returned: a nixlRegDList
+    del calls[:]
+    with pytest.raises(kvlane.InvalidArgument, match="mem_type is needed"):
+        agent.deregister_memory(rows)                 # tuples: the memory type is unknown
+    assert calls == ["_deregister_memory_py"]
+    assert py_path(agent.register_memory, [], "DRAM").descCount() == 0
+    for bad in [(rows, "GPU"), (rows, "DRAM", True), (rows, "DRAM", ["NOPE"])]:
+        with pytest.raises(Exception) as e_c:
+            agent.register_memory(*bad)
+        with pytest.raises(type(e_c.value)) as e_py:
+            agent._register_memory_py(*bad)
+        assert str(e_c.value) == str(e_py.value)
+    with pytest.raises(TypeError):
+        agent.register_memory(rows, "DRAM", mem_typ="DRAM")
+    with pytest.raises(TypeError):
+        agent.deregister_memory()
+    # failures on the C path: as the Python one raises them
+    unmapped = [(0, 4096, 0, ""), (base, 4096, 0, "")]
+    with pytest.raises(nixlBackendError) as e_c:
+        c_path(agent.register_memory, unmapped, "DRAM")
+    with pytest.raises(nixlBackendError) as e_py:
+        agent._register_memory_py(unmapped, "DRAM")
+    for e in (e_c.value, e_py.value):
+        assert isinstance(e, kvlane.Error) and e.__cause__ is None and e.__suppress_context__
+        assert "0x0" in str(e) and e.report is not None and not e.report.ok
+    assert type(e_c.value) is type(e_py.value) and str(e_c.value) == str(e_py.value)
+    assert agent.agent.query_range(base, 4096) is None      # nothing of the list stayed
+    never = agent.get_reg_descs([(base, 4096, 0, "")], "DRAM")
+    with pytest.raises(nixlBackendError) as e_c:
+        c_path(agent.deregister_memory, never)
+    with pytest.raises(nixlBackendError) as e_py:
+        agent._deregister_memory_py(never)
+    assert type(e_c.value) is type(e_py.value) and isinstance(e_c.value, kvlane.NotFound)
+    # an agent that is not kvlane's (replaced by the engine): the Python path
+    inner = agent.agent
+
+    class Wrapped:
+        def __getattr__(self, name):
+            return getattr(inner, name)
+    agent.agent = Wrapped()
+    try:
+        reg = py_path(agent.register_memory, rows, "DRAM")
+        py_path(agent.deregister_memory, reg)
+    finally:
+        agent.agent = inner
+
+
 # ---- 6. refusals ----------------------------------------------------------------------------
 
 def test_garbage_refused(agent):
