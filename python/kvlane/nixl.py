@@ -741,9 +741,9 @@ _EMPTY = ()
 
 class nixl_agent(_kvlane.NixlAgentBase):
     """NIXL's Python agent on kvlane (see the module docstring).
-    register_memory and deregister_memory come from the C base class for
-    the shapes engines pass; it calls _register_memory_py and
-    _deregister_memory_py below for every other call."""
+    register_memory, deregister_memory, transfer and check_xfer_state come
+    from the C base class for the shapes engines pass; it calls the
+    methods named _..._py below for every other call."""
 
     def __init__(self, agent_name, nixl_conf=None, instantiate_all=False):
         if nixl_conf is not None and instantiate_all:
@@ -1305,8 +1305,7 @@ class nixl_agent(_kvlane.NixlAgentBase):
         raise UnsupportedError("estimate_xfer_cost: kvlane does not estimate transfer costs",
                                hint="time transfers with get_xfer_telemetry, or `kvlane bench`")
 
-    def transfer(self, handle, notif_msg=b""):
-        # engines' call, first: their handle, no message (b"" or None)
+    def _transfer_py(self, handle, notif_msg=b""):
         h = handle if type(handle) is nixl_xfer_handle else _xh(handle)
         notif = (None if notif_msg is None or (type(notif_msg) is bytes and not notif_msg)
                  else _msg(notif_msg))
@@ -1325,25 +1324,15 @@ class nixl_agent(_kvlane.NixlAgentBase):
         h.error = None
         try:
             return "DONE" if h.xfer.post() else "PROC"
-        except StateError as e:
-            if h.xfer and h.xfer.state == "POSTED":
-                raise as_nixl(e, nixlRepostActiveError) from None
-            raise
-        except Error as e:
-            h.error = e
-            raise
+        except Exception as e:
+            _xfer_failed(h, e, True)
 
-    def check_xfer_state(self, handle):
+    def _check_xfer_state_py(self, handle):
         h = handle if type(handle) is nixl_xfer_handle else _xh(handle)
         try:
             return "DONE" if h.xfer.test() else "PROC"
-        except StateError as e:
-            if h.xfer and h.xfer.state == "IDLE":
-                raise as_nixl(e, nixlNotPostedError) from None
-            raise
-        except Error as e:
-            h.error = e
-            raise
+        except Exception as e:
+            _xfer_failed(h, e, False)
 
     def query_xfer_backend(self, handle):
         """The kvlane backend that moved (or moves) the transfer, upper case
@@ -1507,6 +1496,19 @@ def _prep(h):
     raise InvalidArgument(f"a handle from prep_xfer_dlist is needed, got {h!r}")
 
 
+def _xfer_failed(h, e, posting):
+    """Raise what transfer (posting) or check_xfer_state raises for e, the
+    exception of h's post or test: NIXL's class for a re-post of an active
+    handle or a test of one never posted; h.error keeps any other kvlane
+    error. Also called by NixlAgentBase's C methods."""
+    if isinstance(e, StateError):
+        if h.xfer and h.xfer.state == ("POSTED" if posting else "IDLE"):
+            raise as_nixl(e, nixlRepostActiveError if posting else nixlNotPostedError) from None
+    elif isinstance(e, Error):
+        h.error = e
+    raise e
+
+
 def _xh(h):
     if isinstance(h, nixl_xfer_handle):
         return h
@@ -1567,8 +1569,9 @@ def _no_central_store():
                                        "get_agent_metadata() bytes yourself")
 
 
-# nixl_agent's C base (register_memory, deregister_memory) reads these:
-# the list class it returns, the memory type names, how a failed
-# registration becomes a nixlBackendError, and the "left out" sentinel.
-_kvlane._nixl_bind(nixlRegDList, _MEM_STR, lambda e: as_nixl(e, nixlBackendError), Error,
-                   _EMPTY)
+# nixl_agent's C base (register_memory, deregister_memory, transfer,
+# check_xfer_state) reads these: the list and handle classes, the memory
+# type names, how a failed registration becomes a nixlBackendError, what a
+# failed post or test raises, and the "left out" sentinel.
+_kvlane._nixl_bind(nixlRegDList, nixl_xfer_handle, _MEM_STR,
+                   lambda e: as_nixl(e, nixlBackendError), _xfer_failed, Error, _EMPTY)

@@ -75,6 +75,11 @@ extern PyTypeObject kvlpy_xfer_type;
 extern PyTypeObject kvlpy_report_type;
 extern PyTypeObject kvlpy_nixl_base_type;
 
+/* post() -> True when already complete, False while moving (kvlpy_xfer.c). */
+PyObject *kvlpy_xfer_post(kvlpy_xfer_t *self, PyObject *unused);
+/* test() -> True done, False moving; raises the transfer's error. */
+PyObject *kvlpy_xfer_test(kvlpy_xfer_t *self, PyObject *unused);
+
 /* ---- kvlane.nixl's C part (kvlpy_nixl.c) ---- */
 
 /* _nixl_bind(): hands NixlAgentBase what it needs from kvlane.nixl. */

@@ -1,38 +1,50 @@
 /*
- * kvlane.nixl's register_memory and deregister_memory for the shapes engines
- * pass, in C: _kvlane.NixlAgentBase is the base class of
+ * kvlane.nixl's per-registration and per-request methods for the shapes
+ * engines pass, in C: _kvlane.NixlAgentBase is the base class of
  * kvlane.nixl.nixl_agent. A call in one of these shapes costs no Python
  * frame:
  *   register_memory(nixlRegDList | [(addr, len, dev, meta), ...], mem_type)
  *   deregister_memory(nixlRegDList)
- * with backends left out or None, any is_sorted, and a memory type other
- * than FILE. Every other call (other shapes, named backends, FILE lists,
- * bad arguments) goes to the Python implementation
- * (nixl_agent._register_memory_py, _deregister_memory_py), which decides
- * and words the errors; the C path gives the same results and exceptions
- * for the calls it takes (tests/python/test_nixl_dropin.py runs both).
- * kvlane.nixl hands over what the C side needs with _nixl_bind().
+ *     with backends left out or None, any is_sorted, a memory type other
+ *     than FILE;
+ *   transfer(handle), transfer(handle, b"" or None)
+ *   check_xfer_state(handle)
+ *     with a nixl_xfer_handle over kvlane's transfer.
+ * Every other call (other shapes, named backends, FILE lists, a message,
+ * bad arguments) goes to the Python implementation (nixl_agent's
+ * _register_memory_py, _deregister_memory_py, _transfer_py,
+ * _check_xfer_state_py), which decides and words the errors; a failure on
+ * the C path is raised through kvlane.nixl's own conversions, so both give
+ * the same results and exceptions (tests/python/test_nixl_dropin.py runs
+ * both). kvlane.nixl hands over what the C side needs with _nixl_bind().
  */
+#include <time.h>
+
 #include "kvlpy.h"
 
 static struct {
     PyObject *regdlist; /* the class nixlRegDList */
+    PyObject *xhandle;  /* the class nixl_xfer_handle */
     PyObject *mem_str;  /* dict: NIXL memory type name -> kvlane kind name */
     PyObject *as_error; /* callable(exc) -> exc made a nixlBackendError */
+    PyObject *xfailed;  /* callable(handle, exc, posting): raises what NIXL raises */
     PyObject *error;    /* kvlane.Error */
     PyObject *empty;    /* kvlane.nixl's "argument left out" sentinel */
-    /* interned names */
+    /* interned names and values */
     PyObject *s_agent, *s_descs, *s_mem_type, *s_rep, *s_backends, *s_is_sorted, *s_reg_py,
-        *s_dereg_py;
+        *s_dereg_py, *s_notif_msg, *s_xfer, *s_start_us, *s_error, *s_transfer_py,
+        *s_check_py, *s_done, *s_proc;
 } nx;
 
-/* _nixl_bind(nixlRegDList, mem_str, as_error, Error, empty) */
+/* _nixl_bind(nixlRegDList, nixl_xfer_handle, mem_str, as_error, xfer_failed,
+ * Error, empty) */
 PyObject *kvlpy_nixl_bind(PyObject *mod, PyObject *args)
 {
     (void)mod;
-    PyObject *regdlist, *mem_str, *as_error, *error, *empty;
-    if (!PyArg_ParseTuple(args, "O!O!OO!O:_nixl_bind", &PyType_Type, &regdlist, &PyDict_Type,
-                          &mem_str, &as_error, &PyType_Type, &error, &empty))
+    PyObject *regdlist, *xhandle, *mem_str, *as_error, *xfailed, *error, *empty;
+    if (!PyArg_ParseTuple(args, "O!O!O!OOO!O:_nixl_bind", &PyType_Type, &regdlist,
+                          &PyType_Type, &xhandle, &PyDict_Type, &mem_str, &as_error, &xfailed,
+                          &PyType_Type, &error, &empty))
         return NULL;
     struct {
         PyObject **slot;
@@ -42,6 +54,10 @@ PyObject *kvlpy_nixl_bind(PyObject *mod, PyObject *args)
         {&nx.s_mem_type, "mem_type"},   {&nx.s_rep, "_rep"},
         {&nx.s_backends, "backends"},   {&nx.s_is_sorted, "is_sorted"},
         {&nx.s_reg_py, "_register_memory_py"}, {&nx.s_dereg_py, "_deregister_memory_py"},
+        {&nx.s_notif_msg, "notif_msg"}, {&nx.s_xfer, "xfer"},
+        {&nx.s_start_us, "start_us"},   {&nx.s_error, "error"},
+        {&nx.s_transfer_py, "_transfer_py"}, {&nx.s_check_py, "_check_xfer_state_py"},
+        {&nx.s_done, "DONE"},           {&nx.s_proc, "PROC"},
     };
     for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
         if (*names[i].slot != NULL)
@@ -50,8 +66,10 @@ PyObject *kvlpy_nixl_bind(PyObject *mod, PyObject *args)
             return NULL;
     }
     Py_XSETREF(nx.regdlist, Py_NewRef(regdlist));
+    Py_XSETREF(nx.xhandle, Py_NewRef(xhandle));
     Py_XSETREF(nx.mem_str, Py_NewRef(mem_str));
     Py_XSETREF(nx.as_error, Py_NewRef(as_error));
+    Py_XSETREF(nx.xfailed, Py_NewRef(xfailed));
     Py_XSETREF(nx.error, Py_NewRef(error));
     Py_XSETREF(nx.empty, Py_NewRef(empty));
     Py_RETURN_NONE;
@@ -95,10 +113,11 @@ static PyObject *nx_reraise(void)
 }
 
 /* Sorts the call's arguments for the C path: positional ones into pos[0..],
- * keywords by name (a keyword in kw[] or is_sorted). 0 when the call is one
- * the C path does not take (the Python one will judge it). */
+ * keywords by name (one in kw[], or ignored, which is taken and dropped).
+ * 0 when the call is one the C path does not take (the Python one will
+ * judge it). */
 static int nx_args(PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames,
-                   PyObject **pos, Py_ssize_t npos, PyObject *const *kw)
+                   PyObject **pos, Py_ssize_t npos, PyObject *const *kw, PyObject *ignored)
 {
     if (nargs < 1 || nargs > npos)
         return 0;
@@ -114,7 +133,7 @@ static int nx_args(PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames,
             if (j < nargs || pos[j] != NULL)
                 return 0; /* given twice */
             pos[j] = args[nargs + k];
-        } else if (name != nx.s_is_sorted) {
+        } else if (ignored == NULL || name != ignored) {
             return 0; /* unknown, or not interned: the Python path sorts it out */
         }
     }
@@ -202,7 +221,7 @@ static PyObject *nx_register(PyObject *self, PyObject *const *args, size_t nargs
     Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
     PyObject *pos[3] = {NULL, NULL, NULL};
     PyObject *const kw[3] = {NULL, nx.s_mem_type, nx.s_backends};
-    if (nx.regdlist == NULL || !nx_args(args, nargs, kwnames, pos, 3, kw) ||
+    if (nx.regdlist == NULL || !nx_args(args, nargs, kwnames, pos, 3, kw, nx.s_is_sorted) ||
         !nx_no_backends(pos[2]))
         return nx_slow(self, nx.s_reg_py, args, nargsf, kwnames);
     PyObject *descs = NULL, *mem = pos[1];
@@ -254,7 +273,7 @@ static PyObject *nx_deregister(PyObject *self, PyObject *const *args, size_t nar
     PyObject *pos[2] = {NULL, NULL};
     PyObject *const kw[2] = {NULL, nx.s_backends};
     PyObject *rows, *kind;
-    if (nx.regdlist == NULL || !nx_args(args, nargs, kwnames, pos, 2, kw) ||
+    if (nx.regdlist == NULL || !nx_args(args, nargs, kwnames, pos, 2, kw, NULL) ||
         !nx_no_backends(pos[1]) || Py_TYPE(pos[0]) != (PyTypeObject *)nx.regdlist)
         return nx_slow(self, nx.s_dereg_py, args, nargsf, kwnames);
     kvlpy_agent_t *agent = nx_agent(self);
@@ -270,6 +289,99 @@ static PyObject *nx_deregister(PyObject *self, PyObject *const *args, size_t nar
     return r != NULL ? r : nx_reraise();
 }
 
+/* A failed post or test: kvlane.nixl's _xfer_failed raises what NIXL
+ * raises (and keeps the error in handle.error). Returns NULL. */
+static PyObject *nx_xfer_failed(PyObject *h, PyObject *posting)
+{
+    PyObject *type, *value, *tb;
+    PyErr_Fetch(&type, &value, &tb);
+    PyErr_NormalizeException(&type, &value, &tb);
+    if (value == NULL || !PyObject_TypeCheck(value, (PyTypeObject *)PyExc_Exception)) {
+        PyErr_Restore(type, value, tb); /* as the Python methods, which catch Exception */
+        return NULL;
+    }
+    if (tb != NULL)
+        PyException_SetTraceback(value, tb);
+    PyObject *r = PyObject_CallFunctionObjArgs(nx.xfailed, h, value, posting, NULL);
+    Py_XDECREF(r); /* it always raises; a return would be kvlane.nixl's bug */
+    if (r != NULL)
+        PyErr_Restore(type, value, tb);
+    else {
+        Py_XDECREF(type);
+        Py_DECREF(value);
+        Py_XDECREF(tb);
+    }
+    return NULL;
+}
+
+/* handle's transfer, when the C path takes it: a nixl_xfer_handle over
+ * kvlane's transfer object. New reference or NULL (no exception). */
+static kvlpy_xfer_t *nx_handle_xfer(PyObject *h)
+{
+    if (nx.xhandle == NULL || Py_TYPE(h) != (PyTypeObject *)nx.xhandle)
+        return NULL;
+    PyObject *x = PyObject_GetAttr(h, nx.s_xfer);
+    if (x == NULL) {
+        PyErr_Clear();
+        return NULL;
+    }
+    if (!PyObject_TypeCheck(x, &kvlpy_xfer_type)) {
+        Py_DECREF(x);
+        return NULL;
+    }
+    return (kvlpy_xfer_t *)x;
+}
+
+static PyObject *nx_state(PyObject *done)
+{
+    if (done == NULL)
+        return NULL;
+    PyObject *r = Py_NewRef(done == Py_True ? nx.s_done : nx.s_proc);
+    Py_DECREF(done);
+    return r;
+}
+
+static PyObject *nx_transfer(PyObject *self, PyObject *const *args, size_t nargsf,
+                             PyObject *kwnames)
+{
+    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+    PyObject *pos[2] = {NULL, NULL};
+    PyObject *const kw[2] = {NULL, nx.s_notif_msg};
+    kvlpy_xfer_t *x = NULL;
+    /* no message (left out, None or b""): the handle's own, as made */
+    if (nx.xhandle == NULL || !nx_args(args, nargs, kwnames, pos, 2, kw, NULL) ||
+        !(pos[1] == NULL || pos[1] == Py_None ||
+          (PyBytes_CheckExact(pos[1]) && PyBytes_GET_SIZE(pos[1]) == 0)) ||
+        (x = nx_handle_xfer(pos[0])) == NULL)
+        return nx_slow(self, nx.s_transfer_py, args, nargsf, kwnames);
+    PyObject *h = pos[0];
+    struct timespec ts; /* NIXL's startTime: microseconds of the wall clock */
+    clock_gettime(CLOCK_REALTIME, &ts);
+    PyObject *us = PyLong_FromLongLong((long long)ts.tv_sec * 1000000 + ts.tv_nsec / 1000);
+    if (us == NULL || PyObject_SetAttr(h, nx.s_start_us, us) < 0 ||
+        PyObject_SetAttr(h, nx.s_error, Py_None) < 0) {
+        Py_XDECREF(us);
+        Py_DECREF(x);
+        return NULL;
+    }
+    Py_DECREF(us);
+    PyObject *done = kvlpy_xfer_post(x, NULL);
+    Py_DECREF(x);
+    return done != NULL ? nx_state(done) : nx_xfer_failed(h, Py_True);
+}
+
+static PyObject *nx_check_xfer_state(PyObject *self, PyObject *const *args, size_t nargsf,
+                                     PyObject *kwnames)
+{
+    kvlpy_xfer_t *x = NULL;
+    if (PyVectorcall_NARGS(nargsf) != 1 || kwnames != NULL ||
+        (x = nx_handle_xfer(args[0])) == NULL)
+        return nx_slow(self, nx.s_check_py, args, nargsf, kwnames);
+    PyObject *done = kvlpy_xfer_test(x, NULL);
+    Py_DECREF(x);
+    return done != NULL ? nx_state(done) : nx_xfer_failed(args[0], Py_False);
+}
+
 static PyMethodDef nx_methods[] = {
     {"register_memory", (PyCFunction)(void (*)(void))nx_register,
      METH_FASTCALL | METH_KEYWORDS,
@@ -282,6 +394,14 @@ static PyMethodDef nx_methods[] = {
      METH_FASTCALL | METH_KEYWORDS,
      "deregister_memory($self, dereg_list, backends=())\n--\n\n"
      "Deregister what register_memory returned (or the same descriptors)."},
+    {"transfer", (PyCFunction)(void (*)(void))nx_transfer, METH_FASTCALL | METH_KEYWORDS,
+     "transfer($self, handle, notif_msg=b\"\")\n--\n\n"
+     "Post the transfer: \"DONE\" when it completed already, else \"PROC\". A message\n"
+     "replaces the one the handle was made with."},
+    {"check_xfer_state", (PyCFunction)(void (*)(void))nx_check_xfer_state,
+     METH_FASTCALL | METH_KEYWORDS,
+     "check_xfer_state($self, handle)\n--\n\n"
+     "\"DONE\" or \"PROC\"; raises the transfer's error."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -289,8 +409,8 @@ PyTypeObject kvlpy_nixl_base_type = {
     PyVarObject_HEAD_INIT(NULL, 0).tp_name = "kvlane._kvlane.NixlAgentBase",
     .tp_basicsize = sizeof(PyObject),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE,
-    .tp_doc = "The base of kvlane.nixl.nixl_agent: register_memory and deregister_memory "
-              "in C for the shapes engines pass.",
+    .tp_doc = "The base of kvlane.nixl.nixl_agent: register_memory, deregister_memory, "
+              "transfer and check_xfer_state in C for the shapes engines pass.",
     .tp_new = PyType_GenericNew,
     .tp_methods = nx_methods,
 };

@@ -381,7 +381,7 @@ static int kvlpy_xfer_ok(kvlpy_xfer_t *self)
 }
 
 /* post() -> True when already complete, False while moving. */
-static PyObject *kvlpy_xfer_post(kvlpy_xfer_t *self, PyObject *unused)
+PyObject *kvlpy_xfer_post(kvlpy_xfer_t *self, PyObject *unused)
 {
     (void)unused;
     if (kvlpy_xfer_ok(self) < 0 || kvlpy_agent_enter(self->owner) < 0)
@@ -401,7 +401,7 @@ static PyObject *kvlpy_xfer_post(kvlpy_xfer_t *self, PyObject *unused)
 }
 
 /* test() -> True done, False moving; raises the transfer's error. */
-static PyObject *kvlpy_xfer_test(kvlpy_xfer_t *self, PyObject *unused)
+PyObject *kvlpy_xfer_test(kvlpy_xfer_t *self, PyObject *unused)
 {
     (void)unused;
     if (kvlpy_xfer_ok(self) < 0 || kvlpy_agent_enter(self->owner) < 0)

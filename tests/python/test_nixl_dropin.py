@@ -406,6 +406,81 @@ def test_register_paths_agree(agent):
         agent.agent = inner
 
 
+def test_transfer_paths_agree(uniq, peer_factory):
+    """transfer / check_xfer_state take a handle without a message in C and
+    raise through kvlane.nixl's conversions: a re-post of an active handle is
+    a nixlRepostActiveError, a failed transfer's error stays on the handle.
+    The peer is stopped (SIGSTOP) while a READ over tcp waits for it, so the
+    handle is active for as long as the test needs, whatever the load."""
+    import signal
+    from kvlane.errors import nixlRepostActiveError
+    from kvlpattern import pattern, SIZE
+    peer = peer_factory(uniq + "-t", "nixl")
+    a = nixl_agent(uniq, nixl_agent_config(backends=["TCP"]))
+    calls = []
+    for name in ("_transfer_py", "_check_xfer_state_py"):
+        real = getattr(type(a), name)
+        a.__dict__[name] = (lambda real, name: lambda *x, **k: (calls.append(name),
+                                                                real(a, *x, **k))[1])(real, name)
+    try:
+        local = np.zeros(SIZE, np.uint8)
+        a.register_memory([(local.ctypes.data, SIZE, 0, "")], "DRAM")
+        remote = a.add_remote_agent(peer.call("md"))
+        raddr = peer.call("addr")
+        lh = a.prep_xfer_dlist("", [(local.ctypes.data, SIZE, 0)], "DRAM")
+        rh = a.prep_xfer_dlist(remote, [(raddr, SIZE, 0)], "DRAM")
+        h = a.make_prepped_xfer("READ", lh, [0], rh, [0])
+        with pytest.raises(nixlNotPostedError):
+            a.check_xfer_state(h)
+        assert calls == []
+        for args, kw in [((h,), {}), ((h, b""), {}), ((h, None), {}), ((h,), {"notif_msg": b""})]:
+            local[:] = 0
+            st = a.transfer(*args, **kw)
+            while st != "DONE":
+                st = a.check_xfer_state(h)
+            assert calls == [] and h.error is None and h.start_us > 0
+            assert np.array_equal(local, pattern(7))
+        os.kill(peer.proc.pid, signal.SIGSTOP)
+        try:
+            assert a.transfer(h) == "PROC"       # the peer cannot answer while stopped
+            with pytest.raises(nixlRepostActiveError) as e_c:
+                a.transfer(h)
+            assert isinstance(e_c.value, kvlane.StateError) and e_c.value.__suppress_context__
+            assert a.check_xfer_state(h) == "PROC" and calls == [] and h.error is None
+            with pytest.raises(nixlRepostActiveError) as e_py:
+                a._transfer_py(h)                  # the Python path says the same
+            assert type(e_py.value) is type(e_c.value) and str(e_py.value) == str(e_c.value)
+        finally:
+            os.kill(peer.proc.pid, signal.SIGCONT)
+        st = "PROC"
+        while st != "DONE":
+            st = a.check_xfer_state(h)
+        # the Python path: a message, a handle by keyword, not a handle
+        del calls[:]
+        st = a.transfer(h, b"with a message")
+        while st != "DONE":
+            st = a.check_xfer_state(h)
+        assert calls == ["_transfer_py"]             # checks of it stay in C
+        del calls[:]
+        with pytest.raises(kvlane.InvalidArgument, match="handle from make_prepped_xfer"):
+            a.check_xfer_state(lh)
+        with pytest.raises(kvlane.InvalidArgument, match="handle from make_prepped_xfer"):
+            a.transfer("h")
+        with pytest.raises(TypeError):
+            a.transfer(h, notif=b"")
+        assert calls == ["_check_xfer_state_py", "_transfer_py", "_transfer_py"]
+        # a failed transfer: the error raised and kept on the handle, both paths
+        a.remove_remote_agent(remote)
+        for post in (a.transfer, a._transfer_py):
+            h.error = None
+            with pytest.raises(kvlane.Stale, match="was removed or replaced") as ei:
+                post(h)
+            assert h.error is ei.value
+        a.release_xfer_handle(h)
+    finally:
+        a.close()
+
+
 # ---- 6. refusals ----------------------------------------------------------------------------
 
 def test_garbage_refused(agent):
