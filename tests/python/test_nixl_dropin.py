@@ -375,6 +375,8 @@ def test_register_paths_agree(agent):
         agent.register_memory(rows, "DRAM", mem_typ="DRAM")
     with pytest.raises(TypeError):
         agent.deregister_memory()
+    with pytest.raises(TypeError):
+        agent.deregister_memory(descs, is_sorted=True)    # register_memory's keyword only
     # failures on the C path: as the Python one raises them
     unmapped = [(0, 4096, 0, ""), (base, 4096, 0, "")]
     with pytest.raises(nixlBackendError) as e_c:
