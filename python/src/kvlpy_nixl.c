@@ -30,10 +30,11 @@ static struct {
     PyObject *xfailed;  /* callable(handle, exc, posting): raises what NIXL raises */
     PyObject *error;    /* kvlane.Error */
     PyObject *empty;    /* kvlane.nixl's "argument left out" sentinel */
+    PyObject *m_register, *m_deregister; /* _kvlane.Agent's _register, _deregister */
     /* interned names and values */
     PyObject *s_agent, *s_descs, *s_mem_type, *s_rep, *s_backends, *s_is_sorted, *s_reg_py,
         *s_dereg_py, *s_notif_msg, *s_xfer, *s_start_us, *s_error, *s_transfer_py,
-        *s_check_py, *s_done, *s_proc;
+        *s_check_py, *s_done, *s_proc, *s_register, *s_deregister;
 } nx;
 
 /* _nixl_bind(nixlRegDList, nixl_xfer_handle, mem_str, as_error, xfer_failed,
@@ -58,6 +59,7 @@ PyObject *kvlpy_nixl_bind(PyObject *mod, PyObject *args)
         {&nx.s_start_us, "start_us"},   {&nx.s_error, "error"},
         {&nx.s_transfer_py, "_transfer_py"}, {&nx.s_check_py, "_check_xfer_state_py"},
         {&nx.s_done, "DONE"},           {&nx.s_proc, "PROC"},
+        {&nx.s_register, "_register"},  {&nx.s_deregister, "_deregister"},
     };
     for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
         if (*names[i].slot != NULL)
@@ -65,6 +67,12 @@ PyObject *kvlpy_nixl_bind(PyObject *mod, PyObject *args)
         if ((*names[i].slot = PyUnicode_InternFromString(names[i].text)) == NULL)
             return NULL;
     }
+    PyObject *m_reg = PyDict_GetItemString(kvlpy_agent_type.tp_dict, "_register");
+    PyObject *m_dereg = PyDict_GetItemString(kvlpy_agent_type.tp_dict, "_deregister");
+    if (m_reg == NULL || m_dereg == NULL)
+        return PyErr_Format(PyExc_ImportError, "_kvlane.Agent lacks _register/_deregister");
+    Py_XSETREF(nx.m_register, Py_NewRef(m_reg));
+    Py_XSETREF(nx.m_deregister, Py_NewRef(m_dereg));
     Py_XSETREF(nx.regdlist, Py_NewRef(regdlist));
     Py_XSETREF(nx.xhandle, Py_NewRef(xhandle));
     Py_XSETREF(nx.mem_str, Py_NewRef(mem_str));
@@ -145,16 +153,18 @@ static int nx_no_backends(PyObject *bk)
     return bk == NULL || bk == nx.empty || bk == Py_None;
 }
 
-/* The agent behind a nixl_agent, when it is kvlane's (code may replace
- * nixl_agent.agent). New reference or NULL (no exception). */
-static kvlpy_agent_t *nx_agent(PyObject *self)
+/* The agent behind a nixl_agent, when it is kvlane's and its method (m,
+ * what the Python path would call) is _kvlane.Agent's own: code may replace
+ * nixl_agent.agent, or subclass the agent. New reference or NULL (no
+ * exception). */
+static kvlpy_agent_t *nx_agent(PyObject *self, PyObject *name, PyObject *m)
 {
     PyObject *a = PyObject_GetAttr(self, nx.s_agent);
     if (a == NULL) {
         PyErr_Clear();
         return NULL;
     }
-    if (!PyObject_TypeCheck(a, &kvlpy_agent_type)) {
+    if (!PyObject_TypeCheck(a, &kvlpy_agent_type) || _PyType_Lookup(Py_TYPE(a), name) != m) {
         Py_DECREF(a);
         return NULL;
     }
@@ -240,7 +250,7 @@ static PyObject *nx_register(PyObject *self, PyObject *const *args, size_t nargs
         return nx_slow(self, nx.s_reg_py, args, nargsf, kwnames);
     }
     PyObject *rows, *kind;
-    kvlpy_agent_t *agent = nx_agent(self);
+    kvlpy_agent_t *agent = nx_agent(self, nx.s_register, nx.m_register);
     if (agent == NULL || !nx_rows_kind(descs, &rows, &kind)) {
         Py_XDECREF(agent);
         Py_DECREF(descs);
@@ -276,7 +286,7 @@ static PyObject *nx_deregister(PyObject *self, PyObject *const *args, size_t nar
     if (nx.regdlist == NULL || !nx_args(args, nargs, kwnames, pos, 2, kw, NULL) ||
         !nx_no_backends(pos[1]) || Py_TYPE(pos[0]) != (PyTypeObject *)nx.regdlist)
         return nx_slow(self, nx.s_dereg_py, args, nargsf, kwnames);
-    kvlpy_agent_t *agent = nx_agent(self);
+    kvlpy_agent_t *agent = nx_agent(self, nx.s_deregister, nx.m_deregister);
     if (agent == NULL || !nx_rows_kind(pos[0], &rows, &kind)) {
         Py_XDECREF(agent);
         return nx_slow(self, nx.s_dereg_py, args, nargsf, kwnames);
@@ -315,7 +325,8 @@ static PyObject *nx_xfer_failed(PyObject *h, PyObject *posting)
 }
 
 /* handle's transfer, when the C path takes it: a nixl_xfer_handle over
- * kvlane's transfer object. New reference or NULL (no exception). */
+ * kvlane's transfer object (the type itself, whose post and test the
+ * Python path calls). New reference or NULL (no exception). */
 static kvlpy_xfer_t *nx_handle_xfer(PyObject *h)
 {
     if (nx.xhandle == NULL || Py_TYPE(h) != (PyTypeObject *)nx.xhandle)
@@ -325,7 +336,7 @@ static kvlpy_xfer_t *nx_handle_xfer(PyObject *h)
         PyErr_Clear();
         return NULL;
     }
-    if (!PyObject_TypeCheck(x, &kvlpy_xfer_type)) {
+    if (!Py_IS_TYPE(x, &kvlpy_xfer_type)) {
         Py_DECREF(x);
         return NULL;
     }

@@ -406,6 +406,25 @@ def test_register_paths_agree(agent):
         py_path(agent.deregister_memory, reg)
     finally:
         agent.agent = inner
+    # nor is a kvlane agent whose _register / _deregister are overridden
+    seen = []
+
+    class Tracking(kvlane.Agent):
+        def _register(self, *a, **k):
+            seen.append("reg")
+            return super()._register(*a, **k)
+
+        def _deregister(self, *a, **k):
+            seen.append("dereg")
+            return super()._deregister(*a, **k)
+    agent.agent = Tracking(agent.name + "-tracking")
+    try:
+        reg = py_path(agent.register_memory, rows, "DRAM")
+        py_path(agent.deregister_memory, reg)
+        assert seen == ["reg", "dereg"]
+    finally:
+        agent.agent.close()
+        agent.agent = inner
 
 
 def test_transfer_paths_agree(uniq, peer_factory):
