@@ -67,12 +67,12 @@ PyObject *kvlpy_nixl_bind(PyObject *mod, PyObject *args)
         if ((*names[i].slot = PyUnicode_InternFromString(names[i].text)) == NULL)
             return NULL;
     }
-    PyObject *m_reg = PyDict_GetItemString(kvlpy_agent_type.tp_dict, "_register");
-    PyObject *m_dereg = PyDict_GetItemString(kvlpy_agent_type.tp_dict, "_deregister");
-    if (m_reg == NULL || m_dereg == NULL)
-        return PyErr_Format(PyExc_ImportError, "_kvlane.Agent lacks _register/_deregister");
-    Py_XSETREF(nx.m_register, Py_NewRef(m_reg));
-    Py_XSETREF(nx.m_deregister, Py_NewRef(m_dereg));
+    /* the method descriptors themselves (NULL would only send every call to
+     * the Python path) */
+    Py_XSETREF(nx.m_register, PyObject_GetAttr((PyObject *)&kvlpy_agent_type, nx.s_register));
+    Py_XSETREF(nx.m_deregister,
+               PyObject_GetAttr((PyObject *)&kvlpy_agent_type, nx.s_deregister));
+    PyErr_Clear();
     Py_XSETREF(nx.regdlist, Py_NewRef(regdlist));
     Py_XSETREF(nx.xhandle, Py_NewRef(xhandle));
     Py_XSETREF(nx.mem_str, Py_NewRef(mem_str));
@@ -164,7 +164,8 @@ static kvlpy_agent_t *nx_agent(PyObject *self, PyObject *name, PyObject *m)
         PyErr_Clear();
         return NULL;
     }
-    if (!PyObject_TypeCheck(a, &kvlpy_agent_type) || _PyType_Lookup(Py_TYPE(a), name) != m) {
+    if (m == NULL || !PyObject_TypeCheck(a, &kvlpy_agent_type) ||
+        _PyType_Lookup(Py_TYPE(a), name) != m) {
         Py_DECREF(a);
         return NULL;
     }
