@@ -788,8 +788,8 @@ static PyMethodDef kvlpy_module_methods[] = {
     {"engine_rows", kvlpy_engine_rows, METH_O,
      "engine_rows(rows) -> True for a list of (int, int, int, str) tuples."},
     {"_nixl_bind", kvlpy_nixl_bind, METH_VARARGS,
-     "_nixl_bind(nixlRegDList, mem_str, as_error, Error, empty): what NixlAgentBase "
-     "needs from kvlane.nixl."},
+     "_nixl_bind(nixlRegDList, nixl_xfer_handle, mem_str, as_error, xfer_failed, Error, "
+     "empty): what NixlAgentBase needs from kvlane.nixl."},
     {"_set_error_factory", kvlpy_set_error_factory, METH_O, "Install the exception factory."},
     {"buffer_info", kvlpy_buffer_info, METH_O,
      "buffer_info(obj) -> (address, nbytes, readonly) of a contiguous buffer."},
