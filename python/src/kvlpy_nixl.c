@@ -164,11 +164,16 @@ static kvlpy_agent_t *nx_agent(PyObject *self, PyObject *name, PyObject *m)
         PyErr_Clear();
         return NULL;
     }
+    PyObject *found = NULL; /* the method as the type resolves it (public API) */
     if (m == NULL || !PyObject_TypeCheck(a, &kvlpy_agent_type) ||
-        _PyType_Lookup(Py_TYPE(a), name) != m) {
+        (found = PyObject_GetAttr((PyObject *)Py_TYPE(a), name)) != m) {
+        if (found == NULL)
+            PyErr_Clear();
+        Py_XDECREF(found);
         Py_DECREF(a);
         return NULL;
     }
+    Py_DECREF(found);
     return (kvlpy_agent_t *)a;
 }
 
