@@ -427,6 +427,24 @@ def test_register_paths_agree(agent):
         agent.agent = inner
 
 
+def _wait_stopped(pid, bound_s=30):
+    """Until every thread of pid is in the stopped state (T)."""
+    import time
+    end = time.monotonic() + bound_s
+    while True:
+        states = []
+        for t in os.listdir(f"/proc/{pid}/task"):
+            try:
+                with open(f"/proc/{pid}/task/{t}/stat") as f:
+                    states.append(f.read().rsplit(")", 1)[1].split()[0])
+            except FileNotFoundError:
+                pass
+        if states and all(s == "T" for s in states):
+            return
+        assert time.monotonic() < end, f"process {pid} did not stop: {states}"
+        time.sleep(0.001)
+
+
 def test_transfer_paths_agree(uniq, peer_factory):
     """transfer / check_xfer_state take a handle without a message in C and
     raise through kvlane.nixl's conversions: a re-post of an active handle is
@@ -463,6 +481,7 @@ def test_transfer_paths_agree(uniq, peer_factory):
             assert np.array_equal(local, pattern(7))
         os.kill(peer.proc.pid, signal.SIGSTOP)
         try:
+            _wait_stopped(peer.proc.pid)
             assert a.transfer(h) == "PROC"       # the peer cannot answer while stopped
             with pytest.raises(nixlRepostActiveError) as e_c:
                 a.transfer(h)
