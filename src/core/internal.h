@@ -252,10 +252,11 @@ struct kvl_xfer {
     void *idx_cookie;                 /* lidx lent by the backend (idx_alloc) */
     char path[64];
     struct kvl_xfer *prev, *next;     /* agent's list */
-    /* Last, and left uninitialised by kvli_xfer_new (36 KiB, 0.6 of the
-     * instructions of making a transfer when zeroed): written whole when
-     * the transfer fails, read only in the error state. */
-    kvl_error_t err;
+    /* Why it failed: allocated (under lock) when it does, read only in the
+     * error state; NULL if that allocation failed too. A kvl_error_t is
+     * 36 KiB: embedded, it made every transfer a 37 KiB allocation whose
+     * fresh heap pages a burst of makes had to fault in. */
+    kvl_error_t *err;
 };
 
 /* ---- notifications (notif.c) ---- */

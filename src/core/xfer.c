@@ -178,11 +178,9 @@ static kvl_status_t kvli_pick_backend(kvl_agent_t *a, kvl_xfer_t *x, const kvl_p
 /* A transfer object before its backend is picked (NULL: out of memory). */
 static kvl_xfer_t *kvli_xfer_new(kvl_agent_t *a, kvl_xfer_op_t op)
 {
-    kvl_xfer_t *x = malloc(sizeof(*x));
+    kvl_xfer_t *x = calloc(1, sizeof(*x));
     if (x == NULL)
         return NULL;
-    memset(x, 0, offsetof(kvl_xfer_t, err)); /* err: see struct kvl_xfer */
-    x->err.code = KVL_OK;
     x->agent = a;
     x->op = op;
     pthread_mutex_init(&x->lock, NULL);
@@ -760,6 +758,7 @@ void kvli_xfer_free(kvl_xfer_t *x)
     kvli_prep_unref(x->lprep);
     kvli_prep_unref(x->rprep);
     free(x->notif);
+    free(x->err);
     free(x);
 }
 
@@ -809,6 +808,24 @@ kvl_status_t kvl_xfer_create(kvl_agent_t *a, kvl_xfer_op_t op, const kvl_dlist_t
     return KVL_OK;
 }
 
+/* Under x->lock: keep why x failed for kvli_xfer_result (err NULL or
+ * blank: the backend gave no detail). Without memory for it, x->err stays
+ * NULL and the result says so. */
+static void kvli_xfer_keep_err(kvl_xfer_t *x, kvl_status_t status, const kvl_error_t *err)
+{
+    if (x->err == NULL && (x->err = malloc(sizeof(*x->err))) == NULL)
+        return;
+    kvl_error_t *e = x->err;
+    if (err != NULL && err->code != KVL_OK) {
+        memcpy(e, err, offsetof(kvl_error_t, causes) + err->n_causes * sizeof(err->causes[0]));
+    } else {
+        kvli_err(e, status, 0, "transfer failed in backend %s", x->bk->ops->name);
+        kvli_scopy(e->backend, sizeof(e->backend), x->bk->ops->name);
+    }
+    if (!e->agent[0])
+        kvli_scopy(e->agent, sizeof(e->agent), x->rem->name);
+}
+
 /* Backend completion: publish the result after releasing the regions, so a
  * waiter that sees it can deregister at once. */
 void kvli_xfer_ctx_done(kvl_bk_xfer_t *bx, kvl_status_t status, const kvl_error_t *err);
@@ -821,16 +838,8 @@ void kvli_xfer_ctx_done(kvl_bk_xfer_t *bx, kvl_status_t status, const kvl_error_
     x->duration_ns = kvli_now_ns() - x->t_post;
     x->status = status;
     kvli_scopy(x->path, sizeof(x->path), bx->path);
-    if (status != KVL_OK && status != KVL_ERR_CANCELED) {
-        if (err != NULL && err->code != KVL_OK) {
-            memcpy(&x->err, err, offsetof(kvl_error_t, causes) + err->n_causes * sizeof(err->causes[0]));
-        } else {
-            kvli_err(&x->err, status, 0, "transfer failed in backend %s", x->bk->ops->name);
-            kvli_scopy(x->err.backend, sizeof(x->err.backend), x->bk->ops->name);
-        }
-        if (!x->err.agent[0])
-            kvli_scopy(x->err.agent, sizeof(x->err.agent), x->rem->name);
-    }
+    if (status != KVL_OK && status != KVL_ERR_CANCELED)
+        kvli_xfer_keep_err(x, status, err);
     atomic_store(&x->state, status == KVL_OK ? KVL_XFER_DONE
                           : status == KVL_ERR_CANCELED ? KVL_XFER_CANCELED : KVL_XFER_ERROR);
     pthread_cond_broadcast(&x->cond);
@@ -850,8 +859,18 @@ static kvl_status_t kvli_xfer_result(kvl_xfer_t *x, int state)
     case KVL_XFER_ERROR: {
         kvl_error_t e;
         pthread_mutex_lock(&x->lock);
-        memcpy(&e, &x->err, offsetof(kvl_error_t, causes) + x->err.n_causes * sizeof(e.causes[0]));
+        kvl_status_t st = x->status;
+        bool kept = x->err != NULL;
+        if (kept)
+            memcpy(&e, x->err, offsetof(kvl_error_t, causes) + x->err->n_causes * sizeof(e.causes[0]));
         pthread_mutex_unlock(&x->lock);
+        if (kept)
+            return kvli_fail(x->agent, &e);
+        kvli_err(&e, st, 0, "transfer to agent '%s' failed in backend %s; its details were lost "
+                 "(no memory to keep them)", x->rem->name, x->bk->ops->name);
+        kvli_scopy(e.backend, sizeof(e.backend), x->bk->ops->name);
+        kvli_scopy(e.agent, sizeof(e.agent), x->rem->name);
+        kvli_hint(&e, "the process is out of memory: free memory, then post the transfer again");
         return kvli_fail(x->agent, &e);
     }
     default:
@@ -921,7 +940,7 @@ kvl_status_t kvl_xfer_post(kvl_xfer_t *x)
         if (!err.agent[0])
             kvli_scopy(err.agent, sizeof(err.agent), x->rem->name);
         pthread_mutex_lock(&x->lock);
-        memcpy(&x->err, &err, sizeof(err));
+        kvli_xfer_keep_err(x, st, &err);
         x->status = st;
         atomic_store(&x->state, KVL_XFER_ERROR);
         pthread_mutex_unlock(&x->lock);

@@ -22,6 +22,7 @@
 #include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -399,6 +400,83 @@ static void cancel_big(void)
     printf("cancel: ok\n");
 }
 
+/* A WRITE the kernel fails while it runs (EFBIG: past the process's file
+ * size limit, RLIMIT_FSIZE, with SIGXFSZ ignored), in a child so the limit
+ * stays there: the transfer fails with the errno named and the file named;
+ * the same transfer posted again once the limit is lifted moves every byte,
+ * then fails again under the limit, saying so again. */
+static void io_failure(const char *engine)
+{
+    fflush(stdout);
+    pid_t pid = fork();
+    KT_CHECK(pid >= 0);
+    if (pid == 0) {
+        enum { N = 4, B = 64 * 1024 };
+        kvl_agent_t *a = make_agent("posix-efbig", engine);
+        char *src = malloc(N * B), *back = calloc(1, N * B);
+        KT_CHECK(src && back);
+        kt_fill(src, N * B, 33);
+        int fd = open_in("efbig.bin", O_RDWR | O_TRUNC);
+        KT_CHECK(fd >= 0);
+        reg(a, KVL_MEM_DRAM, (uintptr_t)src, N * B, KVL_DEV_ANY);
+        reg(a, KVL_MEM_DRAM, (uintptr_t)back, N * B, KVL_DEV_ANY);
+        reg(a, KVL_MEM_FILE, 0, N * B, fd);
+        kvl_dlist_t *l, *f, *lb;
+        KT_OK(kvl_dlist_create(KVL_MEM_DRAM, N, &l));
+        KT_OK(kvl_dlist_create(KVL_MEM_DRAM, N, &lb));
+        KT_OK(kvl_dlist_create(KVL_MEM_FILE, N, &f));
+        for (uint64_t i = 0; i < N; i++) {
+            KT_OK(kvl_dlist_add(l, (uintptr_t)src + i * B, B, KVL_DEV_ANY));
+            KT_OK(kvl_dlist_add(lb, (uintptr_t)back + i * B, B, KVL_DEV_ANY));
+            KT_OK(kvl_dlist_add(f, i * B, B, fd));
+        }
+        kvl_xfer_t *x, *rd;
+        KT_OK(kvl_xfer_create(a, KVL_WRITE, l, kvl_agent_name(a), f, NULL, &x));
+        KT_OK(kvl_xfer_create(a, KVL_READ, lb, kvl_agent_name(a), f, NULL, &rd));
+        signal(SIGXFSZ, SIG_IGN);
+        struct rlimit old, lim;
+        KT_CHECK(getrlimit(RLIMIT_FSIZE, &old) == 0);
+        lim = old;
+        lim.rlim_cur = B; /* the first block fits, the others do not */
+        for (int round = 0; round < 2; round++) {
+            KT_CHECK(setrlimit(RLIMIT_FSIZE, &lim) == 0);
+            kvl_status_t st = kvl_xfer_post(x);
+            if (st == KVL_OK || st == KVL_IN_PROGRESS)
+                st = kvl_xfer_wait(x, 60000);
+            KT_STATUS(st, KVL_ERR_SYSTEM);
+            KT_ERROR_HAS("WRITE of");
+            KT_ERROR_HAS("efbig.bin");
+            KT_ERROR_HAS("(EFBIG)");
+            KT_CHECK(kvl_last_error()->sys_errno == EFBIG);
+            KT_CHECK(strcmp(kvl_last_error()->backend, "posix") == 0);
+            KT_CHECK(setrlimit(RLIMIT_FSIZE, &old) == 0);
+            st = kvl_xfer_post(x);
+            if (st == KVL_OK || st == KVL_IN_PROGRESS)
+                st = kvl_xfer_wait(x, 60000);
+            KT_OK(st);
+            memset(back, 0, N * B);
+            st = kvl_xfer_post(rd);
+            if (st == KVL_OK || st == KVL_IN_PROGRESS)
+                st = kvl_xfer_wait(rd, 60000);
+            KT_OK(st);
+            KT_CHECK(kt_verify(back, N * B, 33) == -1);
+            KT_CHECK(ftruncate(fd, 0) == 0);
+        }
+        kvl_xfer_release(x);
+        kvl_xfer_release(rd);
+        kvl_dlist_destroy(l);
+        kvl_dlist_destroy(lb);
+        kvl_dlist_destroy(f);
+        kvl_agent_destroy(a);
+        close(fd);
+        free(src), free(back);
+        exit(0);
+    }
+    int ws = 0;
+    KT_CHECK(waitpid(pid, &ws, 0) == pid);
+    KT_CHECK(WIFEXITED(ws) && WEXITSTATUS(ws) == 0);
+}
+
 /* A seccomp filter that answers io_uring_setup with EPERM, as a container
  * runtime's default profile does; everything else is allowed. */
 static int deny_io_uring(void)
@@ -681,6 +759,8 @@ int main(void)
     roundtrip("threads");
     direct_io();
     cancel_big();
+    io_failure("threads");
+    io_failure("auto");
     seccomp_fallback();
     fixed_buffers();
     gds_param();

@@ -102,7 +102,9 @@ typedef struct kvli_posix_xpriv {
     bool queued, running, canceled, failed;
     bool staged;                     /* local side VRAM: the staging threads move it */
     kvl_status_t status;
-    kvl_error_t err;
+    kvl_status_t fail_code;          /* with failed */
+    kvl_error_t *err;                /* why, allocated at the first failure (36 KiB);
+                                      * NULL without memory for it */
     struct kvli_posix_xpriv *qnext;
 } kvli_posix_xpriv_t;
 
@@ -160,6 +162,10 @@ typedef struct kvli_posix_iface {
     const kvli_cufile_api_t *cf;     /* libcufile's entry points, when loaded */
     char gds_why[384];               /* what VRAM <-> FILE uses, or why it is staged */
 } kvli_posix_iface_t;
+
+/* Under iface->lock: mark xp failed with code; where to write why (NULL:
+ * no memory for it, the core then words the failure from the code). */
+kvl_error_t *kvli_posix_xp_fail(kvli_posix_xpriv_t *xp, kvl_status_t code);
 
 /* posix_engine.c */
 /* The file of a FILE region in the ring's file table: its slot (shared by

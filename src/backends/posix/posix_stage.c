@@ -206,18 +206,20 @@ static void kvli_posix_stage_fail(kvli_posix_xpriv_t *xp, const kvli_posix_op_t 
 {
     if (xp->failed || xp->canceled)
         return;
-    xp->failed = true;
+    kvl_error_t *err = kvli_posix_xp_fail(xp, op->gds ? e->code : cst);
+    if (err == NULL)
+        return;
     if (op->gds) {
-        memcpy(&xp->err, e, offsetof(kvl_error_t, causes));
-        xp->err.n_causes = 0;
+        memcpy(err, e, offsetof(kvl_error_t, causes));
+        err->n_causes = 0;
         return;
     }
-    kvl_bk_error_set(&xp->err, cst, e->sys_errno, KVLI_POSIX_NAME, op->dev,
+    kvl_bk_error_set(err, cst, e->sys_errno, KVLI_POSIX_NAME, op->dev,
                      "staging %u bytes %s GPU %d (device address 0x%llx) for %s of %s "
                      "failed: %.600s", op->len, write ? "from" : "to", (int)op->dev,
                      (unsigned long long)(uintptr_t)op->buf, write ? "WRITE" : "READ",
                      op->fmh->path, e->what);
-    kvl_bk_error_hint(&xp->err, "%.500s", e->hint[0] ? e->hint
+    kvl_bk_error_hint(err, "%.500s", e->hint[0] ? e->hint
                       : "check the GPU (nvidia-smi) and that the memory is still "
                         "allocated");
 }

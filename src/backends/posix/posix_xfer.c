@@ -32,12 +32,29 @@ static const char *kvli_posix_errname(int e)
 
 /* Fill err for an I/O that failed with errno e (or, e == 0, a READ that
  * found the end of the file). */
+kvl_error_t *kvli_posix_xp_fail(kvli_posix_xpriv_t *xp, kvl_status_t code)
+{
+    xp->failed = true;
+    xp->fail_code = code;
+    if (xp->err == NULL)
+        xp->err = malloc(sizeof(*xp->err));
+    return xp->err;
+}
+
+static kvl_status_t kvli_posix_io_code(int e)
+{
+    return e == 0 ? KVL_ERR_OUT_OF_BOUNDS
+           : e == ENOSPC || e == EDQUOT ? KVL_ERR_NO_MEMORY : KVL_ERR_SYSTEM;
+}
+
 static void kvli_posix_io_error(kvl_error_t *err, const kvli_posix_op_t *op, int write, int e)
 {
+    if (err == NULL)
+        return;
     const kvli_posix_mh_t *f = op->fmh;
     uint64_t at = op->off + op->done;
     if (e == 0) {
-        kvl_bk_error_set(err, KVL_ERR_OUT_OF_BOUNDS, 0, KVLI_POSIX_NAME, -1,
+        kvl_bk_error_set(err, kvli_posix_io_code(e), 0, KVLI_POSIX_NAME, -1,
                          "READ of %s (fd %d) at offset %llu found the end of the file: the "
                          "descriptor (offset %llu, len %u) runs past it (short file)",
                          f->path, f->fd, (unsigned long long)at, (unsigned long long)op->off,
@@ -46,7 +63,7 @@ static void kvli_posix_io_error(kvl_error_t *err, const kvli_posix_op_t *op, int
                                "registered range (truncated, or never written this far)");
         return;
     }
-    kvl_bk_error_set(err, e == ENOSPC || e == EDQUOT ? KVL_ERR_NO_MEMORY : KVL_ERR_SYSTEM, e,
+    kvl_bk_error_set(err, kvli_posix_io_code(e), e,
                      KVLI_POSIX_NAME, -1, "%s of %u bytes at offset %llu of %s (fd %d) failed: "
                      "%s (%s)", write ? "WRITE" : "READ", op->len - op->done,
                      (unsigned long long)at, f->path, f->fd, strerror(e), kvli_posix_errname(e));
@@ -308,7 +325,7 @@ bool kvli_posix_xfer_check_end(kvli_posix_iface_t *iface, kvli_posix_xpriv_t *xp
     }
     xp->qnext = NULL;
     xp->queued = false;
-    xp->status = xp->failed ? xp->err.code : xp->completed == xp->nops ? KVL_OK : KVL_ERR_CANCELED;
+    xp->status = xp->failed ? xp->fail_code : xp->completed == xp->nops ? KVL_OK : KVL_ERR_CANCELED;
     return true;
 }
 
@@ -325,8 +342,8 @@ bool kvli_posix_op_done(kvli_posix_iface_t *iface, kvli_posix_op_t *op, long lon
         op->done = op->len;
         xp->completed++;
     } else if (!xp->failed && !xp->canceled) {
-        xp->failed = true;
-        kvli_posix_io_error(&xp->err, op, write, res == 0 ? (write ? EIO : 0) : (int)-res);
+        int e = res == 0 ? (write ? EIO : 0) : (int)-res;
+        kvli_posix_io_error(kvli_posix_xp_fail(xp, kvli_posix_io_code(e)), op, write, e);
     }
     return kvli_posix_xfer_check_end(iface, xp);
 }
@@ -345,7 +362,7 @@ void kvli_posix_xfer_finish(kvli_posix_iface_t *iface, kvli_posix_xpriv_t *xp)
                                       x->notif_len);
     }
     iface->ctx->xfer_done(x, xp->status, xp->status == KVL_OK || xp->status == KVL_ERR_CANCELED
-                                             ? NULL : &xp->err);
+                                             ? NULL : xp->err);
     pthread_mutex_lock(&iface->lock);
     xp->running = false;
     pthread_cond_broadcast(&iface->cond);
@@ -390,6 +407,7 @@ void kvli_posix_xfer_release(void *bk, kvl_bk_xfer_t *x)
         pthread_cond_wait(&iface->cond, &iface->lock);
     pthread_mutex_unlock(&iface->lock);
     free(xp->ops);
+    free(xp->err);
     free(xp);
     x->bk_priv = NULL;
 }
