@@ -48,6 +48,11 @@ with). Rows (--rows takes the numbers or the names):
              pages were never touched, ms (a fresh allocation each round;
              skipped when MemAvailable is short); as information, its
              deregistration and a second registration of the same range
+ 10 burst    make_prepped_xfer of 1024 descriptors (as row 7), 256 times back
+             to back with every handle kept, as engines hold one per request
+             in flight, then all released: us per make, median of the burst;
+             as information, minor page faults per make (getrusage). The
+             first round's burst grows the heap; later ones reuse it
 Every row runs in each of --rounds interleaved rounds (default 5, rows in
 turn inside a round); "best" is the best round (highest GB/s, lowest time),
 "median" the median of the rounds. The "speed vs NIXL" column is this run's
@@ -82,8 +87,9 @@ CHUNK = 16 * MiB
 
 # Row numbers (as in the brief of BASELINES' table) and names.
 GROUPS = {"write4k": 1, "write64k": 1, "write16m": 1, "kv": 2, "percall": 3, "lat": 4,
-          "reg1": 5, "reg1000": 6, "make": 7, "descs": 8, "big": 9}
-NEED_PEER = {"write4k", "write64k", "write16m", "kv", "percall", "lat", "make"}
+          "reg1": 5, "reg1000": 6, "make": 7, "descs": 8, "big": 9, "burst": 10}
+NEED_PEER = {"write4k", "write64k", "write16m", "kv", "percall", "lat", "make", "burst"}
+BURST = 256                                   # row 10: live handles made back to back
 
 # (result key, group, label, unit, BASELINES' NIXL 1.4 figure, higher is better)
 SPEC = [
@@ -101,6 +107,8 @@ SPEC = [
     ("reg1000", "reg1000", "register 1000 regions in one call", "ms", 0.34, False),
     ("dereg1000", "reg1000", "  deregister them in one call", "ms", 0.16, False),
     ("make", "make", "make_prepped_xfer, 1024 descs (median)", "us", 71, False),
+    ("burst", "burst", "  the same, 256 made back to back, kept live", "us", 71, False),
+    ("burst_faults", "burst", "    page faults per make (info)", "faults", None, False),
     ("descs", "descs", "get_xfer_descs, 65536 descs from (N, 3)", "ns/desc", 3.3, False),
     ("big", "big", "register {gib} GiB, pages untouched", "ms", 0.85, False),
     ("bigdereg", "big", "  deregister it (info)", "ms", None, False),
@@ -277,7 +285,7 @@ class Bench:
                  ([4 * KiB] if "lat" in sel else [])
         self.bulk = BATCH * max(wsizes) if wsizes else 0
         self.pool_off = self.bulk
-        self.nbytes = self.bulk + (KV_N * KV_BLK if sel & {"kv", "percall", "make"} else 0)
+        self.nbytes = self.bulk + (KV_N * KV_BLK if sel & {"kv", "percall", "make", "burst"} else 0)
         if not sel & NEED_PEER:
             return
         self.src = np.empty(self.nbytes, np.uint8)
@@ -453,6 +461,25 @@ class Bench:
                 ts.append(t)
         return {"make": statistics.median(ts) / 1e3}
 
+    # -- row 10: a burst of makes, every handle live until the burst ends
+    def burst(self):
+        import resource
+        a = self.agent
+        lp, rp = self.lists[("pool", KV_BLK)]
+        tables = [self._draw(KV_N, KV_REQ) for _ in range(BURST)]
+        hs, ts = [], []
+        f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+        try:
+            for li, ri in tables:
+                t0 = time.perf_counter_ns()
+                hs.append(a.make_prepped_xfer("WRITE", lp, li, rp, ri))
+                ts.append(time.perf_counter_ns() - t0)
+            f1 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+        finally:
+            for h in hs:
+                a.release_xfer_handle(h)
+        return {"burst": statistics.median(ts) / 1e3, "burst_faults": (f1 - f0) / BURST}
+
     # -- row 8: get_xfer_descs from an (N, 3) array
     def descs(self):
         a = self.agent
@@ -527,12 +554,12 @@ def parse_rows(text, error):
         elif tok.isdigit():
             hit = {k for k, g in GROUPS.items() if g == int(tok)}
             if not hit:
-                error(f"--rows: no row {tok} (1-9)")
+                error(f"--rows: no row {tok} (1-10)")
             sel |= hit
         elif tok in GROUPS:
             sel.add(tok)
         else:
-            error(f"--rows: unknown row {tok!r}; rows are 1-9 or "
+            error(f"--rows: unknown row {tok!r}; rows are 1-10 or "
                   + ", ".join(["write"] + list(GROUPS)))
     return sel
 
@@ -552,7 +579,7 @@ def fmt(v):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--rows", default="all", help="comma list: numbers 1-9 or names (write, "
+    ap.add_argument("--rows", default="all", help="comma list: numbers 1-10 or names (write, "
                     + ", ".join(GROUPS) + "); default all")
     ap.add_argument("--rounds", type=int, default=5, help="interleaved rounds (default 5)")
     ap.add_argument("--big-gib", type=float, default=4.0,
