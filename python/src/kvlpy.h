@@ -19,6 +19,46 @@
 #include <stdint.h>
 #include <kvlane/kvlane.h>
 
+/* The exception being raised, taken off the thread with its traceback (a
+ * new reference; NULL when none), and put back (the reference is stolen).
+ * Python 3.12 deprecates PyErr_Fetch/PyErr_Restore for these two. */
+/* Whether the interpreter is shutting down (public from Python 3.13, which
+ * removed the older private name). */
+#if PY_VERSION_HEX >= 0x030D0000
+#define kvlpy_finalizing() Py_IsFinalizing()
+#else
+#define kvlpy_finalizing() _Py_IsFinalizing()
+#endif
+
+static inline PyObject *kvlpy_err_take(void)
+{
+#if PY_VERSION_HEX >= 0x030C0000
+    return PyErr_GetRaisedException();
+#else
+    PyObject *type, *value, *tb;
+    PyErr_Fetch(&type, &value, &tb);
+    if (type == NULL)
+        return NULL;
+    PyErr_NormalizeException(&type, &value, &tb);
+    if (tb != NULL && value != NULL)
+        PyException_SetTraceback(value, tb);
+    Py_DECREF(type);
+    Py_XDECREF(tb);
+    return value;
+#endif
+}
+
+static inline void kvlpy_err_give(PyObject *exc)
+{
+#if PY_VERSION_HEX >= 0x030C0000
+    PyErr_SetRaisedException(exc);
+#else
+    if (exc == NULL)
+        return;
+    PyErr_Restore(Py_NewRef((PyObject *)Py_TYPE(exc)), exc, PyException_GetTraceback(exc));
+#endif
+}
+
 /* The agent listener (src/store/) may be absent from the library this module
  * is linked with; its entry points are weak so that the module loads anyway
  * and the methods that need them raise UnsupportedError. */

@@ -73,7 +73,7 @@ static void kvlpy_agent_close(kvlpy_agent_t *a)
     }
     a->closing = 1;
     while (a->active > 0) {
-        if (_Py_IsFinalizing()) {
+        if (kvlpy_finalizing()) {
             kvlpy_live_remove(a);
             a->agent = NULL;
             return;
@@ -192,10 +192,9 @@ static void kvlpy_agent_dealloc(kvlpy_agent_t *self)
     if (self->weakrefs)
         PyObject_ClearWeakRefs((PyObject *)self);
     if (self->agent) {
-        PyObject *et, *ev, *tb;
-        PyErr_Fetch(&et, &ev, &tb);
+        PyObject *exc = kvlpy_err_take();
         kvlpy_agent_close(self);
-        PyErr_Restore(et, ev, tb);
+        kvlpy_err_give(exc);
     }
     kvlpy_live_remove(self);
     Py_TYPE(self)->tp_free((PyObject *)self);

@@ -99,24 +99,19 @@ static PyObject *nx_slow(PyObject *self, PyObject *name, PyObject *const *args, 
  * as_nixl), raised "from None"; other exceptions pass unchanged. */
 static PyObject *nx_reraise(void)
 {
-    PyObject *type, *value, *tb;
-    PyErr_Fetch(&type, &value, &tb);
-    PyErr_NormalizeException(&type, &value, &tb);
+    PyObject *value = kvlpy_err_take();
     if (value == NULL || PyObject_IsInstance(value, nx.error) != 1) {
-        PyErr_Restore(type, value, tb);
+        kvlpy_err_give(value);
         return NULL;
     }
     PyObject *conv = PyObject_CallOneArg(nx.as_error, value);
     if (conv == NULL) {
-        Py_XDECREF(type);
         Py_DECREF(value);
-        Py_XDECREF(tb);
         return NULL;
     }
     Py_DECREF(conv); /* as_nixl changes the exception's class in place */
     PyException_SetCause(value, NULL); /* also sets __suppress_context__ */
-    Py_XDECREF(type);
-    PyErr_Restore(Py_NewRef((PyObject *)Py_TYPE(value)), value, tb);
+    kvlpy_err_give(value); /* raised as its new class */
     return NULL;
 }
 
@@ -309,24 +304,17 @@ static PyObject *nx_deregister(PyObject *self, PyObject *const *args, size_t nar
  * raises (and keeps the error in handle.error). Returns NULL. */
 static PyObject *nx_xfer_failed(PyObject *h, PyObject *posting)
 {
-    PyObject *type, *value, *tb;
-    PyErr_Fetch(&type, &value, &tb);
-    PyErr_NormalizeException(&type, &value, &tb);
+    PyObject *value = kvlpy_err_take();
     if (value == NULL || !PyObject_TypeCheck(value, (PyTypeObject *)PyExc_Exception)) {
-        PyErr_Restore(type, value, tb); /* as the Python methods, which catch Exception */
+        kvlpy_err_give(value); /* as the Python methods, which catch Exception */
         return NULL;
     }
-    if (tb != NULL)
-        PyException_SetTraceback(value, tb);
     PyObject *r = PyObject_CallFunctionObjArgs(nx.xfailed, h, value, posting, NULL);
     Py_XDECREF(r); /* it always raises; a return would be kvlane.nixl's bug */
     if (r != NULL)
-        PyErr_Restore(type, value, tb);
-    else {
-        Py_XDECREF(type);
+        kvlpy_err_give(value);
+    else
         Py_DECREF(value);
-        Py_XDECREF(tb);
-    }
     return NULL;
 }
 

@@ -517,10 +517,9 @@ static PyObject *kvlpy_xfer_release(kvlpy_xfer_t *self, PyObject *unused)
 
 static void kvlpy_xfer_dealloc(kvlpy_xfer_t *self)
 {
-    PyObject *et, *ev, *tb;
-    PyErr_Fetch(&et, &ev, &tb);
+    PyObject *exc = kvlpy_err_take();
     kvlpy_xfer_free(self);
-    PyErr_Restore(et, ev, tb);
+    kvlpy_err_give(exc);
     Py_XDECREF(self->owner);
     Py_XDECREF(self->remote);
     PyObject_Free(self);
