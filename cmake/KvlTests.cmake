@@ -17,6 +17,11 @@
 #     KVL_TEST_LABELS: nosan slow
 # in the first 4 KiB of the file (in a comment). "nosan" keeps a test out of
 # the sanitizer suites; "tsan" puts it in tsan_suite.
+#
+# A test that fails allocations on purpose names the functions it wraps
+#     KVL_TEST_WRAP: malloc
+# (linked with -Wl,--wrap=<name>: it defines __wrap_<name> and calls
+# __real_<name>; only the test's executable is affected).
 
 find_program(KVL_BASH bash REQUIRED)
 
@@ -66,6 +71,18 @@ function(kvl_claim_test_name name file)
   set(_kvl_test_names "${_kvl_test_names}" PARENT_SCOPE)
 endfunction()
 
+function(kvl_test_wraps target file)
+  file(STRINGS "${file}" markers LIMIT_INPUT 4096 REGEX "KVL_TEST_WRAP:")
+  foreach(line IN LISTS markers)
+    string(REGEX REPLACE ".*KVL_TEST_WRAP:" "" rest "${line}")
+    string(REGEX REPLACE "\\*/.*" "" rest "${rest}")
+    string(REGEX MATCHALL "[A-Za-z_][A-Za-z0-9_]*" words "${rest}")
+    foreach(w IN LISTS words)
+      target_link_options(${target} PRIVATE "-Wl,--wrap=${w}")
+    endforeach()
+  endforeach()
+endfunction()
+
 # ---- helpers shared by C tests -------------------------------------------
 file(GLOB KVL_TEST_COMMON_SOURCES CONFIGURE_DEPENDS "${CMAKE_SOURCE_DIR}/tests/common/*.c")
 if(KVL_TEST_COMMON_SOURCES)
@@ -95,6 +112,7 @@ foreach(_kind unit integration)
     endif()
     kvl_test_labels(_labels "${_src}" ${_kind})
     kvl_test_timeout(_timeout "${_src}")
+    kvl_test_wraps(${_name} "${_src}")
     add_test(NAME ${_name} COMMAND ${_name} WORKING_DIRECTORY "${CMAKE_BINARY_DIR}")
     set_tests_properties(${_name} PROPERTIES
       SKIP_RETURN_CODE 77

@@ -30,8 +30,6 @@ static const char *kvli_posix_errname(int e)
     }
 }
 
-/* Fill err for an I/O that failed with errno e (or, e == 0, a READ that
- * found the end of the file). */
 kvl_error_t *kvli_posix_xp_fail(kvli_posix_xpriv_t *xp, kvl_status_t code)
 {
     xp->failed = true;
@@ -41,12 +39,16 @@ kvl_error_t *kvli_posix_xp_fail(kvli_posix_xpriv_t *xp, kvl_status_t code)
     return xp->err;
 }
 
+/* The status of an I/O that failed with errno e (e == 0: a READ that found
+ * the end of the file). */
 static kvl_status_t kvli_posix_io_code(int e)
 {
     return e == 0 ? KVL_ERR_OUT_OF_BOUNDS
            : e == ENOSPC || e == EDQUOT ? KVL_ERR_NO_MEMORY : KVL_ERR_SYSTEM;
 }
 
+/* Fill err (NULL: nothing to fill) for an I/O that failed with errno e (or,
+ * e == 0, a READ that found the end of the file). */
 static void kvli_posix_io_error(kvl_error_t *err, const kvli_posix_op_t *op, int write, int e)
 {
     if (err == NULL)
