@@ -1,6 +1,6 @@
 """Indexed transfers: made from two prepared lists of equal-sized blocks and
 index arrays (as engines make one per request), paired by the backend (the
-GPU on cuda, at the first posting on shm, pair by pair as tcp cuts its
+GPU on cuda, pair by pair as shm cuts its copy batches and tcp its
 requests) instead of at creation."""
 
 import numpy as np
@@ -57,8 +57,8 @@ def test_indexed_shuffled_write_and_repost(pair):
     x.wait(10000)
     st = x.stats()
     assert st["bytes"] == n * BS and st["blocks"] == n and st["backend"] == a.test_backend
-    # shm pairs at the first posting; tcp walks the index arrays themselves
-    assert st["segments"] == (n if a.test_backend == "shm" else 0)
+    # shm and tcp walk the index arrays themselves: never paired into segments
+    assert st["segments"] == 0
     assert np.array_equal(_blocks(dst, ri), _blocks(src, li))
     untouched = np.setdiff1d(np.arange(LAYERS * BLOCKS), ri)
     assert not _blocks(dst, untouched).any()
@@ -215,6 +215,61 @@ def test_indexed_vram(uniq, op):
                                s2[torch.as_tensor(si, device="cuda")])
             dst.zero_()
             torch.cuda.synchronize()   # before the next request writes on kvlane's streams
+        lp.release()
+        rp.release()
+    finally:
+        a.close()
+        b.close()
+
+
+@pytest.mark.parametrize("cma", ["auto", "off"])
+def test_indexed_shm_neighbours_across_regions(uniq, cma):
+    """shm walks an indexed transfer pair by pair and merges neighbouring
+    blocks into one copy: never across two regions, even adjacent ones (the
+    target checks each range of the socket path against one region), in
+    runs that cross the boundary on either side, over cross-memory attach
+    and over the socket (cma=off)."""
+    a = kvlane.Agent(uniq + "-a", backends=())
+    b = kvlane.Agent(uniq + "-b", backends=())
+    try:
+        a.create_backend("shm", {"cma": cma})
+        b.create_backend("shm", {"cma": cma})
+        bs, nb = 4096, 512
+        src = np.random.default_rng(8).integers(0, 255, nb * bs, dtype=np.uint8)
+        dst = np.zeros(nb * bs, np.uint8)
+        # each buffer as two regions that touch: the local one at block 200,
+        # the remote one at block 300
+        for buf, ag, cut in ((src, a, 200), (dst, b, 300)):
+            ag.register_memory([buf[:cut * bs]])
+            ag.register_memory([buf[cut * bs:]])
+        name = a.load_metadata(b.get_metadata())
+        b.load_metadata(a.get_metadata())
+        lp = a.prep(kvlane.DList.from_arrays(src.ctypes.data + np.arange(nb) * bs, len=bs))
+        rp = a.prep(kvlane.DList.from_arrays(dst.ctypes.data + np.arange(nb) * bs, len=bs), name)
+        # runs of neighbours on both sides: one crosses the local boundary,
+        # one the remote one, one stays inside both, one goes down locally
+        li = np.concatenate([np.arange(150, 250), np.arange(0, 100), np.arange(300, 360),
+                             np.arange(511, 419, -1)])
+        ri = np.concatenate([np.arange(0, 100), np.arange(250, 350), np.arange(100, 160),
+                             np.arange(400, 492)])
+        assert len(li) == len(ri) >= 256 and len(set(ri)) == len(ri)
+        x = a.xfer_prepped("WRITE", lp, li, rp, ri)
+        x.post()
+        x.wait(10000)
+        st = x.stats()
+        assert st["backend"] == "shm" and st["segments"] == 0 and st["blocks"] == len(li)
+        assert ("socket" in st["path"]) == (cma == "off"), st["path"]
+        s2, d2 = src.reshape(nb, bs), dst.reshape(nb, bs)
+        assert np.array_equal(d2[ri], s2[li])
+        assert not d2[np.setdiff1d(np.arange(nb), ri)].any()
+        x.release()
+        # and back: READ the same pairs into a cleared source
+        src[:] = 0
+        y = a.xfer_prepped("READ", lp, li, rp, ri)
+        y.post()
+        y.wait(10000)
+        assert np.array_equal(s2[li], d2[ri])
+        y.release()
         lp.release()
         rp.release()
     finally:

@@ -118,9 +118,26 @@ static int kvli_shm_span_ok(uint64_t base, uint64_t len, uint64_t stride, uint64
     return base >= rbase && end <= rbase + rlen;
 }
 
+/* Segment i of x, or for an indexed transfer (walked from its index arrays,
+ * never paired into segments) pair i as a one-block segment. */
+static kvl_seg_t kvli_shm_seg_at(const kvl_bk_xfer_t *x, size_t i)
+{
+    if (!kvli_xchunk_indexed(x))
+        return x->segs[i];
+    uint32_t li = x->lidx[i], ri = x->ridx[i];
+    return (kvl_seg_t){x->ltab->addrs[li], x->rtab->addrs[ri], x->ltab->len, 1, 0, 0,
+                       x->ltab->regs[li], x->rtab->regs[ri]};
+}
+
+/* How many segments (pairs, when indexed) x has. */
+static size_t kvli_shm_nsegs(const kvl_bk_xfer_t *x)
+{
+    return kvli_xchunk_indexed(x) ? x->nidx : x->nsegs;
+}
+
 static kvl_status_t kvli_shm_seg_check(kvli_shm_run_t *run, size_t i, kvl_error_t *err)
 {
-    const kvl_seg_t *s = &run->x->segs[i];
+    const kvl_seg_t seg = kvli_shm_seg_at(run->x, i), *s = &seg;
     const kvli_shm_mh_t *lh = run->x->lmh[s->lreg];
     const kvli_shm_rh_t *rh = run->x->rmh[s->rreg];
     const char *side = NULL;
@@ -141,9 +158,8 @@ static kvl_status_t kvli_shm_seg_check(kvli_shm_run_t *run, size_t i, kvl_error_
     return KVL_ERR_OUT_OF_BOUNDS;
 }
 
-static unsigned kvli_shm_seg_path(const kvli_shm_run_t *run, size_t i)
+static unsigned kvli_shm_seg_path(const kvli_shm_run_t *run, const kvli_shm_rh_t *rh)
 {
-    const kvli_shm_rh_t *rh = run->x->rmh[run->x->segs[i].rreg];
     if (run->peer->guard == NULL) /* the target gave no guard table */
         return KVLI_SHM_PATH_SOCK;
     if (rh->map != NULL)
@@ -204,8 +220,11 @@ static kvl_status_t kvli_shm_batch(kvli_shm_run_t *run, kvli_shm_cursor_t *c,
     kvl_bk_xfer_t *x = run->x;
     unsigned path = 0;
     uint64_t limit = KVLI_SHM_CHUNK;
-    kvli_piece_t pc;
+    kvli_xpiece_t xpc;
+    const kvli_piece_t *pc = &xpc.p;
     kvl_status_t st;
+    struct iovec *liov = run->w->liov, *riov = run->w->riov;
+    uint32_t lreg = 0, rreg = 0;     /* the last piece's regions */
     run->n = 0;
     run->bytes = 0;
     *path_p = 0;
@@ -213,16 +232,17 @@ static kvl_status_t kvli_shm_batch(kvli_shm_run_t *run, kvli_shm_cursor_t *c,
         const kvli_shm_rh_t *rh;
         uint64_t piece, ra;
         unsigned p;
-        if (!kvli_chunk_peek(&c->pos, x->segs, x->nsegs, UINT64_MAX, &pc))
-            return kvli_shm_check_below(run, c, x->nsegs, err);
-        st = kvli_shm_check_below(run, c, pc.seg + 1, err);
+        if (!kvli_xchunk_peek(&c->pos, x, UINT64_MAX, &xpc))
+            return kvli_shm_check_below(run, c, kvli_shm_nsegs(x), err);
+        st = kvli_shm_check_below(run, c, pc->seg + 1, err);
         if (st != KVL_OK)
             return st;
-        p = kvli_shm_seg_path(run, pc.seg);
+        rh = x->rmh[xpc.rreg];
+        p = kvli_shm_seg_path(run, rh);
         if (path != 0 && p != path)
             break;
         if (p != KVLI_SHM_PATH_SOCK) {
-            int h = kvli_shm_guard_hold(run, x->rmh[x->segs[pc.seg].rreg], err);
+            int h = kvli_shm_guard_hold(run, rh, err);
             if (h < 0)
                 return KVL_ERR_STALE;
             if (h == 0)
@@ -233,18 +253,30 @@ static kvl_status_t kvli_shm_batch(kvli_shm_run_t *run, kvli_shm_cursor_t *c,
         /* Each process_vm_writev call pays a ptrace check and page pinning
          * setup: give it more per call (still ~2 ms between cancel checks). */
         limit = p == KVLI_SHM_PATH_CMA ? KVLI_SHM_CMA_CHUNK : KVLI_SHM_CHUNK;
-        rh = x->rmh[x->segs[pc.seg].rreg];
-        piece = pc.len < limit - run->bytes ? pc.len : limit - run->bytes;
-        ra = pc.raddr;
+        piece = pc->len < limit - run->bytes ? pc->len : limit - run->bytes;
+        ra = pc->raddr;
         if (p == KVLI_SHM_PATH_MMAP)
             ra = (uint64_t)(uintptr_t)(rh->map->base + rh->shm_off + (ra - rh->addr));
-        run->w->liov[run->n].iov_base = (void *)(uintptr_t)pc.laddr;
-        run->w->liov[run->n].iov_len = (size_t)piece;
-        run->w->riov[run->n].iov_base = (void *)(uintptr_t)ra;
-        run->w->riov[run->n].iov_len = (size_t)piece;
-        run->n++;
+        if (run->n > 0 && xpc.lreg == lreg && xpc.rreg == rreg &&
+            (uint64_t)(uintptr_t)liov[run->n - 1].iov_base + liov[run->n - 1].iov_len ==
+                pc->laddr &&
+            (uint64_t)(uintptr_t)riov[run->n - 1].iov_base + riov[run->n - 1].iov_len == ra) {
+            /* the next bytes on both sides, in the same two regions (an
+             * indexed transfer's run of neighbouring blocks, which pairing
+             * into segments would have merged): one iovec, one range */
+            liov[run->n - 1].iov_len += (size_t)piece;
+            riov[run->n - 1].iov_len += (size_t)piece;
+        } else {
+            liov[run->n].iov_base = (void *)(uintptr_t)pc->laddr;
+            liov[run->n].iov_len = (size_t)piece;
+            riov[run->n].iov_base = (void *)(uintptr_t)ra;
+            riov[run->n].iov_len = (size_t)piece;
+            run->n++;
+            lreg = xpc.lreg;
+            rreg = xpc.rreg;
+        }
         run->bytes += piece;
-        kvli_chunk_take(&c->pos, x->segs, piece);
+        kvli_xchunk_take(&c->pos, x, piece);
     }
     return KVL_OK;
 }
@@ -516,7 +548,7 @@ static kvl_status_t kvli_shm_run(kvli_shm_worker_t *w, kvli_shm_xpriv_t *xp,
     run.peer = xp->peer;
     run.timeout_ms = x->timeout_ms ? x->timeout_ms : iface->timeout_ms;
 
-    while (!kvli_chunk_done(&cur.pos, x->segs, x->nsegs)) {
+    while (!kvli_xchunk_done(&cur.pos, x)) {
         if (atomic_load(&xp->cancel) || kvli_progress_stopping(&iface->pg)) {
             st = KVL_ERR_CANCELED;
             break;
@@ -697,13 +729,22 @@ static int kvli_shm_inline_ok(kvli_shm_iface_t *iface, const kvl_bk_xfer_t *x,
 {
     int small = x->total_bytes <= most;
     if (!small && (!iface->inline_adapt || x->total_bytes > KVLI_SHM_LEARN_BYTES ||
-                   x->nsegs > KVLI_SHM_LEARN_SEGS))
+                   kvli_shm_nsegs(x) > KVLI_SHM_LEARN_SEGS))
         return 0;
     if (iface->xfers != NULL || peer->guard == NULL)
         return 0;
+    if (peer->cma_ok)
+        return small ? 1 : 2; /* every region is reached directly */
+    if (kvli_xchunk_indexed(x)) {
+        /* the pairs may use any region of the remote list */
+        for (size_t i = 0; i < x->rtab->nregs; i++)
+            if (((const kvli_shm_rh_t *)x->rmh[i])->map == NULL)
+                return 0;
+        return small ? 1 : 2;
+    }
     for (size_t i = 0; i < x->nsegs; i++) {
         const kvli_shm_rh_t *rh = x->rmh[x->segs[i].rreg];
-        if (rh->map == NULL && !peer->cma_ok)
+        if (rh->map == NULL)
             return 0;
     }
     return small ? 1 : 2;
@@ -798,14 +839,12 @@ kvl_status_t kvli_shm_xfer_post(void *bk, kvl_bk_xfer_t *x, kvl_error_t *err)
     kvli_shm_xpriv_t *xp;
 
     /* An indexed transfer (made cheaply from two prepared lists and index
-     * arrays): its pairs become segments at the first posting. */
-    if (x != NULL && x->nidx > 0 && x->nsegs == 0) {
-        kvl_status_t st = iface->ctx->xfer_expand(iface->ctx, x, err);
-        if (st != KVL_OK)
-            return st;
-    }
+     * arrays) is walked pair by pair from them (kvli_xchunk_*): pairing it
+     * into segments first took 56 bytes a pair at every first posting. */
     if (x == NULL || x->peer == NULL || (x->op != KVL_READ && x->op != KVL_WRITE) ||
-        (x->nsegs > 0 && (x->segs == NULL || x->lmh == NULL || x->rmh == NULL))) {
+        (x->nsegs > 0 && (x->segs == NULL || x->lmh == NULL || x->rmh == NULL)) ||
+        (kvli_xchunk_indexed(x) && (x->ltab == NULL || x->rtab == NULL || x->lidx == NULL ||
+                                    x->ridx == NULL || x->lmh == NULL || x->rmh == NULL))) {
         kvl_bk_error_set(err, KVL_ERR_INVALID_ARG, 0, KVLI_SHM_NAME, -1,
                          "xfer_post: transfer %p lacks a peer, an operation or its "
                          "segments", (void *)x);
