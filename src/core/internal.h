@@ -50,6 +50,9 @@ bool kvli_add_overflows(uint64_t a, uint64_t b);
 /* Scratch arrays; large ones come from a cache of warm memory. */
 void *kvli_buf_alloc(size_t bytes);
 void kvli_buf_free(void *p, size_t bytes);
+/* Bytes the free lists of 4-128 KiB arrays hold now, and their bound (0:
+ * none kept, under AddressSanitizer). */
+size_t kvli_buf_mid_cached(size_t *max_p);
 /* Copy with truncation, always NUL-terminated (src may be NULL). */
 void kvli_scopy(char *dst, size_t cap, const char *src);
 

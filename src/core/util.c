@@ -198,6 +198,16 @@ void *kvli_buf_alloc(size_t bytes)
     return p;
 }
 
+size_t kvli_buf_mid_cached(size_t *max_p)
+{
+    if (max_p != NULL)
+        *max_p = KVLI_BUF_MID_MAX;
+    pthread_mutex_lock(&kvli_buf_mid_lock);
+    size_t v = kvli_buf_mid_bytes;
+    pthread_mutex_unlock(&kvli_buf_mid_lock);
+    return v;
+}
+
 void kvli_buf_free(void *p, size_t bytes)
 {
     if (p == NULL)

@@ -211,6 +211,56 @@ static void test_buf_cache(void)
     KT_CHECK(kvli_buf_alloc(SIZE_MAX - (1u << 20)) == NULL);
 }
 
+/* Arrays of 4 KiB to 128 KiB: back to a free list of their size (a power
+ * of two), handed out again for any size of that class, never to another
+ * class, and never more than the bound in all. */
+static void test_buf_mid(void)
+{
+    size_t max, base = kvli_buf_mid_cached(&max);
+    KT_CHECK(base <= max);
+    uint8_t *a = kvli_buf_alloc(8192);
+    KT_CHECK(a != NULL);
+    memset(a, 0x5a, 8192);
+    kvli_buf_free(a, 8192);
+    if (max == 0) { /* AddressSanitizer: malloc's own, so it sees a use after free */
+        KT_CHECK(kvli_buf_mid_cached(NULL) == 0);
+        printf("test_buf_mid: no free lists in this build (AddressSanitizer)\n");
+        return;
+    }
+    KT_CHECK(kvli_buf_mid_cached(NULL) == base + 8192);
+    uint8_t *b = kvli_buf_alloc(20000); /* 32 KiB class: not a */
+    KT_CHECK(b != NULL && b != a && kvli_buf_mid_cached(NULL) == base + 8192);
+    memset(b, 1, 32768); /* the whole class size is the caller's */
+    uint8_t *c = kvli_buf_alloc(4097); /* 8 KiB class: a again, as it was left */
+    KT_CHECK(c == a && c[8191] == 0x5a && kvli_buf_mid_cached(NULL) == base);
+    kvli_buf_free(b, 20000);
+    kvli_buf_free(c, 4097);
+    KT_CHECK(kvli_buf_mid_cached(NULL) == base + 8192 + 32768);
+
+    /* the bound: one array more than it holds goes back to malloc */
+    size_t n = (max - kvli_buf_mid_cached(NULL)) / 65536 + 1;
+    void **v = calloc(n, sizeof(*v));
+    KT_CHECK(v != NULL);
+    for (size_t i = 0; i < n; i++) {
+        v[i] = kvli_buf_alloc(65536);
+        KT_CHECK(v[i] != NULL);
+        memset(v[i], (int)i, 65536);
+    }
+    for (size_t i = 0; i < n; i++)
+        kvli_buf_free(v[i], 65536);
+    KT_CHECK(kvli_buf_mid_cached(NULL) <= max && kvli_buf_mid_cached(NULL) > max - 65536);
+    for (size_t i = 0; i < n; i++) /* taken out again */
+        v[i] = kvli_buf_alloc(65536);
+    KT_CHECK(kvli_buf_mid_cached(NULL) == base + 8192 + 32768);
+    for (size_t i = 0; i < n; i++)
+        free(v[i]); /* a cached array is malloc's: free() takes it too */
+    free(v);
+    /* the lists' memory is handed out again, leaving the base */
+    free(kvli_buf_alloc(8192));
+    free(kvli_buf_alloc(32768));
+    KT_CHECK(kvli_buf_mid_cached(NULL) == base);
+}
+
 int main(void)
 {
     test_buf_reuse_unmaps_all();
@@ -221,6 +271,7 @@ int main(void)
     test_scopy();
     test_clocks_random();
     test_buf_cache();
+    test_buf_mid();
     printf("test_util: passed\n");
     return 0;
 }
