@@ -1,7 +1,7 @@
 """Indexed transfers: made from two prepared lists of equal-sized blocks and
 index arrays (as engines make one per request), paired by the backend (the
-GPU on cuda, pair by pair as shm cuts its copy batches and tcp its
-requests) instead of at creation."""
+GPU on cuda, pair by pair as shm cuts its copy batches, tcp its requests
+and ucx its puts and gets) instead of at creation."""
 
 import numpy as np
 import pytest
@@ -11,8 +11,10 @@ import kvlane
 LAYERS, BLOCKS, BS = 4, 512, 4096
 
 
-@pytest.fixture(params=["shm", "tcp"])
+@pytest.fixture(params=["shm", "tcp", "ucx"])
 def pair(uniq, request):
+    if request.param == "ucx" and not kvlane.backend_available("ucx")[0]:
+        pytest.skip("ucx backend not available here: " + kvlane.backend_available("ucx")[1])
     a = kvlane.Agent(uniq + "-a", backends=(request.param,))
     b = kvlane.Agent(uniq + "-b", backends=(request.param,))
     a.test_backend = request.param
@@ -57,7 +59,8 @@ def test_indexed_shuffled_write_and_repost(pair):
     x.wait(10000)
     st = x.stats()
     assert st["bytes"] == n * BS and st["blocks"] == n and st["backend"] == a.test_backend
-    # shm and tcp walk the index arrays themselves: never paired into segments
+    # shm, tcp and ucx (put/get) walk the index arrays themselves: never
+    # paired into segments
     assert st["segments"] == 0
     assert np.array_equal(_blocks(dst, ri), _blocks(src, li))
     untouched = np.setdiff1d(np.arange(LAYERS * BLOCKS), ri)

@@ -167,6 +167,20 @@ kvl_status_t kvli_ucx_stage_reg(kvli_ucx_iface_t *iface, const kvl_region_info_t
 
 int kvli_ucx_stage_needed(kvli_ucx_iface_t *iface, const kvl_bk_xfer_t *x)
 {
+    if (kvli_xchunk_indexed(x)) {
+        /* not paired yet: any region of its two lists may be used */
+        for (size_t i = 0; i < x->ltab->nregs; i++) {
+            const kvli_ucx_mh_t *mh = x->lmh[i];
+            if (mh != NULL && (mh->staged || (iface->data_path_am && mh->kind == KVL_MEM_VRAM)))
+                return 2;
+        }
+        for (size_t i = 0; i < x->rtab->nregs; i++) {
+            const kvli_ucx_rh_t *rh = x->rmh[i];
+            if (rh != NULL && rh->rkey == NULL)
+                return 2;
+        }
+        return iface->data_path_am ? 1 : 0;
+    }
     for (size_t i = 0; i < x->nsegs; i++) {
         const kvli_ucx_mh_t *mh = x->lmh[x->segs[i].lreg];
         const kvli_ucx_rh_t *rh = x->rmh[x->segs[i].rreg];

@@ -431,12 +431,25 @@ kvl_status_t kvli_ucx_xfer_post(void *bk, kvl_bk_xfer_t *x, kvl_error_t *err)
     kvli_ucx_xpriv_t *xp;
 
     /* An indexed transfer (made from two prepared lists and index arrays:
-     * creation only checks the indices): its pairs become segments at the
-     * first posting, once; a re-post finds them. */
-    if (x->nidx > 0 && x->nsegs == 0) {
+     * creation only checks the indices) is put or got pair by pair from its
+     * index arrays (kvli_xchunk_*); staged (VRAM, or data_path=am), it is
+     * paired into segments at the first posting, once (a re-post finds
+     * them), for ucx_stage.c. */
+    int staged = kvli_ucx_stage_needed(iface, x);
+    if (kvli_xchunk_indexed(x) && staged) {
         kvl_status_t st = iface->ctx->xfer_expand(iface->ctx, x, err);
         if (st != KVL_OK)
             return st;
+    }
+    if (kvli_xchunk_indexed(x)) {
+        for (size_t i = 0; i < x->ltab->nregs || i < x->rtab->nregs; i++)
+            if ((i < x->ltab->nregs && x->lmh[i] == NULL) ||
+                (i < x->rtab->nregs && x->rmh[i] == NULL)) {
+                kvl_bk_error_set(err, KVL_ERR_INTERNAL, 0, KVLI_UCX_NAME, -1,
+                                 "region %zu of the transfer's lists has no ucx region handle",
+                                 i);
+                return KVL_ERR_INTERNAL;
+            }
     }
     for (size_t i = 0; i < x->nsegs; i++)
         if (x->lmh[x->segs[i].lreg] == NULL || x->rmh[x->segs[i].rreg] == NULL) {
@@ -453,7 +466,7 @@ kvl_status_t kvli_ucx_xfer_post(void *bk, kvl_bk_xfer_t *x, kvl_error_t *err)
     xp->peer = peer;
     xp->state = KVLI_UCX_X_ISSUE;
     xp->timeout_ms = x->timeout_ms ? x->timeout_ms : iface->timeout_ms;
-    xp->staged = kvli_ucx_stage_needed(iface, x);
+    xp->staged = staged;
     if (xp->staged)
         snprintf(x->path, sizeof(x->path), "%s", xp->staged > 1
                  ? "ucp am, VRAM staged via pinned host buffers"
@@ -551,7 +564,7 @@ static ucs_status_t kvli_ucx_xfer_issue(kvli_ucx_xpriv_t *xp)
     uint64_t bytes = 0;
     unsigned ops = 0;
     ucp_request_param_t rp;
-    kvli_piece_t p;
+    kvli_xpiece_t xpc;
 
     memset(&rp, 0, sizeof(rp));
     rp.op_attr_mask = UCP_OP_ATTR_FIELD_MEMH | UCP_OP_ATTR_FIELD_CALLBACK |
@@ -562,10 +575,10 @@ static ucs_status_t kvli_ucx_xfer_issue(kvli_ucx_xpriv_t *xp)
      * the peer's progress, so a slow peer is never taken for a silent one
      * (the flush of a batch can take long under load). */
     while (bytes < KVLI_UCX_BATCH_BYTES && ops < KVLI_UCX_BATCH_OPS &&
-           kvli_chunk_peek(&xp->cur, x->segs, x->nsegs, KVLI_UCX_PIECE, &p)) {
-        const kvl_seg_t *sg = &x->segs[p.seg];
-        const kvli_ucx_mh_t *mh = x->lmh[sg->lreg];
-        const kvli_ucx_rh_t *rh = x->rmh[sg->rreg];
+           kvli_xchunk_peek(&xp->cur, x, KVLI_UCX_PIECE, &xpc)) {
+        const kvli_piece_t p = xpc.p;
+        const kvli_ucx_mh_t *mh = x->lmh[xpc.lreg];
+        const kvli_ucx_rh_t *rh = x->rmh[xpc.rreg];
         void *l = (void *)(uintptr_t)p.laddr;
         ucs_status_ptr_t req;
         rp.memh = mh->memh;
@@ -582,7 +595,7 @@ static ucs_status_t kvli_ucx_xfer_issue(kvli_ucx_xpriv_t *xp)
         bytes += p.len;
         ops++;
         xp->issued += p.len;
-        kvli_chunk_take(&xp->cur, x->segs, p.len);
+        kvli_xchunk_take(&xp->cur, x, p.len);
     }
     return UCS_OK;
 }
@@ -651,7 +664,7 @@ static void kvli_ucx_xfer_advance(kvli_ucx_iface_t *iface, kvli_ucx_xpriv_t *xp)
              * back here (0) once every byte is confirmed */
             if (kvli_ucx_stage_advance(iface, xp))
                 return;
-            if (xp->chunks != NULL || (!kvli_chunk_done(&xp->cur, x->segs, x->nsegs) && !cancel))
+            if (xp->chunks != NULL || (!kvli_xchunk_done(&xp->cur, x) && !cancel))
                 return;
         }
         if (xp->state == KVLI_UCX_X_ISSUE) {
@@ -659,11 +672,11 @@ static void kvli_ucx_xfer_advance(kvli_ucx_iface_t *iface, kvli_ucx_xpriv_t *xp)
                 kvli_ucx_xfer_fail(iface, xp, KVL_ERR_REMOTE_DISCONNECT, why);
                 return;
             }
-            if (cancel && !kvli_chunk_done(&xp->cur, x->segs, x->nsegs)) {
+            if (cancel && !kvli_xchunk_done(&xp->cur, x)) {
                 kvli_ucx_xfer_complete(iface, xp, KVL_ERR_CANCELED, NULL);
                 return;
             }
-            if (!kvli_chunk_done(&xp->cur, x->segs, x->nsegs)) {
+            if (!kvli_xchunk_done(&xp->cur, x)) {
                 ucp_request_param_t rp;
                 s = kvli_ucx_xfer_issue(xp);
                 if (s != UCS_OK) {
