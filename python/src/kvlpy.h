@@ -19,9 +19,6 @@
 #include <stdint.h>
 #include <kvlane/kvlane.h>
 
-/* The exception being raised, taken off the thread with its traceback (a
- * new reference; NULL when none), and put back (the reference is stolen).
- * Python 3.12 deprecates PyErr_Fetch/PyErr_Restore for these two. */
 /* Whether the interpreter is shutting down (public from Python 3.13, which
  * removed the older private name). */
 #if PY_VERSION_HEX >= 0x030D0000
@@ -30,6 +27,9 @@
 #define kvlpy_finalizing() _Py_IsFinalizing()
 #endif
 
+/* The exception being raised, taken off the thread with its traceback (a
+ * new reference; NULL when none), and put back (the reference is stolen).
+ * Python 3.12 deprecates PyErr_Fetch/PyErr_Restore for these two. */
 static inline PyObject *kvlpy_err_take(void)
 {
 #if PY_VERSION_HEX >= 0x030C0000
