@@ -101,6 +101,22 @@ static inline int kvli_xchunk_indexed(const kvl_bk_xfer_t *x)
     return x->nsegs == 0 && x->nidx > 0;
 }
 
+/* How many segments x has, or pairs when it is indexed (cur.seg's range). */
+static inline size_t kvli_xchunk_count(const kvl_bk_xfer_t *x)
+{
+    return kvli_xchunk_indexed(x) ? x->nidx : x->nsegs;
+}
+
+/* Segment i of x, or, indexed, pair i as a one-block segment. */
+static inline kvl_seg_t kvli_xchunk_seg(const kvl_bk_xfer_t *x, size_t i)
+{
+    if (!kvli_xchunk_indexed(x))
+        return x->segs[i];
+    uint32_t li = x->lidx[i], ri = x->ridx[i];
+    return (kvl_seg_t){x->ltab->addrs[li], x->rtab->addrs[ri], x->ltab->len, 1, 0, 0,
+                       x->ltab->regs[li], x->rtab->regs[ri]};
+}
+
 static inline int kvli_xchunk_peek(kvli_chunk_cur_t *c, const kvl_bk_xfer_t *x, uint64_t max,
                                    kvli_xpiece_t *xp)
 {

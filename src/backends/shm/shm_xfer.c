@@ -118,26 +118,9 @@ static int kvli_shm_span_ok(uint64_t base, uint64_t len, uint64_t stride, uint64
     return base >= rbase && end <= rbase + rlen;
 }
 
-/* Segment i of x, or for an indexed transfer (walked from its index arrays,
- * never paired into segments) pair i as a one-block segment. */
-static kvl_seg_t kvli_shm_seg_at(const kvl_bk_xfer_t *x, size_t i)
-{
-    if (!kvli_xchunk_indexed(x))
-        return x->segs[i];
-    uint32_t li = x->lidx[i], ri = x->ridx[i];
-    return (kvl_seg_t){x->ltab->addrs[li], x->rtab->addrs[ri], x->ltab->len, 1, 0, 0,
-                       x->ltab->regs[li], x->rtab->regs[ri]};
-}
-
-/* How many segments (pairs, when indexed) x has. */
-static size_t kvli_shm_nsegs(const kvl_bk_xfer_t *x)
-{
-    return kvli_xchunk_indexed(x) ? x->nidx : x->nsegs;
-}
-
 static kvl_status_t kvli_shm_seg_check(kvli_shm_run_t *run, size_t i, kvl_error_t *err)
 {
-    const kvl_seg_t seg = kvli_shm_seg_at(run->x, i), *s = &seg;
+    const kvl_seg_t seg = kvli_xchunk_seg(run->x, i), *s = &seg;
     const kvli_shm_mh_t *lh = run->x->lmh[s->lreg];
     const kvli_shm_rh_t *rh = run->x->rmh[s->rreg];
     const char *side = NULL;
@@ -233,7 +216,7 @@ static kvl_status_t kvli_shm_batch(kvli_shm_run_t *run, kvli_shm_cursor_t *c,
         uint64_t piece, ra;
         unsigned p;
         if (!kvli_xchunk_peek(&c->pos, x, UINT64_MAX, &xpc))
-            return kvli_shm_check_below(run, c, kvli_shm_nsegs(x), err);
+            return kvli_shm_check_below(run, c, kvli_xchunk_count(x), err);
         st = kvli_shm_check_below(run, c, pc->seg + 1, err);
         if (st != KVL_OK)
             return st;
@@ -729,7 +712,7 @@ static int kvli_shm_inline_ok(kvli_shm_iface_t *iface, const kvl_bk_xfer_t *x,
 {
     int small = x->total_bytes <= most;
     if (!small && (!iface->inline_adapt || x->total_bytes > KVLI_SHM_LEARN_BYTES ||
-                   kvli_shm_nsegs(x) > KVLI_SHM_LEARN_SEGS))
+                   kvli_xchunk_count(x) > KVLI_SHM_LEARN_SEGS))
         return 0;
     if (iface->xfers != NULL || peer->guard == NULL)
         return 0;
