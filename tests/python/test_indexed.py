@@ -177,13 +177,19 @@ def _torch_cuda():
 
 
 @pytest.mark.parametrize("op", ["WRITE", "READ"])
-def test_indexed_vram(uniq, op):
-    """On the GPU machine: the cuda backend gathers from the index arrays."""
+@pytest.mark.parametrize("bk", ["cuda", "tcp", "ucx"])
+def test_indexed_vram(uniq, op, bk):
+    """On the GPU machine: the cuda backend gathers from the index arrays;
+    tcp and ucx stage VRAM through host buffers (ucx where its UCX cannot
+    map GPU memory itself) and must move the same pairs."""
     torch = _torch_cuda()
     if torch is None:
         pytest.skip("needs torch with a CUDA GPU (runs on the GPU machine)")
-    a = kvlane.Agent(uniq + "-a", backends=("cuda",))
-    b = kvlane.Agent(uniq + "-b", backends=("cuda",))
+    ok, why = kvlane.backend_available(bk)
+    if not ok:
+        pytest.skip(bk + " backend not available here: " + why)
+    a = kvlane.Agent(uniq + "-a", backends=(bk,))
+    b = kvlane.Agent(uniq + "-b", backends=(bk,))
     try:
         n_blk = LAYERS * BLOCKS
         src = torch.randint(0, 255, (n_blk * BS,), dtype=torch.uint8, device="cuda")
@@ -208,7 +214,10 @@ def test_indexed_vram(uniq, op):
             x = a.xfer_prepped(op, lp, li, rp, ri)
             x.post()
             x.wait(10000)
-            assert "indexed" in x.stats()["path"], x.stats()
+            st = x.stats()
+            assert st["backend"] == bk, st
+            if bk == "cuda":
+                assert "indexed" in st["path"], st
             x.release()
             torch.cuda.synchronize()
             s2 = src.view(n_blk, BS)

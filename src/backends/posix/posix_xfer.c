@@ -11,6 +11,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include "common/chunk.h"
 #include "posix.h"
 
 static const char *kvli_posix_errname(int e)
@@ -98,18 +99,21 @@ static void kvli_posix_io_error(kvl_error_t *err, const kvli_posix_op_t *op, int
     }
 }
 
-/* Build the ops of x once: every block of every segment, cut at 1 GiB
- * (VRAM: at the staging chunk, through cuFile where the file takes it). */
+/* Build the ops of x once: every block of every segment, or every pair of
+ * an indexed transfer (read from its index arrays: nothing is paired into
+ * segments first), cut at 1 GiB (VRAM: at the staging chunk, through cuFile
+ * where the file takes it). */
 static kvl_status_t kvli_posix_build(kvli_posix_iface_t *iface, kvli_posix_xpriv_t *xp,
                                      kvl_bk_xfer_t *x, kvl_error_t *err)
 {
     uint64_t xp_chunk = iface->stage_chunk;
-    size_t n = 0;
-    for (size_t s = 0; s < x->nsegs; s++) {
-        const kvl_seg_t *g = &x->segs[s];
-        const kvli_posix_mh_t *l = x->lmh[g->lreg];
+    size_t n = 0, nsegs = kvli_xchunk_count(x);
+    const char *what = kvli_xchunk_indexed(x) ? "pair" : "segment";
+    for (size_t s = 0; s < nsegs; s++) {
+        const kvl_seg_t g = kvli_xchunk_seg(x, s);
+        const kvli_posix_mh_t *l = x->lmh[g.lreg];
         uint64_t piece = l != NULL && l->kind == KVL_MEM_VRAM ? xp_chunk : KVLI_POSIX_OP_MAX;
-        n += g->count * ((g->len + piece - 1) / piece);
+        n += g.count * ((g.len + piece - 1) / piece);
     }
     xp->ops = calloc(n ? n : 1, sizeof(*xp->ops));
     if (xp->ops == NULL) {
@@ -119,14 +123,14 @@ static kvl_status_t kvli_posix_build(kvli_posix_iface_t *iface, kvli_posix_xpriv
     }
     int write = x->op == KVL_WRITE;
     uint64_t block = 0;
-    for (size_t s = 0; s < x->nsegs; s++) {
-        const kvl_seg_t *g = &x->segs[s];
+    for (size_t s = 0; s < nsegs; s++) {
+        const kvl_seg_t gs = kvli_xchunk_seg(x, s), *g = &gs;
         const kvli_posix_mh_t *l = x->lmh[g->lreg];
         kvli_posix_mh_t *f = x->rmh[g->rreg];
         if (l == NULL || f == NULL || (l->kind != KVL_MEM_DRAM && l->kind != KVL_MEM_VRAM) ||
             f->kind != KVL_MEM_FILE) {
             kvl_bk_error_set(err, KVL_ERR_INVALID_ARG, 0, KVLI_POSIX_NAME, -1,
-                             "segment %zu is not host memory paired with a file range", s);
+                             "%s %zu is not host memory paired with a file range", what, s);
             kvl_bk_error_hint(err, "the local list must be DRAM and the remote list FILE");
             return KVL_ERR_INVALID_ARG;
         }
@@ -224,11 +228,6 @@ kvl_status_t kvli_posix_xfer_post(void *bk, kvl_bk_xfer_t *x, kvl_error_t *err)
 {
     kvli_posix_iface_t *iface = bk;
     kvli_posix_xpriv_t *xp = x->bk_priv;
-    if (x->nidx > 0 && x->nsegs == 0) {
-        kvl_status_t st = iface->ctx->xfer_expand(iface->ctx, x, err);
-        if (st != KVL_OK)
-            return st;
-    }
     if (xp == NULL) {
         xp = calloc(1, sizeof(*xp));
         if (xp == NULL) {
