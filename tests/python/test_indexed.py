@@ -234,18 +234,28 @@ def test_indexed_vram(uniq, op, bk):
         b.close()
 
 
-@pytest.mark.parametrize("cma", ["auto", "off"])
-def test_indexed_shm_neighbours_across_regions(uniq, cma):
-    """shm walks an indexed transfer pair by pair and merges neighbouring
-    blocks into one copy: never across two regions, even adjacent ones (the
-    target checks each range of the socket path against one region), in
-    runs that cross the boundary on either side, over cross-memory attach
-    and over the socket (cma=off)."""
+NEIGHBOUR_PATHS = [("shm", {"cma": "auto"}, "cma"), ("shm", {"cma": "off"}, "socket"),
+                   ("ucx", {"data_path": "am"}, "data_path=am")]
+
+
+@pytest.mark.parametrize("form", ["indexed", "plain"])
+@pytest.mark.parametrize("bk,params,path", NEIGHBOUR_PATHS,
+                         ids=["shm-cma", "shm-socket", "ucx-am"])
+def test_neighbours_across_regions(uniq, bk, params, path, form):
+    """Backends that merge neighbouring blocks into one copy or request (shm
+    as it walks an indexed transfer pair by pair, or a transfer's segments;
+    ucx's staged requests, data_path=am) never merge across two regions,
+    even adjacent ones: the target checks each range of a socket or staged
+    request against one region. Runs cross the boundary on either side;
+    the transfer is indexed (from prepared lists) or plain (from two lists
+    of the same blocks)."""
+    if bk == "ucx" and not kvlane.backend_available("ucx")[0]:
+        pytest.skip("ucx backend not available here: " + kvlane.backend_available("ucx")[1])
     a = kvlane.Agent(uniq + "-a", backends=())
     b = kvlane.Agent(uniq + "-b", backends=())
     try:
-        a.create_backend("shm", {"cma": cma})
-        b.create_backend("shm", {"cma": cma})
+        a.create_backend(bk, params)
+        b.create_backend(bk, params)
         bs, nb = 4096, 512
         src = np.random.default_rng(8).integers(0, 255, nb * bs, dtype=np.uint8)
         dst = np.zeros(nb * bs, np.uint8)
@@ -256,8 +266,6 @@ def test_indexed_shm_neighbours_across_regions(uniq, cma):
             ag.register_memory([buf[cut * bs:]])
         name = a.load_metadata(b.get_metadata())
         b.load_metadata(a.get_metadata())
-        lp = a.prep(kvlane.DList.from_arrays(src.ctypes.data + np.arange(nb) * bs, len=bs))
-        rp = a.prep(kvlane.DList.from_arrays(dst.ctypes.data + np.arange(nb) * bs, len=bs), name)
         # runs of neighbours on both sides: one crosses the local boundary,
         # one the remote one, one stays inside both, one goes down locally
         li = np.concatenate([np.arange(150, 250), np.arange(0, 100), np.arange(300, 360),
@@ -265,25 +273,39 @@ def test_indexed_shm_neighbours_across_regions(uniq, cma):
         ri = np.concatenate([np.arange(0, 100), np.arange(250, 350), np.arange(100, 160),
                              np.arange(400, 492)])
         assert len(li) == len(ri) >= 256 and len(set(ri)) == len(ri)
-        x = a.xfer_prepped("WRITE", lp, li, rp, ri)
+        lp = rp = None
+        if form == "indexed":
+            lp = a.prep(kvlane.DList.from_arrays(src.ctypes.data + np.arange(nb) * bs, len=bs))
+            rp = a.prep(kvlane.DList.from_arrays(dst.ctypes.data + np.arange(nb) * bs, len=bs),
+                        name)
+
+        def make(op):
+            if form == "indexed":
+                return a.xfer_prepped(op, lp, li, rp, ri)
+            return a.xfer(op, kvlane.DList.from_arrays(src.ctypes.data + li * bs, len=bs), name,
+                          kvlane.DList.from_arrays(dst.ctypes.data + ri * bs, len=bs))
+        x = make("WRITE")
         x.post()
         x.wait(10000)
         st = x.stats()
-        assert st["backend"] == "shm" and st["segments"] == 0 and st["blocks"] == len(li)
-        assert ("socket" in st["path"]) == (cma == "off"), st["path"]
+        assert st["backend"] == bk and st["blocks"] == len(li), st
+        assert path in st["path"], st["path"]
+        if form == "indexed" and bk == "shm":
+            assert st["segments"] == 0, st
         s2, d2 = src.reshape(nb, bs), dst.reshape(nb, bs)
         assert np.array_equal(d2[ri], s2[li])
         assert not d2[np.setdiff1d(np.arange(nb), ri)].any()
         x.release()
         # and back: READ the same pairs into a cleared source
         src[:] = 0
-        y = a.xfer_prepped("READ", lp, li, rp, ri)
+        y = make("READ")
         y.post()
         y.wait(10000)
         assert np.array_equal(s2[li], d2[ri])
         y.release()
-        lp.release()
-        rp.release()
+        if lp is not None:
+            lp.release()
+            rp.release()
     finally:
         a.close()
         b.close()

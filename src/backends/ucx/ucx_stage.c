@@ -233,14 +233,18 @@ static void kvli_ucx_stage_err(kvl_error_t *err, kvl_status_t code, const char *
 }
 
 /* Cut the next request of xp: pieces from the cursor (seg, blk, off), up to
- * a chunk of bytes and stage_max_ranges pieces; adjacent pieces merge. */
+ * a chunk of bytes and stage_max_ranges pieces; adjacent pieces of the same
+ * two regions merge (never across regions, even adjacent ones: the target
+ * checks each range against one of its regions, and a staging copy may not
+ * span two allocations). */
 static kvli_ucx_chunk_t *kvli_ucx_chunk_cut(kvli_ucx_iface_t *iface, kvli_ucx_xpriv_t *xp,
                                             uint8_t *buf)
 {
     kvl_bk_xfer_t *x = xp->x;
     unsigned max = iface->stage_max_ranges;
     kvli_ucx_chunk_t *c = calloc(1, sizeof(*c));
-    kvli_piece_t pc;
+    kvli_xpiece_t xpc;
+    uint32_t last_lreg = 0, last_rreg = 0;
     if (c == NULL)
         return NULL;
     c->p = calloc(max, sizeof(*c->p));
@@ -257,20 +261,24 @@ static kvli_ucx_chunk_t *kvli_ucx_chunk_cut(kvli_ucx_iface_t *iface, kvli_ucx_xp
     c->buf = buf;
     c->id = ++iface->stage_next_id;
     while (c->bytes < KVLI_UCX_STAGE_CHUNK &&
-           kvli_chunk_peek(&xp->cur, x->segs, x->nsegs, KVLI_UCX_STAGE_CHUNK - c->bytes, &pc)) {
-        const kvli_ucx_mh_t *mh = x->lmh[x->segs[pc.seg].lreg];
+           kvli_xchunk_peek(&xp->cur, x, KVLI_UCX_STAGE_CHUNK - c->bytes, &xpc)) {
+        const kvli_piece_t pc = xpc.p;
+        const kvli_ucx_mh_t *mh = x->lmh[xpc.lreg];
         int32_t dev = mh->kind == KVL_MEM_VRAM ? mh->dev : -1;
         kvli_ucx_piece_t *last = c->n ? &c->p[c->n - 1] : NULL;
         if (last != NULL && last->laddr + last->len == pc.laddr &&
-            last->raddr + last->len == pc.raddr && last->dev == dev) {
+            last->raddr + last->len == pc.raddr && last->dev == dev &&
+            last_lreg == xpc.lreg && last_rreg == xpc.rreg) {
             last->len += pc.len;
         } else {
             if (c->n == max)
                 break;
             c->p[c->n++] = (kvli_ucx_piece_t){pc.laddr, pc.raddr, pc.len, dev};
+            last_lreg = xpc.lreg;
+            last_rreg = xpc.rreg;
         }
         c->bytes += pc.len;
-        kvli_chunk_take(&xp->cur, x->segs, pc.len);
+        kvli_xchunk_take(&xp->cur, x, pc.len);
     }
     uint32_t magic = KVLI_UCX_STAGE_MAGIC;
     uint8_t op = c->op == KVL_WRITE ? KVLI_UCX_OP_WRITE : KVLI_UCX_OP_READ, pad = 0;
@@ -541,7 +549,7 @@ int kvli_ucx_stage_advance(kvli_ucx_iface_t *iface, kvli_ucx_xpriv_t *xp)
     pthread_mutex_lock(&iface->lock);
     cancel = xp->cancel;
     pthread_mutex_unlock(&iface->lock);
-    while (!cancel && !kvli_chunk_done(&xp->cur, x->segs, x->nsegs)) {
+    while (!cancel && !kvli_xchunk_done(&xp->cur, x)) {
         uint8_t *b = kvli_bounce_get(&iface->bounce, KVLI_UCX_STAGE_CHUNK, KVLI_BOUNCE_QUOTA,
                                      &err);
         if (b == NULL && err.code == KVL_OK)

@@ -431,16 +431,10 @@ kvl_status_t kvli_ucx_xfer_post(void *bk, kvl_bk_xfer_t *x, kvl_error_t *err)
     kvli_ucx_xpriv_t *xp;
 
     /* An indexed transfer (made from two prepared lists and index arrays:
-     * creation only checks the indices) is put or got pair by pair from its
-     * index arrays (kvli_xchunk_*); staged (VRAM, or data_path=am), it is
-     * paired into segments at the first posting, once (a re-post finds
-     * them), for ucx_stage.c. */
+     * creation only checks the indices) is put or got, or cut into staged
+     * requests (VRAM, or data_path=am: ucx_stage.c), pair by pair from its
+     * index arrays (kvli_xchunk_*): never paired into segments. */
     int staged = kvli_ucx_stage_needed(iface, x);
-    if (kvli_xchunk_indexed(x) && staged) {
-        kvl_status_t st = iface->ctx->xfer_expand(iface->ctx, x, err);
-        if (st != KVL_OK)
-            return st;
-    }
     if (kvli_xchunk_indexed(x)) {
         for (size_t i = 0; i < x->ltab->nregs || i < x->rtab->nregs; i++)
             if ((i < x->ltab->nregs && x->lmh[i] == NULL) ||
