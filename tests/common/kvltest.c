@@ -346,6 +346,8 @@ static void kt_peer_main(const kt_peer_opts_t *o, int in, int out)
     memset(buf, 0, o->len);
     kvl_mem_desc_t d = {(uint64_t)(uintptr_t)buf, o->len, KVL_DEV_ANY};
     KT_OK(kvl_mem_register(a, &d, 1, NULL, NULL));
+    kvl_mem_desc_t ds[2] = {d}; /* what is registered now ('P' splits it) */
+    size_t nd = 1;
     void *blob;
     size_t blen;
     KT_OK(kvl_metadata_get(a, &blob, &blen));
@@ -433,10 +435,30 @@ static void kt_peer_main(const kt_peer_opts_t *o, int in, int out)
             kt_send_msg(out, &st, sizeof(st));
             break;
         }
+        case 'P': {
+            /* the buffer registered again as two regions that touch at
+             * offset arg[0] (then 'D' deregisters both) */
+            kt_read(in, arg, 8, 5000);
+            kvl_mem_desc_t h[2] = {{d.addr, arg[0], KVL_DEV_ANY},
+                                   {d.addr + arg[0], o->len - arg[0], KVL_DEV_ANY}};
+            kvl_status_t st = arg[0] == 0 || arg[0] >= o->len || nd != 1
+                                  ? KVL_ERR_INVALID_ARG : kvl_mem_deregister(a, &d, 1);
+            if (st == KVL_OK)
+                st = kvl_mem_register(a, h, 2, NULL, NULL);
+            if (st == KVL_OK) {
+                ds[0] = h[0];
+                ds[1] = h[1];
+                nd = 2;
+            } else {
+                fprintf(stderr, "peer: split: %s\n", kvl_last_error()->what);
+            }
+            kt_send_msg(out, &st, sizeof(st));
+            break;
+        }
         case 'D': {
             /* deregister the buffer, then fill it with a pattern (seed) */
             kt_read(in, arg, 8, 5000);
-            kvl_status_t st = kvl_mem_deregister(a, &d, 1);
+            kvl_status_t st = kvl_mem_deregister(a, ds, nd);
             if (st == KVL_OK)
                 kt_fill(buf, o->len, arg[0]);
             else
@@ -600,6 +622,17 @@ kvl_status_t kt_peer_dereg(kt_peer_t *p, uint64_t seed)
 {
     uint64_t l;
     kt_cmd(p, 'D', &seed, 1);
+    kvl_status_t *r = kt_recv_msg(p->from, &l, 20000);
+    KT_CHECK(r != NULL && l == sizeof(*r));
+    kvl_status_t st = *r;
+    free(r);
+    return st;
+}
+
+kvl_status_t kt_peer_split(kt_peer_t *p, uint64_t cut)
+{
+    uint64_t l;
+    kt_cmd(p, 'P', &cut, 1);
     kvl_status_t *r = kt_recv_msg(p->from, &l, 20000);
     KT_CHECK(r != NULL && l == sizeof(*r));
     kvl_status_t st = *r;

@@ -145,6 +145,10 @@ void kt_peer_read(kt_peer_t *p, uint64_t off, void *buf, uint64_t len);
 /* The peer deregisters its buffer and, if that worked, fills it with the
  * pattern of seed; returns the deregistration's status. */
 kvl_status_t kt_peer_dereg(kt_peer_t *p, uint64_t seed);
+/* The peer deregisters its buffer and registers it again as two regions
+ * that touch at offset cut; returns the status (metadata must be fetched
+ * again: kt_peer_metadata). */
+kvl_status_t kt_peer_split(kt_peer_t *p, uint64_t cut);
 /* The peer WRITEs its whole buffer to agent `to` at raddr in a loop until a
  * transfer fails (it must have loaded to's metadata: kt_peer_load). Returns
  * once the loop started; the peer answers no other command meanwhile. */

@@ -12,7 +12,8 @@
  *                   many descriptors, many transfers in flight, notifications
  *                   (with a transfer and alone, both ways), re-posting,
  *                   polling, a stopped target, cancel, release, prepared
- *                   lists and index arrays, wrong input.
+ *                   lists and index arrays, blocks of two registrations
+ *                   that touch, wrong input.
  *
  * Each (path, scenario) runs in its own process (this program again, with
  * --case PATH SCENARIO) with a fresh initiator and a fresh target, so a
@@ -30,7 +31,7 @@
  * usage: test_contract [PATH|SCENARIO]...   (a subset; default all)
  *        test_contract --case PATH SCENARIO (one case, in this process)
  * KVL_TEST_LABELS: tcp ucx
- * KVL_TEST_TIMEOUT: 1200 (144 scenarios: about 50 s idle, over 300 s under stress --cpu 2 beside builds)
+ * KVL_TEST_TIMEOUT: 1200 (153 cases: about 55 s idle, over 300 s under stress --cpu 2 beside builds)
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -1054,6 +1055,95 @@ static void sc_prepped(kc_case_t *c)
     kvl_dlist_destroy(r);
 }
 
+/* Blocks of two registrations that touch, on both sides: our buffer is
+ * registered as two regions meeting at KC_LCUT, the target's at KC_RCUT.
+ * Runs of neighbouring blocks cross those boundaries (at the same pair on
+ * both sides, and at different ones), in plain transfers and in indexed
+ * ones. A backend may merge neighbours into one copy or request, never
+ * across two regions: the target checks a range against one region, and a
+ * mapping or pinned piece covers one registration. */
+#define KC_LCUT (5 * KC_MIB)
+#define KC_RCUT (3 * KC_MIB)
+static void sc_adjacent(kc_case_t *c)
+{
+    enum { BS = 4096, N = 512 };
+    kvl_mem_desc_t whole = {c->lb, KC_BUF, KVL_DEV_ANY};
+    kvl_mem_desc_t halves[2] = {{c->lb, KC_LCUT, KVL_DEV_ANY},
+                                {c->lb + KC_LCUT, KC_BUF - KC_LCUT, KVL_DEV_ANY}};
+    KT_OK(kvl_mem_deregister(c->a, &whole, 1));
+    KT_OK(kvl_mem_register(c->a, halves, 2, NULL, NULL));
+    KT_OK(kt_peer_split(&c->p, KC_RCUT));
+    size_t blen;
+    void *blob = kt_peer_metadata(&c->p, &blen);
+    KT_OK(kvl_metadata_load(c->a, blob, blen, NULL, 0));
+    free(blob);
+    /* plain: 64 KiB blocks, one descriptor each; remote run shifted by
+     * `shift` blocks against the local one (0: both cross at pair 8) */
+    static const int64_t shifts[] = {0, 4, -3};
+    for (size_t k = 0; k < sizeof(shifts) / sizeof(shifts[0]); k++)
+        for (int op = KVL_READ; op <= KVL_WRITE; op++) {
+            kvl_dlist_t *l = kc_list(), *r = kc_list();
+            uint64_t b = 64 * 1024;
+            for (int64_t i = 0; i < 16; i++) {
+                KT_OK(kvl_dlist_add(l, KC_L(c, KC_LCUT + (uint64_t)(i - 8) * b), b, KVL_DEV_ANY));
+                KT_OK(kvl_dlist_add(r, KC_R(c, KC_RCUT + (uint64_t)(i - 8 + shifts[k]) * b), b,
+                                    KVL_DEV_ANY));
+            }
+            if (op == KVL_WRITE)
+                kc_fill_local(c, 200 + k);
+            else
+                kc_fill_remote(c, 210 + k);
+            kc_move(c, (kvl_xfer_op_t)op, l, r, op == KVL_WRITE
+                    ? "WRITE across adjacent registrations" : "READ across adjacent registrations");
+            kvl_dlist_destroy(l);
+            kvl_dlist_destroy(r);
+        }
+    /* indexed: prepared lists of 4 KiB blocks around the boundaries (the
+     * local one crosses at entry N / 2, the remote ones at N / 2 and N / 4),
+     * index pairs i -> i: every pair a neighbour of the last on both sides */
+    kvl_dlist_t *l = kc_list(), *r1 = kc_list(), *r2 = kc_list();
+    for (uint64_t i = 0; i < N; i++) {
+        KT_OK(kvl_dlist_add(l, KC_L(c, KC_LCUT - N / 2 * BS + i * BS), BS, KVL_DEV_ANY));
+        KT_OK(kvl_dlist_add(r1, KC_R(c, KC_RCUT - N / 2 * BS + i * BS), BS, KVL_DEV_ANY));
+        KT_OK(kvl_dlist_add(r2, KC_R(c, KC_RCUT - N / 4 * BS + i * BS), BS, KVL_DEV_ANY));
+    }
+    kvl_prep_t *lp, *rp[2];
+    KT_OK(kvl_prep_local(c->a, l, &lp));
+    KT_OK(kvl_prep_remote(c->a, "target", r1, &rp[0]));
+    KT_OK(kvl_prep_remote(c->a, "target", r2, &rp[1]));
+    kvl_dlist_t *rl[2] = {r1, r2};
+    int64_t ix[N];
+    for (int64_t i = 0; i < N; i++)
+        ix[i] = i;
+    for (int k = 0; k < 2; k++)
+        for (int op = KVL_READ; op <= KVL_WRITE; op++) {
+            kvl_xfer_t *x;
+            KT_OK(kvl_xfer_create_prepped(c->a, (kvl_xfer_op_t)op, lp, ix, rp[k], ix, N, NULL,
+                                          &x));
+            KT_CHECK(kc_stats(x).segments == 0); /* indexed: nothing paired at creation */
+            if (op == KVL_WRITE)
+                kc_fill_local(c, 220 + (uint64_t)k);
+            else
+                kc_fill_remote(c, 230 + (uint64_t)k);
+            kc_snapshot(c);
+            kc_post_wait(x);
+            kvl_xfer_release(x);
+            kc_apply(c, (kvl_xfer_op_t)op, l, rl[k]);
+            if (op == KVL_WRITE)
+                kc_check_remote(c, "indexed WRITE across adjacent registrations");
+            else
+                kc_check_local(c, "indexed READ across adjacent registrations");
+        }
+    kvl_prep_release(lp);
+    kvl_prep_release(rp[0]);
+    kvl_prep_release(rp[1]);
+    kvl_dlist_destroy(l);
+    kvl_dlist_destroy(r1);
+    kvl_dlist_destroy(r2);
+    snprintf(c->note, sizeof(c->note), "runs over two registrations that touch, both sides, "
+             "plain and indexed, both ops");
+}
+
 /* Wrong input is refused with an error that says what is wrong, and
  * changes nothing: the target's memory keeps its bytes, good transfers
  * still work. */
@@ -1166,6 +1256,7 @@ static const kc_scenario_t kc_scenarios[] = {
     {"cancel", 0, NULL, sc_cancel},
     {"release", 0, NULL, sc_release},
     {"prepped", 0, NULL, sc_prepped},
+    {"adjacent", 0, NULL, sc_adjacent},
     {"bad-input", 0, NULL, sc_bad_input},
 };
 #define KC_NSCN (sizeof(kc_scenarios) / sizeof(kc_scenarios[0]))
