@@ -234,36 +234,91 @@ def test_indexed_vram(uniq, op, bk):
         b.close()
 
 
-NEIGHBOUR_PATHS = [("shm", {"cma": "auto"}, "cma"), ("shm", {"cma": "off"}, "socket"),
-                   ("ucx", {"data_path": "am"}, "data_path=am")]
+NEIGHBOUR_PATHS = [("shm", {"cma": "auto"}, "cma", "DRAM"),
+                   ("shm", {"cma": "off"}, "socket", "DRAM"),
+                   ("ucx", {"data_path": "am"}, "data_path=am", "DRAM"),
+                   ("cuda", {}, "cuda", "VRAM"), ("tcp", {}, "", "VRAM"), ("ucx", {}, "", "VRAM")]
+
+
+class _HostBufs:
+    """The test's two buffers in host memory (NumPy)."""
+
+    def __init__(self, nb, bs):
+        self.src = np.random.default_rng(8).integers(0, 255, nb * bs, dtype=np.uint8)
+        self.dst = np.zeros(nb * bs, np.uint8)
+        self.nb, self.bs = nb, bs
+
+    def ptr(self, t):
+        return t.ctypes.data
+
+    def blocks(self, t, idx):
+        return t.reshape(self.nb, self.bs)[np.asarray(idx)]
+
+    def zero(self, t):
+        t[:] = 0
+
+    def sync(self):
+        pass
+
+
+class _GpuBufs(_HostBufs):
+    """The same on the GPU (torch tensors); views of one allocation, so a
+    peer maps both of its regions through one handle."""
+
+    def __init__(self, nb, bs, torch):
+        self.torch = torch
+        self.src = torch.randint(0, 255, (nb * bs,), dtype=torch.uint8, device="cuda")
+        self.dst = torch.zeros(nb * bs, dtype=torch.uint8, device="cuda")
+        self.nb, self.bs = nb, bs
+        torch.cuda.synchronize()
+
+    def ptr(self, t):
+        return t.data_ptr()
+
+    def blocks(self, t, idx):
+        return t.view(self.nb, self.bs)[self.torch.as_tensor(np.asarray(idx), device="cuda")].cpu().numpy()
+
+    def zero(self, t):
+        t.zero_()
+        self.torch.cuda.synchronize()   # before kvlane's streams write it
+
+    def sync(self):
+        self.torch.cuda.synchronize()
 
 
 @pytest.mark.parametrize("form", ["indexed", "plain"])
-@pytest.mark.parametrize("bk,params,path", NEIGHBOUR_PATHS,
-                         ids=["shm-cma", "shm-socket", "ucx-am"])
-def test_neighbours_across_regions(uniq, bk, params, path, form):
+@pytest.mark.parametrize("bk,params,path,mem", NEIGHBOUR_PATHS,
+                         ids=["shm-cma", "shm-socket", "ucx-am", "cuda-vram", "tcp-vram",
+                              "ucx-vram"])
+def test_neighbours_across_regions(uniq, bk, params, path, mem, form):
     """Backends that merge neighbouring blocks into one copy or request (shm
     as it walks an indexed transfer pair by pair, or a transfer's segments;
-    ucx's staged requests, data_path=am) never merge across two regions,
-    even adjacent ones: the target checks each range of a socket or staged
-    request against one region. Runs cross the boundary on either side;
-    the transfer is indexed (from prepared lists) or plain (from two lists
-    of the same blocks)."""
-    if bk == "ucx" and not kvlane.backend_available("ucx")[0]:
-        pytest.skip("ucx backend not available here: " + kvlane.backend_available("ucx")[1])
+    ucx's staged requests: data_path=am, VRAM its UCX cannot map) never
+    merge across two regions, even adjacent ones: the target checks each
+    range of a socket or staged request against one region. Runs cross the
+    boundary on either side; the transfer is indexed (from prepared lists)
+    or plain (from two lists of the same blocks). VRAM (on the GPU machine):
+    the regions are views of one allocation."""
+    if mem == "VRAM":
+        torch = _torch_cuda()
+        if torch is None:
+            pytest.skip("needs torch with a CUDA GPU (runs on the GPU machine)")
+    ok, why = kvlane.backend_available(bk)
+    if not ok:
+        pytest.skip(bk + " backend not available here: " + why)
     a = kvlane.Agent(uniq + "-a", backends=())
     b = kvlane.Agent(uniq + "-b", backends=())
     try:
         a.create_backend(bk, params)
         b.create_backend(bk, params)
         bs, nb = 4096, 512
-        src = np.random.default_rng(8).integers(0, 255, nb * bs, dtype=np.uint8)
-        dst = np.zeros(nb * bs, np.uint8)
+        m = _GpuBufs(nb, bs, torch) if mem == "VRAM" else _HostBufs(nb, bs)
+        src, dst = m.src, m.dst
         # each buffer as two regions that touch: the local one at block 200,
         # the remote one at block 300
         for buf, ag, cut in ((src, a, 200), (dst, b, 300)):
-            ag.register_memory([buf[:cut * bs]])
-            ag.register_memory([buf[cut * bs:]])
+            ag.register_memory([buf[:cut * bs]], kind=mem)
+            ag.register_memory([buf[cut * bs:]], kind=mem)
         name = a.load_metadata(b.get_metadata())
         b.load_metadata(a.get_metadata())
         # runs of neighbours on both sides: one crosses the local boundary,
@@ -273,17 +328,19 @@ def test_neighbours_across_regions(uniq, bk, params, path, form):
         ri = np.concatenate([np.arange(0, 100), np.arange(250, 350), np.arange(100, 160),
                              np.arange(400, 492)])
         assert len(li) == len(ri) >= 256 and len(set(ri)) == len(ri)
+
+        def dlist(t, idx):
+            return kvlane.DList.from_arrays(m.ptr(t) + np.asarray(idx, dtype=np.int64) * bs,
+                                            len=bs, kind=mem)
         lp = rp = None
         if form == "indexed":
-            lp = a.prep(kvlane.DList.from_arrays(src.ctypes.data + np.arange(nb) * bs, len=bs))
-            rp = a.prep(kvlane.DList.from_arrays(dst.ctypes.data + np.arange(nb) * bs, len=bs),
-                        name)
+            lp = a.prep(dlist(src, np.arange(nb)))
+            rp = a.prep(dlist(dst, np.arange(nb)), name)
 
         def make(op):
             if form == "indexed":
                 return a.xfer_prepped(op, lp, li, rp, ri)
-            return a.xfer(op, kvlane.DList.from_arrays(src.ctypes.data + li * bs, len=bs), name,
-                          kvlane.DList.from_arrays(dst.ctypes.data + ri * bs, len=bs))
+            return a.xfer(op, dlist(src, li), name, dlist(dst, ri))
         x = make("WRITE")
         x.post()
         x.wait(10000)
@@ -292,17 +349,18 @@ def test_neighbours_across_regions(uniq, bk, params, path, form):
         assert path in st["path"], st["path"]
         if form == "indexed" and bk == "shm":
             assert st["segments"] == 0, st
-        s2, d2 = src.reshape(nb, bs), dst.reshape(nb, bs)
-        assert np.array_equal(d2[ri], s2[li])
-        assert not d2[np.setdiff1d(np.arange(nb), ri)].any()
         x.release()
+        m.sync()
+        assert np.array_equal(m.blocks(dst, ri), m.blocks(src, li))
+        assert not m.blocks(dst, np.setdiff1d(np.arange(nb), ri)).any()
         # and back: READ the same pairs into a cleared source
-        src[:] = 0
+        m.zero(src)
         y = make("READ")
         y.post()
         y.wait(10000)
-        assert np.array_equal(s2[li], d2[ri])
         y.release()
+        m.sync()
+        assert np.array_equal(m.blocks(src, li), m.blocks(dst, ri))
         if lp is not None:
             lp.release()
             rp.release()
