@@ -5,8 +5,10 @@
  *     registered: asking for the unregistered one by its sequential id fails;
  *  2. a process of another uid is refused before anything is read (needs
  *     root to become another user; that part is skipped otherwise);
- *  3. shared secrets: same secret works; a wrong one, a missing one on either
- *     side is refused, each with its diagnosis.
+ *  3. shared secrets: same secret works (also with names of the longest
+ *     length, whose HELLO carries the proof after them); a wrong one, a
+ *     missing one on either side is refused, each with its diagnosis;
+ *  1b. a HELLO with a name past KVL_NAME_MAX - 1 bytes is refused.
  */
 #include <errno.h>
 #include <inttypes.h>
@@ -74,15 +76,16 @@ static int raw_recv(int fd, void *buf, size_t n, int *passed)
     return 0;
 }
 
-/* HELLO without a proof; 0 when a HELLO_ACK came back, -1 when refused. */
-static int raw_hello(int fd)
+/* HELLO from `me` without a proof; 0 when a HELLO_ACK came back, -1 when
+ * refused. */
+static int raw_hello_as(int fd, const char *me)
 {
-    const char *me = "intruder";
     kvli_shm_msg_hdr_t h = {KVLI_SHM_MSG_MAGIC, KVLI_SHM_MSG_HELLO, 0,
                             sizeof(kvli_shm_msg_hello_t) + strlen(me)};
     kvli_shm_msg_hello_t m = {KVLI_SHM_PROTO_VERSION, (uint32_t)strlen(me), 42,
                               (uint32_t)getpid(), 0};
     uint8_t buf[256];
+    KT_CHECK(sizeof(h) + sizeof(m) + strlen(me) <= sizeof(buf));
     memcpy(buf, &h, sizeof(h));
     memcpy(buf + sizeof(h), &m, sizeof(m));
     memcpy(buf + sizeof(h) + sizeof(m), me, strlen(me));
@@ -92,6 +95,11 @@ static int raw_hello(int fd)
         h.len > sizeof(buf))
         return -1;
     return raw_recv(fd, buf, (size_t)h.len, NULL);
+}
+
+static int raw_hello(int fd)
+{
+    return raw_hello_as(fd, "intruder");
 }
 
 /* FD_REQ for allocation id: its reply status, *fd_p the fd passed (or -1). */
@@ -149,6 +157,31 @@ static void test_fdreq_registered_only(void)
         KT_CHECK(((uint8_t *)b)[i] == 0x5a);
     printf("1. FD_REQ hands out registered allocations only: ok\n");
     KT_OK(kvl_mem_deregister(t, &d, 1));
+    kvl_agent_destroy(t);
+}
+
+/* A HELLO as long as one with a proof of the shared secret, but carrying a
+ * name of more than KVL_NAME_MAX - 1 bytes instead: refused (the name must
+ * fit the connection's record); the agent goes on serving. */
+static void test_hello_name_bound(void)
+{
+    kvl_agent_t *t;
+    KT_OK(kvl_agent_create("auth-bound", NULL, &t));
+    name_of(t);
+    char name[KVL_NAME_MAX + 32];
+    memset(name, 'n', sizeof(name) - 1);
+    name[sizeof(name) - 1] = '\0';
+    int fd = raw_connect();
+    KT_CHECK(fd >= 0);
+    KT_CHECK(raw_hello_as(fd, name) == -1);
+    close(fd);
+    name[KVL_NAME_MAX - 1] = '\0'; /* the longest name: taken */
+    fd = raw_connect();
+    KT_CHECK(fd >= 0);
+    KT_CHECK(raw_hello_as(fd, name) == 0);
+    close(fd);
+    printf("1b. HELLO with a %zu-byte name refused, with a %d-byte one taken: ok\n",
+           sizeof(name) - 1, KVL_NAME_MAX - 1);
     kvl_agent_destroy(t);
 }
 
@@ -238,16 +271,23 @@ static void test_secrets(void)
 {
     struct {
         const char *ti, *tt, *expect;
+        int long_names; /* KVL_NAME_MAX - 1 bytes: the HELLO at its longest */
     } c[] = {
-        {"alpha", "alpha", NULL},
-        {"beta", "alpha", "the peer closed the connection"},
-        {NULL, "alpha", "the peer closed the connection"},
-        {"alpha", NULL, "did not prove our shared secret (it has none set)"},
+        {"alpha", "alpha", NULL, 0},
+        {"beta", "alpha", "the peer closed the connection", 0},
+        {NULL, "alpha", "the peer closed the connection", 0},
+        {"alpha", NULL, "did not prove our shared secret (it has none set)", 0},
+        {"alpha", "alpha", NULL, 1},
+        {NULL, NULL, NULL, 1},
     };
     for (size_t i = 0; i < sizeof(c) / sizeof(c[0]); i++) {
-        char n1[32], n2[32];
+        char n1[KVL_NAME_MAX], n2[KVL_NAME_MAX];
         snprintf(n1, sizeof(n1), "sec-init-%zu", i);
         snprintf(n2, sizeof(n2), "sec-tgt-%zu", i);
+        for (size_t k = strlen(n1); c[i].long_names && k < KVL_NAME_MAX - 1; k++)
+            n1[k] = 'i', n1[k + 1] = '\0';
+        for (size_t k = strlen(n2); c[i].long_names && k < KVL_NAME_MAX - 1; k++)
+            n2[k] = 't', n2[k + 1] = '\0';
         kvl_agent_t *t = agent_with(n2, c[i].tt), *a = agent_with(n1, c[i].ti);
         kvl_status_t st = load(a, t);
         if (c[i].expect == NULL) {
@@ -259,9 +299,9 @@ static void test_secrets(void)
         char d[512] = "";
         if (st == KVL_OK)
             kvl_remote_describe(a, n2, d, sizeof(d));
-        printf("3.%zu initiator secret %s, target secret %s: %s %s\n", i,
+        printf("3.%zu initiator secret %s, target secret %s%s: %s %s\n", i,
                c[i].ti ? c[i].ti : "(none)", c[i].tt ? c[i].tt : "(none)",
-               kvl_status_name(st), d);
+               c[i].long_names ? ", names of 63 bytes" : "", kvl_status_name(st), d);
         kvl_agent_destroy(a);
         kvl_agent_destroy(t);
     }
@@ -270,6 +310,7 @@ static void test_secrets(void)
 int main(void)
 {
     test_fdreq_registered_only();
+    test_hello_name_bound();
     test_other_uid();
     test_secrets();
     printf("test_shm_auth: passed\n");

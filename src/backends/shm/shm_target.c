@@ -197,7 +197,9 @@ static void kvli_shm_conn_hello(kvli_shm_iface_t *iface, kvli_shm_conn_t *c,
     uint32_t i;
     int rc;
 
-    if (h->len < sizeof(m) || h->len > sizeof(m) + KVL_NAME_MAX - 1) {
+    /* a name of up to KVL_NAME_MAX - 1 bytes, and the proof of the shared
+     * secret after it when the initiator has one */
+    if (h->len < sizeof(m) || h->len > sizeof(m) + KVL_NAME_MAX - 1 + KVLI_MAC_LEN) {
         kvli_shm_conn_proto_error(iface, c, "HELLO body length out of range", h->len);
         return;
     }
@@ -218,7 +220,7 @@ static void kvli_shm_conn_hello(kvli_shm_iface_t *iface, kvli_shm_conn_t *c,
         return;
     }
     size_t maclen = (m.flags & KVLI_SHM_HELLO_MAC) ? KVLI_MAC_LEN : 0;
-    if (m.name_len == 0 || h->len < sizeof(m) + maclen ||
+    if (m.name_len == 0 || m.name_len > KVL_NAME_MAX - 1 || h->len < sizeof(m) + maclen ||
         m.name_len != h->len - sizeof(m) - maclen) {
         kvli_shm_conn_proto_error(iface, c, "HELLO name length mismatch", m.name_len);
         return;
