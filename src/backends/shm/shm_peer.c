@@ -284,6 +284,18 @@ void kvli_shm_peer_progress(kvli_shm_peer_t *peer)
         peer->notif_topup = 0;
     }
     r = kvli_shm_req_find(peer, h.id);
+    if (r != NULL && r->expect == h.type && h.type == KVLI_SHM_MSG_READ_DATA &&
+        m.status == KVL_OK && payload != r->bytes) {
+        /* A READ answered as done must carry exactly the bytes asked for:
+         * fewer (none at all) would leave the transfer's memory unwritten
+         * and still report it done. */
+        uint64_t want = r->bytes;
+        pthread_mutex_unlock(&iface->lock);
+        kvli_shm_peer_mark_dead(peer, EPROTO, "protocol error: READ_DATA reply to request %"
+                                PRIu64 " carries %" PRIu64 " bytes, the request asked for %"
+                                PRIu64, h.id, payload, want);
+        goto out;
+    }
     if (r == NULL || r->expect != h.type ||
         (payload != 0 && payload != r->bytes)) {
         pthread_mutex_unlock(&iface->lock);
