@@ -25,6 +25,12 @@
 void kvli_posix_engine_queue(kvli_posix_iface_t *iface, kvli_posix_xpriv_t *xp)
 {
     pthread_mutex_lock(&iface->lock);
+    /* A re-post may come as soon as the core has the last posting's end
+     * (kvli_posix_xfer_finish tells the core first, then lets go of xp):
+     * xp is reset and queued only once that posting let go, or its late
+     * `running = false` would hide this posting from cancel and release. */
+    while (xp->running)
+        pthread_cond_wait(&iface->cond, &iface->lock);
     xp->next = xp->completed = xp->inflight = 0;
     xp->retry = NULL;
     for (size_t i = 0; i < xp->nops; i++)
