@@ -173,8 +173,8 @@ static kvl_status_t kvli_posix_stage_copy(kvli_posix_iface_t *iface, int to_host
 }
 
 /* One piece of op (the rest of it, after a short READ): staged through buf,
- * or through cuFile. The bytes moved or -errno (as kvli_posix_rw); a copy
- * or cuFile failure is *cst with e filled. */
+ * or through cuFile. The bytes moved past op->done, or -errno (as
+ * kvli_posix_rw); a copy or cuFile failure is *cst with e filled. */
 static long long kvli_posix_stage_piece(kvli_posix_iface_t *iface, kvli_posix_op_t *op,
                                         char *buf, int write, kvl_status_t *cst, kvl_error_t *e)
 {
@@ -192,9 +192,18 @@ static long long kvli_posix_stage_piece(kvli_posix_iface_t *iface, kvli_posix_op
         if (*cst == KVL_OK)
             res = kvli_posix_rw(op->fd, buf + op->done, len, op->off + op->done, 1);
     } else {
-        res = kvli_posix_rw(op->fd, buf + op->done, len, op->off + op->done, 0);
-        if (res == (long long)len)
+        /* The whole piece, also when resumed after a short read: that read
+         * went into another stager's buffer and never reached the GPU, and
+         * the copy up takes the piece whole from this one. */
+        res = kvli_posix_rw(op->fd, buf, op->len, op->off, 0);
+        if (res == (long long)op->len) {
             *cst = kvli_posix_stage_copy(iface, 0, op, buf, op->len, e);
+            res = (long long)len;
+        } else if (res >= 0) {
+            /* short again: progress is what it read past the last try (none:
+             * the end of the file, an error for a READ) */
+            res = res > (long long)op->done ? res - (long long)op->done : 0;
+        }
     }
     return res;
 }
