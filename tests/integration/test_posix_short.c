@@ -8,9 +8,12 @@
  *      threads (on the GPU machine; skipped with the reason elsewhere). Here
  *      the read of the rest first finds "the end of the file" once (as a file
  *      truncated under a reader and grown again would answer), so the piece
- *      is given back short and resumed later, by whichever stager is free,
- *      into its own buffer; the copy to the GPU takes the piece whole from
- *      that buffer, so it must hold the whole piece.
+ *      is given back short and resumed, by any stager, into its own buffer;
+ *      the copy to the GPU takes the piece whole from that buffer, so it
+ *      must read the whole piece again. (Before session 23 it read only the
+ *      rest, which was right only because the stager that gave a piece back
+ *      takes it again at once, under the same lock hold: this test passed
+ *      with that code on an H100 too.)
  * Every byte is checked, and the test checks that it shortened the reads
  * it meant to (so that it can fail). Nothing is timed.
  *
