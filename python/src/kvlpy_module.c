@@ -278,15 +278,10 @@ static int kvlpy_avx2(void)
 #endif
 #undef KVLPY_WIDEN
 
-static int kvlpy_array_from_buffer(PyObject *obj, int is_signed, const char *argname,
-                                   kvlpy_array_t *a)
+/* The buffer's elements: a 1-D array of 1-, 2-, 4- or 8-byte integers.
+ * 0 with *signed_p, or -1 with TypeError. */
+static int kvlpy_array_kind(const kvlpy_array_t *a, const char *argname, int *signed_p)
 {
-    if (PyObject_GetBuffer(obj, &a->view, PyBUF_FORMAT | PyBUF_C_CONTIGUOUS) < 0) {
-        PyErr_Clear();
-        PyErr_Format(PyExc_TypeError, "%s: a C-contiguous integer array is needed", argname);
-        return -1;
-    }
-    a->has_view = 1;
     if (a->view.ndim != 1) {
         /* a (1, n) array is not n indices: flattening it would take a
          * table for a list without saying so */
@@ -294,20 +289,98 @@ static int kvlpy_array_from_buffer(PyObject *obj, int is_signed, const char *arg
                      argname, a->view.ndim);
         return -1;
     }
-    char c = kvlpy_format_char(a->view.format);
     Py_ssize_t isz = a->view.itemsize;
-    a->n = isz > 0 ? a->view.len / isz : 0;
-    int ok_signed, ok;
-    switch (c) {
-    case 'b': case 'h': case 'i': case 'l': case 'q': case 'n': ok_signed = 1; ok = 1; break;
-    case 'B': case 'H': case 'I': case 'L': case 'Q': case 'N': ok_signed = 0; ok = 1; break;
-    default: ok_signed = 0; ok = 0; break;
+    int ok;
+    switch (kvlpy_format_char(a->view.format)) {
+    case 'b': case 'h': case 'i': case 'l': case 'q': case 'n': *signed_p = 1; ok = 1; break;
+    case 'B': case 'H': case 'I': case 'L': case 'Q': case 'N': *signed_p = 0; ok = 1; break;
+    default: *signed_p = 0; ok = 0; break;
     }
     if (!ok || (isz != 1 && isz != 2 && isz != 4 && isz != 8)) {
         PyErr_Format(PyExc_TypeError, "%s: integer array needed, got format '%s'", argname,
                      a->view.format ? a->view.format : "B");
         return -1;
     }
+    return 0;
+}
+
+/* A 1-D integer array whose elements are not next to each other (a slice
+ * with a step, a column of a table): gathered into 64 bits one by one, as
+ * NIXL's binding takes it (a copy; contiguous arrays take the loops above). */
+static int kvlpy_array_from_strided(PyObject *obj, int is_signed, const char *argname,
+                                    kvlpy_array_t *a)
+{
+    int src_signed;
+    if (PyObject_GetBuffer(obj, &a->view, PyBUF_FORMAT | PyBUF_STRIDES) < 0) {
+        PyErr_Clear();
+        PyErr_Format(PyExc_TypeError, "%s: an integer array is needed (its buffer cannot be "
+                     "read with strides)", argname);
+        return -1;
+    }
+    a->has_view = 1;
+    if (kvlpy_array_kind(a, argname, &src_signed) < 0)
+        return -1;
+    a->n = a->view.shape[0];
+    uint64_t *out = kvlpy_tmp_alloc(a, (size_t)a->n);
+    if (out == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    const char *p = a->view.buf;
+    Py_ssize_t step = a->view.strides[0], isz = a->view.itemsize;
+    for (Py_ssize_t i = 0; i < a->n; i++, p += step) {
+        int64_t sv = 0;
+        uint64_t uv = 0;
+        if (src_signed) {
+            int8_t v1;
+            int16_t v2;
+            int32_t v4;
+            switch (isz) {
+            case 1: memcpy(&v1, p, 1); sv = v1; break;
+            case 2: memcpy(&v2, p, 2); sv = v2; break;
+            case 4: memcpy(&v4, p, 4); sv = v4; break;
+            default: memcpy(&sv, p, 8); break;
+            }
+            if (sv < 0 && !is_signed) {
+                PyErr_Format(PyExc_ValueError, "%s[%zd] is negative", argname, i);
+                return -1;
+            }
+            out[i] = (uint64_t)sv;
+        } else {
+            uint8_t v1;
+            uint16_t v2;
+            uint32_t v4;
+            switch (isz) {
+            case 1: memcpy(&v1, p, 1); uv = v1; break;
+            case 2: memcpy(&v2, p, 2); uv = v2; break;
+            case 4: memcpy(&v4, p, 4); uv = v4; break;
+            default: memcpy(&uv, p, 8); break;
+            }
+            if (is_signed && uv > (uint64_t)INT64_MAX) {
+                PyErr_Format(PyExc_ValueError, "%s[%zd] is %llu, past the largest index "
+                             "(2**63 - 1)", argname, i, (unsigned long long)uv);
+                return -1;
+            }
+            out[i] = uv;
+        }
+    }
+    a->data = out;
+    return 0;
+}
+
+static int kvlpy_array_from_buffer(PyObject *obj, int is_signed, const char *argname,
+                                   kvlpy_array_t *a)
+{
+    if (PyObject_GetBuffer(obj, &a->view, PyBUF_FORMAT | PyBUF_C_CONTIGUOUS) < 0) {
+        PyErr_Clear();
+        return kvlpy_array_from_strided(obj, is_signed, argname, a);
+    }
+    a->has_view = 1;
+    int ok_signed;
+    if (kvlpy_array_kind(a, argname, &ok_signed) < 0)
+        return -1;
+    Py_ssize_t isz = a->view.itemsize;
+    a->n = isz > 0 ? a->view.len / isz : 0;
     if (isz == 8) {
         a->data = a->view.buf;
         if (!is_signed && ok_signed) {
@@ -457,7 +530,14 @@ int kvlpy_timeout_nan(double timeout_ms)
 int kvlpy_array_get(PyObject *obj, int is_signed, const char *argname, kvlpy_array_t *a)
 {
     memset(a, 0, sizeof(*a));
-    if (PyObject_CheckBuffer(obj) && !PyBytes_Check(obj) && !PyUnicode_Check(obj)) {
+    if (PyBytes_Check(obj) || PyByteArray_Check(obj)) {
+        /* b"\x01\x02" is not the indices [1, 2] but a message or a blob
+         * passed in the wrong place */
+        PyErr_Format(PyExc_TypeError, "%s: a sequence or array of integers is needed, got %.100s",
+                     argname, Py_TYPE(obj)->tp_name);
+        return -1;
+    }
+    if (PyObject_CheckBuffer(obj) && !PyUnicode_Check(obj)) {
         if (kvlpy_array_from_buffer(obj, is_signed, argname, a) < 0) {
             kvlpy_array_free(a);
             return -1;
@@ -481,6 +561,14 @@ int kvlpy_array_get(PyObject *obj, int is_signed, const char *argname, kvlpy_arr
     PyObject **items = PySequence_Fast_ITEMS(seq);
     for (Py_ssize_t i = 0; i < n; i++) {
         PyObject *it = items[i];
+        if (PyBool_Check(it)) {
+            /* a mask is not a list of indices: [True, False] is not [1, 0] */
+            PyErr_Format(PyExc_ValueError, "%s[%zd] is %R, a bool: indices are needed (for a "
+                         "mask, np.flatnonzero(mask) gives its indices)", argname, i, it);
+            kvlpy_tmp_free(a);
+            Py_DECREF(seq);
+            return -1;
+        }
         if (is_signed) {
             long long v = PyLong_AsLongLong(it);
             if (v == -1 && PyErr_Occurred())

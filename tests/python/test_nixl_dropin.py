@@ -668,7 +668,11 @@ def test_index_garbage_refused(agent):
                            (np.array([0.0, 1.0]), TypeError, "integer array needed"),
                            ([0.0, 1.0], ValueError, "64-bit integer needed"),
                            ("01", ValueError, "64-bit integer needed"),
-                           (np.arange(4)[::2], TypeError, "C-contiguous")):
+                           (np.array([0, 9, 99])[::2], nixlInvalidParamError,
+                            "local index 1 is 99"),
+                           (b"\x00\x01", TypeError, "got bytes"),
+                           (bytearray(b"\x00\x01"), TypeError, "got bytearray"),
+                           ([True, False], ValueError, "a bool: indices are needed")):
         with pytest.raises(exc, match=text):
             agent.make_prepped_xfer("WRITE", lp, bad, rp, ok)
     with pytest.raises(TypeError, match="remote_indices is None"):
@@ -688,6 +692,22 @@ def test_index_garbage_refused(agent):
     for good in ([0, 1], np.array([0, 1], np.int32), np.array([0, 1], np.uint64),
                  np.array([0, 1], np.int8)):
         agent.release_xfer_handle(agent.make_prepped_xfer("WRITE", lp, good, rp, ok))
+    # arrays whose elements are not next to each other (NIXL's binding takes
+    # them as a copy): a slice with a step, a reversed one, a table's column,
+    # in every width; they must select exactly the entries they show
+    buf[:] = np.repeat(np.arange(16, dtype=np.uint8), 4096)
+    table = np.array([[3, 9], [1, 8], [2, 7]], np.int64)
+    for src in (np.arange(8)[::3], np.array([5, 4, 3, 2], np.int32)[::-1], table[:, 0],
+                np.array([6, 0, 4, 0, 2], np.uint16)[::2], np.array([1, 2, 3, 4], np.int8)[1::2]):
+        dst = np.arange(8, 8 + len(src))
+        h = agent.make_prepped_xfer("WRITE", lp, src, rp, dst)
+        assert agent.transfer(h) in ("DONE", "PROC")
+        while agent.check_xfer_state(h) != "DONE":
+            pass
+        agent.release_xfer_handle(h)
+        for s, d in zip(src.tolist(), dst.tolist()):
+            assert (buf[d * 4096:(d + 1) * 4096] == s).all(), (src, s, d)
+        buf[8 * 4096:] = np.repeat(np.arange(8, 16, dtype=np.uint8), 4096)
 
 
 # ---- 7. query_memory, lists, pickling -----------------------------------------------------
