@@ -388,6 +388,35 @@ static kvl_status_t kvli_register_one(kvl_agent_t *a, kvli_hostchk_t *hc, size_t
     }
     if (r != NULL && (declared == KVL_MEM_AUTO || declared == r->kind) &&
         (d->dev == KVL_DEV_ANY || d->dev == r->dev)) {
+        /* Backends named this time: each must exist and already hold the
+         * range (it is not registered on more by a second call). */
+        if (p && (p->field_mask & KVL_REG_PARAM_BACKENDS) && p->n_backends > 0) {
+            uint32_t want;
+            st = kvli_reg_candidates(a, p, r->kind, &want, err);
+            if (st != KVL_OK)
+                return st;
+            if ((want & ~r->bk_mask) != 0) {
+                char has[160] = "", miss[160] = "";
+                size_t oh = 0, om = 0;
+                for (unsigned b = 0; b < a->nbks; b++) {
+                    const char *nm = a->bks[b]->ops->name;
+                    if ((r->bk_mask & (1u << b)) && oh < sizeof(has))
+                        oh += (size_t)snprintf(has + oh, sizeof(has) - oh, "%s%s",
+                                               oh ? ", " : "", nm);
+                    if ((want & ~r->bk_mask & (1u << b)) && om < sizeof(miss))
+                        om += (size_t)snprintf(miss + om, sizeof(miss) - om, "%s%s",
+                                               om ? ", " : "", nm);
+                }
+                kvli_err(err, KVL_ERR_STATE, 0, "0x%llx+%llu is already registered (%u "
+                         "time(s)) on %s; registering it again does not add %s",
+                         (unsigned long long)d->addr, (unsigned long long)d->len,
+                         r->refcount, has[0] ? has : "no backend", miss);
+                kvli_hint(err, "register a range once with every backend it needs: deregister "
+                               "it (as many times as it was registered), then register it "
+                               "naming them all");
+                return KVL_ERR_STATE;
+            }
+        }
         kind = r->kind;
         dev = r->dev;
         if (e) {

@@ -48,6 +48,39 @@ def test_register_forms_and_report(uniq):
         a.deregister_memory(two)
 
 
+def test_register_again_names_backends(uniq):
+    """A range registered again is the same registration (counted), not a
+    new one: backends named the second time must exist and already hold it.
+    One it does not reach yet is refused (it was once counted as done and
+    only the transfer said "not registered on it"), and so is a name that is
+    no backend; the refusal undoes the rest of its list."""
+    with kvlane.Agent(uniq, backends=("shm", "tcp")) as a:
+        arr = np.zeros(SIZE, dtype=np.uint8)
+        other = np.zeros(4096, dtype=np.uint8)
+        assert a.register_memory(arr, backends=["shm"]).entries[0].backends == ["shm"]
+        with pytest.raises(kvlane.errors.StateError,
+                           match=r"already registered \(1 time\(s\)\) on shm; registering "
+                                 r"it again does not add tcp"):
+            a.register_memory(arr, backends=["tcp"])
+        with pytest.raises(kvlane.errors.StateError, match="does not add tcp"):
+            a.register_memory(arr, backends=["shm", "tcp"], strict=True)
+        with pytest.raises(kvlane.errors.NotFound, match="'bogus'"):
+            a.register_memory(arr, backends=["bogus"])
+        with pytest.raises(kvlane.errors.StateError):
+            a.register_memory([other, arr], backends=["tcp"])   # all or nothing
+        assert a.register_memory(other, backends=["tcp"]).entries[0].reused is False
+        a.deregister_memory(other)
+        e = a.register_memory(arr, backends=["shm"]).entries[0]
+        assert e.reused and e.backends == ["shm"]
+        assert a.register_memory(arr).entries[0].reused       # no names: the same one
+        for _ in range(3):
+            a.deregister_memory(arr)
+        # once gone, it registers anew on what is named
+        assert a.register_memory(arr, backends=["shm", "tcp"]).entries[0].backends == \
+            ["shm", "tcp"]
+        a.deregister_memory(arr)
+
+
 class FakeDevice:
     def __init__(self, type_, index=None):
         self.type, self.index = type_, index
