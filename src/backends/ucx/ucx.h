@@ -254,6 +254,7 @@ struct kvli_ucx_iface {
     kvli_ucx_alloc_t *allocs;         /* unmapped after mhs, before the worker */
     kvli_ucx_xpriv_t *queue;          /* posted, not yet taken by progress */
     kvli_ucx_xpriv_t *running;        /* progress thread's own list */
+    struct kvli_ucx_linger *lingers;  /* failed READs' gets still in flight (progress thread) */
     /* notifications: those waiting for their answer (under lock), and the
      * answers this agent owes (progress thread only) */
     kvli_ucx_token_t *ans_wait;
@@ -376,6 +377,19 @@ ucs_status_t kvli_ucx_stage_reply_recv(void *arg, const void *header, size_t hea
                                        const ucp_am_recv_param_t *param);
 
 /* ucx_xfer.c */
+/* A READ that failed with gets still in flight: until the flush behind
+ * them ends (they landed, or UCX gave them up), the transfer's local
+ * regions stay pinned in the core, so that deregistering them is refused
+ * (in use) instead of letting those bytes land in memory given back. */
+typedef struct kvli_ucx_linger {
+    struct kvli_ucx_linger *next;
+    kvli_ucx_token_t *tok;            /* the flush of the gets */
+    size_t npins;
+    void *pins[];                     /* ctx->region_pin of each local region */
+} kvli_ucx_linger_t;
+
+void kvli_ucx_linger_sweep(kvli_ucx_iface_t *iface, int all);
+
 kvli_ucx_token_t *kvli_ucx_tok_new(kvli_ucx_iface_t *iface, size_t buf_len);
 void kvli_ucx_tok_cb(void *req, ucs_status_t status, void *user_data);
 void kvli_ucx_tok_drop(kvli_ucx_iface_t *iface, kvli_ucx_token_t *tok);

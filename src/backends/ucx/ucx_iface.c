@@ -373,6 +373,7 @@ static void kvli_ucx_iface_teardown(kvli_ucx_iface_t *iface)
         }
         kvli_ucx_dw_reap(iface, 1);
     }
+    kvli_ucx_linger_sweep(iface, 1); /* the workers are gone: nothing lands any more */
     if (iface->worker != NULL)
         kvli_ucx_stage_release_descs(iface);
     while (iface->mhs != NULL)

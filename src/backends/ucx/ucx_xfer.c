@@ -515,16 +515,78 @@ void kvli_ucx_xfer_complete(kvli_ucx_iface_t *iface, kvli_ucx_xpriv_t *xp, kvl_s
     }
 }
 
+/*
+ * xp, a READ, fails while UCX may still write what its gets bring into the
+ * local regions (its flush is outstanding): the flush token goes to a
+ * linger that pins those regions in the core until the flush ends. 1 when
+ * it lingers, 0 when nothing can land any more (or nothing could be pinned:
+ * said in the log).
+ */
+static int kvli_ucx_linger_start(kvli_ucx_iface_t *iface, kvli_ucx_xpriv_t *xp)
+{
+    kvl_bk_xfer_t *x = xp->x;
+    size_t n = kvli_xchunk_indexed(x) ? x->ltab->nregs : x->nsegs, k = 0;
+    if (x->op != KVL_READ || xp->staged || xp->tok == NULL || xp->state != KVLI_UCX_X_FLUSH ||
+        xp->issued == xp->confirmed)
+        return 0;
+    kvli_ucx_linger_t *l = calloc(1, sizeof(*l) + n * sizeof(l->pins[0]));
+    if (l == NULL) {
+        iface->ctx->log(iface->ctx, KVL_LOG_WARN, "out of memory to keep the regions of a "
+                        "failed READ from agent '%s' in use while its gets end: do not "
+                        "deregister them before that peer answers again", xp->peer->name);
+        return 0;
+    }
+    for (size_t i = 0; i < n; i++) {
+        const kvli_ucx_mh_t *mh = x->lmh[kvli_xchunk_indexed(x) ? i : x->segs[i].lreg];
+        int seen = 0;
+        for (size_t j = 0; j < i && !seen; j++) /* once per region */
+            seen = x->lmh[kvli_xchunk_indexed(x) ? j : x->segs[j].lreg] == mh;
+        void *bmh, *pin;
+        kvl_error_t e;
+        if (seen || mh == NULL)
+            continue;
+        if (iface->ctx->region_pin(iface->ctx, mh->addr, mh->len, &bmh, &pin, &e) == KVL_OK)
+            l->pins[k++] = pin;
+    }
+    l->npins = k;
+    l->tok = xp->tok;
+    xp->tok = NULL;
+    l->next = iface->lingers;
+    iface->lingers = l;
+    return 1;
+}
+
+/* Progress thread: end the lingers whose flush ended (all: every one, at
+ * teardown, once the workers are gone and nothing can land). */
+void kvli_ucx_linger_sweep(kvli_ucx_iface_t *iface, int all)
+{
+    for (kvli_ucx_linger_t **pp = &iface->lingers, *l; (l = *pp) != NULL;) {
+        ucs_status_t s;
+        if (!all && !kvli_ucx_tok_done(iface, l->tok, &s)) {
+            pp = &l->next;
+            continue;
+        }
+        *pp = l->next;
+        for (size_t i = 0; i < l->npins; i++)
+            iface->ctx->region_unpin(iface->ctx, l->pins[i]);
+        kvli_ucx_tok_drop(iface, l->tok);
+        free(l);
+    }
+}
+
 void kvli_ucx_xfer_fail(kvli_ucx_iface_t *iface, kvli_ucx_xpriv_t *xp, kvl_status_t code,
                         const char *why)
 {
     kvl_error_t err;
     kvl_bk_xfer_t *x = xp->x;
+    int lingers = kvli_ucx_linger_start(iface, xp);
     kvl_bk_error_set(&err, code, 0, KVLI_UCX_NAME, -1,
                      "%s of %llu bytes with agent '%s' failed: %s; %llu bytes confirmed "
-                     "in place, %llu issued", x->op == KVL_WRITE ? "WRITE" : "READ",
+                     "in place, %llu issued%s", x->op == KVL_WRITE ? "WRITE" : "READ",
                      (unsigned long long)x->total_bytes, xp->peer->name, why,
-                     (unsigned long long)xp->confirmed, (unsigned long long)xp->issued);
+                     (unsigned long long)xp->confirmed, (unsigned long long)xp->issued,
+                     lingers ? "; the gets still in flight may land yet: the transfer's local "
+                               "regions stay in use until they end" : "");
     snprintf(err.agent, sizeof(err.agent), "%s", xp->peer->name);
     kvl_bk_error_hint(&err, code == KVL_ERR_REMOTE_DISCONNECT
                       ? "the peer process died or stopped answering: check it; once it "
@@ -832,6 +894,7 @@ int kvli_ucx_xfer_progress(kvli_ucx_iface_t *iface)
     }
     pthread_mutex_unlock(&iface->lock);
 
+    kvli_ucx_linger_sweep(iface, 0);
     pp = &iface->running;
     while ((xp = *pp) != NULL) {
         kvli_ucx_xfer_advance(iface, xp);
