@@ -31,6 +31,14 @@ kvl_status_t kvl_dlist_add_array(kvl_dlist_t *dl, const uint64_t *addrs,
                                  const uint64_t *lens, uint64_t len, int32_t dev,
                                  size_t n);
 void kvl_dlist_clear(kvl_dlist_t *dl);
+/*
+ * Keep the first n entries and drop the rest (blocks and bytes follow; the
+ * memory is kept). With n = kvl_dlist_entries() read before a series of adds,
+ * it undoes them all: how a caller adding in several calls leaves the list as
+ * it was when one is refused. n above kvl_dlist_entries() is refused
+ * (KVL_ERR_INVALID_ARG) and changes nothing.
+ */
+kvl_status_t kvl_dlist_truncate(kvl_dlist_t *dl, size_t n);
 
 kvl_mem_kind_t kvl_dlist_kind(const kvl_dlist_t *dl);
 size_t kvl_dlist_entries(const kvl_dlist_t *dl);   /* entries as added */

@@ -75,6 +75,34 @@ static PyObject *kvlpy_dlist_add_strided(kvlpy_dlist_t *self, PyObject *args, Py
     return kvlpy_dlist_result(kvl_dlist_add_strided(self->dl, base, stride, count, len, dev));
 }
 
+/*
+ * A multi-part add was refused: drop what it added (the list has n0 entries
+ * again) and raise the core's error, which names no index or one within a
+ * part, as about entry i of the caller's input. Only a refused entry
+ * (KVL_ERR_INVALID_ARG) is named; out of memory is raised as it is.
+ */
+static PyObject *kvlpy_dlist_refused(kvlpy_dlist_t *self, size_t n0, kvl_status_t st,
+                                     const char *method, size_t i)
+{
+    kvl_error_t *e = PyMem_Malloc(sizeof(*e));
+    if (e == NULL) {
+        kvl_dlist_truncate(self->dl, n0);
+        return PyErr_NoMemory();
+    }
+    *e = *kvl_last_error();
+    kvl_dlist_truncate(self->dl, n0); /* cannot fail: n0 <= entries */
+    if (st == KVL_ERR_INVALID_ARG && e->code == st) {
+        char why[sizeof(e->what)];
+        memcpy(why, e->what, sizeof(why));
+        why[sizeof(why) - 1] = 0;
+        snprintf(e->what, sizeof(e->what), "%s: entry %zu: %.900s; nothing was added", method,
+                 i, why);
+    }
+    PyObject *r = kvlpy_raise_err(e, st, NULL);
+    PyMem_Free(e);
+    return r;
+}
+
 /* add_array(addrs, lens=None, len=0, dev=-1): lens an array, or None with
  * every entry len bytes (lens may also be an int). */
 static PyObject *kvlpy_dlist_add_array(kvlpy_dlist_t *self, PyObject *args, PyObject *kw)
@@ -133,12 +161,17 @@ static PyObject *kvlpy_dlist_add_strided_array(kvlpy_dlist_t *self, PyObject *ar
     if (kvlpy_array_get(bases_o, 0, "bases", &bases) < 0)
         return NULL;
     const uint64_t *b = bases.data;
+    size_t n0 = kvl_dlist_entries(self->dl);
     kvl_status_t st = KVL_OK;
+    Py_ssize_t i = 0;
     kvl_error_clear();
-    for (Py_ssize_t i = 0; i < bases.n && st == KVL_OK; i++)
-        st = kvl_dlist_add_strided(self->dl, b[i], stride, count, len, dev);
+    for (; i < bases.n; i++)
+        if ((st = kvl_dlist_add_strided(self->dl, b[i], stride, count, len, dev)) != KVL_OK)
+            break;
     kvlpy_array_free(&bases);
-    return kvlpy_dlist_result(st);
+    if (st != KVL_OK) /* all or nothing: the bases before i are taken back */
+        return kvlpy_dlist_refused(self, n0, st, "DList.add_strided_array", (size_t)i);
+    Py_RETURN_NONE;
 }
 
 /* Scratch columns for add_descs, kept warm between calls (GIL held). */
@@ -146,7 +179,8 @@ static uint64_t *kvlpy_scratch;
 static size_t kvlpy_scratch_n;
 
 /* An (N, 2) or (N, 3) int64/uint64 table: columns gathered into warm scratch
- * arrays, then one kvl_dlist_add_array per run of equal devices. */
+ * arrays, then one kvl_dlist_add_array per run of equal devices. All or
+ * nothing: a refused run takes the runs before it back out. */
 static PyObject *kvlpy_dlist_add_table(kvlpy_dlist_t *self, PyObject *obj, int32_t dev,
                                        int force)
 {
@@ -180,16 +214,18 @@ static PyObject *kvlpy_dlist_add_table(kvlpy_dlist_t *self, PyObject *obj, int32
         int32_t d;
         addrs[i] = t[i * w];
         lens[i] = t[i * w + 1];
-        /* checked before anything is added: a refused list adds nothing */
+        /* device ids are checked before anything is added; lengths, address
+         * overflow and FILE ranges by the core, run by run (undone below) */
         if (!force && w == 3 && kvlpy_dev_i64((long long)(int64_t)t[i * w + 2],
                                               (Py_ssize_t)i, &d) < 0) {
             PyBuffer_Release(&v);
             return NULL;
         }
     }
+    size_t n0 = kvl_dlist_entries(self->dl);
     kvl_status_t st = KVL_OK;
     kvl_error_clear();
-    for (size_t i = 0; i < n && st == KVL_OK;) {
+    for (size_t i = 0; i < n;) {
         int32_t d = (force || w == 2) ? dev : (int32_t)(int64_t)t[i * w + 2];
         size_t j = i + 1;
         if (!force && w == 3)
@@ -198,10 +234,32 @@ static PyObject *kvlpy_dlist_add_table(kvlpy_dlist_t *self, PyObject *obj, int32
         else
             j = n;
         st = kvl_dlist_add_array(self->dl, addrs + i, lens + i, 0, d, j - i);
+        if (st == KVL_ERR_INVALID_ARG) {
+            /* The core names the entry by its place in the run: find it again
+             * one entry at a time (the same checks), for its index in the
+             * table and the exact reason. Only a refused call pays for this. */
+            kvl_dlist_truncate(self->dl, n0);
+            for (size_t k = i; k < j; k++)
+                if ((st = kvl_dlist_add(self->dl, addrs[k], lens[k], d)) != KVL_OK) {
+                    PyBuffer_Release(&v);
+                    return kvlpy_dlist_refused(self, n0, st, "DList.add_descs", k);
+                }
+            /* not found again (cannot happen): the run's error as it was */
+            kvl_dlist_truncate(self->dl, n0);
+            kvl_error_clear();
+            st = kvl_dlist_add_array(self->dl, addrs + i, lens + i, 0, d, j - i);
+            kvl_dlist_truncate(self->dl, n0);
+            PyBuffer_Release(&v);
+            return kvlpy_raise(st != KVL_OK ? st : KVL_ERR_INVALID_ARG, NULL);
+        }
+        if (st != KVL_OK) { /* out of memory: no entry is at fault */
+            PyBuffer_Release(&v);
+            return kvlpy_dlist_refused(self, n0, st, "DList.add_descs", i);
+        }
         i = j;
     }
     PyBuffer_Release(&v);
-    return kvlpy_dlist_result(st);
+    Py_RETURN_NONE;
 }
 
 /* add_descs(descs, dev=None): (addr, len[, dev]) tuples or an (N, 3) array;
@@ -223,12 +281,16 @@ static PyObject *kvlpy_dlist_add_descs(kvlpy_dlist_t *self, PyObject *args, PyOb
     kvl_mem_desc_t *d = kvlpy_regions_get(descs, dev, force, &n);
     if (d == NULL)
         return NULL;
+    size_t n0 = kvl_dlist_entries(self->dl), i = 0;
     kvl_status_t st = KVL_OK;
     kvl_error_clear();
-    for (size_t i = 0; i < n && st == KVL_OK; i++)
-        st = kvl_dlist_add(self->dl, d[i].addr, d[i].len, d[i].dev);
+    for (; i < n; i++)
+        if ((st = kvl_dlist_add(self->dl, d[i].addr, d[i].len, d[i].dev)) != KVL_OK)
+            break;
     PyMem_Free(d);
-    return kvlpy_dlist_result(st);
+    if (st != KVL_OK) /* all or nothing: the entries before i are taken back */
+        return kvlpy_dlist_refused(self, n0, st, "DList.add_descs", i);
+    Py_RETURN_NONE;
 }
 
 static PyObject *kvlpy_dlist_clear(kvlpy_dlist_t *self, PyObject *unused)

@@ -183,6 +183,24 @@ void kvl_dlist_clear(kvl_dlist_t *dl)
     dl->bytes = 0;
 }
 
+kvl_status_t kvl_dlist_truncate(kvl_dlist_t *dl, size_t n)
+{
+    if (dl == NULL)
+        return kvli_fail_simple(NULL, KVL_ERR_INVALID_ARG, NULL, "kvl_dlist_truncate: list is NULL");
+    if (n > dl->n)
+        return kvli_fail_simple(NULL, KVL_ERR_INVALID_ARG,
+                                "pass a count the list has reached (kvl_dlist_entries)",
+                                "kvl_dlist_truncate: cannot keep %zu entries of a list of %zu",
+                                n, dl->n);
+    /* O(entries dropped): the blocks and bytes of the kept entries stay */
+    for (size_t i = n; i < dl->n; i++) {
+        dl->blocks -= dl->ents[i].count;
+        dl->bytes -= dl->ents[i].count * dl->ents[i].len;
+    }
+    dl->n = n;
+    return KVL_OK;
+}
+
 kvl_mem_kind_t kvl_dlist_kind(const kvl_dlist_t *dl)
 {
     return dl ? dl->kind : KVL_MEM_AUTO;

@@ -208,6 +208,68 @@ def test_dlist_from_arrays():
         kvlane.DList("HBM")
 
 
+def _dlist_state(dl):
+    return len(dl), dl.blocks, dl.bytes, dl.entries()
+
+
+def _refused(dl, call, index, why):
+    """call() is refused naming entry `index` of its input, and dl is left as it was."""
+    before = _dlist_state(dl)
+    with pytest.raises(kvlane.InvalidArgument) as ei:
+        call()
+    msg = str(ei.value)
+    assert "entry %d: " % index in msg and why in msg and "nothing was added" in msg, msg
+    assert _dlist_state(dl) == before
+
+
+def test_dlist_refused_add_keeps_the_list():
+    # add_descs with a table, add_descs with tuples and add_strided_array add
+    # in several core calls; a refused one takes back what the earlier ones
+    # added and names the entry by its index in the whole input.
+    base = 0x100000
+    dl = kvlane.DList()
+    dl.add(0x1000, 64, 0)
+    # (N, 3) table, three device runs, zero length in the second run (not its first entry)
+    t = np.array([[base, 4096, 0], [base + 4096, 4096, 1], [base + 8192, 0, 1],
+                  [base + 12288, 4096, 2]], dtype=np.int64)
+    _refused(dl, lambda: dl.add_descs(t), 2, "zero length")
+    t2 = t.copy()
+    t2[3, 1] = 0  # in the last run
+    t2[2, 1] = 4096
+    _refused(dl, lambda: dl.add_descs(t2), 3, "zero length")
+    t3 = t2.copy()
+    t3[3] = [-16, 4096, 2]  # addr + len wraps
+    _refused(dl, lambda: dl.add_descs(t3), 3, "runs past the end of the address space")
+    # (N, 2) table and a dev= override: one run
+    t4 = np.array([[base, 4096], [base + 4096, 4096], [base + 8192, 0]], dtype=np.uint64)
+    _refused(dl, lambda: dl.add_descs(t4, 0), 2, "zero length")
+    _refused(dl, lambda: dl.add_descs(t, dev=3), 2, "zero length")
+    # a list of tuples
+    _refused(dl, lambda: dl.add_descs([(base, 4096, 0), (base + 4096, 4096, 1),
+                                       (base + 8192, 0, 1)]), 2, "zero length")
+    # one strided entry per base
+    _refused(dl, lambda: dl.add_strided_array([base, base + 0x10000, 2**64 - 10], 64, 4, 32),
+             2, "runs past the end of the address space")
+    _refused(dl, lambda: dl.add_strided_array(np.array([base, base + 0x10000]), 16, 4, 32),
+             0, "stride 16 < len 32")
+    # FILE ranges: (offset, len, fd), the range checked by the core
+    fl = kvlane.DList("FILE")
+    fl.add(0, 4096, 3)
+    _refused(fl, lambda: fl.add_descs(np.array([[0, 4096, 3], [4096, 4096, 4],
+                                                [1 << 41, 4096, 4]], dtype=np.int64)),
+             2, "ends past 1 TiB")
+    _refused(fl, lambda: fl.add_descs([(0, 4096, 3), (1 << 41, 4096, 3)]), 1, "ends past 1 TiB")
+    _refused(fl, lambda: fl.add_strided_array([0, 1 << 41], 4096, 2, 4096, 3), 1,
+             "ends past 1 TiB")
+    # what was accepted is all there, in order
+    dl.add_descs(t2[:3])
+    dl.add_descs([(base, 32, 5)])
+    dl.add_strided_array([base, base + 0x10000], 64, 4, 32)
+    assert len(dl) == 1 + 3 + 1 + 2 and dl.blocks == 1 + 3 + 1 + 8
+    assert dl.entries()[1:4] == [(base, 0, 1, 4096, 0), (base + 4096, 0, 1, 4096, 1),
+                                 (base + 8192, 0, 1, 4096, 1)]
+
+
 def _connect(a, peer):
     name = a.load_metadata(peer.call("md"))
     assert name == peer.name and a.check_remote(name)

@@ -1,5 +1,6 @@
 /* Descriptor lists (src/core/desc.c): shapes accepted and refused with the
- * exact reason, address-space boundaries, growth, all-or-nothing arrays. */
+ * exact reason, address-space boundaries, growth, all-or-nothing arrays,
+ * truncation (how callers undo several adds). */
 #include <string.h>
 #include "common/kvltest.h"
 #include "core/internal.h"
@@ -186,6 +187,55 @@ static void test_array(void)
     kvl_dlist_destroy(dl);
 }
 
+/* kvl_dlist_truncate keeps the first n entries, their blocks and bytes, and
+ * refuses to grow a list; a caller adding in several calls undoes them all. */
+static void test_truncate(void)
+{
+    kvl_dlist_t *dl;
+    uint64_t a, l;
+    KT_OK(kvl_dlist_create(KVL_MEM_DRAM, 0, &dl));
+    KT_OK(kvl_dlist_add(dl, 0x1000, 64, 0));
+    KT_OK(kvl_dlist_add_strided(dl, 0x10000, 4096, 8, 512, 1));
+    size_t n0 = kvl_dlist_entries(dl);
+    uint64_t blocks0 = kvl_dlist_blocks(dl), bytes0 = kvl_dlist_bytes(dl);
+    uint64_t addrs[3] = {0x100, 0x200, 0x300};
+    KT_OK(kvl_dlist_add_array(dl, addrs, NULL, 16, 2, 3));
+    KT_OK(kvl_dlist_add_strided(dl, 0x90000, 256, 4, 128, 2));
+    KT_CHECK(kvl_dlist_entries(dl) == 6 && kvl_dlist_blocks(dl) == blocks0 + 3 + 4);
+    /* more than the list has: refused, nothing changes */
+    KT_STATUS(kvl_dlist_truncate(dl, 7), KVL_ERR_INVALID_ARG);
+    KT_ERROR_HAS("kvl_dlist_truncate: cannot keep 7 entries of a list of 6");
+    KT_ERROR_HAS("fix: pass a count the list has reached (kvl_dlist_entries)");
+    KT_CHECK(kvl_dlist_entries(dl) == 6);
+    KT_OK(kvl_dlist_truncate(dl, 6)); /* all of them: nothing changes */
+    KT_CHECK(kvl_dlist_entries(dl) == 6 && kvl_dlist_bytes(dl) == bytes0 + 48 + 512);
+    KT_OK(kvl_dlist_truncate(dl, n0));
+    KT_CHECK(kvl_dlist_entries(dl) == n0 && kvl_dlist_blocks(dl) == blocks0 &&
+             kvl_dlist_bytes(dl) == bytes0);
+    KT_OK(kvl_dlist_get(dl, 1, &a, NULL, NULL, &l, NULL));
+    KT_CHECK(a == 0x10000 && l == 512);
+    KT_STATUS(kvl_dlist_get(dl, 2, &a, NULL, NULL, &l, NULL), KVL_ERR_NOT_FOUND);
+    /* the list grows again from there */
+    KT_OK(kvl_dlist_add(dl, 0x5000, 32, 0));
+    KT_OK(kvl_dlist_get(dl, 2, &a, NULL, NULL, &l, NULL));
+    KT_CHECK(a == 0x5000 && l == 32 && kvl_dlist_bytes(dl) == bytes0 + 32);
+    KT_OK(kvl_dlist_truncate(dl, 0));
+    KT_CHECK(kvl_dlist_entries(dl) == 0 && kvl_dlist_blocks(dl) == 0 && kvl_dlist_bytes(dl) == 0);
+    KT_STATUS(kvl_dlist_truncate(dl, 1), KVL_ERR_INVALID_ARG);
+    kvl_dlist_destroy(dl);
+    KT_STATUS(kvl_dlist_truncate(NULL, 0), KVL_ERR_INVALID_ARG);
+    KT_ERROR_HAS("kvl_dlist_truncate: list is NULL");
+
+    /* FILE lists: offsets read back, not the core's keys */
+    KT_OK(kvl_dlist_create(KVL_MEM_FILE, 0, &dl));
+    KT_OK(kvl_dlist_add(dl, 4096, 4096, 3));
+    KT_OK(kvl_dlist_add(dl, 8192, 4096, 5));
+    KT_OK(kvl_dlist_truncate(dl, 1));
+    KT_OK(kvl_dlist_get(dl, 0, &a, NULL, NULL, &l, NULL));
+    KT_CHECK(a == 4096 && l == 4096 && kvl_dlist_bytes(dl) == 4096);
+    kvl_dlist_destroy(dl);
+}
+
 /* Sizes that wrap when multiplied by the entry size are refused, never
  * turned into a small buffer that the entries then overrun. */
 static void test_size_overflow(void)
@@ -217,6 +267,7 @@ int main(void)
     test_address_space_end();
     test_growth();
     test_array();
+    test_truncate();
     test_size_overflow();
     printf("test_desc: passed\n");
     return 0;
