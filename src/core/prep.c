@@ -399,8 +399,10 @@ static void kvli_prep_warm(kvl_agent_t *a, kvl_prep_t *p)
     for (unsigned b = 0; b < KVLI_MAX_BACKENDS; b++) {
         struct kvl_backend *bk = NULL;
         bool all = true;
-        /* The list holds its regions (and its remote) referenced: the
-         * handles stay valid while it lives; read them as pick_backend does. */
+        /* The list holds its regions (and its remote) referenced, so the
+         * records stay; a local region's backend handles go when it is
+         * deregistered, which its pins refuse while ptab_prepare reads them
+         * outside the lock. Read them as pick_backend does. */
         pthread_mutex_lock(&a->lock);
         if (b < a->nbks)
             bk = a->bks[b];
@@ -412,10 +414,15 @@ static void kvli_prep_warm(kvl_agent_t *a, kvl_prep_t *p)
                               : ((kvli_region_t *)p->regs[i])->mh[b];
             all = mh[i] != NULL;
         }
+        bool pinned = all && !p->remote;
+        for (size_t i = 0; pinned && i < p->nregs; i++)
+            atomic_fetch_add(&((kvli_region_t *)p->regs[i])->pins, 1);
         pthread_mutex_unlock(&a->lock);
         const kvl_bk_ptab_t *t = all ? kvli_prep_tab(p) : NULL;
         if (t != NULL)
             bk->ops->ptab_prepare(bk->bk, t, mh, p->remote ? 1 : 0, &p->bk_cache[b]);
+        for (size_t i = 0; pinned && i < p->nregs; i++)
+            atomic_fetch_sub(&((kvli_region_t *)p->regs[i])->pins, 1);
     }
     free(mh);
 }

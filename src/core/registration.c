@@ -972,15 +972,16 @@ kvl_status_t kvl_mem_deregister(kvl_agent_t *a, const kvl_mem_desc_t *regions, s
                      (unsigned long long)r->len,
                      local ? atomic_load(&r->inflight) : atomic_load(&r->pins),
                      local ? "in-flight transfer(s) of this agent"
-                           : "pin(s) of its backends: a peer's request being served right "
-                             "now, or the gets of a failed READ that may still land");
+                           : "pin(s): a peer's request being served right now, a list "
+                             "being prepared, or the gets of a failed READ that may still "
+                             "land");
             if (local)
                 kvli_hint(&err, "wait for the transfers (kvl_xfer_wait) or cancel them, then "
                                 "deregister");
             else
-                kvli_hint(&err, "retry: a peer's request ends in moments; the gets of a failed "
-                                "READ end once that peer answers again (or its backend is "
-                                "closed)");
+                kvli_hint(&err, "retry: a peer's request or a preparation ends in moments; the "
+                                "gets of a failed READ end once that peer answers again (or its "
+                                "backend is closed)");
             goto fail;
         }
     }

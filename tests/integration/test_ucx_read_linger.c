@@ -90,7 +90,7 @@ int main(void)
     kvl_error_render(NULL, text, sizeof(text));
     printf("deregister while the target sleeps: %s\n%.400s\n", kvl_status_name(st), text);
     KT_STATUS(st, KVL_ERR_IN_USE);
-    KT_ERROR_HAS("may still land");
+    KT_ERROR_HAS("the gets of a failed READ that may still land");
 
     /* the target wakes, the gets end, the region can go */
     kill(p.pid, SIGCONT);

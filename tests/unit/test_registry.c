@@ -282,7 +282,7 @@ static void test_pins(void)
     KT_CHECK(atomic_load(&r->objref) == 2);
     /* pinned: cannot go away */
     KT_STATUS(kvl_mem_deregister(a, &d, 1), KVL_ERR_IN_USE);
-    KT_ERROR_HAS("is in use by 1 pin(s) of its backends: a peer's request being served");
+    KT_ERROR_HAS("is in use by 1 pin(s): a peer's request being served");
     shm->region_unpin(shm, pin);
     KT_CHECK(atomic_load(&r->pins) == 0 && atomic_load(&r->objref) == 1);
 
