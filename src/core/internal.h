@@ -248,6 +248,7 @@ struct kvl_xfer {
     kvl_status_t status;
     uint64_t t_post, post_ns, duration_ns;
     bool posted_once;                 /* backend may hold state in bx.bk_priv */
+    bool posting;                     /* inside the backend's xfer_post (under lock) */
     /* Indexed (bx.nidx > 0): the lists it indexes (referenced) and the
      * indices; segs stays NULL until a backend asks for xfer_expand. */
     kvl_prep_t *lprep, *rprep;

@@ -925,11 +925,16 @@ kvl_status_t kvl_xfer_post(kvl_xfer_t *x)
     x->t_post = t0;
     x->status = KVL_IN_PROGRESS;
     x->path[0] = '\0';
+    x->posting = true; /* a cancel or release waits for the backend's post */
     pthread_mutex_unlock(&x->lock);
     kvl_bk_error_none(&err); /* filled whole only on failure */
     x->bx.path[0] = '\0';
     x->posted_once = true;
     kvl_status_t st = x->bk->ops->xfer_post(x->bk->bk, &x->bx, &err);
+    pthread_mutex_lock(&x->lock);
+    x->posting = false;
+    pthread_cond_broadcast(&x->cond);
+    pthread_mutex_unlock(&x->lock);
     if (st != KVL_OK) {
         for (size_t i = 0; i < x->nlregs; i++)
             atomic_fetch_sub(&x->lregs[i]->inflight, 1);
@@ -1003,6 +1008,13 @@ kvl_status_t kvl_xfer_wait(kvl_xfer_t *x, int64_t timeout_ms)
 
 void kvli_xfer_quiesce(kvl_xfer_t *x)
 {
+    /* The state says POSTED before the backend has the transfer: its cancel
+     * would find nothing to stop (the work it queues next would run on, and
+     * a release would free what it uses). Wait for its post to return. */
+    pthread_mutex_lock(&x->lock);
+    while (x->posting)
+        pthread_cond_wait(&x->cond, &x->lock);
+    pthread_mutex_unlock(&x->lock);
     if (atomic_load(&x->state) != KVL_XFER_POSTED)
         return;
     if (atomic_load(&x->agent->destroying) && x->bk->ops->xfer_abort != NULL)
