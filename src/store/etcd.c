@@ -106,6 +106,7 @@ typedef struct kvli_etcd {
     bool down;                         /* the keeper's calls fail */
     bool unreached;                    /* ... because no endpoint answered */
     bool dirty;                        /* republish (regions changed) */
+    uint64_t presence_gen;             /* the highest generation announced */
     kvli_etcd_waiter_t *waiters;
     kvli_etcd_pub_t *pubs;
     kvli_etcd_follow_t *follows;
@@ -323,6 +324,16 @@ static kvl_status_t kvli_etcd_put_md(kvli_etcd_t *s, CURL *h, const char *label,
     json_object_object_add(p1, "lease", json_object_new_string(id));
     free(v);
     kvli_etcd_pkey(s, s->a->name, pkey, sizeof(pkey));
+    /* The presence key announces the newest generation published, never an
+     * older one: a partial blob made before the last registration change
+     * carries its own older generation, and a follower that resyncs from
+     * this key (after a compaction) reloads only on a higher one. */
+    pthread_mutex_lock(&s->lock);
+    if (gen < s->presence_gen)
+        gen = s->presence_gen;
+    else
+        s->presence_gen = gen;
+    pthread_mutex_unlock(&s->lock);
     snprintf(pval, sizeof(pval), "%016" PRIx64 " %" PRIu64, s->a->incarnation, gen);
     char *pv = kvli_etcd_b64(pval, strlen(pval));
     kvli_etcd_put_key(p2, "key", pkey);

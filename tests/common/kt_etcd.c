@@ -204,6 +204,24 @@ int kt_etcdctl(const kt_etcd_t *e, const char *args)
     return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
 }
 
+int kt_etcd_get(const kt_etcd_t *e, const char *key, int json, char *out, size_t cap)
+{
+    char cmd[1600], fl[600];
+    kt_etcd_tls_flags(e, fl, sizeof(fl));
+    snprintf(cmd, sizeof(cmd), "ETCDCTL_API=3 etcdctl --endpoints=%s %s --dial-timeout=5s "
+             "--command-timeout=10s get %s '%s' 2>>'%s/etcdctl.log'", e->url, fl,
+             json ? "-w json" : "--print-value-only", key, e->dir);
+    FILE *f = popen(cmd, "r");
+    if (f == NULL || cap == 0)
+        return -1;
+    size_t n = fread(out, 1, cap - 1, f);
+    int st = pclose(f);
+    out[n] = '\0';
+    while (n > 0 && (out[n - 1] == '\n' || out[n - 1] == '\r'))
+        out[--n] = '\0';
+    return WIFEXITED(st) && WEXITSTATUS(st) == 0 && n > 0 ? 0 : -1;
+}
+
 int kt_etcd_compact(const kt_etcd_t *e)
 {
     char cmd[1024];

@@ -36,6 +36,10 @@ void kt_etcd_pause(kt_etcd_t *e, int paused);
 void kt_etcd_stop(kt_etcd_t *e);
 /* Run etcdctl against it (with the client certificate when tls_dir) with args (space-separated); returns the exit status. */
 int kt_etcdctl(const kt_etcd_t *e, const char *args);
+/* The value of key (etcdctl get --print-value-only; json: the whole answer
+ * as JSON, the value in base64 and the key's revisions) into out, its last
+ * newline cut: 0, or -1 when etcdctl failed or printed nothing. */
+int kt_etcd_get(const kt_etcd_t *e, const char *key, int json, char *out, size_t cap);
 /* Compact etcd's history up to its current revision: 0 when done. */
 int kt_etcd_compact(const kt_etcd_t *e);
 
