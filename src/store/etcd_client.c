@@ -145,6 +145,15 @@ void *kvli_etcd_unb64(const char *s, size_t *len_p)
     size_t n = strlen(s);
     if (n % 4 != 0 || n > INT32_MAX)
         return NULL;
+    /* Strictly what etcd sends (RFC 4648, padded): OpenSSL's decoder also
+     * takes '=' inside the text and blanks, and would make bytes of them. */
+    size_t pad = (n >= 1 && s[n - 1] == '=') + (n >= 2 && s[n - 2] == '=');
+    for (size_t i = 0; i < n - pad; i++) {
+        unsigned char c = (unsigned char)s[i];
+        if (!((c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') ||
+              c == '+' || c == '/'))
+            return NULL;
+    }
     unsigned char *out = malloc(n / 4 * 3 + 1);
     if (out == NULL)
         return NULL;
@@ -153,7 +162,6 @@ void *kvli_etcd_unb64(const char *s, size_t *len_p)
         free(out);
         return NULL;
     }
-    size_t pad = (n >= 1 && s[n - 1] == '=') + (n >= 2 && s[n - 2] == '=');
     *len_p = (size_t)w - pad;
     return out;
 }

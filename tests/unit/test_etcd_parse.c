@@ -82,6 +82,27 @@ static void test_i64(void)
     json_object_put(o);
     size_t n = 1;
     KT_CHECK(kvli_etcd_unb64(NULL, &n) == NULL && n == 0);
+    /* base64 as etcd sends it, and nothing else: '=' inside the text, padding
+     * of three, blanks, other characters (OpenSSL's decoder alone made bytes
+     * of each of these) */
+    static const char *const bad[] = {"QQ=A", "Q===", "====", "A=B=", "QUJD    ", "QUJ\n",
+                                      "QU-D", "QUJ*", "QQ=="
+                                      "QUJD"};
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        void *v = kvli_etcd_unb64(bad[i], &n);
+        if (v != NULL)
+            fprintf(stderr, "'%s' decoded to %zu bytes\n", bad[i], n);
+        KT_CHECK(v == NULL && n == 0);
+    }
+    static const struct {
+        const char *in, *out;
+    } good[] = {{"", ""}, {"QQ==", "A"}, {"QUI=", "AB"}, {"QUJD", "ABC"},
+                {"a2V5L3dpdGgvc2xhc2hlcysr", "key/with/slashes++"}};
+    for (size_t i = 0; i < sizeof(good) / sizeof(good[0]); i++) {
+        char *v = kvli_etcd_unb64(good[i].in, &n);
+        KT_CHECK(v != NULL && n == strlen(good[i].out) && memcmp(v, good[i].out, n) == 0);
+        free(v);
+    }
 }
 
 /* base64 of text, as a JSON string's contents */
