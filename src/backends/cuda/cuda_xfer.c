@@ -196,21 +196,35 @@ static kvli_cuda_slot_t *kvli_cuda_slot_get(kvli_cuda_iface_t *iface, int dev, i
             return NULL;
         }
     }
+    /* Each pair of tables whole or not at all: a slot goes back to the free
+     * list with both or neither (a half would be taken for whole next). */
     if (kernel && s->host == NULL) {
         void *h = NULL;
+        CUdeviceptr dv = 0;
         cr = d->cuMemHostAlloc(&h, s->cap * sizeof(kvli_cuda_blk_t), KVLI_CU_HOSTREG_PORTABLE);
+        if (cr == KVLI_CUDA_SUCCESS)
+            cr = d->cuMemAlloc(&dv, s->cap * sizeof(kvli_cuda_blk_t));
         if (cr == KVLI_CUDA_SUCCESS) {
             s->host = h;
-            cr = d->cuMemAlloc(&s->dev, s->cap * sizeof(kvli_cuda_blk_t));
+            s->dev = dv;
+        } else if (h != NULL) {
+            d->cuMemFreeHost(h);
         }
     }
     if (batch && cr == KVLI_CUDA_SUCCESS && s->bsrc == NULL) {
-        s->bsrc = malloc(s->cap * sizeof(*s->bsrc));
-        s->bdst = malloc(s->cap * sizeof(*s->bdst));
-        s->bsize = malloc(s->cap * sizeof(*s->bsize));
-        if (s->bsrc == NULL || s->bdst == NULL || s->bsize == NULL) {
+        CUdeviceptr *bs = malloc(s->cap * sizeof(*s->bsrc));
+        CUdeviceptr *bd = malloc(s->cap * sizeof(*s->bdst));
+        size_t *bz = malloc(s->cap * sizeof(*s->bsize));
+        if (bs == NULL || bd == NULL || bz == NULL) {
+            free(bs);
+            free(bd);
+            free(bz);
             snprintf(text, cap, "out of memory for copy lists");
             cr = -1;
+        } else {
+            s->bsrc = bs;
+            s->bdst = bd;
+            s->bsize = bz;
         }
     }
     if (cr != KVLI_CUDA_SUCCESS) {
