@@ -618,10 +618,11 @@ long kt_peer_verify(kt_peer_t *p, uint64_t off, uint64_t len, uint64_t seed)
     return v;
 }
 
-kvl_status_t kt_peer_dereg(kt_peer_t *p, uint64_t seed)
+/* A command of one argument whose answer is a kvl_status_t. */
+static kvl_status_t kt_peer_status_cmd(kt_peer_t *p, char c, uint64_t arg)
 {
     uint64_t l;
-    kt_cmd(p, 'D', &seed, 1);
+    kt_cmd(p, c, &arg, 1);
     kvl_status_t *r = kt_recv_msg(p->from, &l, 20000);
     KT_CHECK(r != NULL && l == sizeof(*r));
     kvl_status_t st = *r;
@@ -629,15 +630,14 @@ kvl_status_t kt_peer_dereg(kt_peer_t *p, uint64_t seed)
     return st;
 }
 
+kvl_status_t kt_peer_dereg(kt_peer_t *p, uint64_t seed)
+{
+    return kt_peer_status_cmd(p, 'D', seed);
+}
+
 kvl_status_t kt_peer_split(kt_peer_t *p, uint64_t cut)
 {
-    uint64_t l;
-    kt_cmd(p, 'P', &cut, 1);
-    kvl_status_t *r = kt_recv_msg(p->from, &l, 20000);
-    KT_CHECK(r != NULL && l == sizeof(*r));
-    kvl_status_t st = *r;
-    free(r);
-    return st;
+    return kt_peer_status_cmd(p, 'P', cut);
 }
 
 void kt_peer_write_loop(kt_peer_t *p, const char *to, uint64_t raddr)

@@ -168,6 +168,18 @@ def test_mixed_lengths_still_pair(pair):
     x.release()
 
 
+def _need(bk, vram):
+    """Skip unless bk can run here (and, for VRAM, torch sees a GPU); torch
+    or None."""
+    torch = _torch_cuda() if vram else None
+    if vram and torch is None:
+        pytest.skip("needs torch with a CUDA GPU (runs on the GPU machine)")
+    ok, why = kvlane.backend_available(bk)
+    if not ok:
+        pytest.skip(bk + " backend not available here: " + why)
+    return torch
+
+
 def _torch_cuda():
     try:
         import torch
@@ -182,12 +194,7 @@ def test_indexed_vram(uniq, op, bk):
     """On the GPU machine: the cuda backend gathers from the index arrays;
     tcp and ucx stage VRAM through host buffers (ucx where its UCX cannot
     map GPU memory itself) and must move the same pairs."""
-    torch = _torch_cuda()
-    if torch is None:
-        pytest.skip("needs torch with a CUDA GPU (runs on the GPU machine)")
-    ok, why = kvlane.backend_available(bk)
-    if not ok:
-        pytest.skip(bk + " backend not available here: " + why)
+    torch = _need(bk, True)
     a = kvlane.Agent(uniq + "-a", backends=(bk,))
     b = kvlane.Agent(uniq + "-b", backends=(bk,))
     try:
@@ -299,13 +306,7 @@ def test_neighbours_across_regions(uniq, bk, params, path, mem, form):
     boundary on either side; the transfer is indexed (from prepared lists)
     or plain (from two lists of the same blocks). VRAM (on the GPU machine):
     the regions are views of one allocation."""
-    if mem == "VRAM":
-        torch = _torch_cuda()
-        if torch is None:
-            pytest.skip("needs torch with a CUDA GPU (runs on the GPU machine)")
-    ok, why = kvlane.backend_available(bk)
-    if not ok:
-        pytest.skip(bk + " backend not available here: " + why)
+    torch = _need(bk, mem == "VRAM")
     a = kvlane.Agent(uniq + "-a", backends=())
     b = kvlane.Agent(uniq + "-b", backends=())
     try:
