@@ -525,10 +525,17 @@ void kvli_ucx_xfer_complete(kvli_ucx_iface_t *iface, kvli_ucx_xpriv_t *xp, kvl_s
 static int kvli_ucx_linger_start(kvli_ucx_iface_t *iface, kvli_ucx_xpriv_t *xp)
 {
     kvl_bk_xfer_t *x = xp->x;
-    size_t n = kvli_xchunk_indexed(x) ? x->ltab->nregs : x->nsegs, k = 0;
+    size_t n = 0, k = 0;
     if (x->op != KVL_READ || xp->staged || xp->tok == NULL || xp->state != KVLI_UCX_X_FLUSH ||
         xp->issued == xp->confirmed)
         return 0;
+    /* the local regions: x->lmh[0 .. n), each one region */
+    if (kvli_xchunk_indexed(x))
+        n = x->ltab->nregs;
+    else
+        for (size_t i = 0; i < x->nsegs; i++)
+            if (x->segs[i].lreg + (size_t)1 > n)
+                n = x->segs[i].lreg + (size_t)1;
     kvli_ucx_linger_t *l = calloc(1, sizeof(*l) + n * sizeof(l->pins[0]));
     if (l == NULL) {
         iface->ctx->log(iface->ctx, KVL_LOG_WARN, "out of memory to keep the regions of a "
@@ -537,13 +544,10 @@ static int kvli_ucx_linger_start(kvli_ucx_iface_t *iface, kvli_ucx_xpriv_t *xp)
         return 0;
     }
     for (size_t i = 0; i < n; i++) {
-        const kvli_ucx_mh_t *mh = x->lmh[kvli_xchunk_indexed(x) ? i : x->segs[i].lreg];
-        int seen = 0;
-        for (size_t j = 0; j < i && !seen; j++) /* once per region */
-            seen = x->lmh[kvli_xchunk_indexed(x) ? j : x->segs[j].lreg] == mh;
+        const kvli_ucx_mh_t *mh = x->lmh[i];
         void *bmh, *pin;
         kvl_error_t e;
-        if (seen || mh == NULL)
+        if (mh == NULL)
             continue;
         if (iface->ctx->region_pin(iface->ctx, mh->addr, mh->len, &bmh, &pin, &e) == KVL_OK)
             l->pins[k++] = pin;
