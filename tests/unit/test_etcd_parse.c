@@ -86,8 +86,7 @@ static void test_i64(void)
      * of three, blanks, other characters (OpenSSL's decoder alone made bytes
      * of each of these) */
     static const char *const bad[] = {"QQ=A", "Q===", "====", "A=B=", "QUJD    ", "QUJ\n",
-                                      "QU-D", "QUJ*", "QQ=="
-                                      "QUJD"};
+                                      "QU-D", "QUJ*", "QQ==QUJD" /* padding, then more */};
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
         void *v = kvli_etcd_unb64(bad[i], &n);
         if (v != NULL)
