@@ -244,13 +244,9 @@ static PyObject *kvlpy_dlist_add_table(kvlpy_dlist_t *self, PyObject *obj, int32
                     PyBuffer_Release(&v);
                     return kvlpy_dlist_refused(self, n0, st, "DList.add_descs", k);
                 }
-            /* not found again (cannot happen): the run's error as it was */
-            kvl_dlist_truncate(self->dl, n0);
-            kvl_error_clear();
-            st = kvl_dlist_add_array(self->dl, addrs + i, lens + i, 0, d, j - i);
-            kvl_dlist_truncate(self->dl, n0);
+            /* every entry passed alone (not expected): the run is named */
             PyBuffer_Release(&v);
-            return kvlpy_raise(st != KVL_OK ? st : KVL_ERR_INVALID_ARG, NULL);
+            return kvlpy_dlist_refused(self, n0, KVL_ERR_INVALID_ARG, "DList.add_descs", i);
         }
         if (st != KVL_OK) { /* out of memory: no entry is at fault */
             PyBuffer_Release(&v);
