@@ -886,8 +886,16 @@ kvl_status_t kvl_xfer_post(kvl_xfer_t *x)
         return kvli_fail_simple(NULL, KVL_ERR_INVALID_ARG, NULL, "kvl_xfer_post: xfer is NULL");
     kvl_agent_t *a = x->agent;
     uint64_t t0 = kvli_now_ns();
+    /* posting is set with the state (one lock): a cancel that sees POSTED
+     * also sees that the backend may not have the transfer yet */
+    pthread_mutex_lock(&x->lock);
     int expect = atomic_load(&x->state);
-    if (expect == KVL_XFER_POSTED || !atomic_compare_exchange_strong(&x->state, &expect, KVL_XFER_POSTED))
+    bool won = expect != KVL_XFER_POSTED &&
+               atomic_compare_exchange_strong(&x->state, &expect, KVL_XFER_POSTED);
+    if (won)
+        x->posting = true;
+    pthread_mutex_unlock(&x->lock);
+    if (!won)
         return kvli_fail_simple(a, KVL_ERR_STATE, "wait for it to finish before posting again",
                                 "transfer to agent '%s' is already in flight", x->rem->name);
     pthread_mutex_lock(&a->lock);
@@ -905,7 +913,11 @@ kvl_status_t kvl_xfer_post(kvl_xfer_t *x)
             atomic_fetch_add(&x->lregs[i]->inflight, 1);
     pthread_mutex_unlock(&a->lock);
     if (gone != NULL) {
+        pthread_mutex_lock(&x->lock);
         atomic_store(&x->state, expect);
+        x->posting = false;
+        pthread_cond_broadcast(&x->cond);
+        pthread_mutex_unlock(&x->lock);
         if (gone[0] == 'r') {
             kvli_err(&err, KVL_ERR_STALE, 0, "remote agent '%s' (incarnation %016llx) was removed "
                      "or replaced since this transfer was created", x->rem->name,
@@ -925,7 +937,6 @@ kvl_status_t kvl_xfer_post(kvl_xfer_t *x)
     x->t_post = t0;
     x->status = KVL_IN_PROGRESS;
     x->path[0] = '\0';
-    x->posting = true; /* a cancel or release waits for the backend's post */
     pthread_mutex_unlock(&x->lock);
     kvl_bk_error_none(&err); /* filled whole only on failure */
     x->bx.path[0] = '\0';
