@@ -180,6 +180,15 @@ static kvli_cuda_slot_t *kvli_cuda_slot_get(kvli_cuda_iface_t *iface, int dev, i
             snprintf(text, cap, "out of memory");
             return NULL;
         }
+        s->cap = KVLI_CUDA_UNIT_BLOCKS;
+        cr = d->cuEventCreate(&s->ev, KVLI_CU_EVENT_DISABLE_TIMING);
+        if (cr != KVLI_CUDA_SUCCESS) {
+            free(s);
+            snprintf(text, cap, "cuEventCreate = %.150s", kvli_cuda_drv_errstr(cr, eb, sizeof(eb)));
+            return NULL;
+        }
+        /* The host word only once the slot exists: words are never given
+         * back, so one taken for a slot that failed would be lost for good. */
         pthread_mutex_lock(&iface->lock);
         if (r->flags != NULL && r->nflags < KVLI_CUDA_FLAGS) {
             s->flag = r->flags + r->nflags;
@@ -188,13 +197,6 @@ static kvli_cuda_slot_t *kvli_cuda_slot_get(kvli_cuda_iface_t *iface, int dev, i
             r->nflags++;
         }
         pthread_mutex_unlock(&iface->lock);
-        s->cap = KVLI_CUDA_UNIT_BLOCKS;
-        cr = d->cuEventCreate(&s->ev, KVLI_CU_EVENT_DISABLE_TIMING);
-        if (cr != KVLI_CUDA_SUCCESS) {
-            free(s);
-            snprintf(text, cap, "cuEventCreate = %.150s", kvli_cuda_drv_errstr(cr, eb, sizeof(eb)));
-            return NULL;
-        }
     }
     /* Each pair of tables whole or not at all: a slot goes back to the free
      * list with both or neither (a half would be taken for whole next). */
