@@ -47,6 +47,25 @@ kvl_status_t kvl_mem_kind_parse(const char *s, kvl_mem_kind_t *kind_p)
 }
 
 
+/* A comma-separated list with an empty entry: two commas with only blanks
+ * between them, or a comma first or last. Blanks around names are fine; a
+ * list of blanks alone names nothing. */
+static bool kvli_list_has_empty(const char *s)
+{
+    bool named = false, comma = false; /* a name since the last comma */
+    for (; *s != '\0'; s++) {
+        if (*s == ',') {
+            if (!named)
+                return true;
+            named = false;
+            comma = true;
+        } else if (*s != ' ') {
+            named = true;
+        }
+    }
+    return comma && !named;
+}
+
 kvl_status_t kvl_agent_create(const char *name, const kvl_agent_config_t *cfg, kvl_agent_t **agent_p)
 {
     if (agent_p == NULL)
@@ -124,6 +143,14 @@ kvl_status_t kvl_agent_create(const char *name, const kvl_agent_config_t *cfg, k
         kvl_agent_destroy(a);
         return kvli_fail_simple(NULL, KVL_ERR_NO_MEMORY, NULL,
                                 "kvl_agent_create: out of memory for the backend list");
+    }
+    if (kvli_list_has_empty(buf)) {
+        free(buf);
+        kvl_agent_destroy(a);
+        return kvli_fail_simple(NULL, KVL_ERR_INVALID_ARG, "name each backend once between "
+                                "commas, e.g. \"shm,tcp\" (\"\" creates none)",
+                                "kvl_agent_create: the backend list '%.200s' has an empty entry",
+                                list);
     }
     char *save = NULL;
     for (char *tok = strtok_r(buf, ", ", &save); tok; tok = strtok_r(NULL, ", ", &save)) {

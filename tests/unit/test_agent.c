@@ -141,6 +141,25 @@ static void test_backend_list_refused(void)
     KT_ERROR_HAS("backend 'nope' cannot be created: no backend named 'nope' in this build (known:");
     KT_ERROR_HAS("fix: run 'kvlane doctor' to see which backends this machine supports");
 
+    /* an empty entry is refused, never skipped: nothing is created */
+    const char *holes[] = {"shm,,tcp", "shm, ,tcp", ",shm", "shm,", " , ", ","};
+    for (size_t i = 0; i < sizeof(holes) / sizeof(holes[0]); i++) {
+        cfg.create_backends = holes[i];
+        a = (kvl_agent_t *)&a;
+        KT_STATUS(kvl_agent_create("holes", &cfg, &a), KVL_ERR_INVALID_ARG);
+        KT_CHECK(a == NULL);
+        KT_ERROR_HAS("has an empty entry");
+        KT_ERROR_HAS(holes[i]);
+    }
+    /* blanks around names, or blanks alone, are not empty entries */
+    const char *fine[] = {" shm ", "shm , tcp", "   "};
+    for (size_t i = 0; i < sizeof(fine) / sizeof(fine[0]); i++) {
+        cfg.create_backends = fine[i];
+        KT_OK(kvl_agent_create("fine", &cfg, &a));
+        KT_CHECK(kvl_agent_backends(a, NULL, 0) == (i == 2 ? 0u : i + 1));
+        kvl_agent_destroy(a);
+    }
+
     /* a backend this machine cannot run: the agent fails with its reason */
     char reason[512];
     kvl_status_t st = kvl_backend_available("cuda", reason, sizeof(reason));
