@@ -22,6 +22,8 @@
 #include <math.h>
 #include <pthread.h>
 #include <signal.h>
+#include <spawn.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -439,15 +441,54 @@ static int kvl_write_json(const char *path, const kvl_row_t *rows, int n, const 
     return kvl_out_close(f, path);
 }
 
+/* s in a gnuplot single-quoted string, where a quote is written twice. */
+static void kvl_gp_quoted(FILE *f, const char *s)
+{
+    fputc('\'', f);
+    for (; *s != '\0'; s++) {
+        if (*s == '\'')
+            fputc('\'', f);
+        fputc(*s, f);
+    }
+    fputc('\'', f);
+}
+
+/*
+ * Draw GB/s against block size into png with gnuplot. The data and the
+ * script go to temporary files and gnuplot runs them directly (no shell):
+ * the output name reaches gnuplot as it was given, quotes and all.
+ */
 static int kvl_plot(const char *png, const kvl_row_t *rows, int n)
 {
-    char dat[] = "/tmp/kvlane-bench-XXXXXX";
-    int fd = mkstemp(dat);
-    if (fd < 0)
-        return -1;
-    FILE *f = fdopen(fd, "w");
+    char dat[] = "/tmp/kvlane-bench-XXXXXX", gp[] = "/tmp/kvlane-bench-gp-XXXXXX";
     char seen[16][32];
-    int ns = 0;
+    int ns = 0, rc = -1;
+
+    /* the output first, for its own reason (a folder that does not exist) */
+    bool made = true;
+    int pfd = open(png, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+    if (pfd < 0 && errno == EEXIST) {
+        made = false;
+        pfd = open(png, O_WRONLY | O_CLOEXEC);
+    }
+    if (pfd < 0) {
+        fprintf(stderr, "kvlane bench: cannot write %s: %s\n", png, strerror(errno));
+        return -1;
+    }
+    close(pfd);
+    int dfd = mkstemp(dat);
+    if (dfd < 0) {
+        fprintf(stderr, "kvlane bench: cannot make a temporary file for the plot: %s\n",
+                strerror(errno));
+        return -1;
+    }
+    int gfd = mkstemp(gp);
+    FILE *f = fdopen(dfd, "w"), *g = gfd >= 0 ? fdopen(gfd, "w") : NULL;
+    if (f == NULL || g == NULL) {
+        fprintf(stderr, "kvlane bench: cannot make a temporary file for the plot: %s\n",
+                strerror(errno));
+        goto out;
+    }
     for (int i = 0; i < n; i++) {
         int k;
         for (k = 0; k < ns && strcmp(seen[k], rows[i].backend); k++)
@@ -462,33 +503,58 @@ static int kvl_plot(const char *png, const kvl_row_t *rows, int n)
                 fprintf(f, "%" PRIu64 " %.3f\n", rows[i].block, rows[i].gbps);
         fprintf(f, "\n\n");
     }
-    fclose(f);
-    char cmd[1024];
-    snprintf(cmd, sizeof(cmd), "gnuplot -e \"set terminal pngcairo size 900,560 noenhanced; set output '%s'; "
-                               "set logscale x 2; set format x '%%.0b %%BB'; set yrange [0:*]; set xlabel 'block size'; "
-                               "set ylabel 'GB/s'; set grid; set key top left; "
-                               "set title 'kvlane bench: bandwidth vs block size'; plot ",
-             png);
-    size_t off = strlen(cmd);
-    for (int k = 0; k < ns && off < sizeof(cmd); k++)
-        off += (size_t)snprintf(cmd + off, sizeof(cmd) - off, "%s'%s' index %d with linespoints lw 2 title '%s'",
-                                k ? ", " : "", dat, k, seen[k]);
-    snprintf(cmd + off, sizeof(cmd) - off, "\" 2>&1");
-    int rc = system(cmd);
-    if (rc != 0) {
-        /* pngcairo is missing from some gnuplot builds: fall back to png */
-        char *p = strstr(cmd, "pngcairo");
-        if (p)
-            memcpy(p, "png     ", 8);
-        rc = system(cmd);
+    /* pngcairo where this gnuplot has it, else its plain png terminal */
+    fprintf(g, "if (strstrt(GPVAL_TERMINALS, 'pngcairo') > 0) {\n"
+               "  set terminal pngcairo size 900,560 noenhanced\n"
+               "} else {\n"
+               "  set terminal png size 900,560 noenhanced\n"
+               "}\n"
+               "set output ");
+    kvl_gp_quoted(g, png);
+    fprintf(g, "\nset logscale x 2\nset format x '%%.0b %%BB'\nset yrange [0:*]\n"
+               "set xlabel 'block size'\nset ylabel 'GB/s'\nset grid\nset key top left\n"
+               "set title 'kvlane bench: bandwidth vs block size'\nplot ");
+    for (int k = 0; k < ns; k++)
+        fprintf(g, "%s'%s' index %d with linespoints lw 2 title '%s'", k ? ", " : "", dat, k,
+                seen[k]);
+    fprintf(g, "\n");
+    if (fflush(f) != 0 || fflush(g) != 0) {
+        fprintf(stderr, "kvlane bench: cannot write the plot's temporary files: %s\n",
+                strerror(errno));
+        goto out;
     }
+    fflush(stdout);
+    char gnuplot[] = "gnuplot", *argv[] = {gnuplot, gp, NULL};
+    pid_t pid;
+    int status = 0, e = posix_spawnp(&pid, gnuplot, NULL, NULL, argv, environ);
+    if (e == 0 && waitpid(pid, &status, 0) != pid)
+        e = errno;
+    if (e == ENOENT) {
+        fprintf(stderr, "kvlane bench: --plot needs gnuplot, which is not installed: install "
+                        "gnuplot-nox (./scripts/deps.sh does)\n");
+    } else if (e != 0) {
+        fprintf(stderr, "kvlane bench: cannot run gnuplot: %s\n", strerror(e));
+    } else if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+        fprintf(stderr, "kvlane bench: gnuplot could not draw %s (status %d; its own message "
+                        "is above)\n", png, status);
+    } else {
+        rc = 0;
+    }
+out:
+    if (f != NULL)
+        fclose(f);
+    else
+        close(dfd);
+    if (g != NULL)
+        fclose(g);
+    else if (gfd >= 0)
+        close(gfd);
     unlink(dat);
-    if (rc != 0) {
-        fprintf(stderr, "kvlane bench: gnuplot failed (exit %d); install gnuplot-nox "
-                        "(./scripts/deps.sh does)\n", rc);
-        return -1;
-    }
-    return 0;
+    if (gfd >= 0)
+        unlink(gp);
+    if (rc != 0 && made)
+        unlink(png); /* no empty picture left where none was */
+    return rc;
 }
 
 static void kvl_bench_usage(FILE *f)
@@ -519,16 +585,52 @@ static void kvl_bench_usage(FILE *f)
             "                       process_vm_writev, mmap+mlock)\n");
 }
 
-static int kvl_parse_list(const char *s, uint64_t *out, int max)
+/* Sizes, each above 0: their count, or -1 with why. */
+static int kvl_parse_list(const char *s, uint64_t *out, int max, char *why, size_t wlen)
 {
-    char buf[512];
-    int n = 0;
-    snprintf(buf, sizeof(buf), "%s", s);
-    char *save = NULL;
-    for (char *t = strtok_r(buf, ",", &save); t && n < max; t = strtok_r(NULL, ",", &save))
-        if (kvl_cli_parse_size(t, &out[n++]) != 0 || out[n - 1] == 0)
+    char buf[512], *items[32];
+    int n = kvl_cli_split(s, buf, sizeof(buf), items, max < 32 ? max : 32, why, wlen);
+    for (int i = 0; i < n; i++)
+        if (kvl_cli_parse_size(items[i], &out[i]) != 0 || out[i] == 0) {
+            snprintf(why, wlen, "'%.60s' is not a size above 0", items[i]);
             return -1;
+        }
     return n;
+}
+
+/* --backend: 1 to 8 backends of this build, each once; 0, or -1 printed. */
+static int kvl_check_backends(const char *s, char *out, size_t cap)
+{
+    char buf[sizeof(((kvl_bench_cfg_t *)0)->backends)], why[96], *items[8];
+    int n = kvl_cli_split(s, buf, sizeof(buf), items, 8, why, sizeof(why));
+    if (n < 0) { /* buf is as long as out: a list that fits buf fits out */
+        fprintf(stderr, "kvlane bench: the --backend list '%s' %s\n", s, why);
+        return -1;
+    }
+    for (int i = 0; i < n; i++) {
+        const char *const *k = kvl_backend_names();
+        while (*k != NULL && strcmp(*k, items[i]) != 0)
+            k++;
+        if (*k == NULL) {
+            fprintf(stderr, "kvlane bench: unknown backend '%s' for --backend (known:", items[i]);
+            for (k = kvl_backend_names(); *k != NULL; k++)
+                fprintf(stderr, " %s", *k);
+            fprintf(stderr, ")\n");
+            return -1;
+        }
+        if (strcmp(items[i], "posix") == 0) { /* alone, it runs the file bench */
+            fprintf(stderr, "kvlane bench: posix moves data to files and is benched alone "
+                    "(--backend posix), not in a list of backends\n");
+            return -1;
+        }
+        for (int j = 0; j < i; j++)
+            if (strcmp(items[j], items[i]) == 0) {
+                fprintf(stderr, "kvlane bench: --backend names %s twice\n", items[i]);
+                return -1;
+            }
+    }
+    snprintf(out, cap, "%s", s);
+    return 0;
 }
 
 int kvl_cli_bench_file(int argc, char **argv); /* bench_file.c */
@@ -552,6 +654,7 @@ int kvl_cli_bench(int argc, char **argv)
         {"plot", 1, 0, 'P'}, {"target", 1, 0, 'g'}, {"serve", 1, 0, 'r'}, {"serve-fd", 1, 0, 'F'},
         {"quiet", 0, 0, 'q'}, {"suite", 1, 0, 'U'}, {"help", 0, 0, 'h'}, {0, 0, 0, 0}};
     int o, li = 0, serve_fd = -1;
+    char why[96];
     optind = 1;
     while ((o = getopt_long(argc, argv, "h", opts, &li)) != -1) {
         uint64_t v = 0;
@@ -567,7 +670,10 @@ int kvl_cli_bench(int argc, char **argv)
             return 2;
         }
         switch (o) {
-        case 'b': snprintf(c.backends, sizeof(c.backends), "%s", optarg); break;
+        case 'b':
+            if (kvl_check_backends(optarg, c.backends, sizeof(c.backends)) != 0)
+                return 2;
+            break;
         case 'o':
             if (strcmp(optarg, "write") && strcmp(optarg, "read")) {
                 fprintf(stderr, "kvlane bench: --op takes write or read\n");
@@ -576,8 +682,8 @@ int kvl_cli_bench(int argc, char **argv)
             c.op = strcmp(optarg, "read") == 0 ? KVL_READ : KVL_WRITE;
             break;
         case 's':
-            if ((c.nsizes = kvl_parse_list(optarg, c.sizes, 32)) <= 0) {
-                fprintf(stderr, "kvlane bench: bad --block-size list '%s'\n", optarg);
+            if ((c.nsizes = kvl_parse_list(optarg, c.sizes, 32, why, sizeof(why))) <= 0) {
+                fprintf(stderr, "kvlane bench: bad --block-size list '%s': %s\n", optarg, why);
                 return 2;
             }
             break;
@@ -742,13 +848,12 @@ int kvl_cli_bench(int argc, char **argv)
     if (kvl_mem_register(a, &ld, 1, NULL, NULL) != KVL_OK)
         kvl_bench_die("kvl_mem_register");
 
-    char blist[256];
-    snprintf(blist, sizeof(blist), "%s", c.backends);
+    char blist[256], bwhy[96], *bitems[8];
     const char *bks[8];
-    int nb = 0;
-    char *save = NULL;
-    for (char *t = strtok_r(blist, ",", &save); t && nb < 8; t = strtok_r(NULL, ",", &save))
-        bks[nb++] = t;
+    /* checked when parsed (kvl_check_backends) */
+    int nb = kvl_cli_split(c.backends, blist, sizeof(blist), bitems, 8, bwhy, sizeof(bwhy));
+    for (int i = 0; i < nb; i++)
+        bks[i] = bitems[i];
     if (c.costs) {
         kvl_costs_ctx_t cc = {a, "bench-target", pid, (uint64_t)(uintptr_t)lbuf, rr.addr, c.total,
                               bks, nb, c.backends};

@@ -236,17 +236,18 @@ int kvl_cli_bench_file(int argc, char **argv)
         case 'd': c.dir = optarg; break;
         case 'F': c.file = optarg; break;
         case 's': {
-            char buf[256], *save = NULL;
-            snprintf(buf, sizeof(buf), "%s", optarg);
-            c.nsizes = 0;
-            for (char *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
-                if (c.nsizes == 16 || kvl_cli_parse_size(t, &c.sizes[c.nsizes]) != 0 ||
-                    c.sizes[c.nsizes] == 0) {
-                    fprintf(stderr, "kvlane bench: bad --block-size '%s'\n", optarg);
-                    return 2;
+            char buf[256], *items[16], why[96];
+            int n = kvl_cli_split(optarg, buf, sizeof(buf), items, 16, why, sizeof(why));
+            for (int i = 0; i < n; i++)
+                if (kvl_cli_parse_size(items[i], &c.sizes[i]) != 0 || c.sizes[i] == 0) {
+                    snprintf(why, sizeof(why), "'%.60s' is not a size above 0", items[i]);
+                    n = -1;
                 }
-                c.nsizes++;
+            if (n < 0) {
+                fprintf(stderr, "kvlane bench: bad --block-size list '%s': %s\n", optarg, why);
+                return 2;
             }
+            c.nsizes = n;
             break;
         }
         case 'S': c.total = v; break;

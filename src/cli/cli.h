@@ -11,6 +11,11 @@ int kvl_cli_bench(int argc, char **argv);
 
 /* Helpers shared by subcommands (cli_util.c). */
 int kvl_cli_parse_size(const char *s, uint64_t *out);
+/* A comma-separated list split in place into buf (cap bytes): at most max
+ * items, none empty; the count, or -1 with why ("has an empty entry", ...)
+ * for a list that cannot be read whole. */
+int kvl_cli_split(const char *s, char *buf, size_t cap, char **items, int max, char *why,
+                  size_t wlen);
 /* A plain decimal of digits only, at most `most` (a port, a device
  * ordinal): no sign, space, suffix or wrap. 0 ok, -1 refused. */
 int kvl_cli_parse_uint(const char *s, uint64_t most, uint64_t *out);

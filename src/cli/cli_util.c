@@ -41,6 +41,35 @@ int kvl_cli_parse_size(const char *s, uint64_t *out)
     return 0;
 }
 
+int kvl_cli_split(const char *s, char *buf, size_t cap, char **items, int max, char *why,
+                  size_t wlen)
+{
+    size_t len = strlen(s);
+    int n = 0;
+    if (len >= cap) {
+        snprintf(why, wlen, "is longer than %zu characters", cap - 1);
+        return -1;
+    }
+    memcpy(buf, s, len + 1);
+    for (char *p = buf;;) {
+        char *end = strchr(p, ',');
+        if (end != NULL)
+            *end = '\0';
+        if (*p == '\0') {
+            snprintf(why, wlen, "has an empty entry");
+            return -1;
+        }
+        if (n == max) {
+            snprintf(why, wlen, "has more than %d entries", max);
+            return -1;
+        }
+        items[n++] = p;
+        if (end == NULL)
+            return n;
+        p = end + 1;
+    }
+}
+
 int kvl_cli_parse_uint(const char *s, uint64_t most, uint64_t *out)
 {
     char *end;

@@ -69,6 +69,32 @@ refuse "4194304-byte blocks do not fit the 1048576 bytes each thread moves" --si
 refuse "does not fit --size" --layers 65536 --kv-heads 65536 --head-dim 65536 \
     --tokens-per-block 65536 --dtype-bytes 1
 refuse "--iters 2000000 is more than 1000000" --backend posix --iters 2000000
+# lists are read whole or refused: no hole skipped, no entry past the bound
+# dropped (both once ran a bench of what was left), no backend twice
+refuse "bad --block-size list '1M,,2M': has an empty entry" --block-size 1M,,2M --size 4M
+refuse "bad --block-size list '64K,': has an empty entry" --block-size 64K, --size 4M
+refuse "has more than 32 entries" --size 4M \
+    --block-size "$(printf '4K,%.0s' $(seq 32))4K"
+refuse "'0x10' is not a size above 0" --block-size 4K,0x10
+refuse "--backend names shm twice" --backend shm,shm --size 1M
+refuse "the --backend list ',shm' has an empty entry" --backend ,shm --size 1M
+refuse "unknown backend 'nope' for --backend (known: shm" --backend shm,nope --size 1M
+refuse "is benched alone (--backend posix)" --backend shm,posix --size 1M
+refuse "bad --block-size list '4K,,8K': has an empty entry" --backend posix --block-size 4K,,8K
+# a picture that cannot be written: its own reason, exit 1 after the table
+rc=0
+"$bin" bench --size 1M --block-size 64K --iters 1 --warmup 0 --plot "$tmp/no/such/dir/b.png" \
+    >"$tmp/out" 2>"$tmp/err" || rc=$?
+[ "$rc" -eq 1 ] && grep -q "cannot write $tmp/no/such/dir/b.png: No such file" "$tmp/err" &&
+    grep -q '^shm ' "$tmp/out"
+if command -v gnuplot >/dev/null; then
+    # the name reaches gnuplot as given: no shell reads it
+    odd="it's \$(touch ran) \"b\".png"
+    (cd "$tmp" && "$bin" bench --size 1M --block-size 64K --iters 1 --warmup 0 --plot "$odd") \
+        >"$tmp/out"
+    head -c 8 "$tmp/$odd" | od -c | grep -q 'P   N   G'
+    [ ! -e "$tmp/ran" ]
+fi
 # an output that cannot be written fails the run (exit 1), after the table
 rc=0
 "$bin" bench --size 1M --block-size 64K --iters 1 --warmup 0 --csv "$tmp/no/such/dir/b.csv" \
