@@ -440,13 +440,14 @@ static void kvli_tcp_xfer_stop(void *bk, kvl_bk_xfer_t *x, int abort)
     kvli_tcp_iface_t *iface = bk;
     kvli_tcp_xpriv_t *xp = NULL;
     pthread_mutex_lock(&iface->lock);
-    /* Looked up, not taken from x->bk_priv: a finished transfer's priv is gone. */
-    for (kvli_tcp_peer_t *p = iface->peers; p != NULL && xp == NULL; p = p->next)
+    /* Looked up, not taken from x->bk_priv: a finished transfer's priv is gone.
+     * A record being reported (finished -1) stays listed until xfer_complete
+     * takes it off after xfer_done: x may have been posted again meanwhile,
+     * and then its live record (finished 0) is the one to stop. */
+    for (kvli_tcp_peer_t *p = iface->peers; p != NULL; p = p->next)
         for (kvli_tcp_xpriv_t *q = p->xfers; q != NULL; q = q->next)
-            if (q->x == x && q->finished != 1) {
+            if (q->x == x && q->finished != 1 && (xp == NULL || q->finished == 0))
                 xp = q;
-                break;
-            }
     if (xp == NULL) {
         pthread_mutex_unlock(&iface->lock);
         return;
