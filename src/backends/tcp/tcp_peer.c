@@ -255,6 +255,10 @@ kvl_status_t kvli_tcp_peer_disconnect_error(kvli_tcp_peer_t *peer, uint64_t move
                       ? "the connection was reset, so a kvlane target (tcp protocol 2) drops "
                         "what it had not copied yet; still, treat the destination blocks as "
                         "undefined and write them again once the peer answers"
+                      : peer->dead_errno == EPROTO
+                      ? "the peer broke the tcp protocol (an incompatible kvlane build, or "
+                        "another program on its port): run the same kvlane version on both "
+                        "agents; the next transfer reconnects"
                       : net
                       ? "the peer stopped answering (host down, link down, process stopped); "
                         "check the network and the peer; the next transfer reconnects"
@@ -670,13 +674,19 @@ static int kvli_tcp_peer_rx_header(kvli_tcp_peer_t *peer)
     if (m == NULL || m->id != peer->rh.id ||
         peer->rh.type != (m->type == KVLI_TCP_MSG_WRITE ? KVLI_TCP_MSG_WRITE_ACK
                           : m->type == KVLI_TCP_MSG_READ ? KVLI_TCP_MSG_READ_DATA
-                                                         : KVLI_TCP_MSG_NOTIF_ACK) ||
-        (peer->rh.type == KVLI_TCP_MSG_READ_DATA && peer->rh.status == 0 &&
-         peer->rh.payload != m->bytes)) {
+                                                         : KVLI_TCP_MSG_NOTIF_ACK)) {
         kvli_tcp_peer_mark_dead(peer, EPROTO, "protocol error: %s reply id %" PRIu64 " with %"
                                 PRIu64 " bytes does not answer the oldest request (id %" PRIu64
                                 ")", kvli_tcp_proto_type_name(peer->rh.type), peer->rh.id,
                                 peer->rh.payload, m ? m->id : 0);
+        return -1;
+    }
+    /* A READ answered as done must carry exactly the bytes asked for. */
+    if (peer->rh.type == KVLI_TCP_MSG_READ_DATA && peer->rh.status == 0 &&
+        peer->rh.payload != m->bytes) {
+        kvli_tcp_peer_mark_dead(peer, EPROTO, "protocol error: READ_DATA reply to request %"
+                                PRIu64 " carries %" PRIu64 " bytes, the request asked for %"
+                                PRIu64, m->id, peer->rh.payload, m->bytes);
         return -1;
     }
     peer->rtext_got = 0;
