@@ -89,6 +89,7 @@ typedef struct kvlpy_agent {
 typedef struct {
     PyObject_HEAD
     kvl_dlist_t *dl;
+    long busy;                /* calls reading dl without the GIL (changed with the GIL) */
 } kvlpy_dlist_t;
 
 typedef struct {
@@ -119,6 +120,12 @@ extern PyTypeObject kvlpy_nixl_base_type;
 PyObject *kvlpy_xfer_post(kvlpy_xfer_t *self, PyObject *unused);
 /* test() -> True done, False moving; raises the transfer's error. */
 PyObject *kvlpy_xfer_test(kvlpy_xfer_t *self, PyObject *unused);
+
+/* A call about to read dl->dl without the GIL marks the list busy: until
+ * it ends, every method that changes or replaces the list raises
+ * KVL_ERR_IN_USE (another thread could free the entries being read). */
+static inline void kvlpy_dlist_hold(kvlpy_dlist_t *dl) { dl->busy++; }
+static inline void kvlpy_dlist_unhold(kvlpy_dlist_t *dl) { dl->busy--; }
 
 /* ---- kvlane.nixl's C part (kvlpy_nixl.c) ---- */
 

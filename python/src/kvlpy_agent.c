@@ -641,13 +641,14 @@ static PyObject *kvlpy_agent_get_partial_metadata(kvlpy_agent_t *self, PyObject 
     if (!PyArg_ParseTupleAndKeywords(args, kw, "|OpO:get_partial_metadata", kwlist, &dl_o, &conn,
                                      &bk_o))
         return NULL;
-    kvl_dlist_t *dl = NULL;
+    kvlpy_dlist_t *dl_h = NULL;
     if (dl_o != Py_None) {
         if (!PyObject_TypeCheck(dl_o, &kvlpy_dlist_type)) {
             PyErr_SetString(PyExc_TypeError, "a kvlane.DList or None is needed");
             return NULL;
         }
-        if ((dl = ((kvlpy_dlist_t *)dl_o)->dl) == NULL)
+        dl_h = (kvlpy_dlist_t *)dl_o;
+        if (dl_h->dl == NULL)
             return kvlpy_raise_msg(KVL_ERR_STATE, "DList.__init__ was not called", NULL);
     }
     PyObject *keep = PyList_New(0);
@@ -660,9 +661,17 @@ static PyObject *kvlpy_agent_get_partial_metadata(kvlpy_agent_t *self, PyObject 
     void *blob = NULL;
     size_t len = 0;
     kvl_status_t st;
+    /* The list's C pointer is read only now: reading the backend names may
+     * have run Python code that called the DList's __init__ again, which
+     * freed the list it had. */
+    kvl_dlist_t *dl = dl_h != NULL ? dl_h->dl : NULL;
+    if (dl_h != NULL)
+        kvlpy_dlist_hold(dl_h);
     Py_BEGIN_ALLOW_THREADS
     st = kvl_metadata_get_partial(self->agent, dl, conn != 0, nb ? names : NULL, nb, &blob, &len);
     Py_END_ALLOW_THREADS
+    if (dl_h != NULL)
+        kvlpy_dlist_unhold(dl_h);
     kvlpy_agent_leave(self);
     Py_DECREF(keep);
     if (st != KVL_OK)

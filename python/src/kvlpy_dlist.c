@@ -13,6 +13,22 @@ static int kvlpy_dlist_ok(kvlpy_dlist_t *self)
     return 0;
 }
 
+/* For the methods that change the list: also refused while a call of
+ * another thread reads it without the GIL (prep_local, prep_remote,
+ * create_xfer, get_partial_metadata), whose entries a change could free. */
+static int kvlpy_dlist_mut_ok(kvlpy_dlist_t *self)
+{
+    if (kvlpy_dlist_ok(self) < 0)
+        return -1;
+    if (self->busy > 0) {
+        kvlpy_raise_msg(KVL_ERR_IN_USE, "the descriptor list is in use by another thread",
+                        "change it once that thread's prep, create_xfer or "
+                        "get_partial_metadata call returned");
+        return -1;
+    }
+    return 0;
+}
+
 static int kvlpy_dlist_init(kvlpy_dlist_t *self, PyObject *args, PyObject *kw)
 {
     static char *kwlist[] = {"kind", "capacity", NULL};
@@ -23,6 +39,8 @@ static int kvlpy_dlist_init(kvlpy_dlist_t *self, PyObject *args, PyObject *kw)
     kvl_mem_kind_t kind = KVL_MEM_DRAM;
     if (kind_o && kvlpy_kind_get(kind_o, &kind) < 0)
         return -1;
+    if (self->dl != NULL && kvlpy_dlist_mut_ok(self) < 0)
+        return -1; /* the old list is freed below */
     kvl_dlist_t *dl;
     kvl_error_clear();
     kvl_status_t st = kvl_dlist_create(kind, cap > 0 ? (size_t)cap : 0, &dl);
@@ -55,7 +73,7 @@ static PyObject *kvlpy_dlist_add(kvlpy_dlist_t *self, PyObject *args, PyObject *
     int dev = KVL_DEV_ANY;
     if (!PyArg_ParseTupleAndKeywords(args, kw, "O&O&|i:add", kwlist, kvlpy_u64_arg, &addr,
                                      kvlpy_u64_arg, &len, &dev) ||
-        kvlpy_dlist_ok(self) < 0)
+        kvlpy_dlist_mut_ok(self) < 0)
         return NULL;
     kvl_error_clear();
     return kvlpy_dlist_result(kvl_dlist_add(self->dl, addr, len, dev));
@@ -69,7 +87,7 @@ static PyObject *kvlpy_dlist_add_strided(kvlpy_dlist_t *self, PyObject *args, Py
     if (!PyArg_ParseTupleAndKeywords(args, kw, "O&O&O&O&|i:add_strided", kwlist, kvlpy_u64_arg,
                                      &base, kvlpy_u64_arg, &stride, kvlpy_u64_arg, &count,
                                      kvlpy_u64_arg, &len, &dev) ||
-        kvlpy_dlist_ok(self) < 0)
+        kvlpy_dlist_mut_ok(self) < 0)
         return NULL;
     kvl_error_clear();
     return kvlpy_dlist_result(kvl_dlist_add_strided(self->dl, base, stride, count, len, dev));
@@ -113,7 +131,7 @@ static PyObject *kvlpy_dlist_add_array(kvlpy_dlist_t *self, PyObject *args, PyOb
     int dev = KVL_DEV_ANY;
     if (!PyArg_ParseTupleAndKeywords(args, kw, "O|OO&i:add_array", kwlist, &addrs_o, &lens_o,
                                      kvlpy_u64_arg, &len, &dev) ||
-        kvlpy_dlist_ok(self) < 0)
+        kvlpy_dlist_mut_ok(self) < 0)
         return NULL;
     if (PyLong_Check(lens_o)) {
         len = PyLong_AsUnsignedLongLong(lens_o);
@@ -137,6 +155,14 @@ static PyObject *kvlpy_dlist_add_array(kvlpy_dlist_t *self, PyObject *args, PyOb
         }
         lp = lens.data;
     }
+    /* again: the conversions above may have run Python code (and let
+     * another thread start reading the list) */
+    if (kvlpy_dlist_mut_ok(self) < 0) {
+        kvlpy_array_free(&addrs);
+        if (lens_o != Py_None)
+            kvlpy_array_free(&lens);
+        return NULL;
+    }
     kvl_error_clear();
     kvl_status_t st = kvl_dlist_add_array(self->dl, addrs.data, lp, len, dev, (size_t)addrs.n);
     kvlpy_array_free(&addrs);
@@ -155,11 +181,15 @@ static PyObject *kvlpy_dlist_add_strided_array(kvlpy_dlist_t *self, PyObject *ar
     if (!PyArg_ParseTupleAndKeywords(args, kw, "OO&O&O&|i:add_strided_array", kwlist, &bases_o,
                                      kvlpy_u64_arg, &stride, kvlpy_u64_arg, &count,
                                      kvlpy_u64_arg, &len, &dev) ||
-        kvlpy_dlist_ok(self) < 0)
+        kvlpy_dlist_mut_ok(self) < 0)
         return NULL;
     kvlpy_array_t bases;
     if (kvlpy_array_get(bases_o, 0, "bases", &bases) < 0)
         return NULL;
+    if (kvlpy_dlist_mut_ok(self) < 0) { /* again, after Python code may have run */
+        kvlpy_array_free(&bases);
+        return NULL;
+    }
     const uint64_t *b = bases.data;
     size_t n0 = kvl_dlist_entries(self->dl);
     kvl_status_t st = KVL_OK;
@@ -222,6 +252,10 @@ static PyObject *kvlpy_dlist_add_table(kvlpy_dlist_t *self, PyObject *obj, int32
             return NULL;
         }
     }
+    if (kvlpy_dlist_mut_ok(self) < 0) { /* again, after the buffer's export */
+        PyBuffer_Release(&v);
+        return NULL;
+    }
     size_t n0 = kvl_dlist_entries(self->dl);
     kvl_status_t st = KVL_OK;
     kvl_error_clear();
@@ -265,7 +299,7 @@ static PyObject *kvlpy_dlist_add_descs(kvlpy_dlist_t *self, PyObject *args, PyOb
     static char *kwlist[] = {"descs", "dev", NULL};
     PyObject *descs, *dev_o = Py_None;
     if (!PyArg_ParseTupleAndKeywords(args, kw, "O|O:add_descs", kwlist, &descs, &dev_o) ||
-        kvlpy_dlist_ok(self) < 0)
+        kvlpy_dlist_mut_ok(self) < 0)
         return NULL;
     int force = dev_o != Py_None;
     int32_t dev = KVL_DEV_ANY;
@@ -277,6 +311,10 @@ static PyObject *kvlpy_dlist_add_descs(kvlpy_dlist_t *self, PyObject *args, PyOb
     kvl_mem_desc_t *d = kvlpy_regions_get(descs, dev, force, &n);
     if (d == NULL)
         return NULL;
+    if (kvlpy_dlist_mut_ok(self) < 0) { /* again, after Python code may have run */
+        PyMem_Free(d);
+        return NULL;
+    }
     size_t n0 = kvl_dlist_entries(self->dl), i = 0;
     kvl_status_t st = KVL_OK;
     kvl_error_clear();
@@ -292,7 +330,7 @@ static PyObject *kvlpy_dlist_add_descs(kvlpy_dlist_t *self, PyObject *args, PyOb
 static PyObject *kvlpy_dlist_clear(kvlpy_dlist_t *self, PyObject *unused)
 {
     (void)unused;
-    if (kvlpy_dlist_ok(self) < 0)
+    if (kvlpy_dlist_mut_ok(self) < 0)
         return NULL;
     kvl_dlist_clear(self->dl);
     Py_RETURN_NONE;

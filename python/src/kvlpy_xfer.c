@@ -40,10 +40,12 @@ static PyObject *kvlpy_prep_make(kvlpy_agent_t *self, PyObject *remote, PyObject
     }
     kvl_prep_t *prep = NULL;
     kvl_status_t st;
+    kvlpy_dlist_hold(dl);
     Py_BEGIN_ALLOW_THREADS
     st = rname ? kvl_prep_remote(self->agent, rname, dl->dl, &prep)
                : kvl_prep_local(self->agent, dl->dl, &prep);
     Py_END_ALLOW_THREADS
+    kvlpy_dlist_unhold(dl);
     kvlpy_agent_leave(self);
     if (st != KVL_OK) {
         Py_DECREF(p);
@@ -271,9 +273,13 @@ PyObject *kvlpy_agent_create_xfer(kvlpy_agent_t *self, PyObject *args, PyObject 
     }
     kvl_xfer_t *xfer = NULL;
     kvl_status_t st;
+    kvlpy_dlist_hold(local);
+    kvlpy_dlist_hold(rlist);
     Py_BEGIN_ALLOW_THREADS
     st = kvl_xfer_create(self->agent, op, local->dl, rname, rlist->dl, &xp.p, &xfer);
     Py_END_ALLOW_THREADS
+    kvlpy_dlist_unhold(local);
+    kvlpy_dlist_unhold(rlist);
     kvlpy_agent_leave(self);
     kvlpy_xparams_free(&xp);
     if (st != KVL_OK)

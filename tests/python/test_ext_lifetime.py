@@ -1,0 +1,119 @@
+"""Lifetimes, threads and argument conversions of the C extension
+(python/src/kvlpy_*.c): objects a call still reads without the GIL, an
+agent freed while another thread closes every agent, and values that must
+be refused rather than wrapped.
+
+The two-thread cases order the threads through the GIL, not through sleeps:
+the second thread is released from a lock while the first holds the GIL, so
+it can run only once the first has entered the C call and dropped the GIL
+(the switch interval is raised to 10 s so that nothing else takes the GIL
+from the first thread before that). The C call is made long (a 4M-entry
+list, an agent's destroy) so that the second thread runs inside it. They
+run in a child process: the bug they look for is a crash.
+"""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+import kvlane
+from kvlane import _kvlane
+
+
+def _child(code, timeout=120):
+    env = dict(os.environ)
+    r = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=env,
+                       capture_output=True, text=True, timeout=timeout)
+    return r.returncode, r.stdout, r.stderr
+
+
+# ---- DList read without the GIL -------------------------------------------------
+
+_RACE = """
+    import sys, threading, time
+    import numpy as np
+    import kvlane
+    from kvlane import _kvlane
+    sys.setswitchinterval(10.0)
+    a = kvlane.Agent("{name}")
+    buf = np.zeros(1 << 20, dtype=np.uint8)
+    a.register_memory(buf)
+    dev = a.query_range(buf.ctypes.data, 1)[1]
+    N = 1 << 22
+    dl = kvlane.DList("DRAM")
+    dl.add_array(buf.ctypes.data + (np.arange(N, dtype=np.uint64) % (1 << 20)), len=1, dev=dev)
+    lk = threading.Lock()
+    lk.acquire()
+    res = {{}}
+
+    def other():
+        lk.acquire()            # runs once the main thread drops the GIL in the call
+        try:
+            {mutate}
+            res["other"] = "changed"
+        except kvlane.InUse as e:
+            res["other"] = "InUse: " + str(e).splitlines()[0]
+
+    t = threading.Thread(target=other)
+    t.start()
+    time.sleep(0.2)             # the thread waits in lk.acquire()
+    lk.release()
+    {call}
+    t.join()
+    print(res["other"])
+    print(n)
+"""
+
+
+@pytest.mark.parametrize("mutate", [
+    '_kvlane.DList.__init__(dl, "DRAM")',
+    'dl.add_array(np.arange(1 << 16, dtype=np.uint64) + buf.ctypes.data, len=1, dev=dev)',
+    'dl.clear()',
+])
+@pytest.mark.parametrize("call", [
+    "n = len(a.prep_local(dl))",
+    "n = len(a.get_partial_metadata(dl)) and N",
+])
+def test_dlist_changed_while_a_call_reads_it(uniq, mutate, call):
+    """prep_local / get_partial_metadata read the list without the GIL; a
+    DList.__init__ of another thread then freed the entries being read
+    (SIGSEGV), and an add could move them. Changing a list while such a call
+    reads it raises kvlane.InUse."""
+    rc, out, err = _child(_RACE.format(name=uniq[:30], mutate=mutate, call=call))
+    assert rc == 0, f"child exited with {rc}: {err[-2000:]}"
+    lines = out.split("\n")
+    assert lines[0].startswith("InUse: ") and \
+        "the descriptor list is in use by another thread" in lines[0], out
+    assert int(lines[1]) == 1 << 22
+
+
+def test_dlist_changed_by_backend_names_of_get_partial_metadata(uniq):
+    """get_partial_metadata took the list's C pointer before reading the
+    backend names; a names iterable that called the DList's __init__ again
+    freed that list, and the metadata was then read from freed memory."""
+    rc, out, err = _child(f"""
+        import numpy as np
+        import kvlane
+        from kvlane import _kvlane
+        a = kvlane.Agent("{uniq[:30]}")
+        buf = np.zeros(1 << 20, dtype=np.uint8)
+        a.register_memory(buf)
+        dev = a.query_range(buf.ctypes.data, 1)[1]
+        N = 1 << 20
+        dl = kvlane.DList("DRAM")
+        dl.add_array(buf.ctypes.data + np.arange(N, dtype=np.uint64), len=1, dev=dev)
+        small = a.get_partial_metadata(kvlane.DList("DRAM"), False, ["shm"])
+
+        def names():
+            _kvlane.DList.__init__(dl, "DRAM")   # frees the 1M-entry list
+            yield "shm"
+
+        blob = a.get_partial_metadata(dl, False, names())
+        print(blob == small)
+    """)
+    assert rc == 0, f"child exited with {rc}: {err[-2000:]}"
+    assert out.strip() == "True"   # the list as it is after the names were read: empty
