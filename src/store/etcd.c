@@ -505,10 +505,16 @@ static void *kvli_etcd_keeper_main(void *arg)
             ;
         if (s->stopping)
             break;
+        pthread_mutex_unlock(&s->lock);
+        /* The lease is looked at under the call lock: publish and unpublish
+         * change it under that lock, and an unpublish between a look before
+         * it and the renewal revoked the lease looked at (the renewal then
+         * logged it as expired and granted a new one, nothing published). */
+        pthread_mutex_lock(&s->call_lock);
+        pthread_mutex_lock(&s->lock);
         int64_t lease = s->lease;
         bool wanted = s->lease_wanted, dirty = s->dirty;
         pthread_mutex_unlock(&s->lock);
-        pthread_mutex_lock(&s->call_lock);
         CURL *h = s->call_h;
 
         kvl_error_t err;

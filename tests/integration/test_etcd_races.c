@@ -1,0 +1,211 @@
+/*
+ * The etcd store's threads against each other and the agent's own calls,
+ * against a real etcd. Each interleaving is forced through wrapped
+ * functions (gates that hold one thread until another reached a point),
+ * never left to timing; every wait is bounded.
+ *
+ * unpublish: the keeper looked at the lease, then waited for the call lock
+ *   (held here, before its lock) while the agent unpublished (revoking the
+ *   lease). The keeper renewed the lease it had looked at, logged it as
+ *   expired and granted a new one, though nothing was published; now it
+ *   looks at the lease under the call lock.
+ *
+ * KVL_TEST_WRAP: kvli_etcd_call
+ * KVL_TEST_WRAP: pthread_mutex_lock pthread_mutex_unlock
+ * KVL_TEST_LABELS: etcd
+ */
+#include <errno.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+#include "common/kvltest.h"
+
+#ifndef KVL_HAVE_ETCD
+int main(void)
+{
+    KT_SKIP("this build has no etcd store (libcurl or json-c development files were missing)");
+}
+#else
+#include "common/kt_etcd.h"
+#include "store/etcd_client.h"
+
+static kt_etcd_t etcd;
+static const char *const pfx = "/kt/races";
+
+/* ---- the gates ---- */
+
+int __real_pthread_mutex_lock(pthread_mutex_t *m);
+int __real_pthread_mutex_unlock(pthread_mutex_t *m);
+int __wrap_pthread_mutex_lock(pthread_mutex_t *m);
+int __wrap_pthread_mutex_unlock(pthread_mutex_t *m);
+kvl_status_t __real_kvli_etcd_call(kvli_etcd_client_t *c, CURL *h, const char *path,
+                                   json_object *body, json_object **out, char *ep_out,
+                                   size_t ep_cap, kvl_error_t *err);
+kvl_status_t __wrap_kvli_etcd_call(kvli_etcd_client_t *c, CURL *h, const char *path,
+                                   json_object *body, json_object **out, char *ep_out,
+                                   size_t ep_cap, kvl_error_t *err);
+
+/* g_mu (locked with the real functions: the wrappers use it) guards all below. */
+static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t g_cond = PTHREAD_COND_INITIALIZER;
+
+/* unpublish */
+static bool learn;                     /* the next keepalive names the keeper and its call lock */
+static bool learned;
+static pthread_t keeper_tid;
+static pthread_mutex_t *keeper_call_lock;
+static bool gate_armed, gate_reached, gate_open;
+
+/* The mutexes this thread holds, as the wrappers saw them locked. */
+static _Thread_local pthread_mutex_t *held[16];
+static _Thread_local unsigned nheld;
+
+static void g_lock(void)
+{
+    __real_pthread_mutex_lock(&g_mu);
+}
+
+static void g_unlock(void)
+{
+    __real_pthread_mutex_unlock(&g_mu);
+}
+
+/* Wait (under g_mu) until *flag, at most 60 s: false when it never came. */
+static bool g_wait(const bool *flag)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    ts.tv_sec += 60;
+    while (!*flag)
+        if (pthread_cond_timedwait(&g_cond, &g_mu, &ts) == ETIMEDOUT)
+            return *flag;
+    return true;
+}
+
+int __wrap_pthread_mutex_lock(pthread_mutex_t *m)
+{
+    if (m != &g_mu) {
+        g_lock();
+        if (gate_armed && m == keeper_call_lock && pthread_equal(pthread_self(), keeper_tid)) {
+            /* the keeper, about to take its call lock: held until let go */
+            gate_armed = false;
+            gate_reached = true;
+            pthread_cond_broadcast(&g_cond);
+            if (!g_wait(&gate_open))
+                fprintf(stderr, "test: the keeper's gate was never opened\n");
+        }
+        g_unlock();
+    }
+    int r = __real_pthread_mutex_lock(m);
+    if (r == 0 && nheld < 16)
+        held[nheld++] = m;
+    return r;
+}
+
+int __wrap_pthread_mutex_unlock(pthread_mutex_t *m)
+{
+    for (unsigned i = nheld; i-- > 0;)
+        if (held[i] == m) {
+            held[i] = held[--nheld];
+            break;
+        }
+    return __real_pthread_mutex_unlock(m);
+}
+
+kvl_status_t __wrap_kvli_etcd_call(kvli_etcd_client_t *c, CURL *h, const char *path,
+                                   json_object *body, json_object **out, char *ep_out,
+                                   size_t ep_cap, kvl_error_t *err)
+{
+    if (strcmp(path, "/v3/lease/keepalive") == 0) {
+        g_lock();
+        if (learn) {
+            learn = false;
+            learned = true;
+            keeper_tid = pthread_self();
+            /* the one mutex the keeper holds in its keepalive: its call lock */
+            keeper_call_lock = nheld == 1 ? held[0] : NULL;
+            pthread_cond_broadcast(&g_cond);
+        }
+        g_unlock();
+    }
+    return __real_kvli_etcd_call(c, h, path, body, out, ep_out, ep_cap, err);
+}
+
+/* ---- helpers ---- */
+
+static kvl_agent_t *agent(const char *name)
+{
+    kvl_agent_t *a;
+    kvl_agent_config_t cfg = {.field_mask = KVL_AGENT_CFG_BACKENDS | KVL_AGENT_CFG_TIMEOUT,
+                              .create_backends = "", .timeout_ms = 5000};
+    KT_OK(kvl_agent_create(name, &cfg, &a));
+    kvl_param_t p = {"host", "127.0.0.1"};
+    KT_OK(kvl_backend_create(a, "tcp", &p, 1, NULL));
+    return a;
+}
+
+static void attach(kvl_agent_t *a, unsigned ttl)
+{
+    kvl_etcd_config_t c = {.endpoints = etcd.url, .prefix = pfx, .lease_ttl_s = ttl};
+    KT_OK(kvl_etcd_attach(a, &c));
+}
+
+/* ---- the cases ---- */
+
+static void unpublish(void)
+{
+    kvl_agent_t *u = agent("r-unpub");
+    attach(u, 3); /* renewed every second */
+    KT_OK(kvl_etcd_publish(u, NULL));
+    g_lock();
+    learn = true;
+    KT_CHECK(g_wait(&learned));
+    KT_CHECK(keeper_call_lock != NULL); /* it held one mutex in its keepalive */
+    gate_armed = true;
+    KT_CHECK(g_wait(&gate_reached));
+    g_unlock();
+    /* the keeper looked at the lease and waits for its call lock */
+    kt_log_clear();
+    KT_OK(kvl_etcd_unpublish(u));
+    g_lock();
+    gate_open = true;
+    pthread_cond_broadcast(&g_cond);
+    g_unlock();
+    kvl_agent_destroy(u); /* joins the keeper: its cycle is over */
+    bool expired = kt_log_has("expired (etcd was out of reach");
+    bool granted = kt_log_has("agent 'r-unpub': new etcd lease");
+    printf("unpublish under the keeper: lease logged as expired: %s; a new lease granted: %s\n",
+           expired ? "yes" : "no", granted ? "yes" : "no");
+    KT_CHECK(!expired && !granted);
+}
+
+/* argv: the cases to run (unpublish), all when none named */
+static bool wanted(int argc, char **argv, const char *name)
+{
+    for (int i = 1; i < argc; i++)
+        if (strcmp(argv[i], name) == 0)
+            return true;
+    return argc < 2;
+}
+
+int main(int argc, char **argv)
+{
+    if (kvl_etcd_attach(NULL, NULL) == KVL_ERR_UNSUPPORTED)
+        KT_SKIP("%s", kvl_last_error()->what);
+    if (kt_etcd_binary() == NULL)
+        KT_SKIP("no etcd binary (/usr/bin/etcd from Debian's etcd-server, or KVL_ETCD_BIN)");
+    signal(SIGPIPE, SIG_IGN);
+    kvl_log_set_callback(kt_log_cb, NULL);
+    kvl_log_set_level(KVL_LOG_INFO);
+    kt_etcd_start(&etcd);
+    if (wanted(argc, argv, "unpublish"))
+        unpublish();
+    kvl_log_set_callback(NULL, NULL);
+    kt_etcd_stop(&etcd);
+    printf("etcd races: all cases passed\n");
+    return 0;
+}
+#endif
