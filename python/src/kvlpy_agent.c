@@ -191,6 +191,10 @@ static void kvlpy_agent_dealloc(kvlpy_agent_t *self)
 {
     if (self->weakrefs)
         PyObject_ClearWeakRefs((PyObject *)self);
+    /* Off the list of live agents before the close drops the GIL: another
+     * thread's kvlpy_agents_shutdown() would otherwise take this object,
+     * whose count is zero, and free it a second time. */
+    kvlpy_live_remove(self);
     if (self->agent) {
         PyObject *exc = kvlpy_err_take();
         kvlpy_agent_close(self);

@@ -117,3 +117,34 @@ def test_dlist_changed_by_backend_names_of_get_partial_metadata(uniq):
     """)
     assert rc == 0, f"child exited with {rc}: {err[-2000:]}"
     assert out.strip() == "True"   # the list as it is after the names were read: empty
+
+
+# ---- an agent freed while another thread closes every agent ----------------------
+
+def test_agent_freed_while_shutdown_runs(uniq):
+    """The last reference to an agent dropped: its dealloc destroys the C
+    agent without the GIL while the agent is still on the module's list of
+    live agents. kvlane.shutdown() (the atexit hook) of another thread took
+    it from that list, gave the dying object a reference and dropped it
+    again: a second dealloc, a double free (SIGSEGV)."""
+    rc, out, err = _child(f"""
+        import sys, threading, time
+        from kvlane import _kvlane
+        sys.setswitchinterval(10.0)
+        a = _kvlane.Agent("{uniq[:30]}")
+        lk = threading.Lock()
+        lk.acquire()
+
+        def other():
+            lk.acquire()            # runs once the main thread drops the GIL in the dealloc
+            _kvlane._shutdown()
+
+        t = threading.Thread(target=other)
+        t.start()
+        time.sleep(0.2)
+        lk.release()
+        del a                       # dealloc: kvl_agent_destroy without the GIL
+        t.join()
+        print("ok")
+    """)
+    assert rc == 0 and out.strip() == "ok", f"child exited with {rc}: {err[-2000:]}"
