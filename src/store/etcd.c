@@ -2275,12 +2275,18 @@ static void kvli_etcd_destroy(kvl_agent_t *a, void *state)
     pthread_cond_broadcast(&s->put_cond);
     pthread_cond_broadcast(&s->bg_cond);
     kvli_etcd_wake(s);
-    int64_t lease = s->lease;
     pthread_mutex_unlock(&s->lock);
     if (s->threads) {
         pthread_join(s->keeper, NULL);
         pthread_join(s->watcher, NULL);
     }
+    /* The lease to revoke is the keeper's last: a keeper that found its
+     * lease gone when destroy began grants a new one and publishes under it
+     * before it sees stopping (read before the join, the old one was
+     * revoked and the keys stayed in etcd until the new one's TTL). */
+    pthread_mutex_lock(&s->lock);
+    int64_t lease = s->lease;
+    pthread_mutex_unlock(&s->lock);
     if (s->fetcher_on)
         pthread_join(s->fetcher, NULL);
     pthread_mutex_lock(&s->lock);

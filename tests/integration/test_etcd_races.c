@@ -4,13 +4,18 @@
  * functions (gates that hold one thread until another reached a point),
  * never left to timing; every wait is bounded.
  *
+ * destroy: the keeper finds the lease gone (revoked here from inside its
+ *   keepalive, held until destroy is joining it) and grants a new one while
+ *   the agent is destroyed. Destroy revoked the lease it had read before
+ *   joining the keeper, and the new lease kept the agent's keys in etcd
+ *   until its TTL; now it revokes the keeper's last lease.
  * unpublish: the keeper looked at the lease, then waited for the call lock
  *   (held here, before its lock) while the agent unpublished (revoking the
  *   lease). The keeper renewed the lease it had looked at, logged it as
  *   expired and granted a new one, though nothing was published; now it
  *   looks at the lease under the call lock.
  *
- * KVL_TEST_WRAP: kvli_etcd_call
+ * KVL_TEST_WRAP: kvli_etcd_call pthread_join
  * KVL_TEST_WRAP: pthread_mutex_lock pthread_mutex_unlock
  * KVL_TEST_LABELS: etcd
  */
@@ -39,8 +44,10 @@ static const char *const pfx = "/kt/races";
 
 int __real_pthread_mutex_lock(pthread_mutex_t *m);
 int __real_pthread_mutex_unlock(pthread_mutex_t *m);
+int __real_pthread_join(pthread_t t, void **ret);
 int __wrap_pthread_mutex_lock(pthread_mutex_t *m);
 int __wrap_pthread_mutex_unlock(pthread_mutex_t *m);
+int __wrap_pthread_join(pthread_t t, void **ret);
 kvl_status_t __real_kvli_etcd_call(kvli_etcd_client_t *c, CURL *h, const char *path,
                                    json_object *body, json_object **out, char *ep_out,
                                    size_t ep_cap, kvl_error_t *err);
@@ -51,6 +58,11 @@ kvl_status_t __wrap_kvli_etcd_call(kvli_etcd_client_t *c, CURL *h, const char *p
 /* g_mu (locked with the real functions: the wrappers use it) guards all below. */
 static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t g_cond = PTHREAD_COND_INITIALIZER;
+
+/* destroy */
+static bool hold_keepalive;            /* the next keepalive waits for join(keeper) */
+static bool keepalive_held, keeper_joined;
+static pthread_t held_keeper;
 
 /* unpublish */
 static bool learn;                     /* the next keepalive names the keeper and its call lock */
@@ -115,12 +127,24 @@ int __wrap_pthread_mutex_unlock(pthread_mutex_t *m)
     return __real_pthread_mutex_unlock(m);
 }
 
+int __wrap_pthread_join(pthread_t t, void **ret)
+{
+    g_lock();
+    if (keepalive_held && pthread_equal(t, held_keeper)) {
+        keeper_joined = true;
+        pthread_cond_broadcast(&g_cond);
+    }
+    g_unlock();
+    return __real_pthread_join(t, ret);
+}
+
 kvl_status_t __wrap_kvli_etcd_call(kvli_etcd_client_t *c, CURL *h, const char *path,
                                    json_object *body, json_object **out, char *ep_out,
                                    size_t ep_cap, kvl_error_t *err)
 {
     if (strcmp(path, "/v3/lease/keepalive") == 0) {
         g_lock();
+        bool hold = hold_keepalive;
         if (learn) {
             learn = false;
             learned = true;
@@ -129,7 +153,27 @@ kvl_status_t __wrap_kvli_etcd_call(kvli_etcd_client_t *c, CURL *h, const char *p
             keeper_call_lock = nheld == 1 ? held[0] : NULL;
             pthread_cond_broadcast(&g_cond);
         }
+        if (hold) {
+            hold_keepalive = false;
+            held_keeper = pthread_self();
+            keepalive_held = true;
+            pthread_cond_broadcast(&g_cond);
+            if (!g_wait(&keeper_joined))
+                fprintf(stderr, "test: the held keeper was never joined\n");
+        }
         g_unlock();
+        if (hold) {
+            /* the lease went meanwhile (as if it had expired) */
+            json_object *id = NULL, *b = json_object_new_object(), *o = NULL;
+            kvl_error_t e;
+            if (json_object_object_get_ex(body, "ID", &id))
+                json_object_object_add(b, "ID", json_object_get(id));
+            if (__real_kvli_etcd_call(c, h, "/v3/lease/revoke", b, &o, NULL, 0, &e) != KVL_OK)
+                fprintf(stderr, "test: revoking the keeper's lease failed: %s\n", e.what);
+            json_object_put(b);
+            if (o != NULL)
+                json_object_put(o);
+        }
     }
     return __real_kvli_etcd_call(c, h, path, body, out, ep_out, ep_cap, err);
 }
@@ -154,6 +198,40 @@ static void attach(kvl_agent_t *a, unsigned ttl)
 }
 
 /* ---- the cases ---- */
+
+static void destroy(void)
+{
+    static char buf[2 << 16];
+    kvl_agent_t *d = agent("r-dest"), *o = agent("r-other");
+    /* d's keeper is the only one: the peers of the case before are gone, o
+     * attaches after d's destroy */
+    kvl_mem_desc_t m[2] = {{(uint64_t)(uintptr_t)buf, 1 << 16, KVL_DEV_ANY},
+                           {(uint64_t)(uintptr_t)buf + (1 << 16), 1 << 16, KVL_DEV_ANY}};
+    KT_OK(kvl_mem_register(d, m, 2, NULL, NULL));
+    attach(d, 60);
+    KT_OK(kvl_etcd_publish(d, NULL));
+    g_lock();
+    hold_keepalive = true;
+    g_unlock();
+    kt_log_clear();
+    KT_OK(kvl_mem_deregister(d, &m[1], 1)); /* wakes the keeper: keepalive, then republish */
+    g_lock();
+    KT_CHECK(g_wait(&keepalive_held));
+    g_unlock();
+    /* the keeper holds in its keepalive until destroy joins it; the lease
+     * then goes, and it grants a new one and publishes again */
+    kvl_agent_destroy(d);
+    KT_CHECK(kt_log_has("agent 'r-dest': new etcd lease"));
+    attach(o, 60);
+    kvl_status_t st = kvl_etcd_fetch(o, "r-dest", NULL, 0);
+    printf("destroy while the keeper granted a new lease: fetching it after = %s (%s)\n",
+           kvl_status_str(st), st == KVL_OK ? "its keys outlived it" : kvl_last_error()->what);
+    KT_CHECK(st == KVL_ERR_NOT_FOUND);
+    kvl_agent_destroy(o);
+    g_lock();
+    keepalive_held = keeper_joined = false;
+    g_unlock();
+}
 
 static void unpublish(void)
 {
@@ -182,7 +260,7 @@ static void unpublish(void)
     KT_CHECK(!expired && !granted);
 }
 
-/* argv: the cases to run (unpublish), all when none named */
+/* argv: the cases to run (destroy unpublish), all when none named */
 static bool wanted(int argc, char **argv, const char *name)
 {
     for (int i = 1; i < argc; i++)
@@ -201,6 +279,8 @@ int main(int argc, char **argv)
     kvl_log_set_callback(kt_log_cb, NULL);
     kvl_log_set_level(KVL_LOG_INFO);
     kt_etcd_start(&etcd);
+    if (wanted(argc, argv, "destroy"))
+        destroy();
     if (wanted(argc, argv, "unpublish"))
         unpublish();
     kvl_log_set_callback(NULL, NULL);
