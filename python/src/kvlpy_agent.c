@@ -125,8 +125,11 @@ static int kvlpy_agent_init(kvlpy_agent_t *self, PyObject *args, PyObject *kw)
                                      &workers, kvlpy_u64_arg, &notif_max_bytes, kvlpy_u64_arg,
                                      &notif_max_msgs, kvlpy_u32_arg, &notif_peer_percent))
         return -1;
-    if (self->agent != NULL) {
-        kvlpy_raise_msg(KVL_ERR_EXISTS, "Agent.__init__ called twice", NULL);
+    if (self->agent != NULL || self->closing) {
+        /* closing: a closed agent; a new C agent would stay unusable (every
+         * call sees it closing) and never be destroyed */
+        kvlpy_raise_msg(KVL_ERR_EXISTS, "Agent.__init__ called twice",
+                        "create a new Agent (a closed one cannot be opened again)");
         return -1;
     }
     PyObject *bk_str = NULL;

@@ -148,3 +148,21 @@ def test_agent_freed_while_shutdown_runs(uniq):
         print("ok")
     """)
     assert rc == 0 and out.strip() == "ok", f"child exited with {rc}: {err[-2000:]}"
+
+
+def test_agent_init_again_after_close_is_refused(uniq):
+    """Agent.__init__ on a closed agent made a new C agent that nothing could
+    use or destroy: the object stayed 'closing', so every call said the agent
+    is closed and close() and the dealloc skipped it (its threads and
+    backends lived until exit)."""
+    def tasks():
+        return len(os.listdir("/proc/self/task"))
+
+    a = _kvlane.Agent(uniq)
+    a.close()
+    n0 = tasks()
+    with pytest.raises(kvlane.Exists, match=r"Agent.__init__ called twice"):
+        _kvlane.Agent.__init__(a, uniq + "-again")
+    assert a.closed
+    del a
+    assert tasks() <= n0
