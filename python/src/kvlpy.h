@@ -175,6 +175,13 @@ int kvlpy_u32_arg(PyObject *o, void *out);
  * -1 with the exception set. */
 int kvlpy_dev_i64(long long v, Py_ssize_t i, int32_t *out);
 int kvlpy_dev_obj(PyObject *o, Py_ssize_t i, int32_t *out);
+/* Row i (w 2 or 3 columns) of a descriptor table read as 8-byte integers,
+ * signed (is_signed: format q, l, n) or not: a negative addr or len is
+ * refused (ValueError), as in a tuple, never read as 2**64 - x; with
+ * want_dev the third column is checked as kvlpy_dev_i64 does (an unsigned
+ * 2**64 - 1 is no -1) and stored in *dev. 0 ok, -1 with the exception set. */
+int kvlpy_table_row(const uint64_t *row, Py_ssize_t w, int is_signed, Py_ssize_t i,
+                    int want_dev, int32_t *dev);
 /* 1 (ValueError set) when a wait's timeout_ms is NaN, which compares false
  * with everything and once waited forever; else 0. */
 int kvlpy_timeout_nan(double timeout_ms);

@@ -240,14 +240,15 @@ static PyObject *kvlpy_dlist_add_table(kvlpy_dlist_t *self, PyObject *obj, int32
     }
     uint64_t *addrs = kvlpy_scratch, *lens = kvlpy_scratch + n;
     const uint64_t *t = v.buf;
+    int is_signed = *f == 'q' || *f == 'l' || *f == 'n';
     for (size_t i = 0; i < n; i++) {
         int32_t d;
         addrs[i] = t[i * w];
         lens[i] = t[i * w + 1];
-        /* device ids are checked before anything is added; lengths, address
-         * overflow and FILE ranges by the core, run by run (undone below) */
-        if (!force && w == 3 && kvlpy_dev_i64((long long)(int64_t)t[i * w + 2],
-                                              (Py_ssize_t)i, &d) < 0) {
+        /* signs and device ids are checked before anything is added;
+         * lengths, address overflow and FILE ranges by the core, run by run
+         * (undone below) */
+        if (kvlpy_table_row(t + i * w, (Py_ssize_t)w, is_signed, (Py_ssize_t)i, !force, &d) < 0) {
             PyBuffer_Release(&v);
             return NULL;
         }

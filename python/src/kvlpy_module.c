@@ -488,6 +488,25 @@ int kvlpy_dev_i64(long long v, Py_ssize_t i, int32_t *out)
     return 0;
 }
 
+int kvlpy_table_row(const uint64_t *row, Py_ssize_t w, int is_signed, Py_ssize_t i,
+                    int want_dev, int32_t *dev)
+{
+    if (is_signed && (int64_t)(row[0] | row[1]) < 0) {
+        PyErr_Format(PyExc_ValueError, "descriptor %zd: addr and len must be non-negative "
+                     "64-bit integers, got %lld and %lld", i, (long long)(int64_t)row[0],
+                     (long long)(int64_t)row[1]);
+        return -1;
+    }
+    if (!want_dev || w < 3)
+        return 0;
+    if (!is_signed && row[2] > (uint64_t)INT32_MAX) {
+        PyErr_Format(PyExc_OverflowError, "descriptor %zd: device id %llu " KVLPY_DEV_RANGE, i,
+                     (unsigned long long)row[2]);
+        return -1;
+    }
+    return kvlpy_dev_i64((long long)(int64_t)row[2], i, dev);
+}
+
 int kvlpy_dev_obj(PyObject *o, Py_ssize_t i, int32_t *out)
 {
     PyObject *ix = PyNumber_Index(o);
@@ -649,12 +668,12 @@ kvl_mem_desc_t *kvlpy_regions_get(PyObject *obj, int32_t def_dev, int force_dev,
             return NULL;
         }
         const uint64_t *p = v.buf;
+        int is_signed = c == 'q' || c == 'l' || c == 'n';
         for (Py_ssize_t i = 0; i < n; i++) {
             out[i].addr = p[i * w];
             out[i].len = p[i * w + 1];
             out[i].dev = def_dev;
-            if (w == 3 && !force_dev &&
-                kvlpy_dev_i64((long long)(int64_t)p[i * w + 2], i, &out[i].dev) < 0) {
+            if (kvlpy_table_row(p + i * w, w, is_signed, i, !force_dev, &out[i].dev) < 0) {
                 PyBuffer_Release(&v);
                 PyMem_Free(out);
                 return NULL;

@@ -237,8 +237,8 @@ def test_dlist_refused_add_keeps_the_list():
     t2[3, 1] = 0  # in the last run
     t2[2, 1] = 4096
     _refused(dl, lambda: dl.add_descs(t2), 3, "zero length")
-    t3 = t2.copy()
-    t3[3] = [-16, 4096, 2]  # addr + len wraps
+    t3 = t2.astype(np.uint64)
+    t3[3] = [2**64 - 16, 4096, 2]  # addr + len wraps (-16 in an int64 table is refused)
     _refused(dl, lambda: dl.add_descs(t3), 3, "runs past the end of the address space")
     # (N, 2) table and a dev= override: one run
     t4 = np.array([[base, 4096], [base + 4096, 4096], [base + 8192, 0]], dtype=np.uint64)

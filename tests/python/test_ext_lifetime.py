@@ -166,3 +166,40 @@ def test_agent_init_again_after_close_is_refused(uniq):
     assert a.closed
     del a
     assert tasks() <= n0
+
+
+# ---- values refused, not wrapped --------------------------------------------------
+
+@pytest.mark.parametrize("row", [(-8, 4, 0), (4096, -1, 0), (-(2**63), 8, 0)])
+@pytest.mark.parametrize("cols", [3, 2])
+def test_descriptor_table_negative_addr_or_len_is_refused(row, cols):
+    """An int64 (N, 3) table with a negative address or length was read as
+    2**64 - x: DList.add_descs took (-8, 4) as address 0xfffffffffffffff8
+    without a word, where the same row as a tuple raises."""
+    t = np.array([row[:cols]], dtype=np.int64)
+    dl = kvlane.DList("DRAM")
+    with pytest.raises(ValueError, match=r"descriptor 0: addr and len must be non-negative"):
+        dl.add_descs(t)
+    assert len(dl) == 0
+    with pytest.raises(ValueError, match=r"descriptor 0: addr and len must be non-negative"):
+        dl.add_descs([row[:cols]])
+
+
+def test_descriptor_table_uint64_device_is_not_read_as_signed(uniq):
+    """A uint64 table's device column was cast to int64: 2**64 - 1 became -1
+    (any device) and registered; 2**63 + 5 became a negative id."""
+    arr = np.zeros(4096, dtype=np.uint8)
+    addr = arr.ctypes.data
+    with kvlane.Agent(uniq) as a:
+        for dev in (2**64 - 1, 2**63 + 5, 2**31):
+            t = np.array([[addr, 4096, dev]], dtype=np.uint64)
+            with pytest.raises(OverflowError, match=r"descriptor 0: device id %d is not a 32-bit"
+                               % dev):
+                a._register(t)
+            with pytest.raises(OverflowError, match=r"descriptor 0: device id %d is not" % dev):
+                kvlane.DList("DRAM").add_descs(t)
+        assert a.query_range(addr, 4096) is None
+        # a uint64 table of valid ids still works
+        dl = kvlane.DList("DRAM")
+        dl.add_descs(np.array([[addr, 4096, 0], [addr, 8, 7]], dtype=np.uint64))
+        assert [e[4] for e in dl.entries()] == [0, 7]
