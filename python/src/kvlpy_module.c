@@ -840,22 +840,39 @@ static PyObject *kvlpy_backend_params(PyObject *mod, PyObject *arg)
     return d;
 }
 
+/* A status code (an int): one past 32 bits is refused, never cut to them
+ * (2**32 once named KVL_OK). 0 ok, -1 with the exception set. */
+static int kvlpy_status_arg(PyObject *arg, kvl_status_t *st)
+{
+    int over = 0;
+    long long v = PyLong_AsLongLongAndOverflow(arg, &over);
+    if (v == -1 && PyErr_Occurred())
+        return -1;
+    if (over || v < INT_MIN || v > INT_MAX) {
+        PyErr_Format(PyExc_OverflowError, "status code %R is not a 32-bit integer (kvl_status_t"
+                     " is an int)", arg);
+        return -1;
+    }
+    *st = (kvl_status_t)v;
+    return 0;
+}
+
 static PyObject *kvlpy_status_name(PyObject *mod, PyObject *arg)
 {
     (void)mod;
-    long st = PyLong_AsLong(arg);
-    if (st == -1 && PyErr_Occurred())
+    kvl_status_t st;
+    if (kvlpy_status_arg(arg, &st) < 0)
         return NULL;
-    return PyUnicode_FromString(kvl_status_name((kvl_status_t)st));
+    return PyUnicode_FromString(kvl_status_name(st));
 }
 
 static PyObject *kvlpy_status_str(PyObject *mod, PyObject *arg)
 {
     (void)mod;
-    long st = PyLong_AsLong(arg);
-    if (st == -1 && PyErr_Occurred())
+    kvl_status_t st;
+    if (kvlpy_status_arg(arg, &st) < 0)
         return NULL;
-    return PyUnicode_FromString(kvl_status_str((kvl_status_t)st));
+    return PyUnicode_FromString(kvl_status_str(st));
 }
 
 /* rdma_usable() -> bool: an RDMA device whose node opens and which has an

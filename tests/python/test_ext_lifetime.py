@@ -203,3 +203,12 @@ def test_descriptor_table_uint64_device_is_not_read_as_signed(uniq):
         dl = kvlane.DList("DRAM")
         dl.add_descs(np.array([[addr, 4096, 0], [addr, 8, 7]], dtype=np.uint64))
         assert [e[4] for e in dl.entries()] == [0, 7]
+
+
+@pytest.mark.parametrize("fn", [_kvlane.status_name, _kvlane.status_str])
+def test_status_code_past_32_bits_is_refused(fn):
+    """status_name(2**32) was cut to 0: 'KVL_OK' for a code that is none."""
+    assert fn(0) == fn(_kvlane.OK)
+    for v in (2**32, 2**32 + _kvlane.IN_PROGRESS, -(2**32), 2**63, 2**70):
+        with pytest.raises(OverflowError, match="status code"):
+            fn(v)
