@@ -734,7 +734,7 @@ int kvlpy_kind_get(PyObject *obj, kvl_mem_kind_t *kind_p)
         *kind_p = KVL_MEM_AUTO;
         return 0;
     }
-    if (PyLong_Check(obj)) {
+    if (PyLong_Check(obj) && !PyBool_Check(obj)) { /* True is no kind 1 (DRAM) */
         long k = PyLong_AsLong(obj);
         if (k < KVL_MEM_AUTO || k > KVL_MEM_FILE) {
             PyErr_Format(PyExc_ValueError, "memory kind %ld is not one of 0..3", k);

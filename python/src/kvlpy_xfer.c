@@ -163,7 +163,7 @@ PyTypeObject kvlpy_prep_type = {
 
 static int kvlpy_op_get(PyObject *o, kvl_xfer_op_t *op)
 {
-    if (PyLong_Check(o)) {
+    if (PyLong_Check(o) && !PyBool_Check(o)) { /* True is no operation 1 (READ) */
         long v = PyLong_AsLong(o);
         if (v == KVL_READ || v == KVL_WRITE) {
             *op = (kvl_xfer_op_t)v;

@@ -212,3 +212,15 @@ def test_status_code_past_32_bits_is_refused(fn):
     for v in (2**32, 2**32 + _kvlane.IN_PROGRESS, -(2**32), 2**63, 2**70):
         with pytest.raises(OverflowError, match="status code"):
             fn(v)
+
+
+def test_bool_is_no_operation_or_memory_kind(uniq):
+    """True was taken as operation 1 (READ) and memory kind 1 (DRAM)."""
+    with kvlane.Agent(uniq) as a:
+        for op in (True, False):
+            with pytest.raises(kvlane.InvalidArgument, match='operation must be "READ" or'):
+                a.create_xfer(op, kvlane.DList(), "nobody", kvlane.DList())
+    for kind in (True, False):
+        with pytest.raises(ValueError, match="memory kind must be"):
+            kvlane.DList(kind)
+    assert kvlane.DList(1).kind == "DRAM"   # an int code stays accepted
