@@ -129,6 +129,38 @@ static void kvli_tcp_conn_flush(kvli_tcp_iface_t *iface, kvli_tcp_conn_t *c)
 
 /* ---- accept ---- */
 
+/*
+ * The table of accepted connections is full: make room for one more. Closed
+ * connections are freed once this turn of the progress thread ends; failing
+ * that, the oldest connection still in its handshake (not authenticated, or
+ * without HELLO yet) is closed, so connections that never authenticate
+ * cannot lock real peers out. Returns 0 when every connection is a peer's.
+ */
+static int kvli_tcp_conn_make_room(kvli_tcp_iface_t *iface, const char *from)
+{
+    kvli_tcp_conn_t *oldest = NULL;
+    unsigned closed = 0;
+    for (kvli_tcp_conn_t *c = iface->conns; c != NULL; c = c->next) {
+        if (c->state == KVLI_TCP_CONN_CLOSED)
+            closed++;
+        else if (c->state != KVLI_TCP_CONN_READY &&
+                 (oldest == NULL || c->deadline_ns <= oldest->deadline_ns))
+            oldest = c;
+    }
+    if (iface->nconns - closed < KVLI_TCP_CONNS_MAX)
+        return 1;
+    if (oldest == NULL)
+        return 0;
+    if (!iface->warned_conns)
+        iface->ctx->log(iface->ctx, KVL_LOG_WARN,
+                        "tcp %s: %u connections already open; closing the oldest one still in "
+                        "its handshake (from %s) to accept one from %s", iface->addr,
+                        iface->nconns - closed, oldest->addr, from);
+    iface->warned_conns = 1;
+    kvli_tcp_conn_close(iface, oldest);
+    return 1;
+}
+
 void kvli_tcp_conn_accept(kvli_tcp_iface_t *iface)
 {
     for (;;) {
@@ -144,7 +176,9 @@ void kvli_tcp_conn_accept(kvli_tcp_iface_t *iface)
                                 iface->addr, kvli_errno_name(e), strerror(e));
             return;
         }
-        if (iface->nconns >= KVLI_TCP_CONNS_MAX) {
+        char from[KVLI_TCP_ADDR_STR];
+        kvli_tcp_addr_str((struct sockaddr *)&ss, from, sizeof(from));
+        if (iface->nconns >= KVLI_TCP_CONNS_MAX && !kvli_tcp_conn_make_room(iface, from)) {
             if (!iface->warned_conns)
                 iface->ctx->log(iface->ctx, KVL_LOG_WARN,
                                 "tcp %s: %u connections already open; refusing new ones until "
@@ -159,7 +193,7 @@ void kvli_tcp_conn_accept(kvli_tcp_iface_t *iface)
             return;
         }
         c->fd = fd;
-        kvli_tcp_addr_str((struct sockaddr *)&ss, c->addr, sizeof(c->addr));
+        snprintf(c->addr, sizeof(c->addr), "%s", from);
         snprintf(c->name, sizeof(c->name), "?");
         c->auth.secret = iface->secret;
         c->auth.secret_len = iface->secret_len;
