@@ -39,6 +39,10 @@ typedef struct kvli_etcd_follow {
     char label[KVLI_ETCD_LABEL_MAX];
     uint64_t incarnation, generation;
     int64_t rev;                       /* watch its presence key from this revision */
+    /* A newer generation announced whose load failed (0: none): the
+     * watcher tries it again at retry_ms (monotonic), with a backoff. */
+    uint64_t pending, retry_ms;
+    unsigned backoff_ms, failures;
 } kvli_etcd_follow_t;
 
 /* A kvl_etcd_fetch waiting for an agent to publish. */
@@ -617,7 +621,19 @@ static void kvli_etcd_drop(kvli_etcd_t *s, const char *name, const char *why)
 static kvl_status_t kvli_etcd_get_key(kvli_etcd_t *s, const char *key, void **blob_p,
                                       size_t *len_p, int64_t *rev_p, kvl_error_t *err);
 
-/* Load the followed agent's metadata again (a new generation). */
+#define KVLI_ETCD_RELOAD_RETRY_MS 200u       /* first retry of a failed reload ... */
+#define KVLI_ETCD_RELOAD_RETRY_MAX_MS 10000u /* ... doubling up to this */
+
+/*
+ * Load the followed agent's metadata again (a new generation, announced by
+ * its presence key), on the watcher's thread. When that fails (the read of
+ * its key, or the load: the peer out of reach for a moment), the generation
+ * loaded before stays in use and the watcher tries again
+ * (kvli_etcd_reload_due) with a backoff until it loads, or the peer is
+ * dropped: nothing else would, the watch having moved past the event. Its
+ * key gone (KVL_ERR_NOT_FOUND): its delete follows. KVL_ERR_STALE: what is
+ * loaded is newer.
+ */
 static void kvli_etcd_reload(kvli_etcd_t *s, const char *name, const char *label,
                              uint64_t gen)
 {
@@ -627,18 +643,83 @@ static void kvli_etcd_reload(kvli_etcd_t *s, const char *name, const char *label
     kvl_error_t err;
     kvli_err_blank(&err);
     kvli_etcd_key(s, name, label, key, sizeof(key));
-    if (kvli_etcd_get_key(s, key, &blob, &bl, NULL, &err) != KVL_OK)
-        return; /* its delete follows */
-    if (kvl_metadata_load(s->a, blob, bl, NULL, 0) == KVL_OK) {
-        pthread_mutex_lock(&s->lock);
-        kvli_etcd_follow_t *f = kvli_etcd_follow_find(s, name);
-        if (f != NULL && f->generation < gen)
+    kvl_status_t st = kvli_etcd_get_key(s, key, &blob, &bl, NULL, &err);
+    if (st == KVL_OK) {
+        st = kvl_metadata_load(s->a, blob, bl, NULL, 0);
+        if (st != KVL_OK) {
+            const kvl_error_t *le = kvl_last_error();
+            memcpy(&err, le, offsetof(kvl_error_t, causes) +
+                                 le->n_causes * sizeof(le->causes[0]));
+        }
+        free(blob);
+    }
+    bool done = st == KVL_OK || st == KVL_ERR_NOT_FOUND || st == KVL_ERR_STALE;
+    unsigned failures = 0, backoff = 0;
+    pthread_mutex_lock(&s->lock);
+    kvli_etcd_follow_t *f = kvli_etcd_follow_find(s, name);
+    bool followed = f != NULL;
+    if (f != NULL && done) {
+        if (st == KVL_OK && f->generation < gen)
             f->generation = gen;
-        pthread_mutex_unlock(&s->lock);
+        failures = f->failures;
+        if (f->pending <= gen) {
+            f->pending = 0;
+            f->failures = 0;
+            f->backoff_ms = 0;
+        }
+    } else if (f != NULL) {
+        if (f->pending < gen)
+            f->pending = gen;
+        backoff = f->backoff_ms == 0 ? KVLI_ETCD_RELOAD_RETRY_MS : f->backoff_ms * 2;
+        if (backoff > KVLI_ETCD_RELOAD_RETRY_MAX_MS)
+            backoff = KVLI_ETCD_RELOAD_RETRY_MAX_MS;
+        f->backoff_ms = backoff;
+        f->retry_ms = kvli_clock_ms() + backoff;
+        failures = ++f->failures;
+    }
+    pthread_mutex_unlock(&s->lock);
+    if (!followed)
+        return; /* dropped meanwhile */
+    if (st == KVL_OK && failures > 0)
+        kvli_log(KVL_LOG_INFO, "etcd", "agent '%s': loaded generation %" PRIu64 " of agent "
+                 "'%s' after %u failed tries", s->a->name, gen, name, failures);
+    else if (st == KVL_OK)
         kvli_log(KVL_LOG_DEBUG, "etcd", "agent '%s': loaded generation %" PRIu64 " of agent "
                  "'%s'", s->a->name, gen, name);
+    else if (!done)
+        kvli_log(failures == 1 ? KVL_LOG_WARN : KVL_LOG_DEBUG, "etcd", "agent '%s': loading "
+                 "generation %" PRIu64 " of agent '%s' failed: %s; the generation loaded "
+                 "before stays in use, and the load is tried again in %u ms (then less often, "
+                 "up to every %u s) until it succeeds", s->a->name, gen, name, err.what,
+                 backoff, KVLI_ETCD_RELOAD_RETRY_MAX_MS / 1000u);
+}
+
+/* The watcher: reload the followed agents whose reload failed and is due
+ * again. Returns when none is due: the monotonic ms of the next one
+ * (UINT64_MAX: none pending). */
+static uint64_t kvli_etcd_reload_due(kvli_etcd_t *s)
+{
+    for (;;) {
+        char name[KVL_NAME_MAX], label[KVLI_ETCD_LABEL_MAX];
+        uint64_t now = kvli_clock_ms(), next = UINT64_MAX, gen = 0;
+        pthread_mutex_lock(&s->lock);
+        for (kvli_etcd_follow_t *f = s->follows; f != NULL; f = f->next) {
+            if (f->pending <= f->generation)
+                continue;
+            if (gen == 0 && f->retry_ms <= now) {
+                kvli_scopy(name, sizeof(name), f->name);
+                kvli_scopy(label, sizeof(label), f->label);
+                gen = f->pending;
+            } else if (f->retry_ms < next) {
+                next = f->retry_ms;
+            }
+        }
+        bool stop = s->stopping;
+        pthread_mutex_unlock(&s->lock);
+        if (gen == 0 || stop)
+            return next;
+        kvli_etcd_reload(s, name, label, gen); /* done, or due again later */
     }
-    free(blob);
 }
 
 /* One event of the watch on the presence keys. */
@@ -988,6 +1069,9 @@ static void kvli_etcd_watcher_http(kvli_etcd_t *s)
             if (!stop)
                 kvli_etcd_stream_ended(s, w, cc);
         }
+        uint64_t reload_at = kvli_etcd_reload_due(s);
+        if (reload_at < next)
+            next = reload_at;
         /* Woken by traffic, by curl_multi_wakeup (followers changed, the
          * keeper, destroy), or for the next retry. */
         uint64_t after = kvli_clock_ms();
@@ -1279,9 +1363,12 @@ static bool kvli_etcd_watcher_ws(kvli_etcd_t *s)
             ok = false;
             break;
         }
+        uint64_t reload_at = kvli_etcd_reload_due(s);
         uint64_t now = kvli_clock_ms(), next = kvli_etcd_ws_sync(&c, now);
         if (!c.open && c.list != NULL && c.retry_ms < next)
             next = c.retry_ms;
+        if (reload_at < next)
+            next = reload_at;
         struct pollfd p[2] = {{.fd = s->wake_fd, .events = POLLIN},
                               {.fd = c.open ? c.ws.fd : -1, .events = POLLIN}};
         int wait_ms = c.broken ? 0 : next > now ? (int)(next - now) : 0;
@@ -1796,6 +1883,10 @@ static kvl_status_t kvli_etcd_adopt(kvli_etcd_t *s, const char *name, const char
             kvli_scopy(f->label, sizeof(f->label), label);
         if (fresh || f->incarnation != inc || f->generation < gen)
             f->generation = gen;
+        if (fresh || f->incarnation != inc) {
+            f->pending = 0; /* a failed reload of the incarnation before */
+            f->failures = f->backoff_ms = 0;
+        }
         f->incarnation = inc;
         f->rev = rev + 1;
     }

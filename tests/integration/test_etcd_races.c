@@ -4,6 +4,11 @@
  * functions (gates that hold one thread until another reached a point),
  * never left to timing; every wait is bounded.
  *
+ * reload: a follower fails to load a peer's new generation, once because
+ *   the read of the peer's key fails (kvli_etcd_call on /v3/kv/range), once
+ *   because the load itself fails (kvl_metadata_load, as when the peer is
+ *   briefly unreachable). The follower kept the old generation until the
+ *   peer changed again; now it tries again until the load succeeds.
  * destroy: the keeper finds the lease gone (revoked here from inside its
  *   keepalive, held until destroy is joining it) and grants a new one while
  *   the agent is destroyed. Destroy revoked the lease it had read before
@@ -15,7 +20,7 @@
  *   expired and granted a new one, though nothing was published; now it
  *   looks at the lease under the call lock.
  *
- * KVL_TEST_WRAP: kvli_etcd_call pthread_join
+ * KVL_TEST_WRAP: kvli_etcd_call kvl_metadata_load pthread_join
  * KVL_TEST_WRAP: pthread_mutex_lock pthread_mutex_unlock
  * KVL_TEST_LABELS: etcd
  */
@@ -54,10 +59,20 @@ kvl_status_t __real_kvli_etcd_call(kvli_etcd_client_t *c, CURL *h, const char *p
 kvl_status_t __wrap_kvli_etcd_call(kvli_etcd_client_t *c, CURL *h, const char *path,
                                    json_object *body, json_object **out, char *ep_out,
                                    size_t ep_cap, kvl_error_t *err);
+kvl_status_t __real_kvl_metadata_load(kvl_agent_t *a, const void *blob, size_t len,
+                                      char *name_out, size_t name_cap);
+kvl_status_t __wrap_kvl_metadata_load(kvl_agent_t *a, const void *blob, size_t len,
+                                      char *name_out, size_t name_cap);
 
 /* g_mu (locked with the real functions: the wrappers use it) guards all below. */
 static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t g_cond = PTHREAD_COND_INITIALIZER;
+
+/* reload */
+static char fail_key_b64[256];         /* a range read of this key fails ... */
+static int fail_reads;                 /* ... this many times */
+static int reads_failed;
+static int fail_loads, loads_failed;   /* kvl_metadata_load fails this many times */
 
 /* destroy */
 static bool hold_keepalive;            /* the next keepalive waits for join(keeper) */
@@ -94,6 +109,17 @@ static bool g_wait(const bool *flag)
     while (!*flag)
         if (pthread_cond_timedwait(&g_cond, &g_mu, &ts) == ETIMEDOUT)
             return *flag;
+    return true;
+}
+
+static bool g_wait_int(const int *v, int want)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    ts.tv_sec += 60;
+    while (*v < want)
+        if (pthread_cond_timedwait(&g_cond, &g_mu, &ts) == ETIMEDOUT)
+            return *v >= want;
     return true;
 }
 
@@ -138,10 +164,35 @@ int __wrap_pthread_join(pthread_t t, void **ret)
     return __real_pthread_join(t, ret);
 }
 
+static void test_err(kvl_error_t *err, kvl_status_t code, const char *what)
+{
+    memset(err, 0, sizeof(*err));
+    err->code = code;
+    err->device = -1;
+    snprintf(err->what, sizeof(err->what), "%s", what);
+}
+
 kvl_status_t __wrap_kvli_etcd_call(kvli_etcd_client_t *c, CURL *h, const char *path,
                                    json_object *body, json_object **out, char *ep_out,
                                    size_t ep_cap, kvl_error_t *err)
 {
+    if (strcmp(path, "/v3/kv/range") == 0) {
+        json_object *k = NULL;
+        const char *kb = json_object_object_get_ex(body, "key", &k) ? json_object_get_string(k)
+                                                                     : NULL;
+        g_lock();
+        bool fail = fail_reads > 0 && kb != NULL && strcmp(kb, fail_key_b64) == 0;
+        if (fail) {
+            fail_reads--;
+            reads_failed++;
+            pthread_cond_broadcast(&g_cond);
+        }
+        g_unlock();
+        if (fail) {
+            test_err(err, KVL_ERR_TIMEOUT, "test: this read of the peer's key fails");
+            return KVL_ERR_TIMEOUT;
+        }
+    }
     if (strcmp(path, "/v3/lease/keepalive") == 0) {
         g_lock();
         bool hold = hold_keepalive;
@@ -178,6 +229,23 @@ kvl_status_t __wrap_kvli_etcd_call(kvli_etcd_client_t *c, CURL *h, const char *p
     return __real_kvli_etcd_call(c, h, path, body, out, ep_out, ep_cap, err);
 }
 
+kvl_status_t __wrap_kvl_metadata_load(kvl_agent_t *a, const void *blob, size_t len,
+                                      char *name_out, size_t name_cap)
+{
+    g_lock();
+    bool fail = fail_loads > 0;
+    if (fail) {
+        fail_loads--;
+        loads_failed++;
+        pthread_cond_broadcast(&g_cond);
+    }
+    g_unlock();
+    if (fail)
+        return kvli_fail_simple(a, KVL_ERR_REMOTE_DISCONNECT, NULL,
+                                "test: the peer cannot be reached for this load");
+    return __real_kvl_metadata_load(a, blob, len, name_out, name_cap);
+}
+
 /* ---- helpers ---- */
 
 static kvl_agent_t *agent(const char *name)
@@ -197,7 +265,87 @@ static void attach(kvl_agent_t *a, unsigned ttl)
     KT_OK(kvl_etcd_attach(a, &c));
 }
 
+/* The number of regions of `name` a holds, once it is want (bounded: 60 s). */
+static size_t regions_become(kvl_agent_t *a, const char *name, size_t want)
+{
+    kvl_mem_desc_t r[8];
+    size_t n = 0;
+    for (int i = 0; i < 1200; i++) {
+        KT_OK(kvl_remote_regions(a, name, r, NULL, 8, &n));
+        if (n == want)
+            break;
+        usleep(50000);
+    }
+    return n;
+}
+
+/* Whether the log has needle, once it has it (bounded: 60 s). A line
+ * logged after the change it reports (a load) may come after the test saw
+ * the change. */
+static bool log_wait(const char *needle)
+{
+    for (int i = 0; i < 1200 && !kt_log_has(needle); i++)
+        usleep(50000);
+    return kt_log_has(needle);
+}
+
 /* ---- the cases ---- */
+
+static void reload(void)
+{
+    static char buf[3 << 16];
+    kvl_agent_t *f = agent("r-fol"), *p = agent("r-peer");
+    kvl_mem_desc_t d[3];
+    for (int i = 0; i < 3; i++)
+        d[i] = (kvl_mem_desc_t){(uint64_t)(uintptr_t)buf + (uint64_t)i * (1 << 16), 1 << 16,
+                                KVL_DEV_ANY};
+    KT_OK(kvl_mem_register(p, d, 3, NULL, NULL));
+    attach(p, 30);
+    attach(f, 30);
+    KT_OK(kvl_etcd_publish(p, NULL));
+    KT_OK(kvl_etcd_fetch(f, "r-peer", NULL, 30000));
+    KT_CHECK(regions_become(f, "r-peer", 3) == 3);
+    char key[128];
+    snprintf(key, sizeof(key), "%s/r-peer/metadata", pfx);
+    char *kb = kvli_etcd_b64(key, strlen(key));
+    KT_CHECK(kb != NULL && strlen(kb) < sizeof(fail_key_b64));
+    g_lock();
+    strcpy(fail_key_b64, kb);
+    fail_reads = 1;
+    g_unlock();
+    free(kb);
+
+    /* a new generation; the follower's read of it fails once */
+    kt_log_clear();
+    KT_OK(kvl_mem_deregister(p, &d[2], 1));
+    g_lock();
+    KT_CHECK(g_wait_int(&reads_failed, 1));
+    g_unlock();
+    size_t n = regions_become(f, "r-peer", 2);
+    printf("reload: the read of generation 2 failed once; the follower holds %zu region(s)\n", n);
+    KT_CHECK(n == 2);
+    KT_CHECK(log_wait("of agent 'r-peer' failed: test: this read of the peer's key fails"));
+    KT_CHECK(log_wait("of agent 'r-peer' after 1 failed tries"));
+
+    /* another; the load itself fails once (the peer out of reach) */
+    kt_log_clear();
+    g_lock();
+    fail_loads = 1;
+    g_unlock();
+    KT_OK(kvl_mem_deregister(p, &d[1], 1));
+    g_lock();
+    KT_CHECK(g_wait_int(&loads_failed, 1));
+    g_unlock();
+    n = regions_become(f, "r-peer", 1);
+    printf("reload: the load of generation 3 failed once; the follower holds %zu region(s)\n", n);
+    KT_CHECK(n == 1);
+    KT_CHECK(log_wait("of agent 'r-peer' failed: test: the peer cannot be reached for this "
+                      "load"));
+    KT_CHECK(log_wait("of agent 'r-peer' after 1 failed tries"));
+
+    kvl_agent_destroy(p);
+    kvl_agent_destroy(f);
+}
 
 static void destroy(void)
 {
@@ -260,7 +408,7 @@ static void unpublish(void)
     KT_CHECK(!expired && !granted);
 }
 
-/* argv: the cases to run (destroy unpublish), all when none named */
+/* argv: the cases to run (reload destroy unpublish), all when none named */
 static bool wanted(int argc, char **argv, const char *name)
 {
     for (int i = 1; i < argc; i++)
@@ -279,6 +427,8 @@ int main(int argc, char **argv)
     kvl_log_set_callback(kt_log_cb, NULL);
     kvl_log_set_level(KVL_LOG_INFO);
     kt_etcd_start(&etcd);
+    if (wanted(argc, argv, "reload"))
+        reload();
     if (wanted(argc, argv, "destroy"))
         destroy();
     if (wanted(argc, argv, "unpublish"))
