@@ -325,6 +325,17 @@ kvl_agent_t *kt_agent_tmo(const char *name, const char *backend, const char *par
     return a;
 }
 
+/* A command's arguments, written right after its byte: a peer that cannot
+ * read them says so and exits (it once went on with whatever was in arg). */
+static void kt_peer_args(int in, uint64_t *arg, size_t len)
+{
+    if (kt_read(in, arg, len, 120000) != 0) {
+        fprintf(stderr, "kvltest peer %d: the %zu bytes of a command's arguments did not "
+                "arrive\n", (int)getpid(), len);
+        _exit(4);
+    }
+}
+
 /* The child's loop: commands are one byte plus arguments. */
 static void kt_peer_main(const kt_peer_opts_t *o, int in, int out)
 {
@@ -360,12 +371,12 @@ static void kt_peer_main(const kt_peer_opts_t *o, int in, int out)
             break;
         switch (cmd) {
         case 'F':
-            kt_read(in, arg, 8, 5000);
+            kt_peer_args(in, arg, 8);
             kt_fill(buf, o->len, arg[0]);
             kt_send_msg(out, "", 0);
             break;
         case 'V': {
-            kt_read(in, arg, 24, 5000);
+            kt_peer_args(in, arg, 24);
             unsigned char *tmp = malloc(arg[1]);
             kt_fill(tmp, arg[1], arg[2]);
             long bad = -1;
@@ -379,11 +390,11 @@ static void kt_peer_main(const kt_peer_opts_t *o, int in, int out)
             break;
         }
         case 'R':
-            kt_read(in, arg, 16, 5000);
+            kt_peer_args(in, arg, 16);
             kt_send_msg(out, (char *)buf + arg[0], arg[1]);
             break;
         case 'N': {
-            kt_read(in, arg, 8, 5000);
+            kt_peer_args(in, arg, 8);
             kvl_notif_t n;
             size_t got = 0;
             if (kvl_notif_wait(a, (int64_t)arg[0]) == KVL_OK)
@@ -438,7 +449,7 @@ static void kt_peer_main(const kt_peer_opts_t *o, int in, int out)
         case 'P': {
             /* the buffer registered again as two regions that touch at
              * offset arg[0] (then 'D' deregisters both) */
-            kt_read(in, arg, 8, 5000);
+            kt_peer_args(in, arg, 8);
             kvl_mem_desc_t h[2] = {{d.addr, arg[0], KVL_DEV_ANY},
                                    {d.addr + arg[0], o->len - arg[0], KVL_DEV_ANY}};
             kvl_status_t st = arg[0] == 0 || arg[0] >= o->len || nd != 1
@@ -457,7 +468,7 @@ static void kt_peer_main(const kt_peer_opts_t *o, int in, int out)
         }
         case 'D': {
             /* deregister the buffer, then fill it with a pattern (seed) */
-            kt_read(in, arg, 8, 5000);
+            kt_peer_args(in, arg, 8);
             kvl_status_t st = kvl_mem_deregister(a, ds, nd);
             if (st == KVL_OK)
                 kt_fill(buf, o->len, arg[0]);
@@ -471,7 +482,7 @@ static void kt_peer_main(const kt_peer_opts_t *o, int in, int out)
              * until a transfer fails: answers "started", then the status */
             uint64_t l1;
             char *to = kt_recv_msg(in, &l1, 5000);
-            kt_read(in, arg, 8, 5000);
+            kt_peer_args(in, arg, 8);
             kvl_dlist_t *ll, *rl;
             kvl_xfer_t *x;
             kvl_status_t st;
@@ -654,6 +665,17 @@ void kt_peer_read(kt_peer_t *p, uint64_t off, void *buf, uint64_t len)
     uint64_t args[2] = {off, len}, l;
     kt_cmd(p, 'R', args, 2);
     void *r = kt_recv_msg(p->from, &l, 20000);
+    if (r == NULL || l != len) {
+        int ws = 0;
+        pid_t w = waitpid(p->pid, &ws, WNOHANG);
+        char how[64] = "is still running";
+        if (w == p->pid && WIFSIGNALED(ws))
+            snprintf(how, sizeof(how), "died of signal %d", WTERMSIG(ws));
+        else if (w == p->pid)
+            snprintf(how, sizeof(how), "exited with %d", WEXITSTATUS(ws));
+        fprintf(stderr, "peer %d: %s reply to 'R' of %llu bytes; the peer %s\n", (int)p->pid,
+                r == NULL ? "no" : "a wrong", (unsigned long long)len, how);
+    }
     KT_CHECK(r != NULL && l == len);
     memcpy(buf, r, len);
     free(r);
