@@ -22,6 +22,15 @@
 #     KVL_TEST_WRAP: malloc
 # (linked with -Wl,--wrap=<name>: it defines __wrap_<name> and calls
 # __real_<name>; only the test's executable is affected).
+#
+# --wrap cannot reach a call made by a backend module (libkvlane-ucx.so,
+# loaded at run time): a test that stands in for a function such a module
+# takes from a shared library (UCX's ucp_get_nbx) names it
+#     KVL_TEST_INTERPOSE: ucp_get_nbx
+# and defines it under its own name: the executable exports that symbol
+# (-Wl,--export-dynamic-symbol=<name>), so the module, loaded later, binds
+# to it first; the test reaches the real one through dlopen(RTLD_NOLOAD) and
+# dlsym on the library that defines it.
 
 find_program(KVL_BASH bash REQUIRED)
 
@@ -83,6 +92,18 @@ function(kvl_test_wraps target file)
   endforeach()
 endfunction()
 
+function(kvl_test_interposes target file)
+  file(STRINGS "${file}" markers LIMIT_INPUT 4096 REGEX "KVL_TEST_INTERPOSE:")
+  foreach(line IN LISTS markers)
+    string(REGEX REPLACE ".*KVL_TEST_INTERPOSE:" "" rest "${line}")
+    string(REGEX REPLACE "\\*/.*" "" rest "${rest}")
+    string(REGEX MATCHALL "[A-Za-z_][A-Za-z0-9_]*" words "${rest}")
+    foreach(w IN LISTS words)
+      target_link_options(${target} PRIVATE "LINKER:--export-dynamic-symbol=${w}")
+    endforeach()
+  endforeach()
+endfunction()
+
 # ---- helpers shared by C tests -------------------------------------------
 file(GLOB KVL_TEST_COMMON_SOURCES CONFIGURE_DEPENDS "${CMAKE_SOURCE_DIR}/tests/common/*.c")
 if(KVL_TEST_COMMON_SOURCES)
@@ -113,6 +134,7 @@ foreach(_kind unit integration)
     kvl_test_labels(_labels "${_src}" ${_kind})
     kvl_test_timeout(_timeout "${_src}")
     kvl_test_wraps(${_name} "${_src}")
+    kvl_test_interposes(${_name} "${_src}")
     add_test(NAME ${_name} COMMAND ${_name} WORKING_DIRECTORY "${CMAKE_BINARY_DIR}")
     set_tests_properties(${_name} PROPERTIES
       SKIP_RETURN_CODE 77
