@@ -517,8 +517,10 @@ void kvli_ucx_xfer_complete(kvli_ucx_iface_t *iface, kvli_ucx_xpriv_t *xp, kvl_s
 
 /*
  * xp, a READ, fails while UCX may still write what its gets bring into the
- * local regions (its flush is outstanding): the flush token goes to a
- * linger that pins those regions in the core until the flush ends. 1 when
+ * local regions (its flush is outstanding: a batch's, or the one issued
+ * behind the gets that went out before a refused one, see
+ * kvli_ucx_xfer_flush_issued): the flush token goes to a linger that pins
+ * those regions in the core until the flush ends. 1 when
  * it lingers, 0 when nothing can land any more (or nothing could be pinned:
  * said in the log).
  */
@@ -660,6 +662,42 @@ static ucs_status_t kvli_ucx_xfer_issue(kvli_ucx_xpriv_t *xp)
     return UCS_OK;
 }
 
+/*
+ * A put or get was refused in the middle of a batch (kvli_ucx_xfer_issue
+ * returned an error) after others of the batch were issued. For a READ those
+ * gets may still land in the local regions: a flush behind them gives
+ * kvli_ucx_linger_start its token (xp->tok, state FLUSH), as for a READ that
+ * fails while its batch's flush is out. A flush that completes at once
+ * (NULL) means they all ended: confirmed. UCS_OK, or why no flush could be
+ * issued (then nothing can wait for those gets).
+ */
+static ucs_status_t kvli_ucx_xfer_flush_issued(kvli_ucx_iface_t *iface, kvli_ucx_xpriv_t *xp)
+{
+    ucp_request_param_t rp;
+    ucs_status_ptr_t req;
+
+    if (xp->x->op != KVL_READ || xp->issued == xp->confirmed)
+        return UCS_OK;
+    xp->tok = kvli_ucx_tok_new(iface, 0);
+    if (xp->tok == NULL)
+        return UCS_ERR_NO_MEMORY;
+    memset(&rp, 0, sizeof(rp));
+    rp.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+    rp.cb.send = kvli_ucx_tok_cb;
+    rp.user_data = xp->tok;
+    req = ucp_ep_flush_nbx(xp->peer->ep, &rp);
+    if (req == NULL || UCS_PTR_IS_ERR(req)) {
+        free(xp->tok); /* no callback will come */
+        xp->tok = NULL;
+        if (UCS_PTR_IS_ERR(req))
+            return UCS_PTR_STATUS(req);
+        xp->confirmed = xp->issued;
+        return UCS_OK;
+    }
+    xp->state = KVLI_UCX_X_FLUSH;
+    return UCS_OK;
+}
+
 /* kvl_agent_destroy: end xp now, whatever the peer does. CANCELED when
  * nothing of it can land any more; else the peer is given up (its endpoint
  * is closed forced when destroy unloads it) and the error says how many
@@ -696,7 +734,7 @@ static void kvli_ucx_xfer_advance(kvli_ucx_iface_t *iface, kvli_ucx_xpriv_t *xp)
 {
     kvl_bk_xfer_t *x = xp->x;
     kvli_ucx_peer_t *peer = xp->peer;
-    char why[300];
+    char why[512];
     ucs_status_t s;
     int cancel, dead, abort;
 
@@ -740,8 +778,15 @@ static void kvli_ucx_xfer_advance(kvli_ucx_iface_t *iface, kvli_ucx_xpriv_t *xp)
                 ucp_request_param_t rp;
                 s = kvli_ucx_xfer_issue(xp);
                 if (s != UCS_OK) {
-                    snprintf(why, sizeof(why), "ucp_%s_nbx() = %s",
-                             x->op == KVL_WRITE ? "put" : "get", ucs_status_string(s));
+                    ucs_status_t fs = kvli_ucx_xfer_flush_issued(iface, xp);
+                    int n = snprintf(why, sizeof(why), "ucp_%s_nbx() = %s",
+                                     x->op == KVL_WRITE ? "put" : "get", ucs_status_string(s));
+                    if (fs != UCS_OK && n > 0 && (size_t)n < sizeof(why))
+                        snprintf(why + n, sizeof(why) - (size_t)n, "; the flush behind the "
+                                 "gets issued before it could not go out either (%s): they may "
+                                 "land yet and nothing can wait for them, so do not deregister "
+                                 "the READ's local regions before that peer is unloaded",
+                                 ucs_status_string(fs));
                     kvli_ucx_xfer_fail(iface, xp, s == UCS_ERR_ENDPOINT_TIMEOUT ||
                                        s == UCS_ERR_CONNECTION_RESET || s == UCS_ERR_CANCELED ||
                                        s == UCS_ERR_UNREACHABLE
