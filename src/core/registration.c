@@ -974,14 +974,14 @@ kvl_status_t kvl_mem_deregister(kvl_agent_t *a, const kvl_mem_desc_t *regions, s
                      local ? "in-flight transfer(s) of this agent"
                            : "pin(s): a peer's request being served right now, a list "
                              "being prepared, or the gets of a failed READ that may still "
-                             "land");
+                             "land or the puts of a failed WRITE that may still read it");
             if (local)
                 kvli_hint(&err, "wait for the transfers (kvl_xfer_wait) or cancel them, then "
                                 "deregister");
             else
                 kvli_hint(&err, "retry: a peer's request or a preparation ends in moments; the "
-                                "gets of a failed READ end once that peer answers again (or its "
-                                "backend is closed)");
+                                "gets of a failed READ or the puts of a failed WRITE end once "
+                                "that peer answers again (or its backend is closed)");
             goto fail;
         }
     }

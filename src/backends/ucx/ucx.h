@@ -254,7 +254,7 @@ struct kvli_ucx_iface {
     kvli_ucx_alloc_t *allocs;         /* unmapped after mhs, before the worker */
     kvli_ucx_xpriv_t *queue;          /* posted, not yet taken by progress */
     kvli_ucx_xpriv_t *running;        /* progress thread's own list */
-    struct kvli_ucx_linger *lingers;  /* failed READs' gets still in flight (progress thread) */
+    struct kvli_ucx_linger *lingers;  /* failed transfers' gets/puts in flight (progress thread) */
     /* notifications: those waiting for their answer (under lock), and the
      * answers this agent owes (progress thread only) */
     kvli_ucx_token_t *ans_wait;
@@ -377,13 +377,15 @@ ucs_status_t kvli_ucx_stage_reply_recv(void *arg, const void *header, size_t hea
                                        const ucp_am_recv_param_t *param);
 
 /* ucx_xfer.c */
-/* A READ that failed with gets still in flight: until the flush behind
- * them ends (they landed, or UCX gave them up), the transfer's local
- * regions stay pinned in the core, so that deregistering them is refused
- * (in use) instead of letting those bytes land in memory given back. */
+/* A READ (WRITE) that ended failed with gets (puts) still in flight: until
+ * the flush behind them ends (they ended, or UCX gave them up), the
+ * transfer's local regions stay pinned in the core, so that deregistering
+ * them is refused (in use) instead of letting those bytes land in memory
+ * given back (UCX reading memory given back, through a memory handle
+ * unmapped, and sending it to the peer). */
 typedef struct kvli_ucx_linger {
     struct kvli_ucx_linger *next;
-    kvli_ucx_token_t *tok;            /* the flush of the gets */
+    kvli_ucx_token_t *tok;            /* the flush of the gets or puts */
     size_t npins;
     void *pins[];                     /* ctx->region_pin of each local region */
 } kvli_ucx_linger_t;

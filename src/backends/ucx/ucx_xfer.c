@@ -12,7 +12,10 @@
  * batch boundary and waits for the flush of what was issued (bounded); the
  * transfer ends CANCELED only when some blocks were never issued and no
  * issued byte can still land. A transfer whose last batch was already
- * issued completes normally (DONE, notification sent).
+ * issued completes normally (DONE, notification sent). One that ends
+ * failed (the flush's bound, a refused put/get or flush, a dead peer) while
+ * UCX may still hold its puts or gets keeps its local regions pinned until
+ * the flush behind them ends (kvli_ucx_linger_start).
  *
  * A dead peer (UCX's endpoint error callback, or no flush completion for
  * timeout_ms) fails the transfer with the peer's name and the bytes moved.
@@ -516,19 +519,21 @@ void kvli_ucx_xfer_complete(kvli_ucx_iface_t *iface, kvli_ucx_xpriv_t *xp, kvl_s
 }
 
 /*
- * xp, a READ, fails while UCX may still write what its gets bring into the
- * local regions (its flush is outstanding: a batch's, or the one issued
- * behind the gets that went out before a refused one, see
- * kvli_ucx_xfer_flush_issued): the flush token goes to a linger that pins
- * those regions in the core until the flush ends. 1 when
- * it lingers, 0 when nothing can land any more (or nothing could be pinned:
- * said in the log).
+ * xp fails while UCX may still use its local regions: a READ's gets may
+ * still write what they bring into them, a WRITE's puts may still read them
+ * (the NIC, on RDMA) through the memory handles deregistration would unmap.
+ * Its flush is outstanding (a batch's, or the one issued behind the puts or
+ * gets that went out before a refused one, see kvli_ucx_xfer_flush_issued):
+ * the flush token goes to a linger that pins those regions in the core
+ * until the flush ends. 1 when it lingers, 0 when UCX holds none of them
+ * any more (or nothing could be pinned: said in the log). Staged transfers
+ * never linger: UCX only sees their bounce buffers.
  */
 static int kvli_ucx_linger_start(kvli_ucx_iface_t *iface, kvli_ucx_xpriv_t *xp)
 {
     kvl_bk_xfer_t *x = xp->x;
     size_t n = 0, k = 0;
-    if (x->op != KVL_READ || xp->staged || xp->tok == NULL || xp->state != KVLI_UCX_X_FLUSH ||
+    if (xp->staged || xp->tok == NULL || xp->state != KVLI_UCX_X_FLUSH ||
         xp->issued == xp->confirmed)
         return 0;
     /* the local regions: x->lmh[0 .. n), each one region */
@@ -540,9 +545,14 @@ static int kvli_ucx_linger_start(kvli_ucx_iface_t *iface, kvli_ucx_xpriv_t *xp)
                 n = x->segs[i].lreg + (size_t)1;
     kvli_ucx_linger_t *l = calloc(1, sizeof(*l) + n * sizeof(l->pins[0]));
     if (l == NULL) {
-        iface->ctx->log(iface->ctx, KVL_LOG_WARN, "out of memory to keep the regions of a "
-                        "failed READ from agent '%s' in use while its gets end: do not "
-                        "deregister them before that peer answers again", xp->peer->name);
+        if (x->op == KVL_READ)
+            iface->ctx->log(iface->ctx, KVL_LOG_WARN, "out of memory to keep the regions of a "
+                            "failed READ from agent '%s' in use while its gets end: do not "
+                            "deregister them before that peer answers again", xp->peer->name);
+        else
+            iface->ctx->log(iface->ctx, KVL_LOG_WARN, "out of memory to keep the regions of a "
+                            "failed WRITE to agent '%s' in use while its puts end: do not "
+                            "deregister them before that peer answers again", xp->peer->name);
         return 0;
     }
     for (size_t i = 0; i < n; i++) {
@@ -591,8 +601,11 @@ void kvli_ucx_xfer_fail(kvli_ucx_iface_t *iface, kvli_ucx_xpriv_t *xp, kvl_statu
                      "in place, %llu issued%s", x->op == KVL_WRITE ? "WRITE" : "READ",
                      (unsigned long long)x->total_bytes, xp->peer->name, why,
                      (unsigned long long)xp->confirmed, (unsigned long long)xp->issued,
-                     lingers ? "; the gets still in flight may land yet: the transfer's local "
-                               "regions stay in use until they end" : "");
+                     !lingers ? ""
+                     : x->op == KVL_READ ? "; the gets still in flight may land yet: the "
+                                           "transfer's local regions stay in use until they end"
+                     : "; the puts still in flight may still read the local regions and land at "
+                       "the target: the transfer's local regions stay in use until they end");
     snprintf(err.agent, sizeof(err.agent), "%s", xp->peer->name);
     kvl_bk_error_hint(&err, code == KVL_ERR_REMOTE_DISCONNECT
                       ? "the peer process died or stopped answering: check it; once it "
@@ -664,21 +677,27 @@ static ucs_status_t kvli_ucx_xfer_issue(kvli_ucx_xpriv_t *xp)
 
 /*
  * A put or get was refused in the middle of a batch (kvli_ucx_xfer_issue
- * returned an error) after others of the batch were issued. For a READ those
- * gets may still land in the local regions: a flush behind them gives
- * kvli_ucx_linger_start its token (xp->tok, state FLUSH), as for a READ that
- * fails while its batch's flush is out. A flush that completes at once
- * (NULL) means they all ended: confirmed. UCS_OK, or why no flush could be
- * issued (then nothing can wait for those gets).
+ * returned an error) after others of the batch were issued. Those gets may
+ * still land in the local regions, those puts may still read them: a flush
+ * behind them gives kvli_ucx_linger_start its token (xp->tok, state FLUSH),
+ * as for a transfer that fails while its batch's flush is out. A flush that
+ * completes at once (NULL) means they all ended: confirmed. The flush takes
+ * the batch's token (xp->tok, allocated before the batch; freed here when
+ * nothing of the batch went out or no callback will come). UCS_OK, or why
+ * no flush could be issued (then nothing can wait for those puts or gets).
  */
 static ucs_status_t kvli_ucx_xfer_flush_issued(kvli_ucx_iface_t *iface, kvli_ucx_xpriv_t *xp)
 {
     ucp_request_param_t rp;
     ucs_status_ptr_t req;
 
-    if (xp->x->op != KVL_READ || xp->issued == xp->confirmed)
+    if (xp->staged || xp->issued == xp->confirmed) {
+        free(xp->tok); /* the batch's, never handed to UCX */
+        xp->tok = NULL;
         return UCS_OK;
-    xp->tok = kvli_ucx_tok_new(iface, 0);
+    }
+    if (xp->tok == NULL) /* allocated before the batch: not expected */
+        xp->tok = kvli_ucx_tok_new(iface, 0);
     if (xp->tok == NULL)
         return UCS_ERR_NO_MEMORY;
     memset(&rp, 0, sizeof(rp));
@@ -776,26 +795,33 @@ static void kvli_ucx_xfer_advance(kvli_ucx_iface_t *iface, kvli_ucx_xpriv_t *xp)
             }
             if (!kvli_xchunk_done(&xp->cur, x)) {
                 ucp_request_param_t rp;
+                /* the batch's flush token first: with no memory for it,
+                 * nothing of the batch is out yet */
+                xp->tok = kvli_ucx_tok_new(iface, 0);
+                if (xp->tok == NULL) {
+                    kvli_ucx_xfer_fail(iface, xp, KVL_ERR_NO_MEMORY, "out of memory");
+                    return;
+                }
                 s = kvli_ucx_xfer_issue(xp);
                 if (s != UCS_OK) {
                     ucs_status_t fs = kvli_ucx_xfer_flush_issued(iface, xp);
                     int n = snprintf(why, sizeof(why), "ucp_%s_nbx() = %s",
                                      x->op == KVL_WRITE ? "put" : "get", ucs_status_string(s));
                     if (fs != UCS_OK && n > 0 && (size_t)n < sizeof(why))
-                        snprintf(why + n, sizeof(why) - (size_t)n, "; the flush behind the "
-                                 "gets issued before it could not go out either (%s): they may "
-                                 "land yet and nothing can wait for them, so do not deregister "
-                                 "the READ's local regions before that peer is unloaded",
+                        snprintf(why + n, sizeof(why) - (size_t)n, x->op == KVL_READ
+                                 ? "; the flush behind the gets issued before it could not go "
+                                   "out either (%s): they may land yet and nothing can wait for "
+                                   "them, so do not deregister the READ's local regions before "
+                                   "that peer is unloaded"
+                                 : "; the flush behind the puts issued before it could not go "
+                                   "out either (%s): they may still read the local regions and "
+                                   "nothing can wait for them, so do not deregister the WRITE's "
+                                   "local regions before that peer is unloaded",
                                  ucs_status_string(fs));
                     kvli_ucx_xfer_fail(iface, xp, s == UCS_ERR_ENDPOINT_TIMEOUT ||
                                        s == UCS_ERR_CONNECTION_RESET || s == UCS_ERR_CANCELED ||
                                        s == UCS_ERR_UNREACHABLE
                                        ? KVL_ERR_REMOTE_DISCONNECT : KVL_ERR_REMOTE, why);
-                    return;
-                }
-                xp->tok = kvli_ucx_tok_new(iface, 0);
-                if (xp->tok == NULL) {
-                    kvli_ucx_xfer_fail(iface, xp, KVL_ERR_NO_MEMORY, "out of memory");
                     return;
                 }
                 memset(&rp, 0, sizeof(rp));
