@@ -830,8 +830,13 @@ static void kvli_ucx_xfer_advance(kvli_ucx_iface_t *iface, kvli_ucx_xpriv_t *xp)
                 rp.user_data = xp->tok;
                 ucs_status_ptr_t req = ucp_ep_flush_nbx(peer->ep, &rp);
                 if (UCS_PTR_IS_ERR(req)) {
-                    snprintf(why, sizeof(why), "ucp_ep_flush_nbx() = %s",
-                             ucs_status_string(UCS_PTR_STATUS(req)));
+                    free(xp->tok); /* no callback will come */
+                    xp->tok = NULL;
+                    snprintf(why, sizeof(why), "ucp_ep_flush_nbx() = %s; the %s of the batch "
+                             "issued before it may still be in flight and nothing can wait for "
+                             "them, so do not deregister the transfer's local regions before "
+                             "that peer is unloaded", ucs_status_string(UCS_PTR_STATUS(req)),
+                             x->op == KVL_WRITE ? "puts" : "gets");
                     kvli_ucx_xfer_fail(iface, xp, KVL_ERR_REMOTE, why);
                     return;
                 }
