@@ -133,6 +133,11 @@ static PyObject *kvlpy_dlist_add_array(kvlpy_dlist_t *self, PyObject *args, PyOb
                                      kvlpy_u64_arg, &len, &dev) ||
         kvlpy_dlist_mut_ok(self) < 0)
         return NULL;
+    if (PyBool_Check(lens_o)) {
+        PyErr_SetString(PyExc_TypeError, "add_array: lens is a bool; a length (an integer) or "
+                        "an array of lengths is needed");
+        return NULL;
+    }
     if (PyLong_Check(lens_o)) {
         len = PyLong_AsUnsignedLongLong(lens_o);
         if (PyErr_Occurred())

@@ -434,6 +434,10 @@ static int kvlpy_array_from_buffer(PyObject *obj, int is_signed, const char *arg
 static int kvlpy_uint_arg(PyObject *o, unsigned long long most, const char *range,
                           unsigned long long *v)
 {
+    if (PyBool_Check(o)) { /* True is no length, address or count of 1 */
+        PyErr_SetString(PyExc_TypeError, "an integer is needed, got bool");
+        return 0;
+    }
     PyObject *ix = PyNumber_Index(o);
     if (ix == NULL) {
         PyErr_Format(PyExc_TypeError, "an integer is needed, got %.100s",

@@ -235,3 +235,21 @@ def test_bool_is_no_operation_or_memory_kind(uniq):
         with pytest.raises(ValueError, match="memory kind must be"):
             kvlane.DList(kind)
     assert kvlane.DList(1).kind == "DRAM"   # an int code stays accepted
+
+
+def test_bool_is_no_length_or_address(uniq):
+    """True was taken as 1 wherever an unsigned integer is read: a length,
+    an address, a timeout; and add_array(lens=True) as length 1."""
+    buf = np.zeros(4096, dtype=np.uint8)
+    dl = kvlane.DList("DRAM")
+    for args in ((buf.ctypes.data, True), (True, 8), (buf.ctypes.data, 8, 0, True)):
+        with pytest.raises(TypeError, match="an integer is needed, got bool"):
+            (dl.add if len(args) == 2 else dl.add_strided)(*args)
+    with pytest.raises(TypeError, match="lens is a bool"):
+        dl.add_array(np.array([buf.ctypes.data], dtype=np.uint64), lens=True)
+    with pytest.raises(TypeError, match="an integer is needed, got bool"):
+        kvlane.Agent(uniq, timeout_ms=True)
+    assert len(dl) == 0
+    dl.add(buf.ctypes.data, 8)                      # ints stay accepted
+    dl.add_array(np.array([buf.ctypes.data], dtype=np.uint64), lens=8)
+    assert len(dl) == 2
