@@ -28,6 +28,7 @@
 #define KVLI_TCP_H
 
 #include <pthread.h>
+#include "common/accept.h"
 #include "common/clock.h"
 #include "common/bounce.h"
 #include "common/chunk.h"
@@ -262,6 +263,7 @@ struct kvli_tcp_iface {
     size_t scratch_len;
     struct iovec *tx_iov;           /* progress thread only */
     int warned_conns;
+    kvli_accept_backoff_t accept_bo; /* progress thread only: paused when out of fds */
     kvli_bounce_pool_t bounce;      /* pinned staging buffers of `chunk` bytes (VRAM) */
     atomic_uint staging;            /* copies in flight: the progress loop polls */
 };

@@ -171,11 +171,15 @@ void kvli_tcp_conn_accept(kvli_tcp_iface_t *iface)
                          SOCK_CLOEXEC | SOCK_NONBLOCK);
         if (fd < 0) {
             int e = errno;
-            if (e != EAGAIN && e != EWOULDBLOCK && e != EINTR && e != ECONNABORTED)
+            /* out of descriptors: paused, so the pending connection does not
+             * spin this thread (common/accept.h) */
+            if (!kvli_accept_failed(&iface->accept_bo, e) && e != EAGAIN &&
+                e != EWOULDBLOCK && e != EINTR && e != ECONNABORTED)
                 iface->ctx->log(iface->ctx, KVL_LOG_WARN, "tcp accept4(%s) = -1 %s (%s)",
                                 iface->addr, kvli_errno_name(e), strerror(e));
             return;
         }
+        kvli_accept_ok(&iface->accept_bo);
         char from[KVLI_TCP_ADDR_STR];
         kvli_tcp_addr_str((struct sockaddr *)&ss, from, sizeof(from));
         if (iface->nconns >= KVLI_TCP_CONNS_MAX && !kvli_tcp_conn_make_room(iface, from)) {

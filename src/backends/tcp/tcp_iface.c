@@ -8,6 +8,7 @@
 #include <inttypes.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -93,7 +94,9 @@ static int64_t kvli_tcp_progress_prepare(void *arg, kvli_pollset_t *ps)
         kvli_tcp_xfer_complete(iface, done);
         return KVLI_PROGRESS_BACKOFF;
     }
-    kvli_pollset_add(ps, iface->listen_fd, POLLIN, NULL);
+    /* slot 1 even while accepting is paused (events 0): dispatch counts on it */
+    kvli_pollset_add(ps, iface->listen_fd, kvli_accept_events(&iface->accept_bo, kvli_clock_ns()),
+                     NULL);
     for (kvli_tcp_peer_t *p = iface->peers; p != NULL; p = p->next) {
         if (p->detached || p->dead)
             continue;
@@ -112,7 +115,8 @@ static int64_t kvli_tcp_progress_prepare(void *arg, kvli_pollset_t *ps)
     }
     /* staging copies wake us when done (cuLaunchHostFunc); 1 ms is the
      * backstop for a driver without host functions */
-    return (atomic_load(&iface->staging) ? 1 : busy ? 50 : 1000) * 1000000LL;
+    return kvli_accept_wait_ns(&iface->accept_bo, kvli_clock_ns(),
+                               (atomic_load(&iface->staging) ? 1 : busy ? 50 : 1000) * 1000000LL);
 }
 
 static void kvli_tcp_progress_dispatch(void *arg, kvli_pollset_t *ps)
@@ -158,6 +162,20 @@ static void kvli_tcp_progress_dispatch(void *arg, kvli_pollset_t *ps)
             cp = &c->next;
         }
     }
+}
+
+/* The accept backoff's messages (common/accept.h) go to the agent's log. */
+static void kvli_tcp_accept_log(void *arg, kvl_log_level_t level, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static void kvli_tcp_accept_log(void *arg, kvl_log_level_t level, const char *fmt, ...)
+{
+    kvli_tcp_iface_t *iface = arg;
+    char text[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(text, sizeof(text), fmt, ap);
+    va_end(ap);
+    iface->ctx->log(iface->ctx, level, "%s", text);
 }
 
 static const kvli_progress_ops_t kvli_tcp_progress_ops = {
@@ -323,6 +341,7 @@ static kvl_status_t kvli_tcp_open(kvl_bk_ctx_t *ctx, const kvl_param_t *params, 
     kvli_tcp_iface_t *iface;
     kvl_status_t st;
     uint16_t port;
+    char what[KVLI_TCP_ADDR_STR + 8];
 
     iface = kvli_iface_new(ctx, bk_p, KVLI_TCP_NAME, sizeof(*iface), &st, err);
     if (iface == NULL)
@@ -356,6 +375,8 @@ static kvl_status_t kvli_tcp_open(kvl_bk_ctx_t *ctx, const kvl_param_t *params, 
     st = kvli_tcp_listen(iface, port, err);
     if (st != KVL_OK)
         goto fail;
+    snprintf(what, sizeof(what), "tcp %s", iface->addr);
+    kvli_accept_backoff_init(&iface->accept_bo, what, kvli_tcp_accept_log, iface);
     st = kvli_progress_start(&iface->pg, &kvli_tcp_progress_ops, iface, err);
     if (st != KVL_OK)
         goto fail;
