@@ -18,6 +18,7 @@
 #define KVLI_SHM_H
 
 #include <pthread.h>
+#include "common/accept.h"
 #include "common/clock.h"
 #include "common/progress.h"
 #include <stdatomic.h>
@@ -242,6 +243,7 @@ struct kvli_shm_iface {
     socklen_t addrlen;
     char sock_name[108];             /* without the abstract NUL */
     int listen_fd;
+    kvli_accept_backoff_t accept_bo; /* progress thread only: paused when out of fds */
     kvli_progress_t pg;              /* progress thread, wake fd, stop flag */
     size_t poll_npeers;              /* progress thread: peers end here in its poll set */
     unsigned nworkers;

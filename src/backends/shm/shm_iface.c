@@ -8,6 +8,8 @@
 #include <fcntl.h>
 #include <inttypes.h>
 #include <poll.h>
+#include <stdarg.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -144,7 +146,9 @@ static int64_t kvli_shm_progress_prepare(void *arg, kvli_pollset_t *ps)
         pthread_mutex_unlock(&iface->lock);
         return KVLI_PROGRESS_BACKOFF;
     }
-    kvli_pollset_add(ps, iface->listen_fd, POLLIN, NULL);
+    /* slot 1 even while accepting is paused (events 0): dispatch counts on it */
+    kvli_pollset_add(ps, iface->listen_fd, kvli_accept_events(&iface->accept_bo, kvli_clock_ns()),
+                     NULL);
     for (p = iface->peers; p != NULL; p = p->next)
         if (!p->detached && !atomic_load(&p->dead))
             kvli_pollset_add(ps, p->fd, POLLIN, p);
@@ -152,7 +156,7 @@ static int64_t kvli_shm_progress_prepare(void *arg, kvli_pollset_t *ps)
     pthread_mutex_unlock(&iface->lock);
     for (c = iface->conns; c != NULL; c = c->next)
         kvli_pollset_add(ps, c->fd, (short)(POLLIN | (c->out_head != NULL ? POLLOUT : 0)), c);
-    return KVLI_PROGRESS_FOREVER;
+    return kvli_accept_wait_ns(&iface->accept_bo, kvli_clock_ns(), KVLI_PROGRESS_FOREVER);
 }
 
 static void kvli_shm_progress_dispatch(void *arg, kvli_pollset_t *ps)
@@ -182,6 +186,20 @@ static void kvli_shm_progress_dispatch(void *arg, kvli_pollset_t *ps)
             cp = &c->next;
         }
     }
+}
+
+/* The accept backoff's messages (common/accept.h) go to the agent's log. */
+static void kvli_shm_accept_log(void *arg, kvl_log_level_t level, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static void kvli_shm_accept_log(void *arg, kvl_log_level_t level, const char *fmt, ...)
+{
+    kvli_shm_iface_t *iface = arg;
+    char text[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(text, sizeof(text), fmt, ap);
+    va_end(ap);
+    iface->ctx->log(iface->ctx, level, "%s", text);
 }
 
 static const kvli_progress_ops_t kvli_shm_progress_ops = {
@@ -382,6 +400,7 @@ static kvl_status_t kvli_shm_open(kvl_bk_ctx_t *ctx, const kvl_param_t *params,
     kvl_status_t st;
     unsigned i;
     int e;
+    char what[128];
 
     iface = kvli_iface_new(ctx, bk_p, KVLI_SHM_NAME, sizeof(*iface), &st, err);
     if (iface == NULL)
@@ -465,6 +484,9 @@ static kvl_status_t kvli_shm_open(kvl_bk_ctx_t *ctx, const kvl_param_t *params,
         }
         w->started = 1;
     }
+    snprintf(what, sizeof(what), "shm socket %s%.100s", iface->abstract ? "@" : "",
+             iface->sock_name);
+    kvli_accept_backoff_init(&iface->accept_bo, what, kvli_shm_accept_log, iface);
     st = kvli_progress_start(&iface->pg, &kvli_shm_progress_ops, iface, err);
     if (st != KVL_OK)
         goto err_close;
