@@ -9,10 +9,13 @@
 #include <inttypes.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+#include "common/accept.h"
+#include "common/clock.h"
 #include "common/errname.h"
 #include "common/auth.h"
 #include "common/inet.h"
@@ -213,11 +216,30 @@ static void *kvli_listener_worker(void *arg)
     return NULL;
 }
 
+/* The accept backoff's messages (common/accept.h) go to the log. */
+static void kvli_listener_accept_log(void *arg, kvl_log_level_t level, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static void kvli_listener_accept_log(void *arg, kvl_log_level_t level, const char *fmt, ...)
+{
+    va_list ap;
+    (void)arg;
+    va_start(ap, fmt);
+    kvli_vlog(level, "listener", fmt, ap);
+    va_end(ap);
+}
+
 static void *kvli_listener_accept_main(void *arg)
 {
     kvli_listener_t *l = arg;
+    kvli_accept_backoff_t bo;
+    char what[KVLI_LSN_HP_MAX + 64];
+    snprintf(what, sizeof(what), "agent '%.40s': listener %s", l->agent->name, l->bound);
+    kvli_accept_backoff_init(&bo, what, kvli_listener_accept_log, NULL);
     for (;;) {
-        struct pollfd p = {l->listen_fd, POLLIN, 0};
+        uint64_t now = kvli_clock_ns();
+        /* out of descriptors: the pending connection waits, unpolled, while
+         * accepting is paused (common/accept.h) */
+        struct pollfd p = {l->listen_fd, kvli_accept_events(&bo, now), 0};
         struct sockaddr_storage ss;
         socklen_t sl = sizeof(ss);
         kvli_listener_job_t *job;
@@ -231,11 +253,14 @@ static void *kvli_listener_accept_main(void *arg)
         pthread_mutex_unlock(&l->lock);
         if (stop)
             break;
-        if (poll(&p, 1, 200) <= 0)
+        if (poll(&p, 1, kvli_accept_wait_ms(&bo, now, 200)) <= 0)
             continue;
         fd = accept4(l->listen_fd, (struct sockaddr *)&ss, &sl, SOCK_CLOEXEC | SOCK_NONBLOCK);
-        if (fd < 0)
+        if (fd < 0) {
+            kvli_accept_failed(&bo, errno);
             continue;
+        }
+        kvli_accept_ok(&bo);
         kvli_tcp_sock_tune(fd, l->agent->timeout_ms, 0, 0);
         job = calloc(1, sizeof(*job));
         if (job == NULL) {
