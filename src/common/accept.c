@@ -4,7 +4,9 @@
 
 #include <errno.h>
 #include <poll.h>
+#include <stdarg.h>
 #include <stdio.h>
+#include <kvlane/backend.h>
 #include <string.h>
 #include "clock.h"
 #include "errname.h"
@@ -16,6 +18,17 @@ void kvli_accept_backoff_init(kvli_accept_backoff_t *b, const char *what, kvli_a
     snprintf(b->what, sizeof(b->what), "%s", what);
     b->log = log;
     b->log_arg = log_arg;
+}
+
+void kvli_accept_bk_log(void *bk_ctx, kvl_log_level_t level, const char *fmt, ...)
+{
+    kvl_bk_ctx_t *ctx = bk_ctx;
+    char text[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(text, sizeof(text), fmt, ap);
+    va_end(ap);
+    ctx->log(ctx, level, "%s", text);
 }
 
 int kvli_accept_shortage(int e)

@@ -43,6 +43,11 @@ typedef struct kvli_accept_backoff {
 void kvli_accept_backoff_init(kvli_accept_backoff_t *b, const char *what, kvli_accept_log_fn log,
                               void *log_arg);
 
+/* A kvli_accept_log_fn for backends: arg is the backend's kvl_bk_ctx_t,
+ * the messages go to its log (the agent's). */
+void kvli_accept_bk_log(void *bk_ctx, kvl_log_level_t level, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
 /* Is e a shortage (EMFILE, ENFILE, ENOBUFS, ENOMEM) that leaves the
  * connection pending? */
 int kvli_accept_shortage(int e);

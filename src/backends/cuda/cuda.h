@@ -24,6 +24,7 @@
 
 #include <pthread.h>
 #include <stdbool.h>
+#include "common/accept.h"
 #include "common/clock.h"
 #include "common/chunk.h"
 #include "common/progress.h"
@@ -584,6 +585,7 @@ struct kvli_cuda_iface {
     socklen_t addrlen;
     char sock_name[108];
     int listen_fd;
+    kvli_accept_backoff_t accept_bo; /* progress thread only: paused when out of fds */
     kvli_progress_t pg;              /* progress thread, wake fd, stop flag */
     pthread_mutex_t lock;
     pthread_cond_t cond;

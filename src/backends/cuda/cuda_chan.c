@@ -452,11 +452,15 @@ void kvli_cuda_chan_accept(kvli_cuda_iface_t *iface)
         int fd = accept4(iface->listen_fd, NULL, NULL, SOCK_CLOEXEC);
         if (fd < 0) {
             int e = errno;
-            if (e != EAGAIN && e != EWOULDBLOCK && e != EINTR)
+            /* out of descriptors: paused, so the pending connection does not
+             * spin this thread (common/accept.h) */
+            if (!kvli_accept_failed(&iface->accept_bo, e) && e != EAGAIN &&
+                e != EWOULDBLOCK && e != EINTR)
                 iface->ctx->log(iface->ctx, KVL_LOG_WARN, "accept4(@%s) = -1 %s (%s)",
                                 iface->sock_name, kvli_errno_name(e), strerror(e));
             return;
         }
+        kvli_accept_ok(&iface->accept_bo);
         c = calloc(1, sizeof(*c));
         if (c == NULL) {
             close(fd);

@@ -37,7 +37,9 @@ static int64_t kvli_cuda_progress_prepare(void *arg, kvli_pollset_t *ps)
         need++;
     if (kvli_pollset_reserve(&iface->pg, ps, need) != 0)
         return KVLI_PROGRESS_BACKOFF;
-    kvli_pollset_add(ps, iface->listen_fd, POLLIN, NULL);
+    /* slot 1 even while accepting is paused (events 0): dispatch counts on it */
+    uint64_t now = kvli_clock_ns();
+    kvli_pollset_add(ps, iface->listen_fd, kvli_accept_events(&iface->accept_bo, now), NULL);
     for (kvli_cuda_conn_t *c = iface->conns; c != NULL; c = c->next)
         kvli_pollset_add(ps, c->fd, POLLIN, c);
     /* Poll events every few microseconds while copies run, not 50 us late;
@@ -47,9 +49,8 @@ static int64_t kvli_cuda_progress_prepare(void *arg, kvli_pollset_t *ps)
     pthread_mutex_lock(&iface->prog_lock);
     unsigned live = kvli_cuda_xfer_progress(iface, &young);
     pthread_mutex_unlock(&iface->prog_lock);
-    if (live == 0)
-        return KVLI_PROGRESS_FOREVER;
-    return young ? 0 : KVLI_CUDA_POLL_NS;
+    int64_t wait = live == 0 ? KVLI_PROGRESS_FOREVER : young ? 0 : KVLI_CUDA_POLL_NS;
+    return kvli_accept_wait_ns(&iface->accept_bo, now, wait);
 }
 
 static void kvli_cuda_progress_dispatch(void *arg, kvli_pollset_t *ps)
@@ -239,6 +240,9 @@ static kvl_status_t kvli_cuda_open(kvl_bk_ctx_t *ctx, const kvl_param_t *params,
     st = kvli_cuda_chan_listen(iface, err);
     if (st != KVL_OK)
         goto fail;
+    char what[128];
+    snprintf(what, sizeof(what), "cuda socket @%.100s", iface->sock_name);
+    kvli_accept_backoff_init(&iface->accept_bo, what, kvli_accept_bk_log, iface->ctx);
     st = kvli_progress_start(&iface->pg, &kvli_cuda_progress_ops, iface, err);
     if (st != KVL_OK)
         goto fail;

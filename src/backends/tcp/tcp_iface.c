@@ -8,7 +8,6 @@
 #include <inttypes.h>
 #include <netinet/in.h>
 #include <poll.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -162,20 +161,6 @@ static void kvli_tcp_progress_dispatch(void *arg, kvli_pollset_t *ps)
             cp = &c->next;
         }
     }
-}
-
-/* The accept backoff's messages (common/accept.h) go to the agent's log. */
-static void kvli_tcp_accept_log(void *arg, kvl_log_level_t level, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-static void kvli_tcp_accept_log(void *arg, kvl_log_level_t level, const char *fmt, ...)
-{
-    kvli_tcp_iface_t *iface = arg;
-    char text[512];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(text, sizeof(text), fmt, ap);
-    va_end(ap);
-    iface->ctx->log(iface->ctx, level, "%s", text);
 }
 
 static const kvli_progress_ops_t kvli_tcp_progress_ops = {
@@ -376,7 +361,7 @@ static kvl_status_t kvli_tcp_open(kvl_bk_ctx_t *ctx, const kvl_param_t *params, 
     if (st != KVL_OK)
         goto fail;
     snprintf(what, sizeof(what), "tcp %s", iface->addr);
-    kvli_accept_backoff_init(&iface->accept_bo, what, kvli_tcp_accept_log, iface);
+    kvli_accept_backoff_init(&iface->accept_bo, what, kvli_accept_bk_log, iface->ctx);
     st = kvli_progress_start(&iface->pg, &kvli_tcp_progress_ops, iface, err);
     if (st != KVL_OK)
         goto fail;
