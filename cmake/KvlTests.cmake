@@ -29,8 +29,8 @@
 #     KVL_TEST_INTERPOSE: ucp_get_nbx
 # and defines it under its own name: the executable exports that symbol
 # (-Wl,--export-dynamic-symbol=<name>), so the module, loaded later, binds
-# to it first; the test reaches the real one through dlopen(RTLD_NOLOAD) and
-# dlsym on the library that defines it.
+# to it first; the test reaches the real one through kt_ucx_real() (dlsym in
+# the library the module loaded).
 
 find_program(KVL_BASH bash REQUIRED)
 

@@ -1,6 +1,7 @@
 /* Helpers for kvlane's C tests. */
 #define _GNU_SOURCE
 #include <dirent.h>
+#include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
@@ -848,6 +849,17 @@ void kt_ucx_sanitizer_env(void)
     setenv("UCX_MEM_MALLOC_HOOKS", "no", 0);
     setenv("UCX_MEM_MMAP_HOOK_MODE", "none", 0);
 #endif
+}
+
+void *kt_ucx_real(const char *name)
+{
+    void *h = dlopen("libucp.so.0", RTLD_NOW | RTLD_NOLOAD);
+    void *sym = h != NULL ? dlsym(h, name) : NULL;
+    if (sym == NULL) {
+        fprintf(stderr, "kt_ucx_real: UCX's %s not found (%s)\n", name, dlerror());
+        abort();
+    }
+    return sym;
 }
 
 void kt_need_ucx(void)

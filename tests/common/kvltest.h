@@ -102,6 +102,10 @@ void kt_ucx_sanitizer_env(void);
 /* The ucx tests' start: kt_ucx_sanitizer_env(), then skip (77) with the
  * reason when the ucx backend is not available, else print what it has. */
 void kt_need_ucx(void);
+/* UCX's own definition of a function the test stands in for
+ * (KVL_TEST_INTERPOSE), from the libucp the ucx module loaded; aborts,
+ * saying so, when there is none. */
+void *kt_ucx_real(const char *name);
 
 /* Deterministic pattern for checking bytes. */
 void kt_fill(void *p, size_t len, uint64_t seed);

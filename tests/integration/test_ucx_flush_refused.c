@@ -21,7 +21,6 @@
  * KVL_TEST_INTERPOSE: ucp_put_nbx ucp_get_nbx ucp_ep_flush_nbx
  * KVL_TEST_LABELS: ucx
  */
-#include <dlfcn.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdint.h>
@@ -61,25 +60,13 @@ static atomic_uint rma_calls;
 static atomic_uint flush_armed;    /* 1: refuse the next flush (then 0) */
 static atomic_uint flush_refused;
 
-static void *real_sym(void *h, const char *name)
-{
-    void *sym = h != NULL ? dlsym(h, name) : NULL;
-    if (sym == NULL) {
-        fprintf(stderr, "test_ucx_flush_refused: UCX's %s not found (%s)\n", name, dlerror());
-        abort();
-    }
-    return sym;
-}
-
 static void find_real(void)
 {
-    /* the module that calls us loaded libucp: find UCX's own there */
-    void *h = dlopen("libucp.so.0", RTLD_NOW | RTLD_NOLOAD), *sym;
-    sym = real_sym(h, "ucp_put_nbx");
+    void *sym = kt_ucx_real("ucp_put_nbx");
     memcpy(&real_put, &sym, sizeof(real_put));
-    sym = real_sym(h, "ucp_get_nbx");
+    sym = kt_ucx_real("ucp_get_nbx");
     memcpy(&real_get, &sym, sizeof(real_get));
-    sym = real_sym(h, "ucp_ep_flush_nbx");
+    sym = kt_ucx_real("ucp_ep_flush_nbx");
     memcpy(&real_flush, &sym, sizeof(real_flush));
 }
 

@@ -23,7 +23,6 @@
  * KVL_TEST_INTERPOSE: ucp_get_nbx
  * KVL_TEST_LABELS: ucx
  */
-#include <dlfcn.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
@@ -57,14 +56,7 @@ static atomic_uint armed_calls;
 
 static void find_real_get(void)
 {
-    /* the module that calls us loaded libucp: find its ucp_get_nbx there */
-    void *h = dlopen("libucp.so.0", RTLD_NOW | RTLD_NOLOAD);
-    void *sym = h != NULL ? dlsym(h, "ucp_get_nbx") : NULL;
-    if (sym == NULL) {
-        fprintf(stderr, "test_ucx_get_refused: UCX's ucp_get_nbx not found (%s)\n",
-                dlerror());
-        abort();
-    }
+    void *sym = kt_ucx_real("ucp_get_nbx");
     memcpy(&real_get, &sym, sizeof(real_get));
 }
 

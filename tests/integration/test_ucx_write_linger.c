@@ -26,7 +26,6 @@
  * KVL_TEST_INTERPOSE: ucp_put_nbx
  * KVL_TEST_LABELS: ucx
  */
-#include <dlfcn.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
@@ -62,14 +61,7 @@ static atomic_uint armed_calls;
 
 static void find_real_put(void)
 {
-    /* the module that calls us loaded libucp: find its ucp_put_nbx there */
-    void *h = dlopen("libucp.so.0", RTLD_NOW | RTLD_NOLOAD);
-    void *sym = h != NULL ? dlsym(h, "ucp_put_nbx") : NULL;
-    if (sym == NULL) {
-        fprintf(stderr, "test_ucx_write_linger: UCX's ucp_put_nbx not found (%s)\n",
-                dlerror());
-        abort();
-    }
+    void *sym = kt_ucx_real("ucp_put_nbx");
     memcpy(&real_put, &sym, sizeof(real_put));
 }
 
