@@ -63,7 +63,10 @@ void kvli_accept_ok(kvli_accept_backoff_t *b);
  * paused. */
 short kvli_accept_events(const kvli_accept_backoff_t *b, uint64_t now);
 
-/* A poll wait (ns; negative: without bound) bounded by the pause's end. */
+/* A poll wait (ns; negative: without bound) bounded by the pause's end.
+ * Pass the now that kvli_accept_events was given for the same poll: with a
+ * later one the pause may be over while the socket was left out of the
+ * poll, and an unbounded wait would never take the waiting connection. */
 int64_t kvli_accept_wait_ns(const kvli_accept_backoff_t *b, uint64_t now, int64_t wait_ns);
 
 /* The same for poll() (ms; negative: without bound), rounded up. */

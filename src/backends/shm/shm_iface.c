@@ -145,9 +145,12 @@ static int64_t kvli_shm_progress_prepare(void *arg, kvli_pollset_t *ps)
         pthread_mutex_unlock(&iface->lock);
         return KVLI_PROGRESS_BACKOFF;
     }
-    /* slot 1 even while accepting is paused (events 0): dispatch counts on it */
-    kvli_pollset_add(ps, iface->listen_fd, kvli_accept_events(&iface->accept_bo, kvli_clock_ns()),
-                     NULL);
+    /* slot 1 even while accepting is paused (events 0): dispatch counts on it;
+     * the wait below is bounded by that pause as seen at this same now (read
+     * again, the pause could be over while the socket was left out of the
+     * poll, and the wait would have no bound: the connection never taken) */
+    uint64_t now = kvli_clock_ns();
+    kvli_pollset_add(ps, iface->listen_fd, kvli_accept_events(&iface->accept_bo, now), NULL);
     for (p = iface->peers; p != NULL; p = p->next)
         if (!p->detached && !atomic_load(&p->dead))
             kvli_pollset_add(ps, p->fd, POLLIN, p);
@@ -155,7 +158,7 @@ static int64_t kvli_shm_progress_prepare(void *arg, kvli_pollset_t *ps)
     pthread_mutex_unlock(&iface->lock);
     for (c = iface->conns; c != NULL; c = c->next)
         kvli_pollset_add(ps, c->fd, (short)(POLLIN | (c->out_head != NULL ? POLLOUT : 0)), c);
-    return kvli_accept_wait_ns(&iface->accept_bo, kvli_clock_ns(), KVLI_PROGRESS_FOREVER);
+    return kvli_accept_wait_ns(&iface->accept_bo, now, KVLI_PROGRESS_FOREVER);
 }
 
 static void kvli_shm_progress_dispatch(void *arg, kvli_pollset_t *ps)

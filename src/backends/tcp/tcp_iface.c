@@ -93,9 +93,10 @@ static int64_t kvli_tcp_progress_prepare(void *arg, kvli_pollset_t *ps)
         kvli_tcp_xfer_complete(iface, done);
         return KVLI_PROGRESS_BACKOFF;
     }
-    /* slot 1 even while accepting is paused (events 0): dispatch counts on it */
-    kvli_pollset_add(ps, iface->listen_fd, kvli_accept_events(&iface->accept_bo, kvli_clock_ns()),
-                     NULL);
+    /* slot 1 even while accepting is paused (events 0): dispatch counts on it;
+     * the wait below is bounded by that pause as seen at this same now */
+    uint64_t now = kvli_clock_ns();
+    kvli_pollset_add(ps, iface->listen_fd, kvli_accept_events(&iface->accept_bo, now), NULL);
     for (kvli_tcp_peer_t *p = iface->peers; p != NULL; p = p->next) {
         if (p->detached || p->dead)
             continue;
@@ -114,7 +115,7 @@ static int64_t kvli_tcp_progress_prepare(void *arg, kvli_pollset_t *ps)
     }
     /* staging copies wake us when done (cuLaunchHostFunc); 1 ms is the
      * backstop for a driver without host functions */
-    return kvli_accept_wait_ns(&iface->accept_bo, kvli_clock_ns(),
+    return kvli_accept_wait_ns(&iface->accept_bo, now,
                                (atomic_load(&iface->staging) ? 1 : busy ? 50 : 1000) * 1000000LL);
 }
 
