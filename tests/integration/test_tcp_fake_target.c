@@ -24,6 +24,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 #include "common/kvltest.h"
+#include "common/kt_etcd.h" /* kt_free_port */
 #include "common/auth.h"
 #include "common/inet.h"
 #include "backends/tcp/tcp_proto.h"
@@ -102,21 +103,10 @@ static void *fake_main(void *arg)
     return NULL;
 }
 
-static uint16_t free_port(void)
-{
-    struct sockaddr_in s = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    socklen_t sl = sizeof(s);
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    KT_CHECK(fd >= 0 && bind(fd, (struct sockaddr *)&s, sizeof(s)) == 0);
-    KT_CHECK(getsockname(fd, (struct sockaddr *)&s, &sl) == 0);
-    close(fd);
-    return ntohs(s.sin_port);
-}
-
 int main(void)
 {
     /* the target to impersonate: its metadata, then its port */
-    uint16_t port = free_port();
+    uint16_t port = (uint16_t)kt_free_port();
     char params[96];
     snprintf(params, sizeof(params), "host=127.0.0.1,port=%u", (unsigned)port);
     fake_t f;
