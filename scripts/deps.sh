@@ -28,6 +28,7 @@ PKGS=(
     openssl             # openssl CLI: throwaway CA and certificates in test_etcd_tls
     libcurl4-openssl-dev # etcd store: HTTP to etcd's JSON gateway
     libjson-c-dev       # etcd store: JSON
+    libnghttp2-dev      # etcd store: gRPC over HTTP/2 to etcd
     liburing-dev        # posix backend (FILE memory) on io_uring
     fio                 # file offload baseline (bench/file_compare.sh)
 )

@@ -1,5 +1,5 @@
 /*
- * kvlane built without the etcd metadata store (libcurl or json-c
+ * kvlane built without the etcd metadata store (libcurl, json-c or nghttp2
  * development files were missing at build time: CMakeLists.txt leaves
  * src/store/etcd*.c out). The API stays, so programs link the same way;
  * every call is refused with the reason and the fix, and doctor's etcd
@@ -9,10 +9,11 @@
 #include <kvlane/etcd.h>
 #include "core/internal.h"
 
-#define KVLI_NO_ETCD_WHY "this kvlane was built without the etcd metadata store: libcurl or " \
-                         "json-c development files were missing when it was built"
-#define KVLI_NO_ETCD_FIX "rebuild kvlane with libcurl4-openssl-dev and libjson-c-dev installed " \
-                         "(scripts/deps.sh), or exchange metadata through the agent listener"
+#define KVLI_NO_ETCD_WHY "this kvlane was built without the etcd metadata store: libcurl, " \
+                         "json-c or nghttp2 development files were missing when it was built"
+#define KVLI_NO_ETCD_FIX "rebuild kvlane with libcurl4-openssl-dev, libjson-c-dev and " \
+                         "libnghttp2-dev installed (scripts/deps.sh), or exchange metadata " \
+                         "through the agent listener"
 
 static kvl_status_t kvli_no_etcd(kvl_agent_t *agent, const char *call)
 {
