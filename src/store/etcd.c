@@ -124,7 +124,7 @@ typedef struct kvli_etcd {
      * under call_lock, which is never taken under lock. A connection to
      * etcd's gateway costs etcd more CPU (~1.4 ms) than two requests. */
     pthread_mutex_t call_lock;
-    CURL *call_h;
+    kvli_etcd_conn_t *call_h;
     kvli_etcd_read_t *reads, **reads_tail; /* reads queued for the next batch */
     bool reading;                      /* a batch is with etcd */
     pthread_cond_t read_cond;          /* a batch came back */
@@ -245,8 +245,8 @@ static kvli_etcd_t *kvli_etcd_get(kvl_agent_t *a, const char *fn, kvl_error_t *e
 
 /* ---- lease ---- */
 
-static kvl_status_t kvli_etcd_grant(kvli_etcd_t *s, CURL *h, int64_t *lease_p, int64_t *rev_p,
-                                    kvl_error_t *err)
+static kvl_status_t kvli_etcd_grant(kvli_etcd_t *s, kvli_etcd_conn_t *h, int64_t *lease_p,
+                                    int64_t *rev_p, kvl_error_t *err)
 {
     json_object *b = json_object_new_object(), *out = NULL;
     json_object_object_add(b, "TTL", json_object_new_int64(s->ttl_s));
@@ -268,7 +268,8 @@ static kvl_status_t kvli_etcd_grant(kvli_etcd_t *s, CURL *h, int64_t *lease_p, i
     return KVL_OK;
 }
 
-static kvl_status_t kvli_etcd_revoke(kvli_etcd_t *s, CURL *h, int64_t lease, kvl_error_t *err)
+static kvl_status_t kvli_etcd_revoke(kvli_etcd_t *s, kvli_etcd_conn_t *h, int64_t lease,
+                                     kvl_error_t *err)
 {
     json_object *b = json_object_new_object(), *out = NULL;
     char id[32];
@@ -283,7 +284,7 @@ static kvl_status_t kvli_etcd_revoke(kvli_etcd_t *s, CURL *h, int64_t lease, kvl
 
 /* Put our metadata (the partial blob given, else the full metadata) under
  * label with lease. */
-static kvl_status_t kvli_etcd_put_md(kvli_etcd_t *s, CURL *h, const char *label,
+static kvl_status_t kvli_etcd_put_md(kvli_etcd_t *s, kvli_etcd_conn_t *h, const char *label,
                                      const void *partial, size_t partial_len, int64_t lease,
                                      kvl_error_t *err)
 {
@@ -383,7 +384,7 @@ static bool kvli_etcd_partial_current(kvl_agent_t *a, const void *blob, size_t l
 }
 
 /* Delete our key under label (a partial label that is out of date). */
-static kvl_status_t kvli_etcd_del_md(kvli_etcd_t *s, CURL *h, const char *label,
+static kvl_status_t kvli_etcd_del_md(kvli_etcd_t *s, kvli_etcd_conn_t *h, const char *label,
                                      kvl_error_t *err)
 {
     char key[1300]; /* the compiler cannot bound the label here: room for any */
@@ -397,7 +398,7 @@ static kvl_status_t kvli_etcd_del_md(kvli_etcd_t *s, CURL *h, const char *label,
     return st;
 }
 
-static kvl_status_t kvli_etcd_republish_labels(kvli_etcd_t *s, CURL *h,
+static kvl_status_t kvli_etcd_republish_labels(kvli_etcd_t *s, kvli_etcd_conn_t *h,
                                                char labels[][KVLI_ETCD_LABEL_MAX], void **blobs,
                                                const size_t *lens, unsigned n, int64_t lease,
                                                kvl_error_t *err);
@@ -406,7 +407,7 @@ static kvl_status_t kvli_etcd_republish_labels(kvli_etcd_t *s, CURL *h,
  * missing). A partial label whose regions are no longer all registered is
  * not: its key is deleted and it is forgotten, so that no peer loads a
  * deregistered region from it. Called by the keeper; err filled on failure. */
-static kvl_status_t kvli_etcd_republish(kvli_etcd_t *s, CURL *h, kvl_error_t *err)
+static kvl_status_t kvli_etcd_republish(kvli_etcd_t *s, kvli_etcd_conn_t *h, kvl_error_t *err)
 {
     char labels[KVLI_ETCD_PUBS_MAX][KVLI_ETCD_LABEL_MAX];
     void *blobs[KVLI_ETCD_PUBS_MAX] = {NULL};
@@ -440,7 +441,7 @@ static kvl_status_t kvli_etcd_republish(kvli_etcd_t *s, CURL *h, kvl_error_t *er
     return st;
 }
 
-static kvl_status_t kvli_etcd_republish_labels(kvli_etcd_t *s, CURL *h,
+static kvl_status_t kvli_etcd_republish_labels(kvli_etcd_t *s, kvli_etcd_conn_t *h,
                                                char labels[][KVLI_ETCD_LABEL_MAX], void **blobs,
                                                const size_t *lens, unsigned n, int64_t lease,
                                                kvl_error_t *err)
@@ -519,7 +520,7 @@ static void *kvli_etcd_keeper_main(void *arg)
         int64_t lease = s->lease;
         bool wanted = s->lease_wanted, dirty = s->dirty;
         pthread_mutex_unlock(&s->lock);
-        CURL *h = s->call_h;
+        kvli_etcd_conn_t *h = s->call_h;
 
         kvl_error_t err;
         kvli_err_blank(&err);
@@ -775,7 +776,7 @@ static void kvli_etcd_event(kvli_etcd_t *s, json_object *ev)
  * false when etcd could not be read: the caller keeps the watch's old
  * revision, so its resumption is refused as compacted again and the check
  * is repeated (with the watch's backoff) until it succeeds. */
-static bool kvli_etcd_resync(kvli_etcd_t *s, CURL *h, const char *name)
+static bool kvli_etcd_resync(kvli_etcd_t *s, kvli_etcd_conn_t *h, const char *name)
 {
     pthread_mutex_lock(&s->lock);
     bool followed = kvli_etcd_follow_find(s, name) != NULL;
@@ -822,7 +823,8 @@ static void kvli_etcd_events(kvli_etcd_t *s, json_object *evs, int64_t *rev)
 typedef struct kvli_etcd_stream {
     struct kvli_etcd_stream *next;
     kvli_etcd_t *s;
-    CURL *h, *rh;                      /* rh: reloads from the watcher thread */
+    CURL *h;
+    kvli_etcd_conn_t *rh;              /* rh: reloads from the watcher thread */
     struct curl_slist *hd;
     char name[KVL_NAME_MAX];
     char body[1024];
@@ -982,7 +984,7 @@ static void kvli_etcd_wanted(kvli_etcd_t *s, kvli_etcd_want_fn fn, void *ctx)
 
 typedef struct kvli_etcd_http_want {
     kvli_etcd_t *s;
-    CURL *rh;
+    kvli_etcd_conn_t *rh;
     kvli_etcd_stream_t **streams;
 } kvli_etcd_http_want_t;
 
@@ -1012,7 +1014,7 @@ static void kvli_etcd_http_want(void *ctx, const char *name, int64_t rev)
 static void kvli_etcd_watcher_http(kvli_etcd_t *s)
 {
     CURLM *m = curl_multi_init();
-    CURL *rh = curl_easy_init();
+    kvli_etcd_conn_t *rh = kvli_etcd_conn_new();
     kvli_etcd_stream_t *streams = NULL;
     pthread_mutex_lock(&s->lock);
     s->multi = m;
@@ -1094,7 +1096,7 @@ static void kvli_etcd_watcher_http(kvli_etcd_t *s)
         free(w);
     }
     curl_multi_cleanup(m);
-    curl_easy_cleanup(rh);
+    kvli_etcd_conn_free(rh);
 }
 
 /* ---- the watcher over one WebSocket ---- */
@@ -1113,7 +1115,7 @@ typedef struct kvli_etcd_ww {
 
 typedef struct kvli_etcd_wsw {
     kvli_etcd_t *s;
-    CURL *rh;                          /* reloads and resyncs */
+    kvli_etcd_conn_t *rh;              /* reloads and resyncs */
     kvli_etcd_ws_t ws;
     bool open, ever, warned, broken;
     kvli_etcd_ww_t *list;
@@ -1341,7 +1343,7 @@ static uint64_t kvli_etcd_ws_sync(kvli_etcd_wsw_t *c, uint64_t now)
  * connection. Returns false when the gateway has no WebSockets. */
 static bool kvli_etcd_watcher_ws(kvli_etcd_t *s)
 {
-    kvli_etcd_wsw_t c = {.s = s, .rh = curl_easy_init(), .backoff_ms = 100};
+    kvli_etcd_wsw_t c = {.s = s, .rh = kvli_etcd_conn_new(), .backoff_ms = 100};
     bool ok = true;
     for (;;) {
         pthread_mutex_lock(&s->lock);
@@ -1392,7 +1394,7 @@ static bool kvli_etcd_watcher_ws(kvli_etcd_t *s)
         c.list = w->next;
         free(w);
     }
-    curl_easy_cleanup(c.rh);
+    kvli_etcd_conn_free(c.rh);
     return ok;
 }
 
@@ -1464,8 +1466,8 @@ kvl_status_t kvl_etcd_attach_tls(kvl_agent_t *a, const kvl_etcd_config_t *cfg,
     memcpy(s->prefix, prefix, pl);
     s->prefix[pl] = '\0';
     s->ttl_s = cfg->lease_ttl_s ? cfg->lease_ttl_s : 10;
-    if (st == KVL_OK && s->call_h == NULL && (s->call_h = curl_easy_init()) == NULL) {
-        kvli_err(&err, KVL_ERR_NO_MEMORY, ENOMEM, "etcd: curl_easy_init failed");
+    if (st == KVL_OK && s->call_h == NULL && (s->call_h = kvli_etcd_conn_new()) == NULL) {
+        kvli_err(&err, KVL_ERR_NO_MEMORY, ENOMEM, "etcd: out of memory for a connection");
         st = KVL_ERR_NO_MEMORY;
     }
     int64_t lease = 0, rev = 0;
@@ -1640,7 +1642,8 @@ kvl_status_t kvl_etcd_publish_partial(kvl_agent_t *a, const char *label, const v
 
 /* Read a batch of keys: one range, or one read-only transaction of ranges
  * (etcd answers it at one revision). Fills every read's result. */
-static void kvli_etcd_read_batch(kvli_etcd_t *s, CURL *h, kvli_etcd_read_t **batch, unsigned n)
+static void kvli_etcd_read_batch(kvli_etcd_t *s, kvli_etcd_conn_t *h, kvli_etcd_read_t **batch,
+                                 unsigned n)
 {
     json_object *b = json_object_new_object(), *out = NULL, *resps = NULL;
     kvl_error_t err;
@@ -2424,8 +2427,7 @@ static void kvli_etcd_destroy(kvl_agent_t *a, void *state)
     free(s->bg_due);
     free(s->bg_err);
     free(s->bg_rerr);
-    if (s->call_h != NULL)
-        curl_easy_cleanup(s->call_h);
+    kvli_etcd_conn_free(s->call_h);
     pthread_cond_destroy(&s->cond);
     pthread_cond_destroy(&s->put_cond);
     pthread_cond_destroy(&s->read_cond);

@@ -116,6 +116,20 @@ kvl_status_t kvli_etcd_client_init(kvli_etcd_client_t *c, const char *endpoints,
     return KVL_OK;
 }
 
+kvli_etcd_conn_t *kvli_etcd_conn_new(void)
+{
+    return calloc(1, sizeof(kvli_etcd_conn_t));
+}
+
+void kvli_etcd_conn_free(kvli_etcd_conn_t *h)
+{
+    if (h == NULL)
+        return;
+    if (h->curl != NULL)
+        curl_easy_cleanup(h->curl);
+    free(h);
+}
+
 void kvli_etcd_client_fini(kvli_etcd_client_t *c)
 {
     memset(c->password, 0, sizeof(c->password));
@@ -216,18 +230,23 @@ static size_t kvli_etcd_sink(char *data, size_t sz, size_t nm, void *arg)
  * maybe with an error object), -1 with why filled (not reached), -2 (an
  * answer that is not etcd's), or -3: TLS failed (why says how, *fix_p what
  * to do). */
-static int kvli_etcd_post(kvli_etcd_client_t *c, CURL *h, const char *ep, const char *path,
-                          const char *body, bool with_token, json_object **out, long *http_p,
-                          char *why, size_t why_cap, const char **fix_p)
+static int kvli_etcd_post(kvli_etcd_client_t *c, kvli_etcd_conn_t *conn, const char *ep,
+                          const char *path, const char *body, bool with_token,
+                          json_object **out, long *http_p, char *why, size_t why_cap,
+                          const char **fix_p)
 {
     *fix_p = NULL;
     char url[KVLI_ETCD_EP_LEN + 64], auth[KVLI_ETCD_TOKEN_MAX + 32], errbuf[CURL_ERROR_SIZE] = "";
     kvli_etcd_buf_t b = {0};
     struct curl_slist *hd = NULL;
-    CURL *own = NULL;
+    CURL *own = NULL, *h = conn != NULL ? conn->curl : NULL;
     int rc = -1;
 
-    if (h == NULL && (h = own = curl_easy_init()) == NULL) {
+    if (conn != NULL && h == NULL)
+        h = conn->curl = curl_easy_init();
+    else if (h == NULL)
+        h = own = curl_easy_init();
+    if (h == NULL) {
         snprintf(why, why_cap, "curl_easy_init failed (out of memory)");
         return -1;
     }
@@ -299,8 +318,8 @@ static const char *kvli_etcd_errmsg(json_object *o, int *code_p)
     return m;
 }
 
-static kvl_status_t kvli_etcd_auth_on(kvli_etcd_client_t *c, CURL *h, const char *ep,
-                                      kvl_error_t *err)
+static kvl_status_t kvli_etcd_auth_on(kvli_etcd_client_t *c, kvli_etcd_conn_t *h,
+                                      const char *ep, kvl_error_t *err)
 {
     json_object *body = json_object_new_object(), *out = NULL;
     char why[512];
@@ -344,7 +363,8 @@ static kvl_status_t kvli_etcd_auth_on(kvli_etcd_client_t *c, CURL *h, const char
     return KVL_OK;
 }
 
-kvl_status_t kvli_etcd_authenticate(kvli_etcd_client_t *c, CURL *h, kvl_error_t *err)
+kvl_status_t kvli_etcd_authenticate(kvli_etcd_client_t *c, kvli_etcd_conn_t *h,
+                                    kvl_error_t *err)
 {
     kvl_status_t st = KVL_ERR_REMOTE_DISCONNECT;
     unsigned first = atomic_load(&c->cur);
@@ -360,8 +380,9 @@ kvl_status_t kvli_etcd_authenticate(kvli_etcd_client_t *c, CURL *h, kvl_error_t 
     return err->code != KVL_OK ? err->code : st; /* a TLS refusal: KVL_ERR_PERMISSION */
 }
 
-kvl_status_t kvli_etcd_call(kvli_etcd_client_t *c, CURL *h, const char *path, json_object *body,
-                            json_object **out, char *ep_out, size_t ep_cap, kvl_error_t *err)
+kvl_status_t kvli_etcd_call(kvli_etcd_client_t *c, kvli_etcd_conn_t *h, const char *path,
+                            json_object *body, json_object **out, char *ep_out, size_t ep_cap,
+                            kvl_error_t *err)
 {
     const char *text = json_object_to_json_string_ext(body, JSON_C_TO_STRING_PLAIN);
     char whys[KVLI_ETCD_EPS_MAX][400], tls_why[400] = "";

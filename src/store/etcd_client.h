@@ -39,6 +39,14 @@ typedef struct kvli_etcd_client {
     bool tls, verify_name;
 } kvli_etcd_client_t;
 
+/* The connection one thread makes its calls on: a curl handle for the JSON
+ * gateway, made at its first use. One thread at a time. */
+typedef struct kvli_etcd_conn {
+    CURL *curl;
+} kvli_etcd_conn_t;
+kvli_etcd_conn_t *kvli_etcd_conn_new(void); /* NULL: out of memory */
+void kvli_etcd_conn_free(kvli_etcd_conn_t *h); /* NULL: nothing */
+
 /* Parse "url[,url...]" ("host:port" gets http://, https:// with TLS files;
  * http:// with TLS files is refused) and check the TLS files (tls may be
  * NULL). err filled on failure. */
@@ -65,16 +73,18 @@ void kvli_etcd_global_init(void);
 
 /*
  * POST body (JSON) to path ("/v3/kv/put") on the first endpoint that
- * answers. h: a curl handle of the caller's thread (reused connection) or
- * NULL. On KVL_OK *out is the parsed answer (json_object_put it); on error
- * err names the endpoint(s), what each answered and what to do. ep_out
- * (optional) gets the endpoint that answered.
+ * answers. h: a connection of the caller's thread (reused) or NULL. On
+ * KVL_OK *out is the parsed answer (json_object_put it); on error err names
+ * the endpoint(s), what each answered and what to do. ep_out (optional)
+ * gets the endpoint that answered.
  */
-kvl_status_t kvli_etcd_call(kvli_etcd_client_t *c, CURL *h, const char *path, json_object *body,
-                            json_object **out, char *ep_out, size_t ep_cap, kvl_error_t *err);
+kvl_status_t kvli_etcd_call(kvli_etcd_client_t *c, kvli_etcd_conn_t *h, const char *path,
+                            json_object *body, json_object **out, char *ep_out, size_t ep_cap,
+                            kvl_error_t *err);
 
 /* Authenticate now (user set), on the first endpoint that answers. */
-kvl_status_t kvli_etcd_authenticate(kvli_etcd_client_t *c, CURL *h, kvl_error_t *err);
+kvl_status_t kvli_etcd_authenticate(kvli_etcd_client_t *c, kvli_etcd_conn_t *h,
+                                    kvl_error_t *err);
 
 /* Copy the current "Authorization" header value ("" when none). */
 void kvli_etcd_token(kvli_etcd_client_t *c, char *buf, size_t cap);

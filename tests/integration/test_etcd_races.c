@@ -53,12 +53,12 @@ int __real_pthread_join(pthread_t t, void **ret);
 int __wrap_pthread_mutex_lock(pthread_mutex_t *m);
 int __wrap_pthread_mutex_unlock(pthread_mutex_t *m);
 int __wrap_pthread_join(pthread_t t, void **ret);
-kvl_status_t __real_kvli_etcd_call(kvli_etcd_client_t *c, CURL *h, const char *path,
-                                   json_object *body, json_object **out, char *ep_out,
-                                   size_t ep_cap, kvl_error_t *err);
-kvl_status_t __wrap_kvli_etcd_call(kvli_etcd_client_t *c, CURL *h, const char *path,
-                                   json_object *body, json_object **out, char *ep_out,
-                                   size_t ep_cap, kvl_error_t *err);
+kvl_status_t __real_kvli_etcd_call(kvli_etcd_client_t *c, kvli_etcd_conn_t *h,
+                                   const char *path, json_object *body, json_object **out,
+                                   char *ep_out, size_t ep_cap, kvl_error_t *err);
+kvl_status_t __wrap_kvli_etcd_call(kvli_etcd_client_t *c, kvli_etcd_conn_t *h,
+                                   const char *path, json_object *body, json_object **out,
+                                   char *ep_out, size_t ep_cap, kvl_error_t *err);
 kvl_status_t __real_kvl_metadata_load(kvl_agent_t *a, const void *blob, size_t len,
                                       char *name_out, size_t name_cap);
 kvl_status_t __wrap_kvl_metadata_load(kvl_agent_t *a, const void *blob, size_t len,
@@ -172,9 +172,9 @@ static void test_err(kvl_error_t *err, kvl_status_t code, const char *what)
     snprintf(err->what, sizeof(err->what), "%s", what);
 }
 
-kvl_status_t __wrap_kvli_etcd_call(kvli_etcd_client_t *c, CURL *h, const char *path,
-                                   json_object *body, json_object **out, char *ep_out,
-                                   size_t ep_cap, kvl_error_t *err)
+kvl_status_t __wrap_kvli_etcd_call(kvli_etcd_client_t *c, kvli_etcd_conn_t *h,
+                                   const char *path, json_object *body, json_object **out,
+                                   char *ep_out, size_t ep_cap, kvl_error_t *err)
 {
     if (strcmp(path, "/v3/kv/range") == 0) {
         json_object *k = NULL;
