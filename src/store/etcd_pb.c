@@ -364,8 +364,8 @@ static int pb_enc_scalar(kvli_pb_enc_t *e, const char *mn, const kvli_pb_field_t
                mn, f->name, pb_jtype(v), sgn ? "int64" : "uint64");
         return -1;
     range:
-        pb_why(e->why, e->cap, "%s.%s: %s is out of the range of a %s", mn, f->name,
-               json_object_to_json_string(v), sgn ? "int64" : "uint64");
+        pb_why(e->why, e->cap, "%s.%s: %s is out of the range of %s", mn, f->name,
+               json_object_to_json_string(v), sgn ? "an int64" : "a uint64");
         return -1;
     }
     case PB_BOOL:
