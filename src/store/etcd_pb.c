@@ -946,3 +946,44 @@ int kvli_etcd_pb_answer(const char *gw_path, const uint8_t *buf, size_t len, jso
     *out = o;
     return 0;
 }
+
+static int pb_hexval(char c)
+{
+    if (c >= '0' && c <= '9')
+        return c - '0';
+    if (c >= 'a' && c <= 'f')
+        return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F')
+        return c - 'A' + 10;
+    return -1;
+}
+
+json_object *kvli_etcd_pb_status(int code, const char *grpc_message)
+{
+    /* grpc-message is percent-encoded (gRPC over HTTP/2); a '%' not followed
+     * by two hex digits stays as it is */
+    const char *in = grpc_message != NULL ? grpc_message : "";
+    size_t n = strlen(in), w = 0;
+    char *m = malloc(n + 1);
+    if (m == NULL)
+        return NULL;
+    for (size_t i = 0; i < n; i++) {
+        int hi = -1, lo = -1;
+        if (in[i] == '%' && i + 2 < n && (hi = pb_hexval(in[i + 1])) >= 0 &&
+            (lo = pb_hexval(in[i + 2])) >= 0 && (hi | lo) != 0) {
+            m[w++] = (char)(hi << 4 | lo);
+            i += 2;
+        } else {
+            m[w++] = in[i];
+        }
+    }
+    m[w] = '\0';
+    json_object *o = json_object_new_object();
+    if (o != NULL) {
+        json_object_object_add(o, "error", json_object_new_string(m));
+        json_object_object_add(o, "message", json_object_new_string(m));
+        json_object_object_add(o, "code", json_object_new_int(code));
+    }
+    free(m);
+    return o;
+}

@@ -68,4 +68,10 @@ int kvli_etcd_pb_decode(kvli_etcd_pb_msg_t m, const uint8_t *buf, size_t len,
 int kvli_etcd_pb_answer(const char *gw_path, const uint8_t *buf, size_t len, json_object **out,
                         char *why, size_t why_cap);
 
+/* A failed call (gRPC's grpc-status code, and its grpc-message as it came,
+ * percent-encoded, or NULL) as the gateway writes it, for every method:
+ * {"error":msg,"message":msg,"code":code}, which the existing readers of
+ * errors take. NULL: out of memory. */
+json_object *kvli_etcd_pb_status(int code, const char *grpc_message);
+
 #endif
