@@ -3,7 +3,7 @@
  * same port) gets answers that, decoded, equal the gateway's JSON exactly.
  * Read-only requests on a fixed store, so both answers carry the same
  * revision; a watch from revision 1 replays a history of puts and deletes.
- * libcurl does the HTTP/2 here; kvlane's own gRPC path is etcd_grpc's. */
+ * libcurl does the HTTP/2 here, not kvlane's own gRPC path. */
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
