@@ -5,7 +5,13 @@
  *   0  JSON text: a watch answer with its events, a range answer, int64s
  *   1  WebSocket bytes: frames, fragmented messages, in two deliveries
  *   2  the WebSocket upgrade answer's head
- * (src/store/etcd_parse.c, src/store/etcd_ws.c). */
+ *   3 + m            protobuf bytes of message m (kvli_etcd_pb_msg_t): decoded;
+ *                    what decodes must encode, and encode the same bytes again
+ *   3 + KVLI_PB_N + m  JSON text encoded as message m: what encodes must decode,
+ *                    and encode again to the same bytes
+ * (src/store/etcd_parse.c, src/store/etcd_ws.c, src/store/etcd_pb.c). The
+ * first byte is taken modulo 3 + 2 * KVLI_PB_N, so 0, 1 and 2 stay as they
+ * were for the corpus. */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -21,6 +27,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 }
 #else
 #include "store/etcd_client.h"
+#include "store/etcd_pb.h"
 
 static char *text_of(const uint8_t *data, size_t size)
 {
@@ -118,11 +125,83 @@ static void ws_frames(const uint8_t *data, size_t size)
     free(w.msg);
 }
 
+/* j (a decoded message m): encodes (to want, want_n when want is not
+ * NULL: j was decoded from the encoder's own bytes), the bytes decode, and
+ * that encodes to the same bytes again. */
+static void pb_again(kvli_etcd_pb_msg_t m, json_object *j, const uint8_t *want, size_t want_n)
+{
+    uint8_t *b1 = NULL, *b2 = NULL;
+    size_t n1 = 0, n2 = 0;
+    json_object *j2 = NULL;
+    char why[256] = "";
+    if (kvli_etcd_pb_encode(m, j, &b1, &n1, why, sizeof(why)) != 0)
+        abort(); /* what the decoder writes, the encoder must take */
+    if (want != NULL && (n1 != want_n || (n1 > 0 && memcmp(b1, want, n1) != 0)))
+        abort();
+    if (kvli_etcd_pb_decode(m, b1, n1, &j2, why, sizeof(why)) != 0)
+        abort();
+    if (kvli_etcd_pb_encode(m, j2, &b2, &n2, why, sizeof(why)) != 0 || n1 != n2 ||
+        (n1 > 0 && memcmp(b1, b2, n1) != 0))
+        abort(); /* encoding is deterministic and loses nothing the decoder keeps */
+    json_object_put(j2);
+    free(b1);
+    free(b2);
+}
+
+static void pb_decode(kvli_etcd_pb_msg_t m, const uint8_t *data, size_t size)
+{
+    json_object *j = NULL;
+    char why[256] = "";
+    if (kvli_etcd_pb_decode(m, data, size, &j, why, sizeof(why)) != 0) {
+        if (j != NULL || why[0] == '\0')
+            abort();
+        return;
+    }
+    if (j == NULL || !json_object_is_type(j, json_type_object))
+        abort();
+    pb_again(m, j, NULL, 0);
+    json_object_put(j);
+}
+
+static void pb_encode(kvli_etcd_pb_msg_t m, const uint8_t *data, size_t size)
+{
+    char *t = text_of(data, size);
+    if (t == NULL)
+        return;
+    json_object *o = json_tokener_parse(t);
+    free(t);
+    uint8_t *b = NULL;
+    size_t n = 0;
+    char why[256] = "";
+    if (kvli_etcd_pb_encode(m, o, &b, &n, why, sizeof(why)) != 0) {
+        if (b != NULL || why[0] == '\0')
+            abort();
+    } else {
+        json_object *j = NULL;
+        if (kvli_etcd_pb_decode(m, b, n, &j, why, sizeof(why)) != 0)
+            abort();
+        pb_again(m, j, b, n);
+        json_object_put(j);
+        free(b);
+    }
+    if (o != NULL)
+        json_object_put(o);
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     if (size < 1)
         return 0;
-    switch (data[0] % 3) {
+    unsigned sel = data[0] % (3u + 2u * KVLI_PB_N);
+    if (sel >= 3u + KVLI_PB_N) {
+        pb_encode((kvli_etcd_pb_msg_t)(sel - 3u - KVLI_PB_N), data + 1, size - 1);
+        return 0;
+    }
+    if (sel >= 3u) {
+        pb_decode((kvli_etcd_pb_msg_t)(sel - 3u), data + 1, size - 1);
+        return 0;
+    }
+    switch (sel) {
     case 0:
         json_answers(data + 1, size - 1);
         break;
