@@ -27,6 +27,8 @@
 #include "common/clock.h"
 #include "core/md_codec.h"
 #include "etcd_client.h"
+#include "etcd_h2.h"
+#include "etcd_pb.h"
 #include "store.h"
 
 #define KVLI_ETCD_LABEL_MAX 64u
@@ -1117,6 +1119,10 @@ typedef struct kvli_etcd_wsw {
     kvli_etcd_t *s;
     kvli_etcd_conn_t *rh;              /* reloads and resyncs */
     kvli_etcd_ws_t ws;
+    bool grpc;                         /* a gRPC Watch stream on h2 instead of the WebSocket */
+    bool reauth;                       /* etcd refused the stream's token: a new one first */
+    kvli_h2_t *h2;
+    int32_t sid;
     bool open, ever, warned, broken;
     kvli_etcd_ww_t *list;
     int64_t next_id;
@@ -1164,8 +1170,18 @@ static kvli_etcd_ww_t *kvli_etcd_ww_oldest(kvli_etcd_wsw_t *c)
 static bool kvli_etcd_ws_req(kvli_etcd_wsw_t *c, json_object *req, const char *what)
 {
     char why[200];
-    int r = kvli_etcd_ws_send(&c->ws, json_object_to_json_string_ext(req, JSON_C_TO_STRING_PLAIN),
+    int r;
+    if (c->grpc) {
+        uint8_t *m = NULL;
+        size_t n = 0;
+        r = kvli_etcd_pb_encode(KVLI_PB_WATCH_REQ, req, &m, &n, why, sizeof(why));
+        if (r == 0)
+            r = kvli_h2_stream_send(c->h2, c->sid, m, n, c->s->cl.timeout_ms, why, sizeof(why));
+        free(m);
+    } else {
+        r = kvli_etcd_ws_send(&c->ws, json_object_to_json_string_ext(req, JSON_C_TO_STRING_PLAIN),
                               c->s->cl.timeout_ms, why, sizeof(why));
+    }
     json_object_put(req);
     if (r != 0) {
         snprintf(c->fail, sizeof(c->fail), "%s: %s", what, why);
@@ -1212,15 +1228,10 @@ static void kvli_etcd_ww_retry(kvli_etcd_wsw_t *c, kvli_etcd_ww_t *w, const char
     w->backoff_ms = w->backoff_ms * 2 > 2000 ? 2000 : w->backoff_ms * 2;
 }
 
-/* One message on the WebSocket: a watch answer. */
-static void kvli_etcd_ws_msg(void *arg, const char *text, size_t len)
+/* One watch answer (o, as the gateway writes it; taken). */
+static void kvli_etcd_watch_answer(kvli_etcd_wsw_t *c, json_object *o)
 {
-    kvli_etcd_wsw_t *c = arg;
     kvli_etcd_wres_t r;
-    json_object *o = json_tokener_parse(text);
-    (void)len;
-    if (o == NULL)
-        return;
     if (!kvli_etcd_wres_parse(o, &r)) {
         kvli_scopy(c->fail, sizeof(c->fail), r.fail);
         c->broken = true;
@@ -1256,10 +1267,61 @@ static void kvli_etcd_ws_msg(void *arg, const char *text, size_t len)
         char why[200];
         snprintf(why, sizeof(why), "etcd canceled the watch: %.150s", r.reason);
         kvli_etcd_ww_retry(c, w, why);
+        /* a gRPC stream carries the token it was opened with: when etcd no
+         * longer takes it, the stream is opened again with a new one */
+        if (c->grpc && c->s->cl.user[0] != '\0' && strstr(r.reason, "token") != NULL) {
+            c->reauth = c->broken = true;
+            snprintf(c->fail, sizeof(c->fail), "%s", why);
+        }
     }
     if (!r.canceled)
         kvli_etcd_events(c->s, r.events, &w->rev);
     json_object_put(o);
+}
+
+/* One message on the WebSocket: a watch answer. */
+static void kvli_etcd_ws_msg(void *arg, const char *text, size_t len)
+{
+    json_object *o = json_tokener_parse(text);
+    (void)len;
+    if (o != NULL)
+        kvli_etcd_watch_answer(arg, o);
+}
+
+/* One message on the gRPC Watch stream: a WatchResponse, handed on in the
+ * gateway's form ({"result": ...}). */
+static void kvli_etcd_h2_msg(void *arg, int32_t sid, const uint8_t *msg, size_t len)
+{
+    kvli_etcd_wsw_t *c = arg;
+    json_object *o = NULL;
+    char why[200];
+    if (sid != c->sid || c->broken)
+        return;
+    if (kvli_etcd_pb_decode(KVLI_PB_WATCH_RESP, msg, len, &o, why, sizeof(why)) != 0) {
+        snprintf(c->fail, sizeof(c->fail), "a watch answer that is not etcd's protobuf (%s)",
+                 why);
+        c->broken = true;
+        return;
+    }
+    json_object *res = json_object_new_object();
+    json_object_object_add(res, "result", o);
+    kvli_etcd_watch_answer(c, res);
+}
+
+/* etcd ended the Watch stream (its trailers, or a reset). */
+static void kvli_etcd_h2_end(void *arg, int32_t sid, int status, const char *message)
+{
+    kvli_etcd_wsw_t *c = arg;
+    if (sid != c->sid)
+        return;
+    if (status < 0)
+        snprintf(c->fail, sizeof(c->fail), "etcd reset the watch stream (%.200s)", message);
+    else
+        snprintf(c->fail, sizeof(c->fail), "etcd ended the watch stream: %.200s (gRPC code %d)",
+                 message[0] ? message : "no message", status);
+    if (status > 0 && c->s->cl.user[0] != '\0' && strstr(message, "token") != NULL)
+        c->reauth = true;
+    c->broken = true;
 }
 
 /* The connection went (or never came): every watch is created again on
@@ -1267,8 +1329,12 @@ static void kvli_etcd_ws_msg(void *arg, const char *text, size_t len)
 static void kvli_etcd_ws_down(kvli_etcd_wsw_t *c, const char *why)
 {
     kvli_etcd_t *s = c->s;
-    if (c->open)
+    if (c->open && c->grpc) {
+        kvli_h2_close(c->h2);
+        c->h2 = NULL;
+    } else if (c->open) {
         kvli_etcd_ws_close(&c->ws);
+    }
     if (!c->warned)
         kvli_log(c->ever ? KVL_LOG_INFO : KVL_LOG_WARN, "etcd", "agent '%s': etcd watch "
                  "connection to %s ended: %s; resuming every watch from its revision (restarts "
@@ -1286,8 +1352,42 @@ static void kvli_etcd_ws_down(kvli_etcd_wsw_t *c, const char *why)
     c->backoff_ms = c->backoff_ms * 2 > 2000 ? 2000 : c->backoff_ms * 2;
 }
 
-/* Connect when due: 1 open, 0 not now, -1 the gateway answers no
- * WebSocket upgrade (use plain HTTP streams instead). */
+/* The gRPC Watch stream on a new connection to ep: as kvli_etcd_ws_open. */
+static int kvli_etcd_h2_watch_open(kvli_etcd_wsw_t *c, const char *ep, char *why, size_t cap)
+{
+    kvli_etcd_t *s = c->s;
+    char tok[KVLI_ETCD_TOKEN_MAX] = "";
+    unsigned i = kvli_etcd_ep_index(&s->cl, ep);
+    if (!kvli_etcd_grpc_on(&s->cl, i)) {
+        snprintf(why, cap, "it serves no gRPC");
+        return -2;
+    }
+    if (c->reauth) {
+        kvl_error_t err;
+        kvli_err_blank(&err);
+        if (kvli_etcd_authenticate(&s->cl, c->rh, &err) != KVL_OK) {
+            snprintf(why, cap, "authenticating again: %s", err.what);
+            return -1;
+        }
+        c->reauth = false;
+    }
+    int r = kvli_h2_open(&c->h2, ep, s->cl.timeout_ms, why, cap);
+    if (r == -2 && s->cl.api == KVLI_ETCD_API_AUTO)
+        kvli_etcd_grpc_off(&s->cl, i, why);
+    if (r != 0)
+        return r == -2 && s->cl.api == KVLI_ETCD_API_AUTO ? -2 : -1;
+    kvli_etcd_token(&s->cl, tok, sizeof(tok));
+    if (kvli_h2_stream_open(c->h2, "/etcdserverpb.Watch/Watch", tok, &c->sid, s->cl.timeout_ms,
+                            why, cap) != 0) {
+        kvli_h2_close(c->h2);
+        c->h2 = NULL;
+        return -1;
+    }
+    return 0;
+}
+
+/* Connect when due: 1 open, 0 not now, -1 the endpoint answers no gRPC (a
+ * gRPC watcher) or no WebSocket upgrade: another kind of watcher instead. */
 static int kvli_etcd_ws_connect(kvli_etcd_wsw_t *c)
 {
     kvli_etcd_t *s = c->s;
@@ -1297,7 +1397,11 @@ static int kvli_etcd_ws_connect(kvli_etcd_wsw_t *c)
     if (kvli_clock_ms() < c->retry_ms)
         return 0;
     const char *ep = s->cl.eps[atomic_load(&s->cl.cur) % s->cl.n_eps];
-    int r = kvli_etcd_ws_open(&c->ws, &s->cl, ep, "/v3/watch", s->cl.timeout_ms, why, sizeof(why));
+    int r = c->grpc ? kvli_etcd_h2_watch_open(c, ep, why, sizeof(why))
+                    : kvli_etcd_ws_open(&c->ws, &s->cl, ep, "/v3/watch", s->cl.timeout_ms, why,
+                                        sizeof(why));
+    if (r == -2 && c->grpc)
+        return -1;
     if (r == -2) {
         kvli_log(KVL_LOG_INFO, "etcd", "agent '%s': etcd at %s: %s; watching each agent on a "
                  "plain HTTP stream of its own instead", s->a->name, ep, why);
@@ -1339,11 +1443,12 @@ static uint64_t kvli_etcd_ws_sync(kvli_etcd_wsw_t *c, uint64_t now)
     return next;
 }
 
-/* The watcher over one WebSocket: every watch of the agent on one
- * connection. Returns false when the gateway has no WebSockets. */
-static bool kvli_etcd_watcher_ws(kvli_etcd_t *s)
+/* The watcher over one connection, every watch of the agent on it: a gRPC
+ * Watch stream (grpc), or a WebSocket to the gateway. Returns false when
+ * the endpoint serves neither (no gRPC; no WebSocket upgrade). */
+static bool kvli_etcd_watcher_ws(kvli_etcd_t *s, bool grpc)
 {
-    kvli_etcd_wsw_t c = {.s = s, .rh = kvli_etcd_conn_new(), .backoff_ms = 100};
+    kvli_etcd_wsw_t c = {.s = s, .rh = kvli_etcd_conn_new(), .backoff_ms = 100, .grpc = grpc};
     bool ok = true;
     for (;;) {
         pthread_mutex_lock(&s->lock);
@@ -1372,8 +1477,13 @@ static bool kvli_etcd_watcher_ws(kvli_etcd_t *s)
         if (reload_at < next)
             next = reload_at;
         struct pollfd p[2] = {{.fd = s->wake_fd, .events = POLLIN},
-                              {.fd = c.open ? c.ws.fd : -1, .events = POLLIN}};
-        int wait_ms = c.broken ? 0 : next > now ? (int)(next - now) : 0;
+                              {.fd = !c.open ? -1 : c.grpc ? kvli_h2_fd(c.h2) : c.ws.fd,
+                               .events = POLLIN}};
+        if (c.open && c.grpc && kvli_h2_want_write(c.h2))
+            p[1].events |= POLLOUT;
+        /* messages the connection already read (during a send) wait no poll */
+        bool queued = c.open && c.grpc && kvli_h2_pending(c.h2);
+        int wait_ms = c.broken || queued ? 0 : next > now ? (int)(next - now) : 0;
         (void)poll(p, 2, wait_ms > 1000 ? 1000 : wait_ms);
         if (p[0].revents & POLLIN) {
             uint64_t v;
@@ -1381,13 +1491,19 @@ static bool kvli_etcd_watcher_ws(kvli_etcd_t *s)
                 kvli_log(KVL_LOG_DEBUG, "etcd", "watcher wake read: %s", strerror(errno));
         }
         char why[300] = "";
-        if (c.open && !c.broken &&
-            kvli_etcd_ws_read(&c.ws, kvli_etcd_ws_msg, &c, why, sizeof(why)) != 0)
+        int rr = 0;
+        if (c.open && !c.broken)
+            rr = c.grpc ? kvli_h2_pump(c.h2, KVLI_ETCD_REPLY_MAX, kvli_etcd_h2_msg,
+                                       kvli_etcd_h2_end, &c, why, sizeof(why))
+                        : kvli_etcd_ws_read(&c.ws, kvli_etcd_ws_msg, &c, why, sizeof(why));
+        if (rr != 0)
             kvli_etcd_ws_down(&c, why);
         else if (c.open && c.broken)
             kvli_etcd_ws_down(&c, c.fail);
     }
-    if (c.open)
+    if (c.open && c.grpc)
+        kvli_h2_close(c.h2);
+    else if (c.open)
         kvli_etcd_ws_close(&c.ws);
     while (c.list != NULL) {
         kvli_etcd_ww_t *w = c.list;
@@ -1401,7 +1517,13 @@ static bool kvli_etcd_watcher_ws(kvli_etcd_t *s)
 static void *kvli_etcd_watcher_main(void *arg)
 {
     kvli_etcd_t *s = arg;
-    if (s->cl.user[0] != '\0' || !kvli_etcd_watcher_ws(s))
+    /* gRPC where the endpoint serves it (the token rides on the stream);
+     * else the gateway's WebSocket, which does not hand a token on; else a
+     * plain HTTP stream per watched agent */
+    unsigned cur = atomic_load(&s->cl.cur) % s->cl.n_eps;
+    if (kvli_etcd_grpc_on(&s->cl, cur) && kvli_etcd_watcher_ws(s, true))
+        return NULL;
+    if (s->cl.user[0] != '\0' || !kvli_etcd_watcher_ws(s, false))
         kvli_etcd_watcher_http(s);
     return NULL;
 }

@@ -10,6 +10,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include "etcd_client.h"
+#include "etcd_h2.h"
+#include "etcd_pb.h"
 
 static pthread_once_t kvli_etcd_once = PTHREAD_ONCE_INIT;
 
@@ -30,6 +32,20 @@ kvl_status_t kvli_etcd_client_init(kvli_etcd_client_t *c, const char *endpoints,
     memset(c, 0, sizeof(*c));
     pthread_mutex_init(&c->tok_lock, NULL);
     c->timeout_ms = timeout_ms ? timeout_ms : 5000;
+    const char *api = getenv("KVL_ETCD_API");
+    if (api == NULL || api[0] == '\0' || strcmp(api, "auto") == 0) {
+        c->api = KVLI_ETCD_API_AUTO;
+    } else if (strcmp(api, "grpc") == 0) {
+        c->api = KVLI_ETCD_API_GRPC;
+    } else if (strcmp(api, "gateway") == 0) {
+        c->api = KVLI_ETCD_API_GATEWAY;
+    } else {
+        kvli_err(err, KVL_ERR_INVALID_ARG, 0, "KVL_ETCD_API='%.60s' is not one of auto, grpc, "
+                 "gateway", api);
+        kvli_hint(err, "unset it: auto speaks gRPC where the endpoint serves it and the JSON "
+                       "gateway where not");
+        return KVL_ERR_INVALID_ARG;
+    }
     /* The files first: with TLS, host:port means https:// (never plain http). */
     kvl_status_t tst = kvli_etcd_tls_init(c, tls, err);
     if (tst != KVL_OK)
@@ -100,6 +116,18 @@ kvl_status_t kvli_etcd_client_init(kvli_etcd_client_t *c, const char *endpoints,
         kvli_hint(err, "write it as http://host:port[,http://host:port...]");
         return KVL_ERR_INVALID_ARG;
     }
+    for (unsigned i = 0; i < c->n_eps; i++) {
+        if (c->api == KVLI_ETCD_API_GRPC && strncmp(c->eps[i], "https://", 8) == 0) {
+            kvli_err(err, KVL_ERR_INVALID_ARG, 0, "KVL_ETCD_API=grpc, but etcd endpoint '%s' is "
+                     "https: this kvlane reaches etcd over TLS through its JSON gateway only",
+                     c->eps[i]);
+            kvli_hint(err, "unset KVL_ETCD_API (or set it to gateway) for TLS endpoints");
+            return KVL_ERR_INVALID_ARG;
+        }
+        atomic_init(&c->ep_api[i], c->api == KVLI_ETCD_API_GATEWAY ||
+                                   strncmp(c->eps[i], "https://", 8) == 0
+                                   ? KVLI_ETCD_API_GATEWAY : c->api);
+    }
     /* Agents spread over the members (each keeps the one that answered). */
     atomic_store(&c->cur, (unsigned)(kvli_random64() % c->n_eps));
     if (user != NULL && user[0] != '\0') {
@@ -125,9 +153,32 @@ void kvli_etcd_conn_free(kvli_etcd_conn_t *h)
 {
     if (h == NULL)
         return;
+    kvli_h2_close(h->h2);
     if (h->curl != NULL)
         curl_easy_cleanup(h->curl);
     free(h);
+}
+
+bool kvli_etcd_grpc_on(kvli_etcd_client_t *c, unsigned i)
+{
+    return i < c->n_eps && atomic_load(&c->ep_api[i]) != KVLI_ETCD_API_GATEWAY;
+}
+
+void kvli_etcd_grpc_off(kvli_etcd_client_t *c, unsigned i, const char *why)
+{
+    int was = KVLI_ETCD_API_AUTO;
+    if (i < c->n_eps &&
+        atomic_compare_exchange_strong(&c->ep_api[i], &was, KVLI_ETCD_API_GATEWAY))
+        kvli_log(KVL_LOG_INFO, "etcd", "etcd at %s does not serve gRPC (%s); using its JSON "
+                 "gateway", c->eps[i], why);
+}
+
+unsigned kvli_etcd_ep_index(const kvli_etcd_client_t *c, const char *ep)
+{
+    unsigned i = 0;
+    while (i < c->n_eps && strcmp(c->eps[i], ep) != 0)
+        i++;
+    return i;
 }
 
 void kvli_etcd_client_fini(kvli_etcd_client_t *c)
@@ -230,10 +281,10 @@ static size_t kvli_etcd_sink(char *data, size_t sz, size_t nm, void *arg)
  * maybe with an error object), -1 with why filled (not reached), -2 (an
  * answer that is not etcd's), or -3: TLS failed (why says how, *fix_p what
  * to do). */
-static int kvli_etcd_post(kvli_etcd_client_t *c, kvli_etcd_conn_t *conn, const char *ep,
-                          const char *path, const char *body, bool with_token,
-                          json_object **out, long *http_p, char *why, size_t why_cap,
-                          const char **fix_p)
+static int kvli_etcd_gw_post(kvli_etcd_client_t *c, kvli_etcd_conn_t *conn, const char *ep,
+                             const char *path, const char *body, bool with_token,
+                             json_object **out, long *http_p, char *why, size_t why_cap,
+                             const char **fix_p)
 {
     *fix_p = NULL;
     char url[KVLI_ETCD_EP_LEN + 64], auth[KVLI_ETCD_TOKEN_MAX + 32], errbuf[CURL_ERROR_SIZE] = "";
@@ -301,6 +352,117 @@ static int kvli_etcd_post(kvli_etcd_client_t *c, kvli_etcd_conn_t *conn, const c
     return rc;
 }
 
+/* Whether the connection h can take another call: what arrived while it
+ * sat idle is read first (a GOAWAY, the end of a restarted etcd). */
+static bool kvli_etcd_h2_alive(kvli_h2_t *h)
+{
+    char why[64];
+    return kvli_h2_usable(h) && kvli_h2_pump(h, 0, NULL, NULL, NULL, why, sizeof(why)) == 0 &&
+           kvli_h2_usable(h);
+}
+
+/* One gRPC call to endpoint i, in the form of the gateway's: returns as
+ * kvli_etcd_gw_post (0: etcd answered; *out the answer as the gateway
+ * writes it, or its error object; -1 not reached; -2 not etcd's answer),
+ * -4: endpoint i serves no gRPC (marked: its gateway from now on), or -5:
+ * the request could not be put in protobuf (why). */
+static int kvli_etcd_grpc_post(kvli_etcd_client_t *c, kvli_etcd_conn_t *conn, unsigned i,
+                               const char *path, json_object *body, bool with_token,
+                               json_object **out, long *http_p, char *why, size_t why_cap)
+{
+    const char *gpath;
+    kvli_etcd_pb_msg_t mreq, mans;
+    bool stream;
+    uint8_t *req = NULL;
+    size_t rlen = 0;
+    kvli_h2_t *own = NULL, **hp = conn != NULL ? &conn->h2 : &own;
+    kvli_h2_reply_t r;
+    char tok[KVLI_ETCD_TOKEN_MAX] = "";
+    int rc;
+
+    *http_p = 0;
+    if (!kvli_etcd_pb_method(path, &gpath, &mreq, &mans, &stream))
+        return -4;
+    if (kvli_etcd_pb_encode(mreq, body, &req, &rlen, why, why_cap) != 0)
+        return -5;
+    if (*hp != NULL && (strcmp(kvli_h2_ep(*hp), c->eps[i]) != 0 || !kvli_etcd_h2_alive(*hp))) {
+        kvli_h2_close(*hp);
+        *hp = NULL;
+    }
+    if (*hp == NULL) {
+        rc = kvli_h2_open(hp, c->eps[i], c->timeout_ms, why, why_cap);
+        if (rc == -2 && c->api == KVLI_ETCD_API_AUTO) {
+            kvli_etcd_grpc_off(c, i, why);
+            free(req);
+            return -4;
+        }
+        if (rc != 0) {
+            free(req);
+            return rc;
+        }
+    }
+    if (with_token)
+        kvli_etcd_token(c, tok, sizeof(tok));
+    memset(&r, 0, sizeof(r));
+    rc = kvli_h2_unary(*hp, gpath, tok, req, rlen, KVLI_ETCD_REPLY_MAX, c->timeout_ms, &r, why,
+                       why_cap);
+    free(req);
+    if (rc != 0) {
+        kvli_h2_close(*hp);
+        *hp = NULL;
+        return -1;
+    }
+    if (r.status > 0) {
+        /* etcd's error, as the gateway writes it */
+        *out = json_object_new_object();
+        json_object_object_add(*out, "error", json_object_new_string(r.message));
+        json_object_object_add(*out, "message", json_object_new_string(r.message));
+        json_object_object_add(*out, "code", json_object_new_int(r.status));
+        rc = 0;
+    } else if (r.status < 0 || r.msg == NULL) {
+        snprintf(why, why_cap, "HTTP %d %s", r.http,
+                 r.status < 0 ? "without a gRPC status" : "without an answer message");
+        rc = -2;
+    } else {
+        json_object *o = NULL;
+        char dwhy[200];
+        if (kvli_etcd_pb_decode(mans, r.msg, r.len, &o, dwhy, sizeof(dwhy)) != 0) {
+            snprintf(why, why_cap, "an answer that is not etcd's protobuf (%s)", dwhy);
+            rc = -2;
+        } else if (stream) {
+            /* the gateway hands a stream's messages as {"result": ...} */
+            *out = json_object_new_object();
+            json_object_object_add(*out, "result", o);
+        } else {
+            *out = o;
+        }
+    }
+    kvli_h2_reply_free(&r);
+    if (own != NULL)
+        kvli_h2_close(own);
+    return rc;
+}
+
+/* One call to endpoint i, over gRPC or the gateway (text: body as JSON
+ * text, made at the first gateway call): as kvli_etcd_gw_post, or -5. */
+static int kvli_etcd_post(kvli_etcd_client_t *c, kvli_etcd_conn_t *conn, unsigned i,
+                          const char *path, json_object *body, const char **text,
+                          bool with_token, json_object **out, long *http_p, char *why,
+                          size_t why_cap, const char **fix_p)
+{
+    *fix_p = NULL;
+    if (kvli_etcd_grpc_on(c, i)) {
+        int rc = kvli_etcd_grpc_post(c, conn, i, path, body, with_token, out, http_p, why,
+                                     why_cap);
+        if (rc != -4)
+            return rc;
+    }
+    if (*text == NULL)
+        *text = json_object_to_json_string_ext(body, JSON_C_TO_STRING_PLAIN);
+    return kvli_etcd_gw_post(c, conn, c->eps[i], path, *text, with_token, out, http_p, why,
+                             why_cap, fix_p);
+}
+
 /* The gateway's error object: {"error":..., "message":..., "code":N}. */
 static const char *kvli_etcd_errmsg(json_object *o, int *code_p)
 {
@@ -319,18 +481,17 @@ static const char *kvli_etcd_errmsg(json_object *o, int *code_p)
 }
 
 static kvl_status_t kvli_etcd_auth_on(kvli_etcd_client_t *c, kvli_etcd_conn_t *h,
-                                      const char *ep, kvl_error_t *err)
+                                      unsigned i, kvl_error_t *err)
 {
     json_object *body = json_object_new_object(), *out = NULL;
     char why[512];
-    const char *fix;
+    const char *fix, *text = NULL, *ep = c->eps[i];
     long http = 0;
     int code;
     json_object_object_add(body, "name", json_object_new_string(c->user));
     json_object_object_add(body, "password", json_object_new_string(c->password));
-    int rc = kvli_etcd_post(c, h, ep, "/v3/auth/authenticate",
-                            json_object_to_json_string_ext(body, JSON_C_TO_STRING_PLAIN), false,
-                            &out, &http, why, sizeof(why), &fix);
+    int rc = kvli_etcd_post(c, h, i, "/v3/auth/authenticate", body, &text, false, &out, &http,
+                            why, sizeof(why), &fix);
     json_object_put(body);
     if (rc == -3) {
         kvli_err(err, KVL_ERR_PERMISSION, 0, "%s", why);
@@ -370,7 +531,7 @@ kvl_status_t kvli_etcd_authenticate(kvli_etcd_client_t *c, kvli_etcd_conn_t *h,
     unsigned first = atomic_load(&c->cur);
     for (unsigned k = 0; k < c->n_eps; k++) {
         unsigned i = (first + k) % c->n_eps;
-        st = kvli_etcd_auth_on(c, h, c->eps[i], err);
+        st = kvli_etcd_auth_on(c, h, i, err);
         if (st != KVL_ERR_REMOTE_DISCONNECT) {
             if (st == KVL_OK)
                 atomic_store(&c->cur, i);
@@ -384,7 +545,7 @@ kvl_status_t kvli_etcd_call(kvli_etcd_client_t *c, kvli_etcd_conn_t *h, const ch
                             json_object *body, json_object **out, char *ep_out, size_t ep_cap,
                             kvl_error_t *err)
 {
-    const char *text = json_object_to_json_string_ext(body, JSON_C_TO_STRING_PLAIN);
+    const char *text = NULL;
     char whys[KVLI_ETCD_EPS_MAX][400], tls_why[400] = "";
     const char *tls_fix = NULL, *fix = NULL;
     unsigned first = atomic_load(&c->cur), tried = 0;
@@ -406,8 +567,15 @@ kvl_status_t kvli_etcd_call(kvli_etcd_client_t *c, kvli_etcd_conn_t *h, const ch
         json_object *o = NULL;
         long http = 0;
         int code;
-        int rc = kvli_etcd_post(c, h, c->eps[i], path, text, true, &o, &http, whys[tried],
+        int rc = kvli_etcd_post(c, h, i, path, body, &text, true, &o, &http, whys[tried],
                                 sizeof(whys[0]), &fix);
+        if (rc == -5) {
+            kvli_err(err, KVL_ERR_INTERNAL, 0, "etcd: kvlane could not put its own request to %s "
+                     "in protobuf: %s", path, whys[tried]);
+            kvli_hint(err, "a bug in kvlane: please report it; KVL_ETCD_API=gateway goes "
+                           "around it");
+            return KVL_ERR_INTERNAL;
+        }
         if (rc == -3 && tls_fix == NULL) {
             kvli_scopy(tls_why, sizeof(tls_why), whys[tried]);
             tls_fix = fix;
@@ -438,7 +606,7 @@ kvl_status_t kvli_etcd_call(kvli_etcd_client_t *c, kvli_etcd_conn_t *h, const ch
             /* Simple tokens expire after etcd's --auth-token-ttl idle: again once. */
             json_object_put(o);
             reauthed = true;
-            kvl_status_t st = kvli_etcd_auth_on(c, h, c->eps[i], err);
+            kvl_status_t st = kvli_etcd_auth_on(c, h, i, err);
             if (st != KVL_OK)
                 return err->code != KVL_OK ? err->code : st; /* TLS: KVL_ERR_PERMISSION */
             k--;
@@ -461,9 +629,12 @@ kvl_status_t kvli_etcd_call(kvli_etcd_client_t *c, kvli_etcd_conn_t *h, const ch
             kvli_err(err, st, 0, "etcd at %s, %s: %s", c->eps[i], path, msg);
             kvli_hint(err, "the lease or key is gone (expired or revoked)");
         } else {
-            kvli_err(err, st, 0, "etcd at %s answered %s with an error: %s (gRPC code %d, "
-                     "HTTP %ld)", c->eps[i], path, msg ? msg : "no message", code, http);
-            kvli_hint(err, msg && strstr(msg, "too large")
+            char via[32] = ""; /* the gateway's HTTP status; none over gRPC */
+            if (http != 0)
+                snprintf(via, sizeof(via), ", HTTP %ld", http);
+            kvli_err(err, st, 0, "etcd at %s answered %s with an error: %s (gRPC code %d%s)",
+                     c->eps[i], path, msg ? msg : "no message", code, via);
+            kvli_hint(err, msg && (strstr(msg, "too large") || strstr(msg, "larger than max"))
                       ? "the metadata exceeds etcd's request limit: raise etcd's "
                         "--max-request-bytes or register fewer, larger regions"
                       : msg && strstr(msg, "no leader")

@@ -24,10 +24,22 @@
 #define KVLI_ETCD_PATH_MAX 512u         /* a TLS file's path */
 #define KVLI_ETCD_TOKEN_MAX 2048u       /* an auth token (a JWT signed with RSA-4096 is ~900) */
 
+/* How an endpoint is spoken to: etcd's gRPC API over HTTP/2 (cleartext,
+ * http:// endpoints), or its JSON gateway over HTTP/1.1. KVL_ETCD_API picks
+ * one for all endpoints; auto (the default) tries gRPC and keeps to the
+ * gateway where what answers is not HTTP/2 (a proxy, an older etcd). */
+typedef enum {
+    KVLI_ETCD_API_AUTO,
+    KVLI_ETCD_API_GRPC,
+    KVLI_ETCD_API_GATEWAY
+} kvli_etcd_api_t;
+
 typedef struct kvli_etcd_client {
     char eps[KVLI_ETCD_EPS_MAX][KVLI_ETCD_EP_LEN]; /* "http://host:port", no trailing / */
     unsigned n_eps;
     atomic_uint cur;                               /* endpoint tried first */
+    kvli_etcd_api_t api;                           /* KVL_ETCD_API */
+    atomic_int ep_api[KVLI_ETCD_EPS_MAX];          /* what each speaks: AUTO until known */
     char user[128], password[128];                 /* user "" : no authentication */
     uint64_t timeout_ms;
     pthread_mutex_t tok_lock;
@@ -39,9 +51,13 @@ typedef struct kvli_etcd_client {
     bool tls, verify_name;
 } kvli_etcd_client_t;
 
-/* The connection one thread makes its calls on: a curl handle for the JSON
- * gateway, made at its first use. One thread at a time. */
+struct kvli_h2;
+
+/* The connection one thread makes its calls on: an HTTP/2 connection for
+ * gRPC (to one endpoint) and a curl handle for the JSON gateway, each made
+ * at its first use. One thread at a time. */
 typedef struct kvli_etcd_conn {
+    struct kvli_h2 *h2;
     CURL *curl;
 } kvli_etcd_conn_t;
 kvli_etcd_conn_t *kvli_etcd_conn_new(void); /* NULL: out of memory */
@@ -67,6 +83,15 @@ void kvli_etcd_tls_setup(const kvli_etcd_client_t *c, CURL *h);
 const char *kvli_etcd_tls_explain(const kvli_etcd_client_t *c, CURL *h, const char *ep, int cc,
                                   const char *detail, char *why, size_t cap);
 void kvli_etcd_client_fini(kvli_etcd_client_t *c);
+
+/* Whether endpoint i is to be tried over gRPC (not known to be the gateway
+ * only, and neither KVL_ETCD_API nor its scheme says otherwise). */
+bool kvli_etcd_grpc_on(kvli_etcd_client_t *c, unsigned i);
+/* Endpoint i answered the HTTP/2 preface with something else (why): use its
+ * gateway from now on (logged once). */
+void kvli_etcd_grpc_off(kvli_etcd_client_t *c, unsigned i, const char *why);
+/* The index of endpoint ep in c (c->n_eps when not one of them). */
+unsigned kvli_etcd_ep_index(const kvli_etcd_client_t *c, const char *ep);
 
 /* curl_global_init, once per process. */
 void kvli_etcd_global_init(void);

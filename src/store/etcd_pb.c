@@ -124,6 +124,10 @@ static const kvli_pb_field_t f_revoke_req[] = {F(1, "ID", PB_I64)};
 static const kvli_pb_field_t f_revoke_resp[] = {HDR};
 static const kvli_pb_field_t f_ka_req[] = {F(1, "ID", PB_I64)};
 static const kvli_pb_field_t f_ka_resp[] = {HDR, F(2, "ID", PB_I64), F(3, "TTL", PB_I64)};
+static const kvli_pb_field_t f_ttl_req[] = {F(1, "ID", PB_I64), F(2, "keys", PB_BOOL)};
+static const kvli_pb_field_t f_ttl_resp[] = {
+    HDR, F(2, "ID", PB_I64), F(3, "TTL", PB_I64), F(4, "grantedTTL", PB_I64),
+    FR(5, "keys", PB_BYTES)};
 static const kvli_pb_field_t f_auth_req[] = {F(1, "name", PB_STR), F(2, "password", PB_STR)};
 static const kvli_pb_field_t f_auth_resp[] = {HDR, F(2, "token", PB_STR)};
 static const kvli_pb_field_t f_watch_req[] = {
@@ -159,6 +163,8 @@ static const kvli_pb_msgdef_t pb_msgs[PBM_COUNT] = {
     [KVLI_PB_AUTH_RESP] = M("AuthenticateResponse", f_auth_resp),
     [KVLI_PB_WATCH_REQ] = M("WatchRequest", f_watch_req),
     [KVLI_PB_WATCH_RESP] = M("WatchResponse", f_watch_resp),
+    [KVLI_PB_LEASE_TTL_REQ] = M("LeaseTimeToLiveRequest", f_ttl_req),
+    [KVLI_PB_LEASE_TTL_RESP] = M("LeaseTimeToLiveResponse", f_ttl_resp),
     [PBM_HEADER] = M("ResponseHeader", f_header),
     [PBM_KV] = M("KeyValue", f_kv),
     [PBM_EVENT] = M("Event", f_event),
@@ -186,6 +192,8 @@ static const struct {
      KVLI_PB_LEASE_REVOKE_RESP, false},
     {"/v3/lease/keepalive", "/etcdserverpb.Lease/LeaseKeepAlive", KVLI_PB_LEASE_KEEPALIVE_REQ,
      KVLI_PB_LEASE_KEEPALIVE_RESP, true},
+    {"/v3/lease/timetolive", "/etcdserverpb.Lease/LeaseTimeToLive", KVLI_PB_LEASE_TTL_REQ,
+     KVLI_PB_LEASE_TTL_RESP, false},
     {"/v3/auth/authenticate", "/etcdserverpb.Auth/Authenticate", KVLI_PB_AUTH_REQ,
      KVLI_PB_AUTH_RESP, false},
     {"/v3/watch", "/etcdserverpb.Watch/Watch", KVLI_PB_WATCH_REQ, KVLI_PB_WATCH_RESP, true},

@@ -456,7 +456,7 @@ class _AnswerProxy(_Relay):
               b'for the applied index took too long"}')
 
     def __init__(self, target):
-        self.upgrades = self.failed = self.passed = 0
+        self.upgrades = self.failed = self.passed = self.requests = 0
         self.fail = False
         self.answers = {}     # b"/v3/kv/range": body answered in etcd's place (HTTP 200)
         self.canned = 0
@@ -494,6 +494,7 @@ class _AnswerProxy(_Relay):
             if r is None:
                 break
             req, low, buf = r
+            self.requests += 1
             if first and b"upgrade: websocket" in low:
                 self.upgrades += 1
                 u.sendall(req + buf)
@@ -527,12 +528,14 @@ class _AnswerProxy(_Relay):
                 pass
 
 
-def test_keepalive_answered_error_keeps_watches(etcd, uniq):
+def test_keepalive_answered_error_keeps_watches(etcd, uniq, monkeypatch):
     """etcd answering keepalives with an error (503: its apply loop is
     behind, as when it is short of CPU) makes the agent retry until it is
     renewed, but not make its watches again: the connection works, and
     every follower re-creating its watches would only add to an overloaded
-    etcd's work. The watch still sees a departure afterwards."""
+    etcd's work. The watch still sees a departure afterwards. (The proxy
+    reads HTTP/1.1: the agent speaks to etcd's JSON gateway.)"""
+    monkeypatch.setenv("KVL_ETCD_API", "gateway")
     px = _AnswerProxy(etcd)
     a = kvlane.Agent(uniq + "-ka", backends=("tcp",))
     b = kvlane.Agent(uniq + "-kb", backends=("tcp",))
@@ -558,12 +561,14 @@ def test_keepalive_answered_error_keeps_watches(etcd, uniq):
         px.close()
 
 
-def test_malformed_answers_refused(etcd, uniq):
+def test_malformed_answers_refused(etcd, uniq, monkeypatch):
     """Answers that are JSON but not what etcd's gateway writes (a proxy
     rewriting them, another program on the port): json-c aborts the process
     when an array call meets a null or an object, so {"kvs":null} once ended
     the engine. Now each is refused or read as "no key", with the reason,
-    and the agent works on once etcd answers again."""
+    and the agent works on once etcd answers again. (Over gRPC the same
+    answers are protobuf: test_etcd_pb refuses malformed ones.)"""
+    monkeypatch.setenv("KVL_ETCD_API", "gateway")
     px = _AnswerProxy(etcd)
     a = kvlane.Agent(uniq + "-ma", backends=("tcp",))
     b = kvlane.Agent(uniq + "-mb", backends=("tcp",))
@@ -594,10 +599,11 @@ def test_malformed_answers_refused(etcd, uniq):
         px.close()
 
 
-def test_gateway_without_websockets(etcd, uniq):
+def test_gateway_without_websockets(etcd, uniq, monkeypatch):
     """Behind a proxy that refuses WebSocket upgrades, the watcher falls back
     to one plain HTTP stream per followed agent: restarts and departures
     are still seen."""
+    monkeypatch.setenv("KVL_ETCD_API", "gateway")
     px = _NoUpgradeProxy(etcd)
     a = kvlane.Agent(uniq + "-pa", backends=("tcp",))
     b = kvlane.Agent(uniq + "-pb", backends=("tcp",))
@@ -612,6 +618,67 @@ def test_gateway_without_websockets(etcd, uniq):
         assert px.upgrades >= 1
         b.close()
         assert _until(lambda: not a.check_remote(uniq + "-pb"))
+    finally:
+        b.close()
+        a.close()
+        px.close()
+
+
+class _Http1Proxy(_AnswerProxy):
+    """An HTTP/1.1 proxy in front of etcd, as most are: it answers the
+    HTTP/2 preface of a gRPC client with 400 and closes; HTTP/1.1 requests
+    and WebSocket upgrades go to etcd's gateway."""
+
+    def __init__(self, target):
+        self.refused_h2 = 0
+        super().__init__(target)
+
+    def _serve(self, c):
+        head = c.recv(24, socket.MSG_PEEK | socket.MSG_WAITALL)
+        if head.startswith(b"PRI * HTTP/2.0"):
+            self.refused_h2 += 1
+            c.sendall(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n"
+                      b"Connection: close\r\n\r\n")
+            c.close()
+            return
+        super()._serve(c)
+
+
+def test_grpc_falls_back_to_gateway(etcd, uniq, monkeypatch):
+    """By default kvlane speaks gRPC to etcd and keeps to the JSON gateway
+    where what answers is not HTTP/2 (a proxy): the agent behind such a
+    proxy attaches, publishes, fetches and sees a departure through the
+    gateway; one beside it, straight to etcd, speaks gRPC. KVL_ETCD_API
+    is checked."""
+    monkeypatch.delenv("KVL_ETCD_API", raising=False)
+    px = _Http1Proxy(etcd)
+    a = kvlane.Agent(uniq + "-ga", backends=("tcp",))
+    b = kvlane.Agent(uniq + "-gb", backends=("tcp",))
+    try:
+        pfx = f"/kvltest/{uniq}-gw"
+        a.etcd_attach(px.url, prefix=pfx, lease_ttl_s=10)
+        assert px.refused_h2 == 1                         # tried once, then the gateway
+        b.etcd_attach(etcd, prefix=pfx, lease_ttl_s=10)
+        b.etcd_publish()
+        a.etcd_publish()
+        assert px.requests >= 3                           # grant, check, publish
+        a.etcd_fetch(uniq + "-gb", wait_ms=30000)
+        b.etcd_fetch(uniq + "-ga", wait_ms=30000)
+        assert _until(lambda: px.upgrades >= 1)          # a's watches: the WebSocket
+        b.close()
+        assert _until(lambda: not a.check_remote(uniq + "-gb"))
+        monkeypatch.setenv("KVL_ETCD_API", "grpc")       # gRPC only: the proxy is not etcd
+        c = kvlane.Agent(uniq + "-gc", backends=("tcp",))
+        try:
+            with pytest.raises(kvlane.Error) as ei:
+                c.etcd_attach(px.url, prefix=pfx, lease_ttl_s=10)
+            assert "not HTTP/2" in str(ei.value) or "400" in str(ei.value), str(ei.value)
+            monkeypatch.setenv("KVL_ETCD_API", "h2")
+            with pytest.raises(kvlane.Error) as ei:
+                c.etcd_attach(etcd, prefix=pfx, lease_ttl_s=10)
+            assert "KVL_ETCD_API='h2' is not one of auto, grpc, gateway" in str(ei.value)
+        finally:
+            c.close()
     finally:
         b.close()
         a.close()

@@ -200,6 +200,8 @@ static void test_methods(void)
          KVLI_PB_LEASE_REVOKE_RESP, 0},
         {"/v3/lease/keepalive", "/etcdserverpb.Lease/LeaseKeepAlive",
          KVLI_PB_LEASE_KEEPALIVE_REQ, KVLI_PB_LEASE_KEEPALIVE_RESP, 1},
+        {"/v3/lease/timetolive", "/etcdserverpb.Lease/LeaseTimeToLive", KVLI_PB_LEASE_TTL_REQ,
+         KVLI_PB_LEASE_TTL_RESP, 0},
         {"/v3/auth/authenticate", "/etcdserverpb.Auth/Authenticate", KVLI_PB_AUTH_REQ,
          KVLI_PB_AUTH_RESP, 0},
         {"/v3/watch", "/etcdserverpb.Watch/Watch", KVLI_PB_WATCH_REQ, KVLI_PB_WATCH_RESP, 1},
@@ -330,6 +332,10 @@ static void test_round_trips(void)
 
 static void test_decode_answers(void)
 {
+    /* LeaseTimeToLiveResponse (kvlane doctor): ID 7, TTL 4, grantedTTL 10, one key */
+    dec_hex_put(KVLI_PB_LEASE_TTL_RESP, "10 07 18 04 20 0a 2a 01 6b",
+                "{\"ID\":\"7\",\"TTL\":\"4\",\"grantedTTL\":\"10\",\"keys\":[\"aw==\"]}");
+    round_trip(KVLI_PB_LEASE_TTL_REQ, "{\"ID\":\"7\",\"keys\":true}", NULL);
     /* RangeResponse: header, one kv, count */
     json_object *o = dec_hex(KVLI_PB_RANGE_RESP,
         "0a 08 08 01 10 02 18 05 20 03"
