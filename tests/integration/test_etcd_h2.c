@@ -30,6 +30,7 @@ int main(void)
 #include <signal.h>
 #include <stdbool.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 #include "common/kt_etcd.h"
@@ -464,6 +465,38 @@ static void not_etcd(void)
     kvli_h2_close(NULL);
 }
 
+/* ---- etcd stopped (SIGTERM): a graceful stop ------------------------------ */
+
+static void stopped(kvli_h2_t *old)
+{
+    kvli_h2_t *c = conn(), *wc = conn();
+    watch_t w;
+    char why[512];
+    watch_create(wc, &w, "s");
+    kill(etcd.pid, SIGTERM);
+    int rc = pump_until(wc, &w, &w.ends, 1);
+    printf("etcd stopped, the watch: pump %d, ends %d, status %d: %s\n", rc, w.ends,
+           w.end_status, w.end_msg);
+    kvli_h2_reply_t r;
+    const uint8_t rk[] = {0x0a, 0x01, 'k'};
+    rc = kvli_h2_unary(c, "/etcdserverpb.KV/Range", NULL, rk, sizeof(rk), MAXMSG, TMO, &r, why,
+                       sizeof(why));
+    printf("etcd stopped, a call: %d: %s\n", rc, rc ? why : r.message);
+    /* etcd 3.4 closes its connections without a GOAWAY: either way the
+     * watch ends, calls fail, the connections are given up */
+    KT_CHECK(rc == -1 && !kvli_h2_usable(c));
+    KT_CHECK(w.ends == 1 && w.end_status == -1 && !kvli_h2_usable(wc));
+    KT_CHECK(kvli_h2_unary(old, "/etcdserverpb.KV/Range", NULL, rk, sizeof(rk), MAXMSG, TMO,
+                           &r, why, sizeof(why)) == -1 && !kvli_h2_usable(old));
+    kvli_h2_reply_free(&r);
+    int st;
+    waitpid(etcd.pid, &st, 0);
+    etcd.pid = 0;
+    kvli_h2_close(c);
+    kvli_h2_close(wc);
+    kt_etcd_restart(&etcd);
+}
+
 /* ---- etcd killed ----------------------------------------------------------- */
 
 static void killed(kvli_h2_t *c, kvli_h2_t *wc, watch_t *w)
@@ -524,6 +557,9 @@ int main(void)
     many_calls(c);
     etcd_errors(c);
     keepalive(c, lease);
+    stopped(c);
+    kvli_h2_close(c);
+    c = conn(); /* etcd restarted */
     watch(c, &wc, &w);
     killed(c, wc, &w);
     kvli_h2_close(c);
