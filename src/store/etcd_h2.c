@@ -442,6 +442,8 @@ static int kvli_h2_on_header(nghttp2_session *s, const nghttp2_frame *f, const u
     return 0;
 }
 
+static int kvli_h2_outcome(const kvli_h2_t *c, const kvli_h2_st_t *st, char *msg, size_t cap);
+
 static int kvli_h2_on_frame_recv(nghttp2_session *s, const nghttp2_frame *f, void *ud)
 {
     kvli_h2_t *c = ud;
@@ -458,6 +460,21 @@ static int kvli_h2_on_frame_recv(nghttp2_session *s, const nghttp2_frame *f, voi
         kvli_h2_st_t *st = nghttp2_session_get_stream_user_data(s, f->hd.stream_id);
         if (st != NULL)
             st->reset_by_peer = true;
+    } else if ((f->hd.type == NGHTTP2_HEADERS || f->hd.type == NGHTTP2_DATA) &&
+               (f->hd.flags & NGHTTP2_FLAG_END_STREAM)) {
+        /* The server ended its side of a stream whose side we keep open
+         * (a Watch it ended): the call is over (its messages were queued
+         * before); tell it now and close our side too, as gRPC clients do,
+         * with RST_STREAM(NO_ERROR). st stays until nghttp2 closes it. */
+        kvli_h2_st_t *st = nghttp2_session_get_stream_user_data(s, f->hd.stream_id);
+        if (st != NULL && !st->unary && !st->cancelled) {
+            char text[600];
+            int status = kvli_h2_outcome(c, st, text, sizeof(text));
+            if (!kvli_h2_queue(c, st->sid, true, status, text, NULL, 0))
+                kvli_h2_break(c, "out of memory for a stream's end");
+            st->cancelled = true;
+            nghttp2_submit_rst_stream(s, NGHTTP2_FLAG_NONE, st->sid, NGHTTP2_NO_ERROR);
+        }
     }
     return 0;
 }
