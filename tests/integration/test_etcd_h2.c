@@ -7,7 +7,11 @@
  * than the 16 MiB window, so flow control must move on; each event's
  * message spans many DATA frames); failures: nothing listening, an HTTP/1.1
  * server, a server that never answers, https refused, and etcd killed
- * mid-connection (calls fail, the watch ends, usable() turns false).
+ * mid-connection and stopped (calls fail, the watch ends, usable() turns
+ * false); and against a scripted HTTP/2 server (nghttp2 server side): two
+ * messages in a DATA frame, a prefix split over frames, a stream ended by
+ * the server, a compressed message, two answers to a unary call,
+ * RST_STREAM(REFUSED_STREAM), GOAWAY, a trailers-only percent-encoded error.
  * KVL_TEST_LABELS: etcd
  */
 #include <stdio.h>
@@ -27,7 +31,9 @@ int main(void)
 #include <netinet/in.h>
 #include <poll.h>
 #include <pthread.h>
+#include <nghttp2/nghttp2.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
@@ -465,6 +471,232 @@ static void not_etcd(void)
     kvli_h2_close(NULL);
 }
 
+/* ---- a scripted HTTP/2 server (nghttp2's server side) ------------------- */
+/* What etcd does not do on demand: several messages in one DATA frame, a
+ * prefix split over frames, a compressed flag, two answers to a unary
+ * call, RST_STREAM, GOAWAY, a trailers-only answer with an encoded message.
+ * The method's path says what it answers. */
+
+typedef struct {
+    uint8_t buf[128];
+    size_t len, off, chunks[8];
+    int n, i;
+} fake_body_t;
+
+typedef struct {
+    nghttp2_session *s;
+    char path[64][32];        /* by stream id / 2 (client ids are odd) */
+    fake_body_t body[16];
+    int nbody;
+} fake_t;
+
+static atomic_int fake_stop;
+
+static ssize_t fake_read(nghttp2_session *s, int32_t sid, uint8_t *buf, size_t length,
+                         uint32_t *flags, nghttp2_data_source *src, void *ud)
+{
+    (void)ud;
+    fake_body_t *b = src->ptr;
+    size_t n = b->chunks[b->i++];
+    if (n > length)
+        n = length;
+    memcpy(buf, b->buf + b->off, n);
+    b->off += n;
+    if (b->i == b->n) {
+        nghttp2_nv tr[] = {{(uint8_t *)"grpc-status", (uint8_t *)"0", 11, 1, 0}};
+        *flags |= NGHTTP2_DATA_FLAG_EOF | NGHTTP2_DATA_FLAG_NO_END_STREAM;
+        nghttp2_submit_trailer(s, sid, tr, 1);
+    }
+    return (ssize_t)n;
+}
+
+/* grpc message m (flag fl) at the end of b */
+static void fake_msg(fake_body_t *b, uint8_t fl, const char *m)
+{
+    size_t n = strlen(m);
+    uint8_t pre[5] = {fl, 0, 0, 0, (uint8_t)n};
+    memcpy(b->buf + b->len, pre, 5);
+    memcpy(b->buf + b->len + 5, m, n);
+    b->len += 5 + n;
+}
+
+static void fake_answer(fake_t *f, int32_t sid)
+{
+    const char *p = f->path[(sid / 2) % 64];
+    nghttp2_nv hd[] = {{(uint8_t *)":status", (uint8_t *)"200", 7, 3, 0},
+                       {(uint8_t *)"content-type", (uint8_t *)"application/grpc", 12, 16, 0},
+                       {(uint8_t *)"grpc-status", (uint8_t *)"5", 11, 1, 0},
+                       {(uint8_t *)"grpc-message", (uint8_t *)"not%20here%21%", 12, 14, 0}};
+    if (strcmp(p, "/t/trailers-only") == 0) {
+        nghttp2_submit_response(f->s, sid, hd, 4, NULL);
+        return;
+    }
+    if (strcmp(p, "/t/refused") == 0) {
+        nghttp2_submit_rst_stream(f->s, NGHTTP2_FLAG_NONE, sid, NGHTTP2_REFUSED_STREAM);
+        return;
+    }
+    if (strcmp(p, "/t/goaway") == 0) {
+        nghttp2_submit_goaway(f->s, NGHTTP2_FLAG_NONE, sid - 2 > 0 ? sid - 2 : 0,
+                              NGHTTP2_ENHANCE_YOUR_CALM, (const uint8_t *)"calm", 4);
+        return;
+    }
+    fake_body_t *b = &f->body[f->nbody++ % 16];
+    memset(b, 0, sizeof(*b));
+    if (strcmp(p, "/t/compressed") == 0) {
+        fake_msg(b, 1, "x");
+        b->chunks[b->n++] = b->len;
+    } else if (strcmp(p, "/t/two") == 0) {
+        fake_msg(b, 0, "one");
+        fake_msg(b, 0, "two");
+        b->chunks[b->n++] = b->len;
+    } else { /* /t/stream: two messages in one frame, a third split in its prefix */
+        fake_msg(b, 0, "one");
+        fake_msg(b, 0, "two");
+        fake_msg(b, 0, "three, split");
+        b->chunks[b->n++] = 16;
+        b->chunks[b->n++] = 2;
+        b->chunks[b->n++] = 4;
+        b->chunks[b->n++] = b->len - 22;
+    }
+    nghttp2_data_provider prd = {.source.ptr = b, .read_callback = fake_read};
+    nghttp2_submit_response(f->s, sid, hd, 2, &prd);
+}
+
+static int fake_header(nghttp2_session *s, const nghttp2_frame *fr, const uint8_t *name,
+                       size_t nl, const uint8_t *value, size_t vl, uint8_t flags, void *ud)
+{
+    (void)s;
+    (void)flags;
+    fake_t *f = ud;
+    if (nl == 5 && memcmp(name, ":path", 5) == 0)
+        snprintf(f->path[(fr->hd.stream_id / 2) % 64], 32, "%.*s", (int)vl, (const char *)value);
+    return 0;
+}
+
+static int fake_frame(nghttp2_session *s, const nghttp2_frame *fr, void *ud)
+{
+    (void)s;
+    fake_t *f = ud;
+    int32_t sid = fr->hd.stream_id;
+    if (sid == 0 || (fr->hd.type != NGHTTP2_HEADERS && fr->hd.type != NGHTTP2_DATA))
+        return 0;
+    bool end = fr->hd.flags & NGHTTP2_FLAG_END_STREAM;
+    bool stream = strcmp(f->path[(sid / 2) % 64], "/t/stream") == 0;
+    if ((end && !stream) || (stream && fr->hd.type == NGHTTP2_HEADERS))
+        fake_answer(f, sid);
+    return 0;
+}
+
+static void fake_serve(int fd)
+{
+    fake_t *f = calloc(1, sizeof(*f));
+    nghttp2_session_callbacks *cb = NULL;
+    KT_CHECK(f != NULL && nghttp2_session_callbacks_new(&cb) == 0);
+    nghttp2_session_callbacks_set_on_header_callback(cb, fake_header);
+    nghttp2_session_callbacks_set_on_frame_recv_callback(cb, fake_frame);
+    KT_CHECK(nghttp2_session_server_new(&f->s, cb, f) == 0);
+    nghttp2_session_callbacks_del(cb);
+    nghttp2_submit_settings(f->s, NGHTTP2_FLAG_NONE, NULL, 0);
+    uint64_t end = kt_now_ms() + 20000;
+    while (kt_now_ms() < end && !atomic_load(&fake_stop)) {
+        const uint8_t *out;
+        ssize_t n;
+        while ((n = nghttp2_session_mem_send(f->s, &out)) > 0)
+            if (send(fd, out, (size_t)n, MSG_NOSIGNAL) != n) {
+                fprintf(stderr, "fake server: send %zd: %s\n", n, strerror(errno));
+                goto done;
+            }
+        if (n < 0)
+            fprintf(stderr, "fake server: %s\n", nghttp2_strerror((int)n));
+        struct pollfd p = {.fd = fd, .events = POLLIN};
+        if (poll(&p, 1, 100) != 1)
+            continue;
+        uint8_t buf[4096];
+        ssize_t r = recv(fd, buf, sizeof(buf), 0), u = 0;
+        if (r <= 0 || (u = nghttp2_session_mem_recv(f->s, buf, (size_t)r)) < 0) {
+            if (u < 0)
+                fprintf(stderr, "fake server: %s\n", nghttp2_strerror((int)u));
+            break;
+        }
+    }
+done:
+    nghttp2_session_del(f->s);
+    free(f);
+}
+
+static void *fake_server(void *arg)
+{
+    int lfd = *(int *)arg;
+    while (!atomic_load(&fake_stop)) {
+        struct pollfd p = {.fd = lfd, .events = POLLIN};
+        if (poll(&p, 1, 100) != 1)
+            continue;
+        int fd = accept(lfd, NULL, NULL);
+        if (fd >= 0) {
+            fake_serve(fd);
+            close(fd);
+        }
+    }
+    return NULL;
+}
+
+static void scripted(void)
+{
+    unsigned port;
+    int lfd = listener(&port);
+    pthread_t th;
+    char ep[64], why[512];
+    kvli_h2_t *c;
+    kvli_h2_reply_t r;
+    snprintf(ep, sizeof(ep), "http://127.0.0.1:%u", port);
+    atomic_store(&fake_stop, 0);
+    KT_CHECK(pthread_create(&th, NULL, fake_server, &lfd) == 0);
+
+    /* a trailers-only answer; then the connection still serves */
+    KT_CHECK(kvli_h2_open(&c, ep, TMO, why, sizeof(why)) == 0);
+    KT_CHECK(kvli_h2_unary(c, "/t/trailers-only", "tok", NULL, 0, 100, TMO, &r, why,
+                           sizeof(why)) == 0);
+    printf("scripted, trailers-only: %d \"%s\" (HTTP %d)\n", r.status, r.message, r.http);
+    KT_CHECK(r.status == 5 && strcmp(r.message, "not here!%") == 0 && r.http == 200 &&
+             r.msg == NULL);
+
+    /* messages two in a frame and split in the prefix, on a stream */
+    watch_t w;
+    memset(&w, 0, sizeof(w));
+    KT_CHECK(kvli_h2_stream_open(c, "/t/stream", NULL, &w.sid, TMO, why, sizeof(why)) == 0);
+    KT_CHECK(pump_until(c, &w, &w.ends, 1) == 0);
+    printf("scripted, a stream: %d messages, %zu bytes, end %d\n", w.msgs, w.bytes,
+           w.end_status);
+    KT_CHECK(w.msgs == 3 && w.bytes == 3 + 3 + 12 && w.ends == 1 && w.end_status == 0);
+    KT_CHECK(kvli_h2_usable(c));
+    kvli_h2_close(c);
+
+    static const struct {
+        const char *path, *want;
+    } bad[] = {
+        {"/t/compressed", "a compressed gRPC message"},
+        {"/t/two", "more than one response message"},
+        {"/t/refused", "HTTP/2 stream reset by the server (REFUSED_STREAM)"},
+        {"/t/goaway", "GOAWAY (ENHANCE_YOUR_CALM, calm)"},
+    };
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        KT_CHECK(kvli_h2_open(&c, ep, TMO, why, sizeof(why)) == 0);
+        int rc = kvli_h2_unary(c, bad[i].path, NULL, NULL, 0, 100, TMO, &r, why, sizeof(why));
+        printf("scripted, %s: %d: %s\n", bad[i].path, rc, why);
+        KT_CHECK(rc == -1 && strstr(why, bad[i].want) != NULL && !kvli_h2_usable(c));
+        KT_CHECK(r.msg == NULL);
+        /* and no further call */
+        KT_CHECK(kvli_h2_unary(c, "/t/two", NULL, NULL, 0, 100, TMO, &r, why,
+                               sizeof(why)) == -1);
+        if (i == 3)
+            KT_CHECK(strstr(why, "GOAWAY") != NULL);
+        kvli_h2_close(c);
+    }
+    atomic_store(&fake_stop, 1);
+    pthread_join(th, NULL);
+    close(lfd);
+}
+
 /* ---- etcd stopped (SIGTERM): a graceful stop ------------------------------ */
 
 static void stopped(kvli_h2_t *old)
@@ -549,6 +781,7 @@ int main(void)
     signal(SIGPIPE, SIG_DFL); /* the transport must not need SIG_IGN */
     helpers();
     not_etcd();
+    scripted();
     kt_etcd_start(&etcd);
     kvli_h2_t *c = conn(), *wc = NULL;
     uint64_t lease = 0;
