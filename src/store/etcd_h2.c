@@ -907,6 +907,20 @@ bool kvli_h2_want_write(const kvli_h2_t *c)
     return c != NULL && !c->broken && c->out_off < c->out_len;
 }
 
+bool kvli_h2_pending(const kvli_h2_t *c)
+{
+    if (c == NULL)
+        return false;
+    if (c->ev_head != NULL)
+        return true;
+    if (!c->broken)
+        return false;
+    for (const kvli_h2_st_t *st = c->streams; st != NULL; st = st->next)
+        if (!st->unary && !st->cancelled)
+            return true; /* its end (-1) is still to be told */
+    return false;
+}
+
 void kvli_h2_reply_free(kvli_h2_reply_t *r)
 {
     if (r == NULL)

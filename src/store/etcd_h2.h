@@ -65,9 +65,14 @@ int kvli_h2_stream_send(kvli_h2_t *c, int32_t sid, const uint8_t *msg, size_t le
 int kvli_h2_stream_cancel(kvli_h2_t *c, int32_t sid, uint64_t timeout_ms, char *why,
                           size_t why_cap);
 
-/* For poll(): the socket, and whether bytes wait to be written (POLLOUT). */
+/* For poll(): the socket, and whether bytes wait to be written (POLLOUT).
+ * pending: messages or stream ends already read (by a unary call or a send
+ * on the same connection, which read the socket while waiting) wait for
+ * kvli_h2_pump, or the connection broke: pump without waiting for the
+ * socket, which may stay quiet. */
 int kvli_h2_fd(const kvli_h2_t *c);
 bool kvli_h2_want_write(const kvli_h2_t *c);
+bool kvli_h2_pending(const kvli_h2_t *c);
 
 /* Read what arrived without blocking and write what is pending; for each
  * whole message of a stream opened with kvli_h2_stream_open call
