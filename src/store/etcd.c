@@ -1366,7 +1366,7 @@ static int kvli_etcd_h2_watch_open(kvli_etcd_wsw_t *c, const char *ep, char *why
         kvl_error_t err;
         kvli_err_blank(&err);
         if (kvli_etcd_authenticate(&s->cl, c->rh, &err) != KVL_OK) {
-            snprintf(why, cap, "authenticating again: %s", err.what);
+            snprintf(why, cap, "authenticating again: %.200s", err.what);
             return -1;
         }
         c->reauth = false;

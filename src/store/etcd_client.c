@@ -357,7 +357,8 @@ static int kvli_etcd_gw_post(kvli_etcd_client_t *c, kvli_etcd_conn_t *conn, cons
 static bool kvli_etcd_h2_alive(kvli_h2_t *h)
 {
     char why[64];
-    return kvli_h2_usable(h) && kvli_h2_pump(h, 0, NULL, NULL, NULL, why, sizeof(why)) == 0 &&
+    return kvli_h2_usable(h) &&
+           kvli_h2_pump(h, KVLI_ETCD_REPLY_MAX, NULL, NULL, NULL, why, sizeof(why)) == 0 &&
            kvli_h2_usable(h);
 }
 
