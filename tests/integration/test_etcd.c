@@ -450,7 +450,55 @@ static void auth(void)
     KT_OK(kvl_etcd_fetch(a, "authed2", NULL, 30000));
     kvl_agent_destroy(b);
     KT_CHECK(wait_check(a, "authed2", KVL_ERR_NOT_FOUND, 30));
+    /* The token a's watch stream was opened with stops being valid while
+     * the stream stays open (a password change ends every token of the
+     * user; here to the same password): etcd refuses the next create on
+     * it as "permission denied", and the stream is opened again with a
+     * new token, so the new peer's departure is seen */
+    char pw[300];
+    snprintf(pw, sizeof(pw), "%s/pw", etcd.dir);
+    FILE *f = fopen(pw, "w");
+    KT_CHECK(f != NULL && fputs("rootpw\n", f) >= 0 && fclose(f) == 0);
+    char cmd[400];
+    snprintf(cmd, sizeof(cmd), "--user root:rootpw user passwd root --interactive=false <'%s'",
+             pw);
+    KT_CHECK(kt_etcdctl(&etcd, cmd) == 0);
+    kvl_agent_t *n = agent("authed3");
+    KT_OK(kvl_etcd_attach(n, &c));
+    KT_OK(kvl_etcd_publish(n, NULL));
+    KT_OK(kvl_etcd_fetch(a, "authed3", NULL, 30000)); /* a new watch on a's stream */
+    kvl_agent_destroy(n);
+    KT_CHECK(wait_check(a, "authed3", KVL_ERR_NOT_FOUND, 30));
+    /* etcd restarted: its tokens are gone; the stream comes back and
+     * takes a new one */
+    b = agent("authed4");
+    KT_OK(kvl_etcd_attach(b, &c));
+    KT_OK(kvl_etcd_publish(b, NULL));
+    KT_OK(kvl_etcd_fetch(a, "authed4", NULL, 30000));
+    kt_etcd_kill(&etcd);
+    kt_etcd_restart(&etcd);
+    n = agent("authed5");
+    KT_OK(kvl_etcd_attach(n, &c));
+    KT_OK(kvl_etcd_publish(n, NULL));
+    KT_OK(kvl_etcd_fetch(a, "authed5", NULL, 30000));
+    kvl_agent_destroy(n);
+    KT_CHECK(wait_check(a, "authed5", KVL_ERR_NOT_FOUND, 30));
+    kvl_agent_destroy(b);
+    KT_CHECK(wait_check(a, "authed4", KVL_ERR_NOT_FOUND, 30));
     kvl_agent_destroy(a);
+    /* through the gateway, whose WebSocket does not hand the token on: a
+     * plain HTTP stream per watched agent */
+    setenv("KVL_ETCD_API", "gateway", 1);
+    a = agent("authed6");
+    b = agent("authed7");
+    KT_OK(kvl_etcd_attach(a, &c));
+    KT_OK(kvl_etcd_attach(b, &c));
+    KT_OK(kvl_etcd_publish(b, NULL));
+    KT_OK(kvl_etcd_fetch(a, "authed7", NULL, 30000));
+    kvl_agent_destroy(b);
+    KT_CHECK(wait_check(a, "authed7", KVL_ERR_NOT_FOUND, 30));
+    kvl_agent_destroy(a);
+    unsetenv("KVL_ETCD_API");
     /* a role on "<prefix>/" only misses the presence keys under
      * "<prefix>.inc/": refused at attach, with the grant that works */
     KT_CHECK(kt_etcdctl(&etcd, "--user root:rootpw user add half:halfpw --interactive=false") == 0);
@@ -527,6 +575,26 @@ static void presence_generation(void)
     kvl_agent_destroy(a);
 }
 
+/* KVL_ETCD_API: checked; under "gateway" the JSON gateway serves the same
+ * cases (the default speaks gRPC to this etcd); "grpc" takes no https. */
+static void api(void)
+{
+    kvl_agent_t *a = agent("api");
+    setenv("KVL_ETCD_API", "h2", 1);
+    KT_STATUS(attach(a, etcd.url, "/kt/api", 5), KVL_ERR_INVALID_ARG);
+    KT_ERROR_HAS("KVL_ETCD_API='h2' is not one of auto, grpc, gateway");
+    setenv("KVL_ETCD_API", "grpc", 1);
+    KT_STATUS(attach(a, "https://127.0.0.1:2379", "/kt/api", 5), KVL_ERR_INVALID_ARG);
+    KT_ERROR_HAS("through its JSON gateway only");
+    KT_OK(attach(a, etcd.url, "/kt/api", 5));
+    kvl_agent_destroy(a);
+    setenv("KVL_ETCD_API", "gateway", 1);
+    killed_agent();
+    lifecycle();
+    unsetenv("KVL_ETCD_API");
+    printf("KVL_ETCD_API: checked; the gateway serves the lifecycle and a killed agent too\n");
+}
+
 int main(void)
 {
     if (kvl_etcd_attach(NULL, NULL) == KVL_ERR_UNSUPPORTED) /* built without the store */
@@ -544,6 +612,7 @@ int main(void)
     background();
     doctor();
     lifecycle();
+    api();
     if (system("command -v etcdctl >/dev/null 2>&1") == 0) {
         presence_generation();
         auth();
