@@ -168,9 +168,11 @@ void kvli_etcd_grpc_off(kvli_etcd_client_t *c, unsigned i, const char *why)
 {
     int was = KVLI_ETCD_API_AUTO;
     if (i < c->n_eps &&
-        atomic_compare_exchange_strong(&c->ep_api[i], &was, KVLI_ETCD_API_GATEWAY))
+        atomic_compare_exchange_strong(&c->ep_api[i], &was, KVLI_ETCD_API_GATEWAY)) {
+        kvli_scopy(c->ep_no_grpc[i], sizeof(c->ep_no_grpc[i]), why);
         kvli_log(KVL_LOG_INFO, "etcd", "etcd at %s does not serve gRPC (%s); using its JSON "
                  "gateway", c->eps[i], why);
+    }
 }
 
 unsigned kvli_etcd_ep_index(const kvli_etcd_client_t *c, const char *ep)
@@ -631,11 +633,13 @@ kvl_status_t kvli_etcd_call(kvli_etcd_client_t *c, kvli_etcd_conn_t *h, const ch
             kvli_hint(err, "the lease or key is gone (expired or revoked)");
         } else {
             char via[32] = ""; /* the gateway's HTTP status; none over gRPC */
+            /* etcd's own limit, or (gRPC) its server's on a message */
+            bool big = msg && (strstr(msg, "too large") || strstr(msg, "larger than max"));
             if (http != 0)
                 snprintf(via, sizeof(via), ", HTTP %ld", http);
             kvli_err(err, st, 0, "etcd at %s answered %s with an error: %s (gRPC code %d%s)",
                      c->eps[i], path, msg ? msg : "no message", code, via);
-            kvli_hint(err, msg && (strstr(msg, "too large") || strstr(msg, "larger than max"))
+            kvli_hint(err, big
                       ? "the metadata exceeds etcd's request limit: raise etcd's "
                         "--max-request-bytes or register fewer, larger regions"
                       : msg && strstr(msg, "no leader")

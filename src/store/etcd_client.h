@@ -40,6 +40,7 @@ typedef struct kvli_etcd_client {
     atomic_uint cur;                               /* endpoint tried first */
     kvli_etcd_api_t api;                           /* KVL_ETCD_API */
     atomic_int ep_api[KVLI_ETCD_EPS_MAX];          /* what each speaks: AUTO until known */
+    char ep_no_grpc[KVLI_ETCD_EPS_MAX][160];       /* what answered gRPC's preface instead */
     char user[128], password[128];                 /* user "" : no authentication */
     uint64_t timeout_ms;
     pthread_mutex_t tok_lock;

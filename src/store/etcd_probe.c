@@ -202,6 +202,20 @@ kvl_status_t kvl_etcd_probe_tls(const kvl_etcd_config_t *cfg, const kvl_etcd_tls
                          one.user, from, kvli_etcd_i64(out, "count"));
             json_object_put(out);
             cb(arg, check, 0, obs, NULL);
+            /* how the calls went: gRPC, or the gateway and why */
+            snprintf(check, sizeof(check), "%u.api", i);
+            bool gw = !kvli_etcd_grpc_on(&one, 0);
+            snprintf(obs, sizeof(obs), "%s: %s%.160s%s", ep,
+                     !gw ? "gRPC over HTTP/2"
+                     : one.ep_no_grpc[0][0] ? "the JSON gateway: no gRPC there ("
+                     : one.api == KVLI_ETCD_API_GATEWAY ? "the JSON gateway (KVL_ETCD_API=gateway)"
+                                                        : "the JSON gateway (TLS)",
+                     gw ? one.ep_no_grpc[0] : "", gw && one.ep_no_grpc[0][0] ? ")" : "");
+            cb(arg, check, gw && one.ep_no_grpc[0][0] ? 1 : 0, obs,
+               gw && one.ep_no_grpc[0][0]
+               ? "agents reach etcd through its JSON gateway, at 2-3x etcd's CPU per call: let "
+                 "the proxy in front of etcd pass HTTP/2 (h2c), or list the members themselves"
+               : NULL);
         } else {
             cb(arg, check, 2, err.what, err.hint);
             kvli_etcd_client_fini(&one);

@@ -667,6 +667,16 @@ def test_grpc_falls_back_to_gateway(etcd, uniq, monkeypatch):
         assert _until(lambda: px.upgrades >= 1)          # a's watches: the WebSocket
         b.close()
         assert _until(lambda: not a.check_remote(uniq + "-gb"))
+        # kvlane doctor says which way it went, and warns about the proxy
+        cli = os.path.join(os.environ.get("KVL_BUILD", os.path.join(
+            os.path.dirname(__file__), "..", "..", "build")), "kvlane")
+        out = subprocess.run([cli, "doctor", "--etcd", px.url], capture_output=True, text=True,
+                             timeout=120).stdout
+        assert "0.api" in out and "the JSON gateway: no gRPC there" in out, out
+        assert "pass HTTP/2 (h2c)" in out, out
+        out = subprocess.run([cli, "doctor", "--etcd", etcd], capture_output=True, text=True,
+                             timeout=120).stdout
+        assert "gRPC over HTTP/2" in out, out
         monkeypatch.setenv("KVL_ETCD_API", "grpc")       # gRPC only: the proxy is not etcd
         c = kvlane.Agent(uniq + "-gc", backends=("tcp",))
         try:
