@@ -470,8 +470,10 @@ int main(int argc, char **argv)
         pump(200, on_line);
     double join_wall = (double)(rt_ns() - tj) / 1e9;
     etcd_usage(etcd_pid, &tk1, &rss1);
-    printf("agents %u (%u per process, %u processes), peers each %u, lease TTL %u s, etcd %s\n",
-           g_n, g_k, np, g_peers, g_ttl, g_eps);
+    const char *api = getenv("KVL_ETCD_API");
+    printf("agents %u (%u per process, %u processes), peers each %u, lease TTL %u s, etcd %s, "
+           "KVL_ETCD_API=%s\n", g_n, g_k, np, g_peers, g_ttl, g_eps,
+           api != NULL && api[0] != '\0' ? api : "auto (gRPC where served)");
     lease_check();
     if (g_rate > 0)
         printf("joined: %zu of %u in %.2f s (started at %u per second)\n", g_nj, g_n, join_wall,

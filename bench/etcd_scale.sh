@@ -7,6 +7,8 @@
 # usage: bench/etcd_scale.sh [BUILD_DIR] [AGENTS] [PEERS] [TTL_S] [EVENTS] [RATE] [PER_PROCESS]
 #        defaults: build 256 8 5 8 0 1   (RATE: joins started per second, 0: all at once;
 #        PER_PROCESS: agents per process, a thread each; EVENTS count processes)
+#        KVL_ETCD_API=gateway in the environment: the agents use etcd's JSON gateway
+#        instead of gRPC (the reference the gRPC client is measured against)
 set -euo pipefail
 build=${1:-build}
 agents=${2:-256}
