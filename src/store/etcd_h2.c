@@ -838,9 +838,10 @@ int kvli_h2_open(kvli_h2_t **cp, const char *ep, uint64_t timeout_ms, char *why,
                     "or a proxy serving only the JSON gateway?): it sent \"%s\"", ep, q);
         ret = -2;
     } else if (dr == -1 && c->first_len == 0 && strstr(c->fail, "closed the connection")) {
+        /* not -2: a member going down, or a balancer with no backend up,
+         * closes too; that must not keep the endpoint off gRPC for good */
         kvli_h2_why(why, why_cap, "etcd at %s: the server closed the connection without "
-                    "answering the HTTP/2 preface (not an HTTP/2 server?)", ep);
-        ret = -2;
+                    "answering the HTTP/2 preface", ep);
     } else if (dr == -1) {
         kvli_h2_why(why, why_cap, "%s", c->fail);
     } else if (c->first_len > 0 && !c->checked) {

@@ -438,6 +438,25 @@ static void *http1_server(void *arg)
     return NULL;
 }
 
+/* Accept one connection, read the client's preface (so that the close is
+ * a FIN, not a reset) and close it without a byte. */
+static void *closing_server(void *arg)
+{
+    int lfd = *(int *)arg;
+    struct pollfd p = {.fd = lfd, .events = POLLIN};
+    if (poll(&p, 1, 20000) != 1)
+        return NULL;
+    int fd = accept(lfd, NULL, NULL);
+    if (fd < 0)
+        return NULL;
+    char buf[4096];
+    p.fd = fd;
+    if (poll(&p, 1, 5000) == 1 && recv(fd, buf, sizeof(buf), 0) < 0)
+        perror("recv");
+    close(fd);
+    return NULL;
+}
+
 static void not_etcd(void)
 {
     kvli_h2_t *c = NULL;
@@ -461,6 +480,18 @@ static void not_etcd(void)
     int rc = kvli_h2_open(&c, ep, 10000, why, sizeof(why));
     printf("an HTTP/1.1 server: %d: %s\n", rc, why);
     KT_CHECK(rc == -2 && c == NULL && strstr(why, "HTTP/1.1 400 Bad Request\\r\\n") != NULL);
+    pthread_join(th, NULL);
+    close(lfd);
+
+    /* accepted and closed without a byte (a member going down, a balancer
+     * with no backend): not reached, not "no HTTP/2" (that would keep the
+     * endpoint off gRPC for good) */
+    lfd = listener(&port);
+    KT_CHECK(pthread_create(&th, NULL, closing_server, &lfd) == 0);
+    snprintf(ep, sizeof(ep), "http://127.0.0.1:%u", port);
+    rc = kvli_h2_open(&c, ep, 10000, why, sizeof(why));
+    printf("a server that closes at once: %d: %s\n", rc, why);
+    KT_CHECK(rc == -1 && c == NULL && strstr(why, "closed the connection without") != NULL);
     pthread_join(th, NULL);
     close(lfd);
 
