@@ -584,7 +584,10 @@ kvl_status_t kvli_etcd_call(kvli_etcd_client_t *c, kvli_etcd_conn_t *h, const ch
             tls_fix = fix;
         }
         if (rc == -1 || rc == -3) {
-            if (strstr(whys[tried], "imeout") == NULL && strstr(whys[tried], "timed out") == NULL)
+            /* curl's "Timeout was reached", "timed out"; the gRPC
+             * transport's "(ETIMEDOUT)" (no answer, no SETTINGS, no connection) */
+            if (strstr(whys[tried], "imeout") == NULL && strstr(whys[tried], "timed out") == NULL &&
+                strstr(whys[tried], "ETIMEDOUT") == NULL)
                 all_timeouts = false;
             tried++;
             continue;

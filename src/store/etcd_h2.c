@@ -852,7 +852,8 @@ int kvli_h2_open(kvli_h2_t **cp, const char *ep, uint64_t timeout_ms, char *why,
         ret = -2;
     } else {
         kvli_h2_why(why, why_cap, "etcd at %s: connected, but no HTTP/2 SETTINGS came within "
-                    "%llu ms (a server that does not answer; is this etcd's client port?)", ep,
+                    "%llu ms (ETIMEDOUT: a server that does not answer; is this etcd's client "
+                    "port?)", ep,
                     (unsigned long long)timeout_ms);
     }
     kvli_h2_close(c);
@@ -1060,7 +1061,8 @@ int kvli_h2_unary(kvli_h2_t *c, const char *path, const char *token, const uint8
     }
     int dr = kvli_h2_drive(c, deadline, kvli_h2_cond_done, st);
     if (dr == -2) {
-        kvli_h2_break(c, "%s: no answer within %llu ms", path, (unsigned long long)timeout_ms);
+        kvli_h2_break(c, "%s: no answer within %llu ms (ETIMEDOUT)", path,
+                      (unsigned long long)timeout_ms);
         kvli_h2_why(why, why_cap, "%s", c->fail);
         return -1; /* st stays in c's list: nghttp2 still knows it */
     }
