@@ -1252,9 +1252,11 @@ int kvli_h2_pump(kvli_h2_t *c, size_t max, kvli_h2_msg_fn fn, kvli_h2_end_fn end
                     end(arg, ev->sid, -1, text);
             }
         } else if (fn) {
-            kvli_h2_st_t *st = kvli_h2_find(c, ev->sid);
-            if (st == NULL || !st->cancelled || st->failed)
-                fn(arg, ev->sid, ev->msg, ev->len);
+            /* handed out even when the stream's end is queued behind it (the
+             * server ended it, and the connection broke before our RST_STREAM
+             * went and nghttp2 let it go): a stream we cancel has its events
+             * dropped there, and nothing is queued for it after */
+            fn(arg, ev->sid, ev->msg, ev->len);
         }
         free(ev->msg);
         free(ev);
