@@ -842,6 +842,7 @@ int kvli_h2_open(kvli_h2_t **cp, const char *ep, uint64_t timeout_ms, char *why,
          * closes too; that must not keep the endpoint off gRPC for good */
         kvli_h2_why(why, why_cap, "etcd at %s: the server closed the connection without "
                     "answering the HTTP/2 preface", ep);
+        ret = -3;
     } else if (dr == -1) {
         kvli_h2_why(why, why_cap, "%s", c->fail);
     } else if (c->first_len > 0 && !c->checked) {

@@ -484,14 +484,14 @@ static void not_etcd(void)
     close(lfd);
 
     /* accepted and closed without a byte (a member going down, a balancer
-     * with no backend): not reached, not "no HTTP/2" (that would keep the
-     * endpoint off gRPC for good) */
+     * with no backend, etcd's TLS listener): -3, neither not reached nor
+     * "no HTTP/2" (that would keep the endpoint off gRPC for good) */
     lfd = listener(&port);
     KT_CHECK(pthread_create(&th, NULL, closing_server, &lfd) == 0);
     snprintf(ep, sizeof(ep), "http://127.0.0.1:%u", port);
     rc = kvli_h2_open(&c, ep, 10000, why, sizeof(why));
     printf("a server that closes at once: %d: %s\n", rc, why);
-    KT_CHECK(rc == -1 && c == NULL && strstr(why, "closed the connection without") != NULL);
+    KT_CHECK(rc == -3 && c == NULL && strstr(why, "closed the connection without") != NULL);
     pthread_join(th, NULL);
     close(lfd);
 
