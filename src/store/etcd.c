@@ -1795,8 +1795,12 @@ static void kvli_etcd_read_batch(kvli_etcd_t *s, kvli_etcd_conn_t *h, kvli_etcd_
     int64_t rev = st == KVL_OK ? kvli_etcd_i64(kvli_etcd_obj(out, "header"), "revision") : 0;
     for (unsigned i = 0; i < n; i++) {
         kvli_etcd_read_t *r = batch[i];
-        json_object *ans = n > 1 ? kvli_etcd_obj(json_object_array_get_idx(resps, i),
-                                                 "response_range") : out;
+        /* resps is an array of n only when the call succeeded: json-c
+         * asserts (aborts) on an array call that meets anything else */
+        json_object *ans = st != KVL_OK ? NULL
+                           : n > 1 ? kvli_etcd_obj(json_object_array_get_idx(resps, i),
+                                                   "response_range")
+                                   : out;
         char why[96];
         r->rev = rev;
         r->st = st;

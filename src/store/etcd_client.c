@@ -367,7 +367,10 @@ static bool kvli_etcd_h2_alive(kvli_h2_t *h)
 /* One gRPC call to endpoint i, in the form of the gateway's: returns as
  * kvli_etcd_gw_post (0: etcd answered; *out the answer as the gateway
  * writes it, or its error object; -1 not reached; -2 not etcd's answer),
- * -4: endpoint i serves no gRPC (marked: its gateway from now on), or -5:
+ * -4: this call goes to endpoint i's gateway (it serves no gRPC: marked,
+ * its gateway from now on; or, unmarked, it closed the connection on the
+ * HTTP/2 preface: a member going down, which the gateway finds unreached
+ * too, or etcd's TLS listener, whose answer to HTTP/1.1 says so), or -5:
  * the request could not be put in protobuf (why). */
 static int kvli_etcd_grpc_post(kvli_etcd_client_t *c, kvli_etcd_conn_t *conn, unsigned i,
                                const char *path, json_object *body, bool with_token,
@@ -399,6 +402,12 @@ static int kvli_etcd_grpc_post(kvli_etcd_client_t *c, kvli_etcd_conn_t *conn, un
             free(req);
             return -4;
         }
+        if (rc == -3 && c->api == KVLI_ETCD_API_AUTO) {
+            free(req);
+            return -4; /* the gateway for this call only */
+        }
+        if (rc == -3)
+            rc = -1;
         if (rc != 0) {
             free(req);
             return rc;
@@ -584,7 +593,10 @@ kvl_status_t kvli_etcd_call(kvli_etcd_client_t *c, kvli_etcd_conn_t *h, const ch
             tls_fix = fix;
         }
         if (rc == -1 || rc == -3) {
-            if (strstr(whys[tried], "imeout") == NULL && strstr(whys[tried], "timed out") == NULL)
+            /* curl's "Timeout was reached", "timed out"; the gRPC
+             * transport's "(ETIMEDOUT)" (no answer, no SETTINGS, no connection) */
+            if (strstr(whys[tried], "imeout") == NULL && strstr(whys[tried], "timed out") == NULL &&
+                strstr(whys[tried], "ETIMEDOUT") == NULL)
                 all_timeouts = false;
             tried++;
             continue;

@@ -842,6 +842,7 @@ int kvli_h2_open(kvli_h2_t **cp, const char *ep, uint64_t timeout_ms, char *why,
          * closes too; that must not keep the endpoint off gRPC for good */
         kvli_h2_why(why, why_cap, "etcd at %s: the server closed the connection without "
                     "answering the HTTP/2 preface", ep);
+        ret = -3;
     } else if (dr == -1) {
         kvli_h2_why(why, why_cap, "%s", c->fail);
     } else if (c->first_len > 0 && !c->checked) {
@@ -852,7 +853,8 @@ int kvli_h2_open(kvli_h2_t **cp, const char *ep, uint64_t timeout_ms, char *why,
         ret = -2;
     } else {
         kvli_h2_why(why, why_cap, "etcd at %s: connected, but no HTTP/2 SETTINGS came within "
-                    "%llu ms (a server that does not answer; is this etcd's client port?)", ep,
+                    "%llu ms (ETIMEDOUT: a server that does not answer; is this etcd's client "
+                    "port?)", ep,
                     (unsigned long long)timeout_ms);
     }
     kvli_h2_close(c);
@@ -1060,7 +1062,8 @@ int kvli_h2_unary(kvli_h2_t *c, const char *path, const char *token, const uint8
     }
     int dr = kvli_h2_drive(c, deadline, kvli_h2_cond_done, st);
     if (dr == -2) {
-        kvli_h2_break(c, "%s: no answer within %llu ms", path, (unsigned long long)timeout_ms);
+        kvli_h2_break(c, "%s: no answer within %llu ms (ETIMEDOUT)", path,
+                      (unsigned long long)timeout_ms);
         kvli_h2_why(why, why_cap, "%s", c->fail);
         return -1; /* st stays in c's list: nghttp2 still knows it */
     }
@@ -1250,9 +1253,11 @@ int kvli_h2_pump(kvli_h2_t *c, size_t max, kvli_h2_msg_fn fn, kvli_h2_end_fn end
                     end(arg, ev->sid, -1, text);
             }
         } else if (fn) {
-            kvli_h2_st_t *st = kvli_h2_find(c, ev->sid);
-            if (st == NULL || !st->cancelled || st->failed)
-                fn(arg, ev->sid, ev->msg, ev->len);
+            /* handed out even when the stream's end is queued behind it (the
+             * server ended it, and the connection broke before our RST_STREAM
+             * went and nghttp2 let it go): a stream we cancel has its events
+             * dropped there, and nothing is queued for it after */
+            fn(arg, ev->sid, ev->msg, ev->len);
         }
         free(ev->msg);
         free(ev);

@@ -21,10 +21,13 @@ typedef struct kvli_h2 kvli_h2_t;
 /* Connect to ep ("http://host:port"; https:// is refused: TLS is not this
  * layer's yet) and start HTTP/2 (client preface and SETTINGS), bounded by
  * timeout_ms (connect and the server's SETTINGS): 0 with *c; -1 not reached
- * (why: refused, no route, timeout, with the errno's name; also a server
- * that closed without a byte); -2 reached, but what answered is not HTTP/2
- * (an HTTP/1.1 server, a proxy serving only the JSON gateway: why quotes
- * the first bytes it sent). */
+ * (why: refused, no route, timeout, with the errno's name); -2 reached, but
+ * what answered is not HTTP/2 (an HTTP/1.1 server, a proxy serving only the
+ * JSON gateway: why quotes the first bytes it sent); -3 a server that
+ * closed the connection without a byte: a member going down, a balancer
+ * with no backend up, but also a TLS listener (etcd's https port) or a
+ * server that closes on the preface yet serves HTTP/1.1: neither "not
+ * reached" nor "not HTTP/2" for sure. */
 int kvli_h2_open(kvli_h2_t **c, const char *ep, uint64_t timeout_ms, char *why, size_t why_cap);
 void kvli_h2_close(kvli_h2_t *c); /* NULL ok */
 const char *kvli_h2_ep(const kvli_h2_t *c);

@@ -139,6 +139,28 @@ static void down_at_start_and_dead_member(void)
            "the endpoint");
 }
 
+/* etcd stopped (SIGSTOP): calls on the connection an agent holds and
+ * on a new one get no answer; KVL_ERR_TIMEOUT (as through the gateway),
+ * bounded; the agent works again once etcd goes on. */
+static void stopped_etcd(void)
+{
+    kvl_agent_t *a = agent("stopped-a"), *b = agent("stopped-b");
+    KT_OK(attach(a, etcd.url, "/kt/stopped", 30));
+    kt_etcd_pause(&etcd, 1);
+    uint64_t t0 = kt_now_ms();
+    KT_STATUS(kvl_etcd_publish(a, NULL), KVL_ERR_TIMEOUT);
+    KT_ERROR_HAS("no etcd endpoint answered");
+    KT_STATUS(attach(b, etcd.url, "/kt/stopped", 30), KVL_ERR_TIMEOUT);
+    KT_ERROR_HAS("no etcd endpoint answered /v3/lease/grant");
+    KT_CHECK(kt_now_ms() - t0 < 60000);
+    kt_etcd_pause(&etcd, 0);
+    KT_OK(kvl_etcd_publish(a, NULL));
+    kvl_agent_destroy(b);
+    kvl_agent_destroy(a);
+    printf("etcd stopped (%s): KVL_ERR_TIMEOUT, on a held connection and a new one\n",
+           getenv("KVL_ETCD_API") ? getenv("KVL_ETCD_API") : "auto");
+}
+
 /* Background fetches (kvl_etcd_fetch_async): many peers at once, some
  * publishing only after the fetch started; followed like kvl_etcd_fetch's;
  * not published within the wait: failed with the reason; asked again:
@@ -591,6 +613,7 @@ static void api(void)
     setenv("KVL_ETCD_API", "gateway", 1);
     killed_agent();
     lifecycle();
+    stopped_etcd();
     unsetenv("KVL_ETCD_API");
     printf("KVL_ETCD_API: checked; the gateway serves the lifecycle and a killed agent too\n");
 }
@@ -609,6 +632,7 @@ int main(void)
     down_at_start_and_dead_member();
     killed_agent();
     frozen_peer();
+    stopped_etcd();
     background();
     doctor();
     lifecycle();

@@ -484,14 +484,14 @@ static void not_etcd(void)
     close(lfd);
 
     /* accepted and closed without a byte (a member going down, a balancer
-     * with no backend): not reached, not "no HTTP/2" (that would keep the
-     * endpoint off gRPC for good) */
+     * with no backend, etcd's TLS listener): -3, neither not reached nor
+     * "no HTTP/2" (that would keep the endpoint off gRPC for good) */
     lfd = listener(&port);
     KT_CHECK(pthread_create(&th, NULL, closing_server, &lfd) == 0);
     snprintf(ep, sizeof(ep), "http://127.0.0.1:%u", port);
     rc = kvli_h2_open(&c, ep, 10000, why, sizeof(why));
     printf("a server that closes at once: %d: %s\n", rc, why);
-    KT_CHECK(rc == -1 && c == NULL && strstr(why, "closed the connection without") != NULL);
+    KT_CHECK(rc == -3 && c == NULL && strstr(why, "closed the connection without") != NULL);
     pthread_join(th, NULL);
     close(lfd);
 
@@ -510,7 +510,9 @@ static void not_etcd(void)
 /* ---- a scripted HTTP/2 server (nghttp2's server side) ------------------- */
 /* What etcd does not do on demand: several messages in one DATA frame, a
  * prefix split over frames, a compressed flag, two answers to a unary
- * call, RST_STREAM, GOAWAY, a trailers-only answer with an encoded message.
+ * call, RST_STREAM, GOAWAY, a trailers-only answer with an encoded message,
+ * a stream's last messages, its trailers and the connection's close read
+ * by one pump.
  * The method's path says what it answers. */
 
 typedef struct {
@@ -524,9 +526,11 @@ typedef struct {
     char path[64][32];        /* by stream id / 2 (client ids are odd) */
     fake_body_t body[16];
     int nbody;
+    bool close_after;         /* close the connection once all is sent */
 } fake_t;
 
 static atomic_int fake_stop;
+static atomic_int fake_closed; /* connections closed by close_after */
 
 static ssize_t fake_read(nghttp2_session *s, int32_t sid, uint8_t *buf, size_t length,
                          uint32_t *flags, nghttp2_data_source *src, void *ud)
@@ -585,6 +589,12 @@ static void fake_answer(fake_t *f, int32_t sid)
         fake_msg(b, 0, "one");
         fake_msg(b, 0, "two");
         b->chunks[b->n++] = b->len;
+    } else if (strcmp(p, "/t/stream-close") == 0) {
+        /* two messages, the trailers, then the connection closes */
+        fake_msg(b, 0, "one");
+        fake_msg(b, 0, "two");
+        b->chunks[b->n++] = b->len;
+        f->close_after = true;
     } else { /* /t/stream: two messages in one frame, a third split in its prefix */
         fake_msg(b, 0, "one");
         fake_msg(b, 0, "two");
@@ -617,7 +627,7 @@ static int fake_frame(nghttp2_session *s, const nghttp2_frame *fr, void *ud)
     if (sid == 0 || (fr->hd.type != NGHTTP2_HEADERS && fr->hd.type != NGHTTP2_DATA))
         return 0;
     bool end = fr->hd.flags & NGHTTP2_FLAG_END_STREAM;
-    bool stream = strcmp(f->path[(sid / 2) % 64], "/t/stream") == 0;
+    bool stream = strncmp(f->path[(sid / 2) % 64], "/t/stream", 9) == 0;
     if ((end && !stream) || (stream && fr->hd.type == NGHTTP2_HEADERS))
         fake_answer(f, sid);
     return 0;
@@ -644,6 +654,8 @@ static void fake_serve(int fd)
             }
         if (n < 0)
             fprintf(stderr, "fake server: %s\n", nghttp2_strerror((int)n));
+        if (f->close_after && !nghttp2_session_want_write(f->s))
+            break;
         struct pollfd p = {.fd = fd, .events = POLLIN};
         if (poll(&p, 1, 100) != 1)
             continue;
@@ -656,6 +668,10 @@ static void fake_serve(int fd)
         }
     }
 done:
+    if (f->close_after) {
+        close(fd);
+        atomic_fetch_add(&fake_closed, 1);
+    }
     nghttp2_session_del(f->s);
     free(f);
 }
@@ -669,8 +685,10 @@ static void *fake_server(void *arg)
             continue;
         int fd = accept(lfd, NULL, NULL);
         if (fd >= 0) {
+            int closed = atomic_load(&fake_closed);
             fake_serve(fd);
-            close(fd);
+            if (atomic_load(&fake_closed) == closed)
+                close(fd);
         }
     }
     return NULL;
@@ -705,6 +723,22 @@ static void scripted(void)
            w.end_status);
     KT_CHECK(w.msgs == 3 && w.bytes == 3 + 3 + 12 && w.ends == 1 && w.end_status == 0);
     KT_CHECK(kvli_h2_usable(c));
+    kvli_h2_close(c);
+
+    /* a stream's last messages, its trailers and the connection's end,
+     * all read by one pump: the messages are handed out before the end */
+    KT_CHECK(kvli_h2_open(&c, ep, TMO, why, sizeof(why)) == 0);
+    memset(&w, 0, sizeof(w));
+    int closed = atomic_load(&fake_closed);
+    KT_CHECK(kvli_h2_stream_open(c, "/t/stream-close", NULL, &w.sid, TMO, why,
+                                 sizeof(why)) == 0);
+    for (int i = 0; i < 2000 && atomic_load(&fake_closed) == closed; i++)
+        usleep(10000); /* bounded: 20 s */
+    KT_CHECK(atomic_load(&fake_closed) > closed);
+    int prc = kvli_h2_pump(c, MAXMSG, on_msg, on_end, &w, why, sizeof(why));
+    printf("scripted, a stream then the connection's end: pump %d, %d messages, %d ends "
+           "(status %d)\n", prc, w.msgs, w.ends, w.end_status);
+    KT_CHECK(w.msgs == 2 && w.bytes == 3 + 3 && w.ends == 1 && w.end_status == 0);
     kvli_h2_close(c);
 
     static const struct {

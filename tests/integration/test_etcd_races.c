@@ -20,6 +20,12 @@
  *   expired and granted a new one, though nothing was published; now it
  *   looks at the lease under the call lock.
  *
+ * batch: background fetches of two peers go to etcd as one read-only
+ *   transaction of two reads (held back behind a first read until both
+ *   were queued), and that transaction fails (etcd out of reach). The
+ *   fetcher read the missing answers with json-c's asserting array call
+ *   and aborted the process; now each read fails with the call's error.
+ *
  * KVL_TEST_WRAP: kvli_etcd_call kvl_metadata_load pthread_join
  * KVL_TEST_WRAP: pthread_mutex_lock pthread_mutex_unlock
  * KVL_TEST_LABELS: etcd
@@ -85,6 +91,10 @@ static bool learned;
 static pthread_t keeper_tid;
 static pthread_mutex_t *keeper_call_lock;
 static bool gate_armed, gate_reached, gate_open;
+/* batch: the next range read waits until reads_go; then read batches
+ * (a transaction of ranges) fail, fail_batches of them */
+static bool hold_read, read_held, reads_go;
+static int fail_batches, batches_failed;
 
 /* The mutexes this thread holds, as the wrappers saw them locked. */
 static _Thread_local pthread_mutex_t *held[16];
@@ -190,6 +200,36 @@ kvl_status_t __wrap_kvli_etcd_call(kvli_etcd_client_t *c, kvli_etcd_conn_t *h,
         g_unlock();
         if (fail) {
             test_err(err, KVL_ERR_TIMEOUT, "test: this read of the peer's key fails");
+            return KVL_ERR_TIMEOUT;
+        }
+    }
+    if (strcmp(path, "/v3/kv/range") == 0) {
+        g_lock();
+        bool hold = hold_read;
+        if (hold) {
+            hold_read = false;
+            read_held = true;
+            pthread_cond_broadcast(&g_cond);
+            if (!g_wait(&reads_go))
+                fprintf(stderr, "test: the held read was never let go\n");
+        }
+        g_unlock();
+    }
+    json_object *ops = NULL, *op0 = NULL;
+    if (strcmp(path, "/v3/kv/txn") == 0 && json_object_object_get_ex(body, "success", &ops) &&
+        json_object_is_type(ops, json_type_array) && json_object_array_length(ops) > 0 &&
+        (op0 = json_object_array_get_idx(ops, 0)) != NULL &&
+        json_object_object_get_ex(op0, "request_range", NULL)) {
+        g_lock();
+        bool fail = fail_batches > 0;
+        if (fail) {
+            fail_batches--;
+            batches_failed++;
+            pthread_cond_broadcast(&g_cond);
+        }
+        g_unlock();
+        if (fail) {
+            test_err(err, KVL_ERR_TIMEOUT, "test: this batch of reads fails");
             return KVL_ERR_TIMEOUT;
         }
     }
@@ -408,7 +448,40 @@ static void unpublish(void)
     KT_CHECK(!expired && !granted);
 }
 
-/* argv: the cases to run (reload destroy unpublish), all when none named */
+static void batch(void)
+{
+    kvl_agent_t *f = agent("b-fol");
+    attach(f, 5);
+    g_lock();
+    hold_read = true;
+    fail_batches = 1;
+    batches_failed = 0;
+    g_unlock();
+    /* the first fetch's read is held; two more are queued meanwhile */
+    KT_OK(kvl_etcd_fetch_async(f, "b-0", NULL, 2000));
+    g_lock();
+    KT_CHECK(g_wait(&read_held));
+    g_unlock();
+    KT_OK(kvl_etcd_fetch_async(f, "b-1", NULL, 2000));
+    KT_OK(kvl_etcd_fetch_async(f, "b-2", NULL, 2000));
+    g_lock();
+    reads_go = true;
+    pthread_cond_broadcast(&g_cond);
+    KT_CHECK(g_wait_int(&batches_failed, 1)); /* b-1 and b-2 in one transaction */
+    g_unlock();
+    kvl_status_t st1 = kvl_etcd_fetch_status(f, "b-1", 60000);
+    kvl_status_t st2 = kvl_etcd_fetch_status(f, "b-2", 60000);
+    printf("batch: a failed transaction of two reads: fetches ended %s, %s\n",
+           kvl_status_str(st1), kvl_status_str(st2));
+    KT_CHECK(st1 != KVL_IN_PROGRESS && st1 != KVL_OK && st2 != KVL_IN_PROGRESS &&
+             st2 != KVL_OK);
+    kvl_agent_destroy(f);
+    g_lock();
+    reads_go = read_held = false;
+    g_unlock();
+}
+
+/* argv: the cases to run (reload destroy unpublish batch), all when none named */
 static bool wanted(int argc, char **argv, const char *name)
 {
     for (int i = 1; i < argc; i++)
@@ -433,6 +506,8 @@ int main(int argc, char **argv)
         destroy();
     if (wanted(argc, argv, "unpublish"))
         unpublish();
+    if (wanted(argc, argv, "batch"))
+        batch();
     kvl_log_set_callback(NULL, NULL);
     kt_etcd_stop(&etcd);
     printf("etcd races: all cases passed\n");
