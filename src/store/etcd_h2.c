@@ -35,7 +35,8 @@
 #include "etcd_h2.h"
 
 #define KVLI_H2_WINDOW (16 << 20)          /* our receive window, connection and stream */
-#define KVLI_H2_OUT_HIGH (256u << 10)      /* buffered for the socket before asking nghttp2 for more */
+/* buffered for the socket before asking nghttp2 for more */
+#define KVLI_H2_OUT_HIGH (256u << 10)
 #define KVLI_H2_PUMP_READ (4u << 20)       /* bytes one pump reads at most */
 #define KVLI_H2_MAX_DEFAULT ((size_t)64 << 20) /* a stream message's bound before the first pump */
 #define KVLI_H2_PREFIX 5u
