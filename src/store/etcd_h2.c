@@ -1074,7 +1074,9 @@ int kvli_h2_unary(kvli_h2_t *c, const char *path, const char *token, const uint8
     }
     if (st->failed) {
         kvli_h2_why(why, why_cap, "%s", st->fail);
-        kvli_h2_break(c, "%s", st->fail + strlen("etcd at : ") + strlen(c->ep));
+        /* the stream's reason is "etcd at <ep>: <rest>"; break adds the prefix again */
+        const char *rest = strstr(st->fail, ": ");
+        kvli_h2_break(c, "%s", rest != NULL ? rest + 2 : st->fail);
         return -1;
     }
     if (st->close_code != NGHTTP2_NO_ERROR) {

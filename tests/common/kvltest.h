@@ -35,6 +35,10 @@ void kt_fail_at(const char *file, int line, const char *expr, int with_error);
         }                                                                            \
     } while (0)
 
+/* The reason an etcd test skips in a build without the etcd store. */
+#define KT_NO_ETCD_STORE "this build has no etcd store (libcurl, json-c or nghttp2 " \
+                         "development files were missing)"
+
 #define KT_SKIP(...)                                     \
     do {                                                 \
         printf("SKIP: ");                                \

@@ -14,8 +14,7 @@
 #ifndef KVL_HAVE_ETCD
 int main(void)
 {
-    KT_SKIP("this build has no etcd store (libcurl, json-c or nghttp2 development files "
-            "were missing)");
+    KT_SKIP("%s", KT_NO_ETCD_STORE);
 }
 #else
 #include "store/etcd_client.h"
